@@ -1,0 +1,56 @@
+#include "runtime/backend.h"
+
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "ggml.h"
+
+namespace fun_asr {
+
+namespace {
+
+const char * device_type_name(enum ggml_backend_dev_type t) {
+    switch (t) {
+        case GGML_BACKEND_DEVICE_TYPE_CPU: return "cpu";
+        case GGML_BACKEND_DEVICE_TYPE_GPU: return "gpu";
+        case GGML_BACKEND_DEVICE_TYPE_IGPU: return "igpu";
+        case GGML_BACKEND_DEVICE_TYPE_ACCEL: return "accel";
+        default: return "unknown";
+    }
+}
+
+}  // namespace
+
+SystemInfo system_info() {
+    SystemInfo info;
+    info.ggml_version = ggml_version();
+    info.ggml_commit = ggml_commit();
+    info.compiled_backends.emplace_back("CPU");
+#ifdef FUN_ASR_WITH_CUDA
+    info.compiled_backends.emplace_back("CUDA");
+#endif
+    for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
+        ggml_backend_reg_t reg = ggml_backend_reg_get(i);
+        info.registered_backends.emplace_back(ggml_backend_reg_name(reg));
+        if (std::string(ggml_backend_reg_name(reg)) == "CPU") {
+            auto get_features = reinterpret_cast<ggml_backend_get_features_t>(
+                ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features"));
+            if (get_features != nullptr) {
+                for (const ggml_backend_feature * f = get_features(reg); f->name != nullptr; ++f) {
+                    info.cpu_features.emplace_back(f->name, f->value);
+                }
+            }
+        }
+    }
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        DeviceInfo d;
+        d.name = ggml_backend_dev_name(dev);
+        d.description = ggml_backend_dev_description(dev);
+        d.type = device_type_name(ggml_backend_dev_type(dev));
+        ggml_backend_dev_memory(dev, &d.memory_free, &d.memory_total);
+        info.devices.push_back(std::move(d));
+    }
+    return info;
+}
+
+}  // namespace fun_asr

@@ -1,0 +1,119 @@
+# ggml, fetched from the package index at build time — never committed.
+#
+# The pinned sdist of ggml-python vendors ggml's source under vendor/ggml. We download that sdist
+# with pip, check its sha256 against the pin below, and extract vendor/ggml into a per-user cache
+# keyed by the hash, so later builds (and offline builds after the first) skip the download.
+# A local ggml tree can be given instead: -DFUN_ASR_GGML_SOURCE_DIR=... or the environment
+# variable FUN_ASR_GGML_SOURCE_DIR.
+
+set(FUN_ASR_GGML_PYPI_PACKAGE "ggml-python")
+set(FUN_ASR_GGML_PYPI_VERSION "0.0.45")
+set(FUN_ASR_GGML_SDIST_SHA256 "10aac52075cf3c7ef2b00d6c35b1c23f7b018dbeff8ae8df67339b4be1166f05")
+set(FUN_ASR_GGML_EXPECTED_VERSION "0.15.3")
+
+set(FUN_ASR_GGML_SOURCE_DIR "$ENV{FUN_ASR_GGML_SOURCE_DIR}" CACHE PATH
+    "Use this local ggml source tree instead of downloading the pinned sdist")
+
+function(fun_asr_cache_root out)
+  if(DEFINED ENV{FUN_ASR_CACHE_DIR} AND NOT "$ENV{FUN_ASR_CACHE_DIR}" STREQUAL "")
+    set(root "$ENV{FUN_ASR_CACHE_DIR}")
+  elseif(DEFINED ENV{XDG_CACHE_HOME} AND NOT "$ENV{XDG_CACHE_HOME}" STREQUAL "")
+    set(root "$ENV{XDG_CACHE_HOME}/fun-asr")
+  elseif(DEFINED ENV{HOME} AND NOT "$ENV{HOME}" STREQUAL "")
+    set(root "$ENV{HOME}/.cache/fun-asr")
+  elseif(DEFINED ENV{LOCALAPPDATA})
+    set(root "$ENV{LOCALAPPDATA}/fun-asr/cache")
+  else()
+    set(root "${CMAKE_BINARY_DIR}/fun-asr-cache")
+  endif()
+  set(${out} "${root}" PARENT_SCOPE)
+endfunction()
+
+function(fun_asr_fetch_ggml out_dir)
+  fun_asr_cache_root(cache_root)
+  set(dest "${cache_root}/ggml/${FUN_ASR_GGML_SDIST_SHA256}")
+  if(EXISTS "${dest}/ggml/CMakeLists.txt")
+    message(STATUS "fun-asr: ggml from cache ${dest}/ggml")
+    set(${out_dir} "${dest}/ggml" PARENT_SCOPE)
+    return()
+  endif()
+
+  if(NOT Python_EXECUTABLE)
+    message(FATAL_ERROR "fun-asr: a Python interpreter is needed to download ggml (find_package(Python) first)")
+  endif()
+  set(work "${CMAKE_BINARY_DIR}/_ggml_download")
+  file(REMOVE_RECURSE "${work}")
+  file(MAKE_DIRECTORY "${work}")
+  message(STATUS "fun-asr: downloading ${FUN_ASR_GGML_PYPI_PACKAGE}==${FUN_ASR_GGML_PYPI_VERSION} (sdist) from the package index")
+  # --no-build-isolation: pip still prepares the sdist's metadata; in isolation it would build its
+  # build requirements (cmake!) from source because of --no-binary :all:. Our own build environment
+  # already holds scikit-build-core, which is all the sdist's metadata step needs.
+  execute_process(
+    COMMAND "${Python_EXECUTABLE}" -m pip download --no-deps --no-binary :all: --no-build-isolation
+            --disable-pip-version-check -d "${work}"
+            "${FUN_ASR_GGML_PYPI_PACKAGE}==${FUN_ASR_GGML_PYPI_VERSION}"
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  file(GLOB sdist "${work}/*.tar.gz")
+  list(LENGTH sdist n)
+  if(NOT rc EQUAL 0 OR NOT n EQUAL 1)
+    message(FATAL_ERROR
+      "fun-asr: could not download ${FUN_ASR_GGML_PYPI_PACKAGE}==${FUN_ASR_GGML_PYPI_VERSION} with "
+      "`${Python_EXECUTABLE} -m pip download` (exit ${rc}).\n${err}\n"
+      "Offline? Point the build at a local ggml ${FUN_ASR_GGML_EXPECTED_VERSION} source tree with "
+      "-DFUN_ASR_GGML_SOURCE_DIR=/path/to/ggml or the environment variable FUN_ASR_GGML_SOURCE_DIR.")
+  endif()
+  file(SHA256 "${sdist}" got)
+  if(NOT got STREQUAL FUN_ASR_GGML_SDIST_SHA256)
+    message(FATAL_ERROR
+      "fun-asr: sha256 mismatch for ${sdist}\n  expected ${FUN_ASR_GGML_SDIST_SHA256}\n  got      ${got}\n"
+      "Refusing to build with an unverified ggml.")
+  endif()
+  file(ARCHIVE_EXTRACT INPUT "${sdist}" DESTINATION "${work}/x")
+  set(vendored "${work}/x/ggml_python-${FUN_ASR_GGML_PYPI_VERSION}/vendor/ggml")
+  if(NOT EXISTS "${vendored}/CMakeLists.txt")
+    message(FATAL_ERROR "fun-asr: ${sdist} has no vendor/ggml/CMakeLists.txt")
+  endif()
+  # Move into place through a unique temporary name so concurrent builds never see half a tree.
+  string(RANDOM LENGTH 8 tag)
+  file(MAKE_DIRECTORY "${dest}")
+  file(RENAME "${vendored}" "${dest}/ggml.tmp-${tag}")
+  file(RENAME "${dest}/ggml.tmp-${tag}" "${dest}/ggml" RESULT mv_rc)
+  if(NOT mv_rc EQUAL 0)  # another build got there first
+    file(REMOVE_RECURSE "${dest}/ggml.tmp-${tag}")
+  endif()
+  file(REMOVE_RECURSE "${work}")
+  message(STATUS "fun-asr: ggml cached at ${dest}/ggml")
+  set(${out_dir} "${dest}/ggml" PARENT_SCOPE)
+endfunction()
+
+if(FUN_ASR_GGML_SOURCE_DIR)
+  if(NOT EXISTS "${FUN_ASR_GGML_SOURCE_DIR}/CMakeLists.txt")
+    message(FATAL_ERROR "fun-asr: FUN_ASR_GGML_SOURCE_DIR=${FUN_ASR_GGML_SOURCE_DIR} is not a ggml source tree (no CMakeLists.txt)")
+  endif()
+  set(FUN_ASR_GGML_DIR "${FUN_ASR_GGML_SOURCE_DIR}")
+  message(STATUS "fun-asr: ggml from local tree ${FUN_ASR_GGML_DIR}")
+else()
+  fun_asr_fetch_ggml(FUN_ASR_GGML_DIR)
+endif()
+
+# ggml build configuration: static, position independent (linked into a Python extension),
+# no tests/examples, CPU always, CUDA on request.
+set(BUILD_SHARED_LIBS OFF CACHE BOOL "" FORCE)
+set(GGML_STATIC OFF CACHE BOOL "" FORCE)
+set(GGML_BUILD_TESTS OFF CACHE BOOL "" FORCE)
+set(GGML_BUILD_EXAMPLES OFF CACHE BOOL "" FORCE)
+set(GGML_BACKEND_DL OFF CACHE BOOL "" FORCE)
+set(GGML_CPU ON CACHE BOOL "" FORCE)
+set(GGML_NATIVE ${FUN_ASR_NATIVE} CACHE BOOL "" FORCE)
+set(GGML_CUDA ${FUN_ASR_CUDA} CACHE BOOL "" FORCE)
+set(GGML_ALL_WARNINGS OFF CACHE BOOL "" FORCE)
+set(GGML_CCACHE ON CACHE BOOL "")
+set(CMAKE_POSITION_INDEPENDENT_CODE ON)
+
+add_subdirectory("${FUN_ASR_GGML_DIR}" "${CMAKE_BINARY_DIR}/ggml" EXCLUDE_FROM_ALL)
+file(STRINGS "${FUN_ASR_GGML_DIR}/CMakeLists.txt" _ggml_ver REGEX "^set\\(GGML_VERSION_(MAJOR|MINOR|PATCH) ")
+string(REGEX REPLACE "[^0-9;]" "" _ggml_ver "${_ggml_ver}")
+string(REPLACE ";" "." _ggml_ver "${_ggml_ver}")
+if(NOT _ggml_ver STREQUAL FUN_ASR_GGML_EXPECTED_VERSION)
+  message(WARNING "fun-asr: building against ggml ${_ggml_ver}; fun-asr is tested with ${FUN_ASR_GGML_EXPECTED_VERSION}")
+endif()
