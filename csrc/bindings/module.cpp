@@ -128,6 +128,12 @@ PYBIND11_MODULE(_core, m) {
     m.def("dequantize", &dequantize, py::arg("data"), py::arg("type"), py::arg("shape"),
           "Unpack bytes of `type` into a float32 array of `shape` (the last dimension is the row).");
 
+    m.def("quantized_row_bytes",
+          [](const std::string & t, int64_t cols) {
+              return fun_asr::quantized_size(fun_asr::parse_tensor_type(t), 1, cols);
+          },
+          py::arg("type"), py::arg("cols"), "Bytes of one row of `cols` values of `type`.");
+
     m.def("block_size", [](const std::string & t) { return ggml_blck_size(fun_asr::parse_tensor_type(t)); },
           py::arg("type"), "Values per quantization block of `type`.");
 }

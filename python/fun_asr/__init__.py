@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from fun_asr import _core
 from fun_asr._core import dequantize, quantize, system_info
+from fun_asr.converter import ConversionReport, convert, inspect_gguf
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "_core", "dequantize", "quantize", "system_info"]
+__all__ = [
+    "ConversionReport",
+    "__version__",
+    "_core",
+    "convert",
+    "dequantize",
+    "inspect_gguf",
+    "quantize",
+    "system_info",
+]

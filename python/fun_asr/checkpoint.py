@@ -1,0 +1,231 @@
+"""Reads a Hugging Face checkpoint directory in the official Fun-ASR-Nano layout.
+
+``config.json``, ``model.safetensors`` (or ``model-*.safetensors`` + ``model.safetensors.index.json``),
+``tokenizer.json``, and when present ``tokenizer_config.json``, ``chat_template.jinja`` /
+``chat_template.json``, ``preprocessor_config.json``, ``generation_config.json``.
+
+Safetensors files are parsed here (header + memory map) rather than through the ``safetensors``
+package because its numpy loader has no BF16, the official checkpoint's dtype; every header entry
+is checked against the file size so that a truncated file is reported by tensor name.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fun_asr.hparams import HParams, parse_hparams
+
+
+class CheckpointError(ValueError):
+    """The directory is not a readable Fun-ASR-Nano checkpoint."""
+
+
+_DTYPES = {"F32": (np.dtype("<f4"), 4), "F16": (np.dtype("<f2"), 2), "BF16": (np.dtype("<u2"), 2)}
+_MAX_HEADER = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class _TensorRef:
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+    start: int  # absolute byte offset in the file
+    end: int
+
+
+def _read_safetensors_header(path: Path) -> dict[str, _TensorRef]:
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise CheckpointError(f"{path}: not a safetensors file (only {len(head)} bytes)")
+        (n,) = struct.unpack("<Q", head)
+        if n == 0 or n > _MAX_HEADER or 8 + n > size:
+            raise CheckpointError(f"{path}: not a safetensors file or truncated (header length {n}, file size {size})")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{path}: safetensors header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: safetensors header is not a JSON object")
+    base = 8 + n
+    refs = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = info["dtype"], tuple(int(s) for s in info["shape"]), info["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{path}: malformed header entry for tensor {name!r}") from None
+        if dtype not in _DTYPES:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has dtype {dtype}; accepted: {', '.join(_DTYPES)}"
+            )
+        expected = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype][1]
+        if end - begin != expected or begin < 0:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} spans {end - begin} bytes but {dtype}{list(shape)} needs {expected}"
+            )
+        if base + end > size:
+            raise CheckpointError(
+                f"{path}: truncated: tensor {name!r} ends at byte {base + end} but the file has {size}"
+            )
+        refs[name] = _TensorRef(path, dtype, shape, base + begin, base + end)
+    return refs
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+
+
+@dataclass
+class Checkpoint:
+    """An opened checkpoint directory: configs, tokenizer text and a lazy tensor index."""
+
+    path: Path
+    config: dict[str, Any]
+    hparams: HParams
+    tensors: dict[str, _TensorRef]
+    tokenizer_json: str
+    tokenizer_config: dict[str, Any] | None = None
+    chat_template: str | None = None
+    preprocessor_config: dict[str, Any] | None = None
+    generation_config: dict[str, Any] | None = None
+    repo_id: str | None = None
+    revision: str | None = None
+    _maps: dict[Path, np.memmap] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def open(cls, path: str | Path) -> Checkpoint:
+        root = Path(path)
+        if not root.exists():
+            raise CheckpointError(f"{root}: no such file or directory")
+        if not root.is_dir():
+            raise CheckpointError(
+                f"{root}: not a checkpoint directory (expected a folder with config.json and "
+                "model.safetensors)"
+            )
+        cfg_path = root / "config.json"
+        if not cfg_path.is_file():
+            raise CheckpointError(f"{root}: missing config.json — not a Hugging Face checkpoint directory")
+        config = _read_json(cfg_path)
+        hparams = parse_hparams(config)
+
+        index = root / "model.safetensors.index.json"
+        single = root / "model.safetensors"
+        tensors: dict[str, _TensorRef] = {}
+        if single.is_file():
+            tensors = _read_safetensors_header(single)
+        elif index.is_file():
+            weight_map = _read_json(index).get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise CheckpointError(f"{index}: no weight_map")
+            for shard in sorted(set(weight_map.values())):
+                shard_path = root / shard
+                if not shard_path.is_file():
+                    raise CheckpointError(f"{index}: lists shard {shard} which is missing")
+                for name, ref in _read_safetensors_header(shard_path).items():
+                    if weight_map.get(name) != shard:
+                        raise CheckpointError(
+                            f"{shard_path}: tensor {name!r} is not mapped to this shard in {index.name}"
+                        )
+                    tensors[name] = ref
+            missing = sorted(set(weight_map) - set(tensors))
+            if missing:
+                raise CheckpointError(f"{index}: tensors listed but absent from their shards: {', '.join(missing[:5])}")
+        else:
+            raise CheckpointError(
+                f"{root}: no model.safetensors or model.safetensors.index.json (weights must be safetensors)"
+            )
+
+        tok = root / "tokenizer.json"
+        if not tok.is_file():
+            raise CheckpointError(f"{root}: missing tokenizer.json")
+        chat_template = None
+        if (root / "chat_template.jinja").is_file():
+            chat_template = (root / "chat_template.jinja").read_text("utf-8")
+        elif (root / "chat_template.json").is_file():
+            chat_template = _read_json(root / "chat_template.json").get("chat_template")
+
+        def optional(name: str) -> dict[str, Any] | None:
+            p = root / name
+            return _read_json(p) if p.is_file() else None
+
+        tok_cfg = optional("tokenizer_config.json")
+        if chat_template is None and tok_cfg and isinstance(tok_cfg.get("chat_template"), str):
+            chat_template = tok_cfg["chat_template"]
+        repo_id, revision = _hub_origin(root)
+        return cls(
+            path=root,
+            config=config,
+            hparams=hparams,
+            tensors=tensors,
+            tokenizer_json=tok.read_text("utf-8"),
+            tokenizer_config=tok_cfg,
+            chat_template=chat_template,
+            preprocessor_config=optional("preprocessor_config.json"),
+            generation_config=optional("generation_config.json"),
+            repo_id=repo_id,
+            revision=revision,
+        )
+
+    def eos_token_ids(self) -> list[int]:
+        """Stop ids: generation_config.json first, then the text config."""
+        for source in (self.generation_config or {}, self.config.get("text_config", {}), self.config):
+            ids = source.get("eos_token_id")
+            if ids is not None:
+                ids = [ids] if isinstance(ids, int) else list(ids)
+                bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < self.hparams.decoder.vocab]
+                if bad:
+                    raise CheckpointError(f"{self.path}: eos_token_id {bad} outside the vocabulary")
+                return ids
+        raise CheckpointError(
+            f"{self.path}: no eos_token_id in generation_config.json or config.json; the decoder "
+            "needs its stop tokens"
+        )
+
+    def raw(self, name: str) -> np.ndarray:
+        """The stored array (float32, float16, or BF16 as uint16), memory-mapped, no copy."""
+        ref = self.tensors[name]
+        mm = self._maps.get(ref.file)
+        if mm is None:
+            mm = self._maps[ref.file] = np.memmap(ref.file, dtype=np.uint8, mode="r")
+        dtype = _DTYPES[ref.dtype][0]
+        return mm[ref.start : ref.end].view(dtype).reshape(ref.shape)
+
+    def dtype(self, name: str) -> str:
+        return self.tensors[name].dtype
+
+    def float32(self, name: str) -> np.ndarray:
+        """The tensor as a new C-contiguous float32 array (BF16/F16 widened exactly)."""
+        a = self.raw(name)
+        if self.tensors[name].dtype == "BF16":
+            return (a.astype(np.uint32) << 16).view(np.float32)
+        return np.ascontiguousarray(a, dtype=np.float32)
+
+    def names(self) -> Iterator[str]:
+        return iter(self.tensors)
+
+    def close(self) -> None:
+        self._maps.clear()
+
+
+def _hub_origin(root: Path) -> tuple[str | None, str | None]:
+    """repo id and revision when the folder is a huggingface_hub cache snapshot."""
+    parts = root.resolve().parts
+    for i in range(len(parts) - 2):
+        m = re.fullmatch(r"models--(.+)", parts[i])
+        if m and parts[i + 1] == "snapshots":
+            return m.group(1).replace("--", "/"), parts[i + 2]
+    return None, None

@@ -1,0 +1,53 @@
+"""fun-asr-convert: HF safetensors checkpoint -> one GGUF; --inspect shows what a GGUF holds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from fun_asr.converter import PACKAGE_TYPES, convert, format_inspection, inspect_gguf
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="fun-asr-convert",
+        description="Convert a Fun-ASR-Nano Hugging Face checkpoint directory into one GGUF file.",
+    )
+    ap.add_argument("src", help="checkpoint directory (config.json, model*.safetensors, tokenizer.json), "
+                    "or with --inspect a .gguf file")
+    ap.add_argument("-o", "--output", help="output .gguf path (default: SRC-TYPE.gguf beside SRC)")
+    ap.add_argument("-t", "--type", default="q8_0", choices=PACKAGE_TYPES, help="package type (default q8_0)")
+    ap.add_argument("--inspect", action="store_true", help="describe a GGUF file instead of converting")
+    ap.add_argument("--json", action="store_true", help="with --inspect: print JSON")
+    ap.add_argument("--threads", type=int, default=0, help="quantization threads (0 = all cores)")
+    ap.add_argument("--repo-id", help="source repo id to record (default: guessed from a hub cache path)")
+    ap.add_argument("--revision", help="source revision to record")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
+    args = ap.parse_args(argv)
+    try:
+        if args.inspect:
+            info = inspect_gguf(args.src)
+            if args.json:
+                info = {k: v for k, v in info.items() if k != "metadata"}
+                print(json.dumps(info, indent=2, ensure_ascii=False))
+            else:
+                print(format_inspection(info))
+            return 0
+        out = args.output or f"{args.src.rstrip('/')}-{args.type}.gguf"
+        report = convert(args.src, out, args.type, progress=not args.quiet and sys.stderr.isatty(),
+                         threads=args.threads, repo_id=args.repo_id, revision=args.revision)
+        print(report.summary())
+        return 0
+    except BrokenPipeError:  # e.g. `--inspect FILE | head`
+        return 0
+    except (OSError, ValueError) as exc:
+        if args.verbose:
+            raise
+        print(f"fun-asr-convert: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

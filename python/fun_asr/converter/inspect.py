@@ -1,0 +1,66 @@
+"""`fun-asr-convert --inspect FILE.gguf`: what a GGUF package holds."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import gguf
+
+
+def _value(field: gguf.ReaderField) -> Any:
+    try:
+        return field.contents()
+    except Exception:  # noqa: BLE001 - unusual field types are shown by type only
+        return f"<{field.types}>"
+
+
+def inspect_gguf(path: str | Path) -> dict[str, Any]:
+    """Architecture, per-type tensor counts and bytes, metadata keys and tensor count."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no such file")
+    try:
+        reader = gguf.GGUFReader(p)
+    except Exception as exc:  # gguf-py raises ValueError/struct.error/IndexError on bad files
+        raise ValueError(f"{p}: not a readable GGUF file ({exc})") from None
+    types: Counter[str] = Counter()
+    type_bytes: Counter[str] = Counter()
+    for t in reader.tensors:
+        types[t.tensor_type.name] += 1
+        type_bytes[t.tensor_type.name] += int(t.n_bytes)
+    meta = {k: _value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    return {
+        "path": str(p),
+        "file_bytes": p.stat().st_size,
+        "architecture": meta.get("general.architecture"),
+        "file_type": meta.get("general.file_type"),
+        "tensor_count": len(reader.tensors),
+        "tensor_types": dict(types),
+        "tensor_type_bytes": dict(type_bytes),
+        "metadata_keys": sorted(meta),
+        "metadata": meta,
+    }
+
+
+def format_inspection(info: dict[str, Any]) -> str:
+    lines = [
+        f"file          {info['path']} ({info['file_bytes'] / 1e6:.1f} MB)",
+        f"architecture  {info['architecture']}",
+        f"file type     {info['file_type']}",
+        f"tensors       {info['tensor_count']}",
+    ]
+    for name, count in sorted(info["tensor_types"].items()):
+        lines.append(f"  {name:<6} {count:5d} tensors  {info['tensor_type_bytes'][name] / 1e6:10.1f} MB")
+    lines.append(f"metadata keys ({len(info['metadata_keys'])}):")
+    for key in info["metadata_keys"]:
+        v = info["metadata"][key]
+        if isinstance(v, str):
+            shown = repr(v if len(v) <= 60 else v[:57] + "...") + (f" ({len(v)} chars)" if len(v) > 60 else "")
+        elif isinstance(v, list):
+            shown = f"[{', '.join(map(str, v[:8]))}{', ...' if len(v) > 8 else ''}] ({len(v)} items)"
+        else:
+            shown = repr(v)
+        lines.append(f"  {key} = {shown}")
+    return "\n".join(lines)

@@ -1,0 +1,232 @@
+"""Writes the GGUF: metadata (DESIGN §3) first, then tensors streamed one at a time.
+
+Only one tensor is in memory at once (its float32 copy and its packed bytes), so converting the
+830M checkpoint never holds it twice. Output goes to a temporary file beside the target and is
+renamed into place at the end; on any error the temporary file is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from fun_asr import _core
+from fun_asr.checkpoint import Checkpoint, CheckpointError
+from fun_asr.converter.plan import FILE_TYPE, Placement, check_package_type, place
+from fun_asr.hparams import HParams
+from fun_asr.spec import FAMILY, load_spec, spec_text
+from fun_asr.tensor_names import tensor_table
+
+ARCH = FAMILY
+
+
+@dataclass
+class ConversionReport:
+    path: Path
+    package_type: str
+    tensor_count: int
+    file_bytes: int
+    seconds: float
+    type_counts: dict[str, int] = field(default_factory=dict)
+    fallbacks: list[tuple[str, str, str]] = field(default_factory=list)  # (tensor, wanted, used)
+
+    def summary(self) -> str:
+        counts = ", ".join(f"{k}: {v}" for k, v in sorted(self.type_counts.items()))
+        lines = [
+            f"wrote {self.path} ({self.file_bytes / 1e6:.1f} MB, {self.tensor_count} tensors, "
+            f"{self.package_type}) in {self.seconds:.1f} s — {counts}"
+        ]
+        for name, wanted, used in self.fallbacks:
+            lines.append(f"  fallback: {name} {wanted} -> {used} (row length not a multiple of the {wanted} block)")
+        return "\n".join(lines)
+
+
+def _ggml_type(name: str) -> gguf.GGMLQuantizationType:
+    return gguf.GGMLQuantizationType[name.upper()]
+
+
+def _check_tensors(ckpt: Checkpoint, placements: list[Placement]) -> None:
+    expected = {p.entry.hf: p.entry for p in placements}
+    missing = [n for n in expected if n not in ckpt.tensors]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"{ckpt.path}: missing tensor {missing[0]}{more}")
+    extra = [n for n in ckpt.tensors if n not in expected]
+    if extra:
+        hint = (
+            " (tie_word_embeddings is true, so lm_head.weight is not expected)"
+            if "lm_head.weight" in extra
+            else ""
+        )
+        raise CheckpointError(
+            f"{ckpt.path}: unexpected tensor {extra[0]}{hint}"
+            + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else "")
+            + "; the config does not account for it"
+        )
+    for name, entry in expected.items():
+        got = ckpt.tensors[name].shape
+        if tuple(got) != entry.shape:
+            raise CheckpointError(
+                f"{ckpt.path}: tensor {name} has shape {list(got)}, expected {list(entry.shape)} from config.json"
+            )
+
+
+def _add_metadata(w: gguf.GGUFWriter, ckpt: Checkpoint, hp: HParams, package: str,
+                  repo_id: str | None, revision: str | None) -> None:
+    spec = load_spec()
+    e, a, d = hp.encoder, hp.adaptor, hp.decoder
+    w.add_name("Fun-ASR-Nano")
+    w.add_type("model")
+    w.add_license(spec["license"]["name"])
+    w.add_license_link(spec["license"]["url"])
+    w.add_file_type(FILE_TYPE[package])
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    if repo_id:
+        w.add_string("general.source.huggingface.repository", repo_id)
+        w.add_source_url(f"https://huggingface.co/{repo_id}")
+    if revision:
+        w.add_string("general.source.revision", revision)
+
+    k = f"{ARCH}."
+    w.add_uint32(k + "encoder.input_size", e.input_size)
+    w.add_uint32(k + "encoder.num_mel_bins", e.num_mel_bins)
+    w.add_uint32(k + "encoder.num_stacked_frames", e.num_stacked_frames)
+    w.add_uint32(k + "encoder.embedding_length", e.d_model)
+    w.add_uint32(k + "encoder.block_count", e.n_layers)
+    w.add_uint32(k + "encoder.tp_block_count", e.n_tp_layers)
+    w.add_uint32(k + "encoder.attention.head_count", e.n_heads)
+    w.add_uint32(k + "encoder.feed_forward_length", e.ffn)
+    w.add_uint32(k + "encoder.fsmn_kernel_size", e.fsmn_kernel)
+    w.add_uint32(k + "encoder.context_length", e.max_positions)
+    w.add_float32(k + "encoder.attention.layer_norm_epsilon", e.eps)
+    w.add_uint32(k + "adaptor.embedding_length", a.d_model)
+    w.add_uint32(k + "adaptor.projector_length", a.proj)
+    w.add_uint32(k + "adaptor.block_count", a.n_layers)
+    w.add_uint32(k + "adaptor.attention.head_count", a.n_heads)
+    w.add_uint32(k + "adaptor.feed_forward_length", a.ffn)
+    w.add_float32(k + "adaptor.attention.layer_norm_epsilon", a.eps)
+    w.add_uint32(k + "decoder.embedding_length", d.d_model)
+    w.add_uint32(k + "decoder.block_count", d.n_layers)
+    w.add_uint32(k + "decoder.attention.head_count", d.n_heads)
+    w.add_uint32(k + "decoder.attention.head_count_kv", d.n_kv_heads)
+    w.add_uint32(k + "decoder.attention.key_length", d.head_dim)
+    w.add_uint32(k + "decoder.feed_forward_length", d.ffn)
+    w.add_uint32(k + "decoder.vocab_size", d.vocab)
+    w.add_uint32(k + "decoder.context_length", d.max_positions)
+    w.add_float32(k + "decoder.attention.layer_norm_rms_epsilon", d.rms_eps)
+    w.add_float32(k + "decoder.rope.freq_base", d.rope_theta)
+    w.add_bool(k + "decoder.tie_word_embeddings", d.tie_embeddings)
+    w.add_array(k + "decoder.eos_token_ids", ckpt.eos_token_ids())
+
+    w.add_string(k + "prompt", json.dumps(spec["prompt"], ensure_ascii=False))
+    w.add_string(k + "model_spec", spec_text())
+    w.add_string(k + "source.config_json", json.dumps(ckpt.config, ensure_ascii=False))
+    for key, value in (
+        ("source.preprocessor_config_json", ckpt.preprocessor_config),
+        ("source.generation_config_json", ckpt.generation_config),
+        ("source.tokenizer_config_json", ckpt.tokenizer_config),
+    ):
+        if value is not None:
+            w.add_string(k + key, json.dumps(value, ensure_ascii=False))
+    w.add_string(gguf.Keys.Tokenizer.HF_JSON, ckpt.tokenizer_json)
+    if ckpt.chat_template:
+        w.add_string(gguf.Keys.Tokenizer.CHAT_TEMPLATE, ckpt.chat_template)
+
+
+def _pack(ckpt: Checkpoint, p: Placement, threads: int) -> np.ndarray:
+    """The tensor's bytes in its target type, as a uint8 array of the GGUF byte shape."""
+    name, shape = p.entry.hf, p.entry.shape
+    stored = ckpt.dtype(name)
+    if p.type == "f32" and stored == "F32" or p.type == "f16" and stored == "F16":
+        return np.ascontiguousarray(ckpt.raw(name)).view(np.uint8).reshape(*shape[:-1], -1)
+    x = ckpt.float32(name).reshape(-1, shape[-1])
+    packed = _core.quantize(x, p.type, threads=threads)
+    return np.frombuffer(packed, dtype=np.uint8).reshape(*shape[:-1], -1)
+
+
+def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str = "q8_0", *,
+            progress: bool = True, threads: int = 0, repo_id: str | None = None,
+            revision: str | None = None) -> ConversionReport:
+    """Converts a Fun-ASR-Nano HF checkpoint directory into one GGUF file.
+
+    ``type`` is the package type: ``f32``, ``f16``, ``q8_0`` or ``q4_k_m``. ``repo_id`` and
+    ``revision`` are recorded in the metadata (guessed from a huggingface_hub cache path if not
+    given). Raises ``CheckpointError``/``ConfigError`` (both ``ValueError``) naming the file or
+    tensor on a bad checkpoint; no partial output is left behind.
+    """
+    package = check_package_type(type)
+    start = time.perf_counter()
+    ckpt = Checkpoint.open(src)
+    hp = ckpt.hparams
+    placements = [place(entry, package, hp) for entry in tensor_table(hp)]
+    _check_tensors(ckpt, placements)
+
+    out = Path(dst)
+    if out.is_dir():
+        raise ValueError(f"{out}: is a directory; give the output .gguf file path")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        w = gguf.GGUFWriter(tmp, ARCH)
+        _add_metadata(w, ckpt, hp, package, repo_id or ckpt.repo_id, revision or ckpt.revision)
+        for p in placements:
+            row_bytes = _core.quantized_row_bytes(p.type, p.entry.shape[-1])
+            byte_shape = (*p.entry.shape[:-1], row_bytes)
+            w.add_tensor_info(p.entry.gguf, byte_shape, np.dtype(np.uint8),
+                              int(np.prod(byte_shape)), raw_dtype=_ggml_type(p.type))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        bar = _progress(placements, progress)
+        for p in placements:
+            data = _pack(ckpt, p, threads)
+            w.write_tensor_data(data)
+            bar.update(p.entry.shape and int(np.prod(p.entry.shape)))
+            del data
+        bar.close()
+        w.close()
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        ckpt.close()
+
+    counts: dict[str, int] = {}
+    for p in placements:
+        counts[p.type] = counts.get(p.type, 0) + 1
+    return ConversionReport(
+        path=out,
+        package_type=package,
+        tensor_count=len(placements),
+        file_bytes=out.stat().st_size,
+        seconds=time.perf_counter() - start,
+        type_counts=counts,
+        fallbacks=[(p.entry.gguf, p.wanted, p.type) for p in placements if p.fell_back],
+    )
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(placements: list[Placement], enabled: bool):  # noqa: ANN202 - tqdm or a no-op
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    total = sum(int(np.prod(p.entry.shape)) for p in placements)
+    return tqdm(total=total, unit="par", unit_scale=True, desc="converting", leave=False)
