@@ -5,10 +5,15 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "model/loader.h"
 #include "runtime/backend.h"
+#include "runtime/model.h"
 #include "runtime/quantize.h"
 
 namespace py = pybind11;
@@ -110,6 +115,122 @@ py::array_t<float> dequantize(const py::buffer & data, const std::string & type_
     return out;
 }
 
+// ---- Model -----------------------------------------------------------------------------------
+
+using fun_asr::Model;
+
+py::array_t<float> to_numpy(std::vector<float> && v, std::vector<py::ssize_t> shape) {
+    auto * heap = new std::vector<float>(std::move(v));
+    py::capsule owner(heap, [](void * p) { delete static_cast<std::vector<float> *>(p); });
+    return py::array_t<float>(shape, heap->data(), owner);
+}
+
+// Checks a [rows, cols] C-contiguous float32 array with cols fixed.
+void require_rows(const py::array & a, int64_t cols, const char * what) {
+    require_float32_c(a, 2, what);
+    if (a.shape(1) != cols) {
+        throw py::value_error(std::string(what) + " must have " + std::to_string(cols) + " columns, got shape (" +
+                              std::to_string(a.shape(0)) + ", " + std::to_string(a.shape(1)) + ")");
+    }
+    if (a.shape(0) == 0) throw py::value_error(std::string(what) + " is empty (0 rows)");
+    const float * p = static_cast<const float *>(a.data());
+    for (py::ssize_t i = 0, n = a.size(); i < n; ++i) {
+        if (!std::isfinite(p[i])) throw py::value_error(std::string(what) + " contains NaN or infinite values");
+    }
+}
+
+std::unique_ptr<Model> load_gguf(const std::string & path, const std::string & device, int threads) {
+    py::gil_scoped_release release;
+    fun_asr::ModelSource src = fun_asr::read_gguf(path);
+    return std::make_unique<Model>(src, device, threads);
+}
+
+fun_asr::MetaValue to_meta(const py::handle & v, const std::string & key) {
+    if (py::isinstance<py::bool_>(v)) return v.cast<bool>();
+    if (py::isinstance<py::int_>(v)) return v.cast<int64_t>();
+    if (py::isinstance<py::float_>(v)) return v.cast<double>();
+    if (py::isinstance<py::str>(v)) return v.cast<std::string>();
+    if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) {
+        std::vector<int64_t> out;
+        for (auto item : v) {
+            if (!py::isinstance<py::int_>(item)) return std::string("<list>");
+            out.push_back(item.cast<int64_t>());
+        }
+        return out;
+    }
+    throw py::type_error("metadata value for '" + key + "' has unsupported type");
+}
+
+std::unique_ptr<Model> load_tensors(const std::string & arch, const py::dict & meta, const py::list & tensors,
+                                    const std::string & device, int threads, const std::string & origin) {
+    fun_asr::ModelSource src;
+    src.arch = arch;
+    src.origin = origin;
+    for (auto item : meta) {
+        const std::string key = item.first.cast<std::string>();
+        src.meta[key] = to_meta(item.second, key);
+    }
+    std::vector<py::buffer_info> keep;  // keeps the buffers valid while loading
+    keep.reserve(tensors.size());
+    for (auto item : tensors) {
+        auto tup = item.cast<py::tuple>();
+        if (tup.size() != 4) throw py::value_error("tensors must be (name, type, ne, buffer) tuples");
+        fun_asr::SourceTensor t;
+        t.name = tup[0].cast<std::string>();
+        t.type = fun_asr::parse_tensor_type(tup[1].cast<std::string>());
+        t.ne = tup[2].cast<std::vector<int64_t>>();
+        keep.push_back(tup[3].cast<py::buffer>().request());
+        t.data = keep.back().ptr;
+        t.nbytes = static_cast<size_t>(keep.back().size * keep.back().itemsize);
+        src.tensors.push_back(std::move(t));
+    }
+    py::gil_scoped_release release;
+    return std::make_unique<Model>(src, device, threads);
+}
+
+py::dict model_info(const Model & m) {
+    const auto & hp = m.hparams();
+    py::dict enc, adp, dec, d;
+    enc["input_size"] = hp.enc.input_size;
+    enc["d_model"] = hp.enc.d_model;
+    enc["n_heads"] = hp.enc.n_heads;
+    enc["ffn"] = hp.enc.ffn;
+    enc["n_layers"] = hp.enc.n_layers;
+    enc["n_tp_layers"] = hp.enc.n_tp_layers;
+    enc["fsmn_kernel"] = hp.enc.fsmn_kernel;
+    enc["max_frames"] = hp.enc.max_frames();
+    enc["eps"] = hp.enc.eps;
+    adp["d_model"] = hp.adp.d_model;
+    adp["proj"] = hp.adp.proj;
+    adp["n_heads"] = hp.adp.n_heads;
+    adp["ffn"] = hp.adp.ffn;
+    adp["n_layers"] = hp.adp.n_layers;
+    adp["eps"] = hp.adp.eps;
+    dec["d_model"] = hp.dec.d_model;
+    dec["n_layers"] = hp.dec.n_layers;
+    dec["n_heads"] = hp.dec.n_heads;
+    dec["n_kv_heads"] = hp.dec.n_kv_heads;
+    dec["head_dim"] = hp.dec.head_dim;
+    dec["ffn"] = hp.dec.ffn;
+    dec["vocab"] = hp.dec.vocab;
+    dec["max_positions"] = hp.dec.max_positions;
+    dec["rms_eps"] = hp.dec.rms_eps;
+    dec["rope_theta"] = hp.dec.rope_theta;
+    dec["tie_embeddings"] = hp.dec.tie_embeddings;
+    dec["eos_token_ids"] = hp.dec.eos_ids;
+    d["encoder"] = enc;
+    d["adaptor"] = adp;
+    d["decoder"] = dec;
+    d["tensor_types"] = m.tensor_types();
+    d["backend"] = m.backend_name();
+    d["device"] = m.device_description();
+    d["weight_bytes"] = m.weight_bytes();
+    d["weights_mmapped"] = m.weights_mmapped();
+    d["kv_cache_bytes"] = m.kv_bytes();
+    d["threads"] = m.threads();
+    return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -127,6 +248,125 @@ PYBIND11_MODULE(_core, m) {
 
     m.def("dequantize", &dequantize, py::arg("data"), py::arg("type"), py::arg("shape"),
           "Unpack bytes of `type` into a float32 array of `shape` (the last dimension is the row).");
+
+    py::class_<Model>(m, "Model", "A loaded Fun-ASR-Nano model (weights + KV cache) on one backend. Calls on "
+                                  "one Model run one at a time (internally locked).")
+        .def("info", &model_info, "Hyperparameters, tensor types, backend, bytes of weights.")
+        .def_property("threads", &Model::threads, &Model::set_threads)
+        .def_property_readonly("n_past", &Model::n_past, "Positions currently in the KV cache.")
+        .def(
+            "encode",
+            [](Model & self, const py::array & features) {
+                require_rows(features, self.hparams().enc.input_size, "features");
+                const int64_t T = features.shape(0);
+                const float * p = static_cast<const float *>(features.data());
+                std::vector<float> out;
+                {
+                    py::gil_scoped_release release;
+                    out = self.encode(p, T);
+                }
+                return to_numpy(std::move(out), {T, self.hparams().adp.d_model});
+            },
+            py::arg("features"), "features float32[T, input_size] (LFR fbank) -> adaptor output float32[T, d_llm].")
+        .def(
+            "debug_stages",
+            [](Model & self, const py::array & features) {
+                require_rows(features, self.hparams().enc.input_size, "features");
+                const int64_t T = features.shape(0);
+                const float * p = static_cast<const float *>(features.data());
+                std::map<std::string, fun_asr::Stage> stages;
+                {
+                    py::gil_scoped_release release;
+                    stages = self.debug_stages(p, T);
+                }
+                py::dict d;
+                for (auto & [name, st] : stages) {
+                    d[py::str(name)] = to_numpy(std::move(st.data), {st.shape[0], st.shape[1]});
+                }
+                return d;
+            },
+            py::arg("features"), "Every named stage output for features float32[T, input_size]: name -> float32[T, width].")
+        .def(
+            "embed",
+            [](Model & self, const std::vector<int64_t> & ids) {
+                std::vector<int32_t> ids32;
+                for (int64_t id : ids) {
+                    if (id < 0 || id >= self.hparams().dec.vocab) {
+                        throw py::index_error("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                              std::to_string(self.hparams().dec.vocab) + ")");
+                    }
+                    ids32.push_back(static_cast<int32_t>(id));
+                }
+                std::vector<float> out;
+                {
+                    py::gil_scoped_release release;
+                    out = self.embed(ids32);
+                }
+                return to_numpy(std::move(out), {static_cast<py::ssize_t>(ids.size()), self.hparams().dec.d_model});
+            },
+            py::arg("token_ids"), "token ids -> token embeddings float32[n, d_llm].")
+        .def(
+            "prefill",
+            [](Model & self, const py::array & emb) {
+                require_rows(emb, self.hparams().dec.d_model, "embeddings");
+                const float * p = static_cast<const float *>(emb.data());
+                const int64_t n = emb.shape(0);
+                std::vector<float> out;
+                {
+                    py::gil_scoped_release release;
+                    out = self.prefill(p, n);
+                }
+                return to_numpy(std::move(out), {self.hparams().dec.vocab});
+            },
+            py::arg("embeddings"), "Reset the KV cache and run embeddings float32[n, d_llm]; returns the last logits float32[vocab].")
+        .def(
+            "step",
+            [](Model & self, int64_t token) {
+                if (token < 0 || token >= self.hparams().dec.vocab) {
+                    throw py::index_error("token id " + std::to_string(token) + " is outside the vocabulary");
+                }
+                std::vector<float> out;
+                {
+                    py::gil_scoped_release release;
+                    out = self.step(static_cast<int32_t>(token));
+                }
+                return to_numpy(std::move(out), {self.hparams().dec.vocab});
+            },
+            py::arg("token_id"), "Append one token to the cached sequence; returns its logits float32[vocab].")
+        .def(
+            "generate",
+            [](Model & self, const py::array & emb, int64_t max_new_tokens, const std::vector<int64_t> & stop_ids) {
+                require_rows(emb, self.hparams().dec.d_model, "embeddings");
+                std::vector<int32_t> stops;
+                for (int64_t id : stop_ids) {
+                    if (id < 0 || id >= self.hparams().dec.vocab) {
+                        throw py::index_error("stop id " + std::to_string(id) + " is outside the vocabulary");
+                    }
+                    stops.push_back(static_cast<int32_t>(id));
+                }
+                const float * p = static_cast<const float *>(emb.data());
+                const int64_t n = emb.shape(0);
+                std::vector<int32_t> out;
+                {
+                    py::gil_scoped_release release;
+                    out = self.generate(p, n, max_new_tokens, stops);
+                }
+                return std::vector<int64_t>(out.begin(), out.end());
+            },
+            py::arg("embeddings"), py::arg("max_new_tokens"), py::arg("stop_ids"),
+            "Greedy decoding: prefill, then argmax steps until a stop id (included in the result) or max_new_tokens.")
+        .def("__repr__", [](const Model & self) {
+            const auto & hp = self.hparams();
+            return "<fun_asr._core.Model enc=" + std::to_string(hp.enc.n_layers) + "x" + std::to_string(hp.enc.d_model) +
+                   " dec=" + std::to_string(hp.dec.n_layers) + "x" + std::to_string(hp.dec.d_model) +
+                   " backend=" + self.backend_name() + ">";
+        });
+
+    m.def("load_gguf", &load_gguf, py::arg("path"), py::kw_only(), py::arg("device") = "cpu", py::arg("threads") = 0,
+          "Load a fun_asr_nano GGUF file.");
+    m.def("load_tensors", &load_tensors, py::arg("arch"), py::arg("metadata"), py::arg("tensors"), py::kw_only(),
+          py::arg("device") = "cpu", py::arg("threads") = 0, py::arg("origin") = "<tensors>",
+          "Load a model from GGUF-style metadata and (name, type, ne, buffer) tensors (used for HF directories).");
 
     m.def("quantized_row_bytes",
           [](const std::string & t, int64_t cols) {

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fun_asr import _core
 from fun_asr._core import dequantize, quantize, system_info
 from fun_asr.converter import ConversionReport, convert, inspect_gguf
+from fun_asr.model import load_model
 
 __version__ = "0.1.0"
 
@@ -15,6 +16,7 @@ __all__ = [
     "convert",
     "dequantize",
     "inspect_gguf",
+    "load_model",
     "quantize",
     "system_info",
 ]

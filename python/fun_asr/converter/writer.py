@@ -13,6 +13,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -22,7 +23,7 @@ from fun_asr.checkpoint import Checkpoint, CheckpointError
 from fun_asr.converter.plan import FILE_TYPE, Placement, check_package_type, place
 from fun_asr.hparams import HParams
 from fun_asr.spec import FAMILY, load_spec, spec_text
-from fun_asr.tensor_names import tensor_table
+from fun_asr.tensor_names import TensorEntry, tensor_table
 
 ARCH = FAMILY
 
@@ -52,8 +53,9 @@ def _ggml_type(name: str) -> gguf.GGMLQuantizationType:
     return gguf.GGMLQuantizationType[name.upper()]
 
 
-def _check_tensors(ckpt: Checkpoint, placements: list[Placement]) -> None:
-    expected = {p.entry.hf: p.entry for p in placements}
+def check_tensors(ckpt: Checkpoint, entries: list[TensorEntry]) -> None:
+    """Every table entry present with its shape, and nothing else; errors name the tensor."""
+    expected = {e.hf: e for e in entries}
     missing = [n for n in expected if n not in ckpt.tensors]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -78,66 +80,93 @@ def _check_tensors(ckpt: Checkpoint, placements: list[Placement]) -> None:
             )
 
 
-def _add_metadata(w: gguf.GGUFWriter, ckpt: Checkpoint, hp: HParams, package: str,
-                  repo_id: str | None, revision: str | None) -> None:
+def gguf_metadata(ckpt: Checkpoint, hp: HParams, package: str | None = None,
+                  repo_id: str | None = None, revision: str | None = None) -> dict[str, Any]:
+    """Every GGUF metadata key of DESIGN §3 for this checkpoint, as plain Python values.
+
+    The GGUF writer stores ints as uint32, floats as float32, lists as int arrays; loading an HF
+    directory directly hands the same dict to the native loader, so both paths read one set of keys.
+    """
     spec = load_spec()
     e, a, d = hp.encoder, hp.adaptor, hp.decoder
-    w.add_name("Fun-ASR-Nano")
-    w.add_type("model")
-    w.add_license(spec["license"]["name"])
-    w.add_license_link(spec["license"]["url"])
-    w.add_file_type(FILE_TYPE[package])
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    if repo_id:
-        w.add_string("general.source.huggingface.repository", repo_id)
-        w.add_source_url(f"https://huggingface.co/{repo_id}")
-    if revision:
-        w.add_string("general.source.revision", revision)
-
     k = f"{ARCH}."
-    w.add_uint32(k + "encoder.input_size", e.input_size)
-    w.add_uint32(k + "encoder.num_mel_bins", e.num_mel_bins)
-    w.add_uint32(k + "encoder.num_stacked_frames", e.num_stacked_frames)
-    w.add_uint32(k + "encoder.embedding_length", e.d_model)
-    w.add_uint32(k + "encoder.block_count", e.n_layers)
-    w.add_uint32(k + "encoder.tp_block_count", e.n_tp_layers)
-    w.add_uint32(k + "encoder.attention.head_count", e.n_heads)
-    w.add_uint32(k + "encoder.feed_forward_length", e.ffn)
-    w.add_uint32(k + "encoder.fsmn_kernel_size", e.fsmn_kernel)
-    w.add_uint32(k + "encoder.context_length", e.max_positions)
-    w.add_float32(k + "encoder.attention.layer_norm_epsilon", e.eps)
-    w.add_uint32(k + "adaptor.embedding_length", a.d_model)
-    w.add_uint32(k + "adaptor.projector_length", a.proj)
-    w.add_uint32(k + "adaptor.block_count", a.n_layers)
-    w.add_uint32(k + "adaptor.attention.head_count", a.n_heads)
-    w.add_uint32(k + "adaptor.feed_forward_length", a.ffn)
-    w.add_float32(k + "adaptor.attention.layer_norm_epsilon", a.eps)
-    w.add_uint32(k + "decoder.embedding_length", d.d_model)
-    w.add_uint32(k + "decoder.block_count", d.n_layers)
-    w.add_uint32(k + "decoder.attention.head_count", d.n_heads)
-    w.add_uint32(k + "decoder.attention.head_count_kv", d.n_kv_heads)
-    w.add_uint32(k + "decoder.attention.key_length", d.head_dim)
-    w.add_uint32(k + "decoder.feed_forward_length", d.ffn)
-    w.add_uint32(k + "decoder.vocab_size", d.vocab)
-    w.add_uint32(k + "decoder.context_length", d.max_positions)
-    w.add_float32(k + "decoder.attention.layer_norm_rms_epsilon", d.rms_eps)
-    w.add_float32(k + "decoder.rope.freq_base", d.rope_theta)
-    w.add_bool(k + "decoder.tie_word_embeddings", d.tie_embeddings)
-    w.add_array(k + "decoder.eos_token_ids", ckpt.eos_token_ids())
-
-    w.add_string(k + "prompt", json.dumps(spec["prompt"], ensure_ascii=False))
-    w.add_string(k + "model_spec", spec_text())
-    w.add_string(k + "source.config_json", json.dumps(ckpt.config, ensure_ascii=False))
+    meta: dict[str, Any] = {
+        "general.architecture": ARCH,
+        "general.type": "model",
+        "general.name": "Fun-ASR-Nano",
+        "general.license": spec["license"]["name"],
+        "general.license.link": spec["license"]["url"],
+        "general.quantization_version": gguf.GGML_QUANT_VERSION,
+    }
+    if package is not None:
+        meta["general.file_type"] = FILE_TYPE[package]
+    repo_id, revision = repo_id or ckpt.repo_id, revision or ckpt.revision
+    if repo_id:
+        meta["general.source.huggingface.repository"] = repo_id
+        meta["general.source.url"] = f"https://huggingface.co/{repo_id}"
+    if revision:
+        meta["general.source.revision"] = revision
+    meta.update({
+        k + "encoder.input_size": e.input_size,
+        k + "encoder.num_mel_bins": e.num_mel_bins,
+        k + "encoder.num_stacked_frames": e.num_stacked_frames,
+        k + "encoder.embedding_length": e.d_model,
+        k + "encoder.block_count": e.n_layers,
+        k + "encoder.tp_block_count": e.n_tp_layers,
+        k + "encoder.attention.head_count": e.n_heads,
+        k + "encoder.feed_forward_length": e.ffn,
+        k + "encoder.fsmn_kernel_size": e.fsmn_kernel,
+        k + "encoder.context_length": e.max_positions,
+        k + "encoder.attention.layer_norm_epsilon": float(e.eps),
+        k + "adaptor.embedding_length": a.d_model,
+        k + "adaptor.projector_length": a.proj,
+        k + "adaptor.block_count": a.n_layers,
+        k + "adaptor.attention.head_count": a.n_heads,
+        k + "adaptor.feed_forward_length": a.ffn,
+        k + "adaptor.attention.layer_norm_epsilon": float(a.eps),
+        k + "decoder.embedding_length": d.d_model,
+        k + "decoder.block_count": d.n_layers,
+        k + "decoder.attention.head_count": d.n_heads,
+        k + "decoder.attention.head_count_kv": d.n_kv_heads,
+        k + "decoder.attention.key_length": d.head_dim,
+        k + "decoder.feed_forward_length": d.ffn,
+        k + "decoder.vocab_size": d.vocab,
+        k + "decoder.context_length": d.max_positions,
+        k + "decoder.attention.layer_norm_rms_epsilon": float(d.rms_eps),
+        k + "decoder.rope.freq_base": float(d.rope_theta),
+        k + "decoder.tie_word_embeddings": d.tie_embeddings,
+        k + "decoder.eos_token_ids": ckpt.eos_token_ids(),
+        k + "prompt": json.dumps(spec["prompt"], ensure_ascii=False),
+        k + "model_spec": spec_text(),
+        k + "source.config_json": json.dumps(ckpt.config, ensure_ascii=False),
+    })
     for key, value in (
         ("source.preprocessor_config_json", ckpt.preprocessor_config),
         ("source.generation_config_json", ckpt.generation_config),
         ("source.tokenizer_config_json", ckpt.tokenizer_config),
     ):
         if value is not None:
-            w.add_string(k + key, json.dumps(value, ensure_ascii=False))
-    w.add_string(gguf.Keys.Tokenizer.HF_JSON, ckpt.tokenizer_json)
+            meta[k + key] = json.dumps(value, ensure_ascii=False)
+    meta[gguf.Keys.Tokenizer.HF_JSON] = ckpt.tokenizer_json
     if ckpt.chat_template:
-        w.add_string(gguf.Keys.Tokenizer.CHAT_TEMPLATE, ckpt.chat_template)
+        meta[gguf.Keys.Tokenizer.CHAT_TEMPLATE] = ckpt.chat_template
+    return meta
+
+
+def _write_metadata(w: gguf.GGUFWriter, meta: dict[str, Any]) -> None:
+    for key, value in meta.items():
+        if key == "general.architecture":
+            continue  # GGUFWriter writes it from its arch argument
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_array(key, list(value))
 
 
 def _pack(ckpt: Checkpoint, p: Placement, threads: int) -> np.ndarray:
@@ -166,7 +195,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
     ckpt = Checkpoint.open(src)
     hp = ckpt.hparams
     placements = [place(entry, package, hp) for entry in tensor_table(hp)]
-    _check_tensors(ckpt, placements)
+    check_tensors(ckpt, [p.entry for p in placements])
 
     out = Path(dst)
     if out.is_dir():
@@ -177,7 +206,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
     tmp = Path(tmp_name)
     try:
         w = gguf.GGUFWriter(tmp, ARCH)
-        _add_metadata(w, ckpt, hp, package, repo_id or ckpt.repo_id, revision or ckpt.revision)
+        _write_metadata(w, gguf_metadata(ckpt, hp, package, repo_id, revision))
         for p in placements:
             row_bytes = _core.quantized_row_bytes(p.type, p.entry.shape[-1])
             byte_shape = (*p.entry.shape[:-1], row_bytes)

@@ -1,0 +1,73 @@
+#include "graph/common.h"
+
+#include <cmath>
+
+namespace fun_asr {
+
+ggml_tensor * layer_norm(ggml_context * ctx, ggml_tensor * x, const Norm & n, float eps) {
+    x = ggml_norm(ctx, x, eps);
+    x = ggml_mul(ctx, x, n.w);
+    return n.b ? ggml_add(ctx, x, n.b) : x;
+}
+
+ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, float eps) {
+    return ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), w);
+}
+
+ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l) {
+    x = ggml_mul_mat(ctx, l.w, x);
+    return l.b ? ggml_add(ctx, x, l.b) : x;
+}
+
+ggml_tensor * attention_full(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+                             int64_t n_heads, ggml_tensor * mask) {
+    const int64_t d = q->ne[0], T = q->ne[1], hd = d / n_heads;
+    // [d, T] -> [hd, T, H]
+    ggml_tensor * qh = ggml_permute(ctx, ggml_reshape_3d(ctx, q, hd, n_heads, T), 0, 2, 1, 3);
+    ggml_tensor * kh = ggml_permute(ctx, ggml_reshape_3d(ctx, k, hd, n_heads, T), 0, 2, 1, 3);
+    ggml_tensor * kq = ggml_mul_mat(ctx, kh, qh);  // [T_k, T_q, H]
+    kq = ggml_soft_max_ext(ctx, kq, mask, 1.0f / std::sqrt(static_cast<float>(hd)), 0.0f);
+    // v: [d, T] -> [T, hd, H]
+    ggml_tensor * vt = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, v, hd, n_heads, T), 1, 2, 0, 3));
+    ggml_tensor * out = ggml_mul_mat(ctx, vt, kq);  // [hd, T_q, H]
+    out = ggml_cont(ctx, ggml_permute(ctx, out, 0, 2, 1, 3));  // [hd, H, T_q]
+    return ggml_reshape_2d(ctx, out, d, T);
+}
+
+namespace {
+
+// Depthwise conv1d over time (zero padding (K-1)/2 | K-1-(K-1)/2, no bias) of v [d, T] with the
+// FSMN kernel [K, 1, d], plus v itself: FunASR's FSMN memory block.
+ggml_tensor * fsmn(ggml_context * ctx, ggml_tensor * v, ggml_tensor * kernel, int64_t K) {
+    const int64_t d = v->ne[0], T = v->ne[1];
+    const int left = static_cast<int>((K - 1) / 2), right = static_cast<int>(K - 1 - left);
+    ggml_tensor * vt = ggml_cont(ctx, ggml_transpose(ctx, v));  // [T, d]
+    vt = ggml_pad_ext(ctx, vt, left, right, 0, 0, 0, 0, 0, 0);   // [T + K - 1, d]
+    vt = ggml_reshape_3d(ctx, vt, T + K - 1, d, 1);
+    ggml_tensor * conv = ggml_ssm_conv(ctx, vt, ggml_reshape_2d(ctx, kernel, K, d));  // [d, T, 1]
+    return ggml_add(ctx, ggml_reshape_2d(ctx, conv, d, T), v);
+}
+
+}  // namespace
+
+ggml_tensor * sanm_layer(const GraphCtx & g, ggml_tensor * x, const SanmLayer & l, int64_t n_heads,
+                         int64_t fsmn_kernel, float eps, ggml_tensor * mask, const std::string & name) {
+    ggml_context * ctx = g.ctx;
+    ggml_tensor * h = layer_norm(ctx, x, l.attn_norm, eps);
+    ggml_tensor * q = linear(ctx, h, l.q);
+    ggml_tensor * k = linear(ctx, h, l.k);
+    ggml_tensor * v = linear(ctx, h, l.v);
+    ggml_tensor * att = linear(ctx, attention_full(ctx, q, k, v, n_heads, mask), l.o);
+    if (l.fsmn) att = ggml_add(ctx, att, fsmn(ctx, v, l.fsmn, fsmn_kernel));
+    g.name(att, name + ".attn_out");
+    // Layer 0 of the encoder widens 560 -> d: no residual around its attention.
+    x = x->ne[0] == att->ne[0] ? ggml_add(ctx, x, att) : att;
+    h = layer_norm(ctx, x, l.ffn_norm, eps);
+    h = linear(ctx, ggml_relu(ctx, linear(ctx, h, l.up)), l.down);
+    x = ggml_add(ctx, x, h);
+    if (l.out_norm.w) x = layer_norm(ctx, x, l.out_norm, eps);
+    g.name(x, name + ".out");
+    return x;
+}
+
+}  // namespace fun_asr

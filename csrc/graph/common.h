@@ -1,0 +1,39 @@
+// Builders shared by every stage: norms, linear layers, attention, feed-forward blocks, and the
+// naming callback that lets a debug run read any stage's output (whisper.cpp / llama.cpp style).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "ggml.h"
+#include "model/tensors.h"
+
+namespace fun_asr {
+
+// Called for every named stage output ("enc.blk.3.out"); a debug run marks them as outputs.
+using StageCallback = std::function<void(ggml_tensor *, const std::string &)>;
+
+struct GraphCtx {
+    ggml_context * ctx;
+    StageCallback on_stage;  // may be empty
+    void name(ggml_tensor * t, const std::string & n) const {
+        ggml_set_name(t, n.c_str());
+        if (on_stage) on_stage(t, n);
+    }
+};
+
+ggml_tensor * layer_norm(ggml_context * ctx, ggml_tensor * x, const Norm & n, float eps);
+ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, float eps);
+ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l);
+
+// Bidirectional multi-head attention over [d, T] q/k/v (heads of head_dim); mask may be null.
+ggml_tensor * attention_full(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+                             int64_t n_heads, ggml_tensor * mask);
+
+// Pre-LN SAN-M / transformer layer: attention (+ FSMN memory when l.fsmn is set), ReLU FFN,
+// residuals (none around attention when the input width differs), optional final LayerNorm.
+ggml_tensor * sanm_layer(const GraphCtx & g, ggml_tensor * x, const SanmLayer & l, int64_t n_heads,
+                         int64_t fsmn_kernel, float eps, ggml_tensor * mask, const std::string & name);
+
+}  // namespace fun_asr

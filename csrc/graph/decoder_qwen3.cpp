@@ -1,0 +1,62 @@
+// Qwen3 decoder (DESIGN §2.4): RMSNorm, per-head q/k RMSNorm before NeoX RoPE, GQA attention over
+// the KV cache, SwiGLU FFN, final RMSNorm, (tied) output projection.
+#include <cmath>
+
+#include "graph/stages.h"
+
+namespace fun_asr {
+
+ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams & hp, const Weights & w,
+                            const DecoderInputs & in) {
+    ggml_context * ctx = g.ctx;
+    const auto & d = hp.dec;
+    const int64_t n = in.x->ne[1], hd = d.head_dim, n_kv = in.n_past + n;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    ggml_tensor * x = in.x;
+    for (int64_t il = 0; il < d.n_layers; ++il) {
+        const Qwen3Layer & l = w.dec[static_cast<size_t>(il)];
+        ggml_tensor * kc = (*in.k_cache)[static_cast<size_t>(il)];
+        ggml_tensor * vc = (*in.v_cache)[static_cast<size_t>(il)];
+        ggml_tensor * h = rms_norm(ctx, x, l.attn_norm, d.rms_eps);
+
+        auto head_proj = [&](ggml_tensor * W, int64_t n_heads, ggml_tensor * norm) {
+            ggml_tensor * t = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, W, h), hd, n_heads, n);
+            if (norm) {
+                t = rms_norm(ctx, t, norm, d.rms_eps);
+                t = ggml_rope_ext(ctx, t, in.positions, nullptr, static_cast<int>(hd), GGML_ROPE_TYPE_NEOX, 0,
+                                  d.rope_theta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+            }
+            return t;
+        };
+        ggml_tensor * q = head_proj(l.q, d.n_heads, l.q_norm);     // [hd, Hq, n]
+        ggml_tensor * k = head_proj(l.k, d.n_kv_heads, l.k_norm);  // [hd, Hkv, n]
+        ggml_tensor * v = head_proj(l.v, d.n_kv_heads, nullptr);
+
+        // Append this step's K/V to the cache, then attend over everything cached so far.
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, k, ggml_view_3d(ctx, kc, hd, d.n_kv_heads, n, kc->nb[1], kc->nb[2],
+                                                                   static_cast<size_t>(in.n_past) * kc->nb[2])));
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, v, ggml_view_3d(ctx, vc, hd, d.n_kv_heads, n, vc->nb[1], vc->nb[2],
+                                                                   static_cast<size_t>(in.n_past) * vc->nb[2])));
+        ggml_tensor * K = ggml_view_3d(ctx, kc, hd, d.n_kv_heads, n_kv, kc->nb[1], kc->nb[2], 0);
+        ggml_tensor * V = ggml_view_3d(ctx, vc, hd, d.n_kv_heads, n_kv, vc->nb[1], vc->nb[2], 0);
+        K = ggml_permute(ctx, K, 0, 2, 1, 3);                          // [hd, n_kv, Hkv]
+        ggml_tensor * kq = ggml_mul_mat(ctx, K, ggml_permute(ctx, q, 0, 2, 1, 3));  // [n_kv, n, Hq]
+        kq = ggml_soft_max_ext(ctx, kq, in.mask, scale, 0.0f);
+        V = ggml_cont(ctx, ggml_permute(ctx, V, 1, 2, 0, 3));          // [n_kv, hd, Hkv]
+        ggml_tensor * att = ggml_mul_mat(ctx, V, kq);                  // [hd, n, Hq]
+        att = ggml_reshape_2d(ctx, ggml_cont(ctx, ggml_permute(ctx, att, 0, 2, 1, 3)), hd * d.n_heads, n);
+        x = ggml_add(ctx, x, ggml_mul_mat(ctx, l.o, att));
+
+        h = rms_norm(ctx, x, l.ffn_norm, d.rms_eps);
+        ggml_tensor * ffn = ggml_mul(ctx, ggml_silu(ctx, ggml_mul_mat(ctx, l.gate, h)), ggml_mul_mat(ctx, l.up, h));
+        x = ggml_add(ctx, x, ggml_mul_mat(ctx, l.down, ffn));
+        g.name(x, "dec.blk." + std::to_string(il) + ".out");
+    }
+    x = rms_norm(ctx, x, w.output_norm, d.rms_eps);
+    if (!in.all_logits && n > 1) x = ggml_view_2d(ctx, x, x->ne[0], 1, x->nb[1], static_cast<size_t>(n - 1) * x->nb[1]);
+    ggml_tensor * logits = ggml_mul_mat(ctx, w.output, x);
+    g.name(logits, "dec.logits");
+    return logits;
+}
+
+}  // namespace fun_asr

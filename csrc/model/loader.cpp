@@ -1,0 +1,244 @@
+#include "model/loader.h"
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+
+#include "gguf.h"
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define FUN_ASR_HAVE_MMAP 1
+#endif
+
+namespace fun_asr {
+
+MappedFile::MappedFile(const std::string & path) {
+#ifdef FUN_ASR_HAVE_MMAP
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) throw std::runtime_error(path + ": cannot open (" + std::strerror(errno) + ")");
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+        ::close(fd);
+        throw std::runtime_error(path + ": cannot stat");
+    }
+    size_ = static_cast<size_t>(st.st_size);
+    if (size_ > 0) {
+        void * p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+        ::close(fd);
+        if (p == MAP_FAILED) throw std::runtime_error(path + ": mmap failed");
+        data_ = static_cast<uint8_t *>(p);
+    } else {
+        ::close(fd);
+    }
+#else
+    FILE * f = std::fopen(path.c_str(), "rb");
+    if (!f) throw std::runtime_error(path + ": cannot open");
+    std::fseek(f, 0, SEEK_END);
+    size_ = static_cast<size_t>(std::ftell(f));
+    std::fseek(f, 0, SEEK_SET);
+    fallback_.resize(size_);
+    const size_t got = std::fread(fallback_.data(), 1, size_, f);
+    std::fclose(f);
+    if (got != size_) throw std::runtime_error(path + ": short read");
+    data_ = fallback_.data();
+#endif
+}
+
+MappedFile::~MappedFile() {
+#ifdef FUN_ASR_HAVE_MMAP
+    if (data_ != nullptr && size_ > 0) ::munmap(data_, size_);
+#endif
+}
+
+namespace {
+
+MetaValue read_kv(const gguf_context * g, int64_t id, const std::string & key) {
+    switch (gguf_get_kv_type(g, id)) {
+        case GGUF_TYPE_UINT8: return static_cast<int64_t>(gguf_get_val_u8(g, id));
+        case GGUF_TYPE_INT8: return static_cast<int64_t>(gguf_get_val_i8(g, id));
+        case GGUF_TYPE_UINT16: return static_cast<int64_t>(gguf_get_val_u16(g, id));
+        case GGUF_TYPE_INT16: return static_cast<int64_t>(gguf_get_val_i16(g, id));
+        case GGUF_TYPE_UINT32: return static_cast<int64_t>(gguf_get_val_u32(g, id));
+        case GGUF_TYPE_INT32: return static_cast<int64_t>(gguf_get_val_i32(g, id));
+        case GGUF_TYPE_UINT64: return static_cast<int64_t>(gguf_get_val_u64(g, id));
+        case GGUF_TYPE_INT64: return gguf_get_val_i64(g, id);
+        case GGUF_TYPE_FLOAT32: return static_cast<double>(gguf_get_val_f32(g, id));
+        case GGUF_TYPE_FLOAT64: return gguf_get_val_f64(g, id);
+        case GGUF_TYPE_BOOL: return gguf_get_val_bool(g, id);
+        case GGUF_TYPE_STRING: return std::string(gguf_get_val_str(g, id));
+        case GGUF_TYPE_ARRAY: {
+            const auto at = gguf_get_arr_type(g, id);
+            const size_t n = gguf_get_arr_n(g, id);
+            std::vector<int64_t> v;
+            const void * d = at == GGUF_TYPE_STRING ? nullptr : gguf_get_arr_data(g, id);
+            for (size_t i = 0; i < n; ++i) {
+                switch (at) {
+                    case GGUF_TYPE_INT32: v.push_back(static_cast<const int32_t *>(d)[i]); break;
+                    case GGUF_TYPE_UINT32: v.push_back(static_cast<const uint32_t *>(d)[i]); break;
+                    case GGUF_TYPE_INT64: v.push_back(static_cast<const int64_t *>(d)[i]); break;
+                    case GGUF_TYPE_UINT64: v.push_back(static_cast<int64_t>(static_cast<const uint64_t *>(d)[i])); break;
+                    default: return std::string("<array>");  // not used by the loader
+                }
+            }
+            return v;
+        }
+        default: return std::string("<" + key + ">");
+    }
+}
+
+}  // namespace
+
+ModelSource read_gguf(const std::string & path) {
+    ModelSource src;
+    src.origin = path;
+    src.file = std::make_shared<MappedFile>(path);
+    ggml_context * meta_ctx = nullptr;
+    gguf_init_params params{/*no_alloc=*/true, /*ctx=*/&meta_ctx};
+    gguf_context * g = gguf_init_from_file(path.c_str(), params);
+    if (g == nullptr) {
+        throw std::runtime_error(path + ": not a valid GGUF file (bad magic, version, or truncated header)");
+    }
+    struct Guard {
+        gguf_context * g;
+        ggml_context * c;
+        ~Guard() {
+            gguf_free(g);
+            if (c) ggml_free(c);
+        }
+    } guard{g, meta_ctx};
+
+    for (int64_t i = 0; i < gguf_get_n_kv(g); ++i) {
+        const std::string key = gguf_get_key(g, i);
+        src.meta[key] = read_kv(g, i, key);
+    }
+    auto arch = src.meta.find("general.architecture");
+    if (arch == src.meta.end() || !std::holds_alternative<std::string>(arch->second)) {
+        throw std::runtime_error(path + ": GGUF has no general.architecture");
+    }
+    src.arch = std::get<std::string>(arch->second);
+
+    const size_t data_offset = gguf_get_data_offset(g);
+    const size_t file_size = src.file->size();
+    for (int64_t i = 0; i < gguf_get_n_tensors(g); ++i) {
+        SourceTensor t;
+        t.name = gguf_get_tensor_name(g, i);
+        ggml_tensor * meta = ggml_get_tensor(meta_ctx, t.name.c_str());
+        t.type = meta->type;
+        for (int d = 0; d < ggml_n_dims(meta); ++d) t.ne.push_back(meta->ne[d]);
+        t.nbytes = ggml_nbytes(meta);
+        const size_t off = data_offset + gguf_get_tensor_offset(g, i);
+        if (off + t.nbytes > file_size) {
+            throw std::runtime_error(path + ": truncated: tensor '" + t.name + "' ends at byte " +
+                                     std::to_string(off + t.nbytes) + " but the file has " +
+                                     std::to_string(file_size));
+        }
+        t.data = src.file->data() + off;
+        src.tensors.push_back(std::move(t));
+    }
+    return src;
+}
+
+LoadedWeights::~LoadedWeights() {
+    if (buffer) ggml_backend_buffer_free(buffer);
+    if (ctx) ggml_free(ctx);
+}
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t> & ne) {
+    std::string s = "[";
+    for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+    return s + "]";
+}
+
+bool type_allowed(const std::string & kind, ggml_type t) {
+    if (kind == "norm" || kind == "bias" || kind == "fsmn") return t == GGML_TYPE_F32;
+    switch (t) {
+        case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16:
+        case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_K: case GGML_TYPE_Q6_K: return true;
+        default: return false;
+    }
+}
+
+}  // namespace
+
+std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HParams & hp, ggml_backend_dev_t dev) {
+    const std::vector<ExpectedTensor> expected = expected_tensors(hp);
+    std::map<std::string, const SourceTensor *> by_name;
+    for (const auto & t : src.tensors) by_name[t.name] = &t;
+    for (const auto & e : expected) {
+        auto it = by_name.find(e.name);
+        if (it == by_name.end()) throw std::runtime_error(src.origin + ": missing tensor '" + e.name + "'");
+        const SourceTensor & t = *it->second;
+        if (t.ne != e.ne) {
+            throw std::runtime_error(src.origin + ": tensor '" + e.name + "' has shape " + shape_str(t.ne) +
+                                     ", expected " + shape_str(e.ne) + " (ggml order)");
+        }
+        if (!type_allowed(e.kind, t.type)) {
+            throw std::runtime_error(src.origin + ": tensor '" + e.name + "' has unsupported type " +
+                                     ggml_type_name(t.type) + " for a " + e.kind);
+        }
+        size_t want = t.ne[0] % ggml_blck_size(t.type) == 0 ? ggml_row_size(t.type, t.ne[0]) : 0;
+        for (size_t d = 1; d < t.ne.size(); ++d) want *= static_cast<size_t>(t.ne[d]);
+        if (want == 0 || t.nbytes != want) {
+            throw std::runtime_error(src.origin + ": tensor '" + e.name + "' data size does not match its type");
+        }
+    }
+    if (src.tensors.size() != expected.size()) {
+        std::map<std::string, bool> known;
+        for (const auto & e : expected) known[e.name] = true;
+        for (const auto & t : src.tensors) {
+            if (!known.count(t.name)) throw std::runtime_error(src.origin + ": unexpected tensor '" + t.name + "'");
+        }
+        throw std::runtime_error(src.origin + ": duplicate tensor names");
+    }
+
+    auto out = std::make_unique<LoadedWeights>();
+    ggml_init_params ip{ggml_tensor_overhead() * (expected.size() + 8), nullptr, /*no_alloc=*/true};
+    out->ctx = ggml_init(ip);
+    if (!out->ctx) throw std::runtime_error("ggml_init failed");
+    std::vector<std::pair<ggml_tensor *, const SourceTensor *>> pairs;
+    for (const auto & e : expected) {
+        const SourceTensor & s = *by_name[e.name];
+        int64_t ne[4] = {1, 1, 1, 1};
+        for (size_t d = 0; d < s.ne.size(); ++d) ne[d] = s.ne[d];
+        ggml_tensor * t = ggml_new_tensor(out->ctx, s.type, static_cast<int>(s.ne.size()), ne);
+        ggml_set_name(t, e.name.c_str());
+        pairs.emplace_back(t, &s);
+        out->bytes += s.nbytes;
+    }
+
+    const bool is_cpu = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU;
+    if (is_cpu && src.file && src.file->size() > 0) {
+        // Weights stay in the page cache: the buffer wraps the mapped file, tensors point into it.
+        const size_t align = 32;
+        bool aligned = true;
+        for (auto & [t, s] : pairs) aligned &= (reinterpret_cast<uintptr_t>(s->data) % align) == 0;
+        if (aligned) {
+            out->file = src.file;
+            out->buffer = ggml_backend_cpu_buffer_from_ptr(const_cast<uint8_t *>(src.file->data()), src.file->size());
+            for (auto & [t, s] : pairs) {
+                if (ggml_backend_tensor_alloc(out->buffer, t, const_cast<void *>(s->data)) != GGML_STATUS_SUCCESS) {
+                    throw std::runtime_error("cannot place tensor '" + std::string(t->name) + "'");
+                }
+            }
+            ggml_backend_buffer_set_usage(out->buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+            out->mmapped = true;
+        }
+    }
+    if (!out->mmapped) {
+        out->buffer = ggml_backend_alloc_ctx_tensors_from_buft(out->ctx, ggml_backend_dev_buffer_type(dev));
+        if (!out->buffer) throw std::runtime_error("cannot allocate " + std::to_string(out->bytes) + " bytes for the weights");
+        ggml_backend_buffer_set_usage(out->buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        for (auto & [t, s] : pairs) ggml_backend_tensor_set(t, s->data, 0, s->nbytes);
+    }
+    out->w = bind_weights(out->ctx, hp);
+    return out;
+}
+
+}  // namespace fun_asr

@@ -1,0 +1,72 @@
+// Model sources (a GGUF file, or tensors handed over from Python for an HF directory) and the
+// loader that validates them against the tensor table and places them in a backend buffer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ggml-backend.h"
+#include "ggml.h"
+#include "model/hparams.h"
+#include "model/tensors.h"
+
+namespace fun_asr {
+
+struct SourceTensor {
+    std::string name;
+    ggml_type type = GGML_TYPE_F32;
+    std::vector<int64_t> ne;  // ggml order
+    const void * data = nullptr;
+    size_t nbytes = 0;
+};
+
+// A read-only memory map of a file (POSIX mmap; a plain read on other systems).
+class MappedFile {
+public:
+    explicit MappedFile(const std::string & path);
+    ~MappedFile();
+    MappedFile(const MappedFile &) = delete;
+    MappedFile & operator=(const MappedFile &) = delete;
+    const uint8_t * data() const { return data_; }
+    size_t size() const { return size_; }
+
+private:
+    uint8_t * data_ = nullptr;
+    size_t size_ = 0;
+    std::vector<uint8_t> fallback_;
+};
+
+struct ModelSource {
+    std::string arch;
+    Metadata meta;
+    std::vector<SourceTensor> tensors;
+    std::shared_ptr<MappedFile> file;  // set for GGUF sources; tensors point into it
+    std::string origin;                // path, for messages
+};
+
+// Parses a GGUF file (metadata + tensor index) and maps its data. Throws std::runtime_error on a
+// missing, corrupt or truncated file.
+ModelSource read_gguf(const std::string & path);
+
+// The loaded weights: a ggml context with one tensor per table entry, and the buffer holding them.
+struct LoadedWeights {
+    ggml_context * ctx = nullptr;
+    ggml_backend_buffer_t buffer = nullptr;
+    std::shared_ptr<MappedFile> file;  // kept alive when the buffer maps it
+    Weights w;
+    size_t bytes = 0;
+    bool mmapped = false;
+    LoadedWeights() = default;
+    LoadedWeights(const LoadedWeights &) = delete;
+    LoadedWeights & operator=(const LoadedWeights &) = delete;
+    ~LoadedWeights();
+};
+
+// Checks every table entry (present, shape, allowed type), rejects unknown tensors, and places the
+// data in `dev`'s memory (mapped without a copy on the CPU when possible).
+std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HParams & hp, ggml_backend_dev_t dev);
+
+}  // namespace fun_asr

@@ -1,0 +1,60 @@
+#include "runtime/kv_cache.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace fun_asr {
+
+KvCache::~KvCache() { release(); }
+
+void KvCache::release() {
+    if (buffer_) ggml_backend_buffer_free(buffer_);
+    if (ctx_) ggml_free(ctx_);
+    buffer_ = nullptr;
+    ctx_ = nullptr;
+    k_.clear();
+    v_.clear();
+    capacity_ = 0;
+}
+
+size_t KvCache::bytes() const { return buffer_ ? ggml_backend_buffer_get_size(buffer_) : 0; }
+
+void KvCache::reserve(const DecoderHParams & d, ggml_backend_buffer_type_t buft, int64_t n_tokens, int64_t n_keep) {
+    if (n_tokens <= capacity_) return;
+    constexpr int64_t kChunk = 256;
+    int64_t cap = std::max(n_tokens, std::min<int64_t>(capacity_ * 2, d.max_positions));
+    cap = std::min<int64_t>((cap + kChunk - 1) / kChunk * kChunk, std::max<int64_t>(d.max_positions, n_tokens));
+
+    // Keep what is cached: the first n_keep positions are a contiguous prefix of each tensor.
+    std::vector<std::vector<uint8_t>> saved;
+    if (n_keep > 0) {
+        for (size_t i = 0; i < k_.size(); ++i) {
+            for (ggml_tensor * t : {k_[i], v_[i]}) {
+                saved.emplace_back(static_cast<size_t>(n_keep) * t->nb[2]);
+                ggml_backend_tensor_get(t, saved.back().data(), 0, saved.back().size());
+            }
+        }
+    }
+    release();
+    const size_t n_tensors = static_cast<size_t>(2 * d.n_layers);
+    ggml_init_params ip{ggml_tensor_overhead() * n_tensors, nullptr, true};
+    ctx_ = ggml_init(ip);
+    for (int64_t il = 0; il < d.n_layers; ++il) {
+        k_.push_back(ggml_new_tensor_3d(ctx_, GGML_TYPE_F32, d.head_dim, d.n_kv_heads, cap));
+        v_.push_back(ggml_new_tensor_3d(ctx_, GGML_TYPE_F32, d.head_dim, d.n_kv_heads, cap));
+        ggml_format_name(k_.back(), "cache_k_l%d", static_cast<int>(il));
+        ggml_format_name(v_.back(), "cache_v_l%d", static_cast<int>(il));
+    }
+    buffer_ = ggml_backend_alloc_ctx_tensors_from_buft(ctx_, buft);
+    if (!buffer_) throw std::runtime_error("cannot allocate the KV cache for " + std::to_string(cap) + " positions");
+    ggml_backend_buffer_clear(buffer_, 0);
+    capacity_ = cap;
+    for (size_t i = 0, s = 0; i < saved.size() / 2; ++i) {
+        ggml_backend_tensor_set(k_[i], saved[s].data(), 0, saved[s].size());
+        ++s;
+        ggml_backend_tensor_set(v_[i], saved[s].data(), 0, saved[s].size());
+        ++s;
+    }
+}
+
+}  // namespace fun_asr

@@ -1,0 +1,35 @@
+// Decoder KV cache: per layer K and V of [head_dim, n_kv_heads, capacity] F32, grown on demand.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ggml-backend.h"
+#include "ggml.h"
+#include "model/hparams.h"
+
+namespace fun_asr {
+
+class KvCache {
+public:
+    KvCache() = default;
+    ~KvCache();
+    KvCache(const KvCache &) = delete;
+    KvCache & operator=(const KvCache &) = delete;
+
+    // Makes room for `n_tokens` positions, keeping the first `n_keep` (reallocates and copies).
+    void reserve(const DecoderHParams & d, ggml_backend_buffer_type_t buft, int64_t n_tokens, int64_t n_keep);
+    int64_t capacity() const { return capacity_; }
+    size_t bytes() const;
+    const std::vector<ggml_tensor *> & k() const { return k_; }
+    const std::vector<ggml_tensor *> & v() const { return v_; }
+
+private:
+    void release();
+    ggml_context * ctx_ = nullptr;
+    ggml_backend_buffer_t buffer_ = nullptr;
+    std::vector<ggml_tensor *> k_, v_;
+    int64_t capacity_ = 0;
+};
+
+}  // namespace fun_asr

@@ -1,0 +1,217 @@
+#include "runtime/model.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <thread>
+
+#include "ggml-cpu.h"
+#include "graph/stages.h"
+
+namespace fun_asr {
+
+namespace {
+
+constexpr size_t kGraphSize = 16384;
+
+ggml_backend_dev_t pick_device(const std::string & device) {
+    std::vector<ggml_backend_dev_t> gpus;
+    ggml_backend_dev_t cpu = nullptr;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t d = ggml_backend_dev_get(i);
+        const auto t = ggml_backend_dev_type(d);
+        if (t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU) gpus.push_back(d);
+        if (t == GGML_BACKEND_DEVICE_TYPE_CPU && !cpu) cpu = d;
+    }
+    if (device == "cpu") return cpu;
+    if (device == "auto") return gpus.empty() ? cpu : gpus[0];
+    std::string kind = device;
+    size_t index = 0;
+    const auto colon = device.find(':');
+    if (colon != std::string::npos) {
+        kind = device.substr(0, colon);
+        try {
+            index = std::stoul(device.substr(colon + 1));
+        } catch (const std::exception &) {
+            kind = "?";
+        }
+    }
+    if (kind == "cuda" || kind == "gpu") {
+        if (gpus.empty()) {
+            throw std::invalid_argument("device '" + device + "' requested but no GPU is available (this build's "
+                                        "backends: see fun_asr.system_info()); use device='cpu' or 'auto'");
+        }
+        if (index >= gpus.size()) {
+            throw std::invalid_argument("device '" + device + "': only " + std::to_string(gpus.size()) + " GPU(s)");
+        }
+        return gpus[index];
+    }
+    throw std::invalid_argument("unknown device '" + device + "': accepted values are auto, cpu, cuda, cuda:N");
+}
+
+}  // namespace
+
+Model::GraphScope::~GraphScope() {
+    if (ctx) ggml_free(ctx);
+}
+
+Model::Model(const ModelSource & src, const std::string & device, int threads) {
+    if (src.arch != "fun_asr_nano") {
+        throw std::runtime_error(src.origin + ": architecture '" + src.arch + "' is not supported (expected fun_asr_nano)");
+    }
+    hp_ = parse_hparams(src.meta, src.arch);
+    dev_ = pick_device(device);
+    weights_ = load_weights(src, hp_, dev_);
+    backend_ = ggml_backend_dev_init(dev_, nullptr);
+    if (!backend_) throw std::runtime_error(std::string("cannot initialise backend ") + ggml_backend_dev_name(dev_));
+    std::vector<ggml_backend_t> backends{backend_};
+    if (ggml_backend_dev_type(dev_) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+        cpu_backend_ = backend_;
+    } else {
+        cpu_backend_ = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+        backends.push_back(cpu_backend_);
+    }
+    set_threads(threads);
+    sched_ = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()), kGraphSize, false, true);
+    if (!sched_) throw std::runtime_error("cannot create the ggml scheduler");
+    graph_meta_.resize(ggml_tensor_overhead() * kGraphSize + ggml_graph_overhead_custom(kGraphSize, false));
+}
+
+Model::~Model() {
+    if (sched_) ggml_backend_sched_free(sched_);
+    if (cpu_backend_ && cpu_backend_ != backend_) ggml_backend_free(cpu_backend_);
+    if (backend_) ggml_backend_free(backend_);
+}
+
+void Model::set_threads(int threads) {
+    if (threads < 0) throw std::invalid_argument("threads must be >= 0 (0 = all cores)");
+    threads_ = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    ggml_backend_cpu_set_n_threads(cpu_backend_, threads_);
+}
+
+std::string Model::backend_name() const { return ggml_backend_name(backend_); }
+
+std::string Model::device_description() const { return ggml_backend_dev_description(dev_); }
+
+std::map<std::string, std::string> Model::tensor_types() const {
+    std::map<std::string, std::string> out;
+    for (ggml_tensor * t = ggml_get_first_tensor(weights_->ctx); t; t = ggml_get_next_tensor(weights_->ctx, t)) {
+        out[t->name] = ggml_type_name(t->type);
+    }
+    return out;
+}
+
+void Model::new_graph(GraphScope & g) {
+    ggml_init_params ip{graph_meta_.size(), graph_meta_.data(), /*no_alloc=*/true};
+    g.ctx = ggml_init(ip);
+    g.gf = ggml_new_graph_custom(g.ctx, kGraphSize, false);
+}
+
+void Model::alloc_graph(ggml_cgraph * gf) {
+    ggml_backend_sched_reset(sched_);
+    if (!ggml_backend_sched_alloc_graph(sched_, gf)) throw std::runtime_error("cannot allocate the compute graph");
+}
+
+void Model::compute_graph(ggml_cgraph * gf) {
+    if (ggml_backend_sched_graph_compute(sched_, gf) != GGML_STATUS_SUCCESS) {
+        throw std::runtime_error("graph computation failed");
+    }
+}
+
+void Model::check_features(int64_t T) const {
+    if (T <= 0) throw std::invalid_argument("features are empty: need at least one LFR frame");
+    if (T > hp_.enc.max_frames()) {
+        throw std::invalid_argument("features have " + std::to_string(T) + " LFR frames; the encoder's position "
+                                    "table allows at most " + std::to_string(hp_.enc.max_frames()) +
+                                    " (split the audio into shorter segments)");
+    }
+}
+
+namespace {
+
+std::vector<float> read_tensor(ggml_tensor * t) {
+    std::vector<float> out(static_cast<size_t>(ggml_nelements(t)));
+    ggml_backend_tensor_get(t, out.data(), 0, out.size() * sizeof(float));
+    return out;
+}
+
+}  // namespace
+
+std::vector<float> Model::encode(const float * features, int64_t T) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    check_features(T);
+    GraphScope g;
+    new_graph(g);
+    GraphCtx gc{g.ctx, {}};
+    ggml_tensor * feats = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, hp_.enc.input_size, T);
+    ggml_tensor * pe = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, hp_.enc.input_size, T);
+    ggml_set_input(feats);
+    ggml_set_input(pe);
+    ggml_tensor * out = build_adaptor(gc, hp_, weights_->w, build_encoder(gc, hp_, weights_->w, feats, pe, nullptr), nullptr);
+    ggml_set_output(out);
+    ggml_build_forward_expand(g.gf, out);
+    alloc_graph(g.gf);
+    std::vector<float> pos(static_cast<size_t>(T * hp_.enc.input_size));
+    sinusoid_positions(hp_, T, pos.data());
+    ggml_backend_tensor_set(feats, features, 0, ggml_nbytes(feats));
+    ggml_backend_tensor_set(pe, pos.data(), 0, ggml_nbytes(pe));
+    compute_graph(g.gf);
+    return read_tensor(out);
+}
+
+std::map<std::string, Stage> Model::debug_stages(const float * features, int64_t T) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    check_features(T);
+    GraphScope g;
+    new_graph(g);
+    std::vector<std::pair<std::string, ggml_tensor *>> stages;
+    GraphCtx gc{g.ctx, [&](ggml_tensor * t, const std::string & name) {
+                    ggml_set_output(t);
+                    stages.emplace_back(name, t);
+                }};
+    ggml_tensor * feats = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, hp_.enc.input_size, T);
+    ggml_tensor * pe = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, hp_.enc.input_size, T);
+    ggml_set_input(feats);
+    ggml_set_input(pe);
+    ggml_tensor * out = build_adaptor(gc, hp_, weights_->w, build_encoder(gc, hp_, weights_->w, feats, pe, nullptr), nullptr);
+    ggml_build_forward_expand(g.gf, out);
+    alloc_graph(g.gf);
+    std::vector<float> pos(static_cast<size_t>(T * hp_.enc.input_size));
+    sinusoid_positions(hp_, T, pos.data());
+    ggml_backend_tensor_set(feats, features, 0, ggml_nbytes(feats));
+    ggml_backend_tensor_set(pe, pos.data(), 0, ggml_nbytes(pe));
+    compute_graph(g.gf);
+    std::map<std::string, Stage> result;
+    for (auto & [name, t] : stages) {
+        Stage s;
+        s.shape = {t->ne[1], t->ne[0]};
+        s.data = read_tensor(t);
+        result[name] = std::move(s);
+    }
+    return result;
+}
+
+void Model::check_token(int64_t id) const {
+    if (id < 0 || id >= hp_.dec.vocab) {
+        throw std::out_of_range("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                std::to_string(hp_.dec.vocab) + ")");
+    }
+}
+
+std::vector<float> Model::embed(const std::vector<int32_t> & ids) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (ids.empty()) throw std::invalid_argument("token_ids is empty");
+    for (int32_t id : ids) check_token(id);
+    GraphScope g;
+    new_graph(g);
+    ggml_tensor * idx = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, static_cast<int64_t>(ids.size()));
+    ggml_set_input(idx);
+    ggml_tensor * out = ggml_get_rows(g.ctx, weights_->w.tok_embd, idx);
+    ggml_set_output(out);
+    ggml_build_forward_expand(g.gf, out);
+    alloc_graph(g.gf);
+    ggml_backend_tensor_set(idx, ids.data(), 0, ggml_nbytes(idx));
+    compute_graph(g.gf);
+    return read_tensor(out);
+}
+
+}  // namespace fun_asr

@@ -1,0 +1,86 @@
+// A loaded Fun-ASR-Nano model and its inference state on one backend.
+//
+// Thread safety: every public method locks the model's mutex, so one Model may be shared between
+// threads, but calls run one at a time (the KV cache is part of the model).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ggml-backend.h"
+#include "model/hparams.h"
+#include "model/loader.h"
+#include "runtime/kv_cache.h"
+
+namespace fun_asr {
+
+struct Stage {
+    std::vector<int64_t> shape;  // row-major (numpy) shape
+    std::vector<float> data;
+};
+
+class Model {
+public:
+    // device: "cpu", "cuda", "cuda:N", "gpu", or "auto" (a GPU when there is one). threads: 0 = all cores.
+    Model(const ModelSource & src, const std::string & device, int threads);
+    ~Model();
+    Model(const Model &) = delete;
+    Model & operator=(const Model &) = delete;
+
+    const HParams & hparams() const { return hp_; }
+    std::string backend_name() const;
+    std::string device_description() const;
+    size_t weight_bytes() const { return weights_->bytes; }
+    bool weights_mmapped() const { return weights_->mmapped; }
+    std::map<std::string, std::string> tensor_types() const;
+    int threads() const { return threads_; }
+    void set_threads(int threads);
+    int64_t n_past() const { return n_past_; }
+    size_t kv_bytes() const { return kv_.bytes(); }
+
+    // features: row-major [T, input_size] -> adaptor output row-major [T, adp.d_model]
+    std::vector<float> encode(const float * features, int64_t T);
+    // Every named stage output (enc.in, enc.blk.{i}.out, enc.out, adp.proj.out, adp.blk.{i}.out, adp.out).
+    std::map<std::string, Stage> debug_stages(const float * features, int64_t T);
+    // token embeddings row-major [n, dec.d_model]
+    std::vector<float> embed(const std::vector<int32_t> & ids);
+    // Resets the cache, runs embeddings [n, d]; returns the last position's logits [vocab].
+    std::vector<float> prefill(const float * embeddings, int64_t n);
+    // One more token; returns its logits [vocab].
+    std::vector<float> step(int32_t token);
+    // Greedy decoding: prefill, then argmax steps until a stop id (included) or max_new_tokens.
+    std::vector<int32_t> generate(const float * embeddings, int64_t n, int64_t max_new_tokens,
+                                  const std::vector<int32_t> & stop_ids);
+
+private:
+    void check_features(int64_t T) const;
+    void check_token(int64_t id) const;
+    std::vector<float> decode_locked(const float * embeddings, const int32_t * token, int64_t n);
+    // Graph plumbing: a context for one graph's metadata, allocation, compute.
+    struct GraphScope {
+        ggml_context * ctx = nullptr;
+        ggml_cgraph * gf = nullptr;
+        ~GraphScope();
+    };
+    void new_graph(GraphScope & g);
+    void alloc_graph(ggml_cgraph * gf);
+    void compute_graph(ggml_cgraph * gf);
+
+    HParams hp_;
+    std::unique_ptr<LoadedWeights> weights_;
+    ggml_backend_dev_t dev_ = nullptr;
+    ggml_backend_t backend_ = nullptr;      // main backend (CPU or GPU)
+    ggml_backend_t cpu_backend_ = nullptr;  // == backend_ on CPU; extra fallback on GPU
+    ggml_backend_sched_t sched_ = nullptr;
+    std::vector<uint8_t> graph_meta_;
+    KvCache kv_;
+    int64_t n_past_ = 0;
+    int threads_ = 1;
+    std::mutex mutex_;
+};
+
+}  // namespace fun_asr

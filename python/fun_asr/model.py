@@ -1,0 +1,53 @@
+"""Loading a model for inference: a GGUF file, or an HF checkpoint directory without conversion."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from fun_asr import _core
+from fun_asr.checkpoint import Checkpoint
+from fun_asr.converter.writer import ARCH, check_tensors, gguf_metadata
+from fun_asr.tensor_names import tensor_table
+
+_STORED = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
+
+
+def load_model(path: str | os.PathLike[str], device: str = "cpu", threads: int = 0) -> _core.Model:
+    """Loads a Fun-ASR-Nano model for inference.
+
+    ``path`` is a GGUF file made by ``fun-asr-convert`` or a Hugging Face checkpoint directory
+    (config.json + model*.safetensors + tokenizer.json). ``device``: ``cpu``, ``cuda``, ``cuda:N`` or
+    ``auto``; ``threads``: CPU threads, 0 = all cores.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such file or directory (expected a .gguf file or a checkpoint folder)")
+    if p.is_dir():
+        return _load_checkpoint(p, device, threads)
+    return _core.load_gguf(str(p), device=device, threads=threads)
+
+
+def _load_checkpoint(path: Path, device: str, threads: int) -> _core.Model:
+    ckpt = Checkpoint.open(path)
+    hp = ckpt.hparams
+    entries = tensor_table(hp)
+    check_tensors(ckpt, entries)
+    tensors = []
+    for e in entries:
+        stored = ckpt.dtype(e.hf)
+        if e.kind in ("norm", "bias", "fsmn") and stored != "F32":
+            data: np.ndarray = ckpt.float32(e.hf)  # the graph adds/multiplies these in F32
+            type_name = "f32"
+        else:
+            data = ckpt.raw(e.hf)
+            type_name = _STORED[stored]
+        tensors.append((e.gguf, type_name, list(reversed(e.shape)), data))
+    try:
+        return _core.load_tensors(ARCH, gguf_metadata(ckpt, hp), tensors, device=device, threads=threads,
+                                  origin=str(path))
+    finally:
+        del tensors
+        ckpt.close()
