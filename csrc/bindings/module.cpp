@@ -335,7 +335,8 @@ PYBIND11_MODULE(_core, m) {
             py::arg("token_id"), "Append one token to the cached sequence; returns its logits float32[vocab].")
         .def(
             "generate",
-            [](Model & self, const py::array & emb, int64_t max_new_tokens, const std::vector<int64_t> & stop_ids) {
+            [](Model & self, const py::array & emb, int64_t max_new_tokens, const std::vector<int64_t> & stop_ids,
+               bool repetition_guard) {
                 require_rows(emb, self.hparams().dec.d_model, "embeddings");
                 std::vector<int32_t> stops;
                 for (int64_t id : stop_ids) {
@@ -349,12 +350,28 @@ PYBIND11_MODULE(_core, m) {
                 std::vector<int32_t> out;
                 {
                     py::gil_scoped_release release;
-                    out = self.generate(p, n, max_new_tokens, stops);
+                    out = self.generate(p, n, max_new_tokens, stops, repetition_guard);
                 }
                 return std::vector<int64_t>(out.begin(), out.end());
             },
-            py::arg("embeddings"), py::arg("max_new_tokens"), py::arg("stop_ids"),
-            "Greedy decoding: prefill, then argmax steps until a stop id (included in the result) or max_new_tokens.")
+            py::arg("embeddings"), py::arg("max_new_tokens"), py::arg("stop_ids"), py::kw_only(),
+            py::arg("repetition_guard") = false,
+            "Greedy decoding: prefill, then argmax steps until a stop id (included in the result), max_new_tokens, "
+            "or with repetition_guard an n-gram loop (a token x16, a 2-gram x8, 3-gram x6, 4..8-gram x4). "
+            "last_generation() tells which, with timings.")
+        .def(
+            "last_generation",
+            [](const Model & self) {
+                const auto s = self.last_generation();
+                py::dict d;
+                d["stop_reason"] = s.stop_reason;
+                d["prefill_ms"] = s.prefill_ms;
+                d["decode_ms"] = s.decode_ms;
+                d["prompt_tokens"] = s.prompt_tokens;
+                d["new_tokens"] = s.new_tokens;
+                return d;
+            },
+            "Stop reason (eos, max_new_tokens, repetition) and timings of the last generate().")
         .def("__repr__", [](const Model & self) {
             const auto & hp = self.hparams();
             return "<fun_asr._core.Model enc=" + std::to_string(hp.enc.n_layers) + "x" + std::to_string(hp.enc.d_model) +

@@ -1,6 +1,7 @@
 // Decoder runs with the KV cache: prefill of an embedding sequence, single-token steps, and the
 // whole greedy loop in C++.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <stdexcept>
 
@@ -73,23 +74,63 @@ std::vector<float> Model::step(int32_t token) {
     return decode_locked(nullptr, &token, 1);
 }
 
+namespace {
+
+// True when the tail of `t` is one n-gram repeated: a single token 16 times, a 2-gram 8 times, a
+// 3-gram 6 times, or a 4..8-gram 4 times. Ordinary speech text does not do that; a decoder stuck
+// in a loop does.
+bool stuck_in_loop(const std::vector<int32_t> & t) {
+    for (size_t n = 1; n <= 8; ++n) {
+        const size_t reps = std::max<size_t>(4, (16 + n - 1) / n);
+        if (t.size() < n * reps) continue;
+        const size_t start = t.size() - n * reps;
+        bool loop = true;
+        for (size_t i = start + n; i < t.size() && loop; ++i) loop = t[i] == t[i - n];
+        if (loop) return true;
+    }
+    return false;
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
 std::vector<int32_t> Model::generate(const float * embeddings, int64_t n, int64_t max_new_tokens,
-                                     const std::vector<int32_t> & stop_ids) {
+                                     const std::vector<int32_t> & stop_ids, bool repetition_guard) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (n <= 0) throw std::invalid_argument("embeddings are empty: need at least one row");
     if (max_new_tokens < 1) throw std::invalid_argument("max_new_tokens must be >= 1");
     for (int32_t id : stop_ids) check_token(id);
+    last_ = GenerationStats{};
+    last_.prompt_tokens = n;
+    auto t0 = std::chrono::steady_clock::now();
     n_past_ = 0;
     std::vector<float> logits = decode_locked(embeddings, nullptr, n);
+    last_.prefill_ms = ms_since(t0);
+    t0 = std::chrono::steady_clock::now();
     std::vector<int32_t> out;
     for (;;) {
         const auto best = std::max_element(logits.begin(), logits.end());  // first maximum, like torch.argmax
         const int32_t tok = static_cast<int32_t>(best - logits.begin());
         out.push_back(tok);
-        if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end()) break;
-        if (static_cast<int64_t>(out.size()) >= max_new_tokens) break;
+        if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end()) {
+            last_.stop_reason = "eos";
+            break;
+        }
+        if (repetition_guard && stuck_in_loop(out)) {
+            last_.stop_reason = "repetition";
+            break;
+        }
+        if (static_cast<int64_t>(out.size()) >= max_new_tokens) {
+            last_.stop_reason = "max_new_tokens";
+            break;
+        }
         logits = decode_locked(nullptr, &tok, 1);
     }
+    last_.decode_ms = ms_since(t0);
+    last_.new_tokens = static_cast<int64_t>(out.size());
     return out;
 }
 

@@ -52,9 +52,17 @@ public:
     std::vector<float> prefill(const float * embeddings, int64_t n);
     // One more token; returns its logits [vocab].
     std::vector<float> step(int32_t token);
-    // Greedy decoding: prefill, then argmax steps until a stop id (included) or max_new_tokens.
+    // Greedy decoding: prefill, then argmax steps until a stop id (included), max_new_tokens, or
+    // (with repetition_guard) an n-gram loop. The reason and timings are kept in last_generation().
     std::vector<int32_t> generate(const float * embeddings, int64_t n, int64_t max_new_tokens,
-                                  const std::vector<int32_t> & stop_ids);
+                                  const std::vector<int32_t> & stop_ids, bool repetition_guard = false);
+
+    struct GenerationStats {
+        std::string stop_reason;  // "eos", "max_new_tokens", "repetition"
+        double prefill_ms = 0, decode_ms = 0;
+        int64_t prompt_tokens = 0, new_tokens = 0;
+    };
+    GenerationStats last_generation() const { return last_; }
 
 private:
     void check_features(int64_t T) const;
@@ -79,6 +87,7 @@ private:
     std::vector<uint8_t> graph_meta_;
     KvCache kv_;
     int64_t n_past_ = 0;
+    GenerationStats last_;
     int threads_ = 1;
     std::mutex mutex_;
 };
