@@ -82,3 +82,79 @@ class ReferenceDecoder:
 def rel_max_abs(ours: np.ndarray, ref: np.ndarray) -> float:
     """max |ours - ref| relative to the reference's scale (max |ref|)."""
     return float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-12))
+
+
+# --- an independent numpy implementation of FunASR's frontend (DESIGN §2.1) ----------------------
+
+def kaldi_fbank_numpy(samples: np.ndarray, rate: int = 16000, n_mels: int = 80) -> np.ndarray:
+    """Kaldi fbank (25/10 ms, hamming, preemphasis 0.97, DC removal, snip_edges, power, log, dither 0)
+    of samples already scaled by 32768, written from the Kaldi recipe in float64."""
+    x = np.asarray(samples, dtype=np.float64)
+    flen, shift, nfft = rate * 25 // 1000, rate * 10 // 1000, 512
+    if len(x) < flen:
+        return np.zeros((0, n_mels), np.float32)
+    n = 1 + (len(x) - flen) // shift
+    frames = np.stack([x[i * shift : i * shift + flen] for i in range(n)])
+    frames = frames - frames.mean(axis=1, keepdims=True)
+    prev = np.concatenate([frames[:, :1], frames[:, :-1]], axis=1)
+    frames = frames - 0.97 * prev
+    frames = frames * (0.54 - 0.46 * np.cos(2 * np.pi * np.arange(flen) / (flen - 1)))
+    power = np.abs(np.fft.rfft(frames, n=nfft)) ** 2
+
+    def mel(f: np.ndarray | float) -> np.ndarray | float:
+        return 1127.0 * np.log(1.0 + np.asarray(f) / 700.0)
+
+    lo, hi = mel(20.0), mel(rate / 2)
+    delta = (hi - lo) / (n_mels + 1)
+    bins = mel(np.arange(nfft // 2) * rate / nfft)
+    W = np.zeros((n_mels, nfft // 2))
+    for b in range(n_mels):
+        left, center, right = lo + b * delta, lo + (b + 1) * delta, lo + (b + 2) * delta
+        up = (bins > left) & (bins <= center)
+        down = (bins > center) & (bins < right)
+        W[b, up] = (bins[up] - left) / (center - left)
+        W[b, down] = (right - bins[down]) / (right - center)
+    energies = power[:, : nfft // 2] @ W.T
+    return np.log(np.maximum(energies, np.finfo(np.float32).eps)).astype(np.float32)
+
+
+def lfr_numpy(frames: np.ndarray, m: int = 7, n: int = 6) -> np.ndarray:
+    """FunASR apply_lfr, written loop by loop."""
+    T = frames.shape[0]
+    padded = np.vstack([np.tile(frames[:1], ((m - 1) // 2, 1)), frames])
+    out = []
+    for i in range(-(-T // n)):
+        rows = [padded[min(i * n + j, padded.shape[0] - 1)] for j in range(m)]
+        out.append(np.concatenate(rows))
+    return np.asarray(out, dtype=np.float32).reshape(len(out), frames.shape[1] * m)
+
+
+def reference_transcribe_tokens(m: FunAsrNanoForConditionalGeneration, tokenizer_json: str, samples16k: np.ndarray,
+                                language: str | None, itn: bool, hotwords: list[str], max_new: int,
+                                stop: list[int]) -> list[int]:
+    """DESIGN §2 end to end with the Transformers modules: numpy frontend (x32768, fbank, LFR),
+    encoder + adaptor, the first fake_token_len rows spliced into FunASR's prompt, greedy decoding."""
+    from tokenizers import Tokenizer
+
+    feats = lfr_numpy(kaldi_fbank_numpy(samples16k.astype(np.float64) * 32768.0))
+    n_audio = feats.shape[0]
+    for _ in range(3):
+        n_audio = (n_audio - 1) // 2 + 1
+    audio = reference_stages(m, feats)["adp.out"][:n_audio]
+    prompt = ""
+    if hotwords:
+        prompt = ("请结合上下文信息，更加准确地完成语音转写任务。如果没有相关信息，我们会留空。"
+                  "\n\n\n**上下文信息：**\n\n\n"
+                  f"热词列表：[{', '.join(hotwords)}]\n")
+    names = {"zh": "中文", "en": "英文", "ja": "日文"}
+    prompt += "语音转写" if language is None else f"语音转写成{names[language]}"
+    if not itn:
+        prompt += "，不进行文本规整"
+    prompt += "："
+    tok = Tokenizer.from_str(tokenizer_json)
+    before = tok.encode(f"<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{prompt}",
+                        add_special_tokens=False).ids
+    after = tok.encode("<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False).ids
+    dec = ReferenceDecoder(m)
+    emb = np.ascontiguousarray(np.concatenate([dec.embed(before), audio, dec.embed(after)]), dtype=np.float32)
+    return dec.greedy(emb, max_new, stop)
