@@ -13,6 +13,7 @@
 
 #include "model/loader.h"
 #include "runtime/backend.h"
+#include "runtime/bench.h"
 #include "runtime/model.h"
 #include "runtime/quantize.h"
 
@@ -384,6 +385,16 @@ PYBIND11_MODULE(_core, m) {
     m.def("load_tensors", &load_tensors, py::arg("arch"), py::arg("metadata"), py::arg("tensors"), py::kw_only(),
           py::arg("device") = "cpu", py::arg("threads") = 0, py::arg("origin") = "<tensors>",
           "Load a model from GGUF-style metadata and (name, type, ne, buffer) tensors (used for HF directories).");
+
+    m.def("bench_matmul",
+          [](const std::string & type, int64_t n, int64_t k, int64_t m, const std::string & device, int threads,
+             int repeats) {
+              py::gil_scoped_release release;
+              return fun_asr::bench_matmul(type, n, k, m, device, threads, repeats);
+          },
+          py::arg("type"), py::arg("n"), py::arg("k"), py::arg("m"), py::kw_only(), py::arg("device") = "cpu",
+          py::arg("threads") = 0, py::arg("repeats") = 5,
+          "Median ms of ggml mul_mat: weights [n, k] of `type` times float32 activations [m, k] (benchmarks).");
 
     m.def("quantized_row_bytes",
           [](const std::string & t, int64_t cols) {

@@ -66,6 +66,7 @@ class TranscribeOptions:
     max_new_tokens: int = 512
     segment_seconds: float = 30.0
     repetition_guard: bool = True
+    ignore_eos: bool = False  # benchmarks only: always generate max_new_tokens
 
 
 def _read_metadata(path: Path) -> dict[str, Any]:
@@ -139,7 +140,7 @@ class Session:
         raise ValueError(f"unsupported language {language!r}: accepted {'; '.join(accepted)}, or None for automatic")
 
     def _options(self, language: str | None, itn: bool, hotwords: list[str] | str | None, max_new_tokens: int,
-                 segment_seconds: float, repetition_guard: bool) -> TranscribeOptions:
+                 segment_seconds: float, repetition_guard: bool, ignore_eos: bool = False) -> TranscribeOptions:
         if isinstance(hotwords, str):
             hotwords = [h.strip() for h in hotwords.split(",")]
         words = tuple(h for h in (hotwords or []) if h)
@@ -149,7 +150,7 @@ class Session:
             raise ValueError(f"segment_seconds must be between 1 and {self.max_segment_seconds:.2f} "
                              f"(the encoder's position table), got {segment_seconds}")
         return TranscribeOptions(self.normalize_language(language), bool(itn), words, max_new_tokens,
-                                 float(segment_seconds), bool(repetition_guard))
+                                 float(segment_seconds), bool(repetition_guard), bool(ignore_eos))
 
     # -- transcription -------------------------------------------------------------------------
 
@@ -161,9 +162,12 @@ class Session:
     def transcribe(self, audio: AudioInput, *, sample_rate: int | None = None, language: str | None = None,
                    itn: bool = True, hotwords: list[str] | str | None = None, max_new_tokens: int = 512,
                    segment_seconds: float = 30.0, repetition_guard: bool = True,
-                   progress: bool = False) -> Transcription:
-        """Transcribes one recording (path, bytes, file object, or array with ``sample_rate``)."""
-        opts = self._options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard)
+                   progress: bool = False, ignore_eos: bool = False) -> Transcription:
+        """Transcribes one recording (path, bytes, file object, or array with ``sample_rate``).
+
+        ``ignore_eos`` is for benchmarks only: decode exactly ``max_new_tokens`` per segment.
+        """
+        opts = self._options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos)
         t0 = time.perf_counter()
         samples = load_audio(audio, sample_rate)
         load_ms = (time.perf_counter() - t0) * 1e3
@@ -218,7 +222,8 @@ class Session:
         audio = self.model.encode(feats)[: fake_token_len(feats.shape[0], self.prompt.fake_token_halvings)]
         timings["encode_ms"] += (time.perf_counter() - t0) * 1e3
         emb = np.ascontiguousarray(np.concatenate([prefix, audio, suffix]))
-        tokens = self.model.generate(emb, opts.max_new_tokens, self.stop_ids, repetition_guard=opts.repetition_guard)
+        stop = [] if opts.ignore_eos else self.stop_ids
+        tokens = self.model.generate(emb, opts.max_new_tokens, stop, repetition_guard=opts.repetition_guard)
         stats = self.model.last_generation()
         timings["prefill_ms"] += stats["prefill_ms"]
         timings["decode_ms"] += stats["decode_ms"]

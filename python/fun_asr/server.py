@@ -1,0 +1,176 @@
+"""An OpenAI-compatible transcription server (`fun-asr-serve`) over one shared Session.
+
+POST /v1/audio/transcriptions (multipart, as OpenAI's): file, model, language, prompt (used as
+comma-separated hotwords), response_format (json, text, srt, vtt, verbose_json), temperature (only
+0), plus the extensions itn and hotwords. GET /v1/models, GET /health. Errors use OpenAI's shape
+{"error": {"message", "type", "param", "code"}}.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.datastructures import UploadFile
+
+from fun_asr.audio import AudioError
+from fun_asr.formats import render
+from fun_asr.session import Session, Transcription
+
+log = logging.getLogger("fun_asr.server")
+
+RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+MODEL_ALIASES = ("fun-asr", "fun-asr-nano", "whisper-1")
+LANGUAGE_NAMES = {"zh": "chinese", "en": "english", "ja": "japanese"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+
+def _error(status: int, message: str, param: str | None = None, code: str | None = None,
+           kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse(status_code=status,
+                        content={"error": {"message": message, "type": kind, "param": param, "code": code}})
+
+
+def _bool(value: str | None, name: str, default: bool) -> bool:
+    if value is None or value == "":
+        return default
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ApiError(400, f"{name} must be true or false, got {value!r}", name, "invalid_value")
+
+
+def verbose_json(t: Transcription) -> dict[str, Any]:
+    return {
+        "task": "transcribe",
+        "language": LANGUAGE_NAMES.get(t.language or "", t.language or "auto"),
+        "duration": round(t.duration, 3),
+        "text": t.text,
+        "segments": [
+            {"id": i, "seek": int(s.start * 100), "start": s.start, "end": s.end, "text": s.text,
+             "tokens": s.tokens, "temperature": 0.0, "stop_reason": s.stop_reason, "truncated": s.truncated,
+             "repetition": s.repetition}
+            for i, s in enumerate(t.segments)
+        ],
+        "timings": t.timings,
+    }
+
+
+def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0, max_concurrency: int = 1,
+               max_new_tokens: int = 512) -> FastAPI:
+    app = FastAPI(title="fun-asr", description="OpenAI-compatible speech-to-text with Fun-ASR-Nano")
+    limiter = anyio.CapacityLimiter(max(1, max_concurrency))
+    max_bytes = int(max_upload_mb * 1024 * 1024)
+    created = int(time.time())
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_req: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status, exc.message, exc.param, exc.code, exc.kind)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        param = str(first.get("loc", ["", ""])[-1]) or None
+        return _error(400, f"invalid request: {first.get('msg', 'bad input')}", param, "invalid_value")
+
+    @app.exception_handler(Exception)
+    async def _internal(_req: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error")
+        return _error(500, f"internal error: {exc}", None, None, "server_error")
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok", "model": model_id}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list",
+                "data": [{"id": model_id, "object": "model", "created": created, "owned_by": "fun-asr"}]}
+
+    @app.post("/v1/audio/transcriptions")
+    async def transcriptions(request: Request) -> Response:
+        length = request.headers.get("content-length")
+        if length and length.isdigit() and int(length) > max_bytes + 64 * 1024:
+            raise ApiError(413, f"upload of {int(length)} bytes exceeds the limit of {max_upload_mb:g} MB",
+                           "file", "file_too_large")
+        try:
+            form = await request.form()
+        except Exception as exc:  # malformed multipart or a part over the limit
+            if "maximum" in str(exc).lower() or "too large" in str(exc).lower():
+                raise ApiError(413, f"upload exceeds the limit of {max_upload_mb:g} MB", "file",
+                               "file_too_large") from None
+            raise ApiError(400, f"could not parse the multipart form: {exc}", None, "invalid_request") from None
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise ApiError(400, "missing 'file': send the audio as a multipart file field named 'file'", "file",
+                           "missing_file")
+        data = await upload.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise ApiError(413, f"upload exceeds the limit of {max_upload_mb:g} MB", "file", "file_too_large")
+        if not data:
+            raise ApiError(400, "the uploaded file is empty", "file", "empty_file")
+
+        def field(name: str) -> str | None:
+            v = form.get(name)
+            return v if isinstance(v, str) and v != "" else None
+
+        model = field("model")
+        if model is not None and model not in (model_id, *MODEL_ALIASES):
+            raise ApiError(400, f"unknown model {model!r}: this server serves {model_id!r} (aliases: "
+                                f"{', '.join(MODEL_ALIASES)})", "model", "model_not_found")
+        fmt = field("response_format") or "json"
+        if fmt not in RESPONSE_FORMATS:
+            raise ApiError(400, f"unsupported response_format {fmt!r}: accepted {', '.join(RESPONSE_FORMATS)}",
+                           "response_format", "invalid_value")
+        temperature = field("temperature")
+        if temperature is not None:
+            try:
+                temp = float(temperature)
+            except ValueError:
+                raise ApiError(400, f"temperature must be a number, got {temperature!r}", "temperature",
+                               "invalid_value") from None
+            if temp != 0.0:
+                raise ApiError(400, "only temperature 0 is supported (greedy decoding, as FunASR)", "temperature",
+                               "invalid_value")
+        hotwords = [h.strip() for h in (field("hotwords") or "").split(",") if h.strip()]
+        hotwords += [h.strip() for h in (field("prompt") or "").split(",") if h.strip()]
+        itn = _bool(field("itn"), "itn", True)
+        language = field("language")
+        try:
+            session.normalize_language(language)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "language", "invalid_value") from None
+
+        def work() -> Transcription:
+            return session.transcribe(data, language=language, itn=itn, hotwords=hotwords,
+                                      max_new_tokens=max_new_tokens)
+
+        try:
+            result = await anyio.to_thread.run_sync(work, limiter=limiter)
+        except AudioError as exc:
+            raise ApiError(400, str(exc), "file", "invalid_audio") from None
+        except ValueError as exc:
+            raise ApiError(400, str(exc), None, "invalid_value") from None
+
+        if fmt == "json":
+            return JSONResponse({"text": result.text})
+        if fmt == "verbose_json":
+            return JSONResponse(verbose_json(result))
+        media = {"text": "text/plain", "srt": "application/x-subrip", "vtt": "text/vtt"}[fmt]
+        body = render(result, "txt" if fmt == "text" else fmt)
+        return PlainTextResponse(body, media_type=f"{media}; charset=utf-8")
+
+    return app
