@@ -227,6 +227,7 @@ py::dict model_info(const Model & m) {
     d["device"] = m.device_description();
     d["weight_bytes"] = m.weight_bytes();
     d["weights_mmapped"] = m.weights_mmapped();
+    d["repacked_tensors"] = m.repacked_tensors();
     d["kv_cache_bytes"] = m.kv_bytes();
     d["threads"] = m.threads();
     return d;
@@ -236,6 +237,7 @@ py::dict model_info(const Model & m) {
 
 PYBIND11_MODULE(_core, m) {
     m.doc() = "fun-asr native core (ggml)";
+    fun_asr::install_ggml_logger();
 
     m.def("system_info", &system_info,
           "ggml version and commit, compiled and registered backends, devices, CPU features and "

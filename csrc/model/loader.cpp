@@ -1,10 +1,13 @@
 #include "model/loader.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <stdexcept>
 
+#include "ggml-alloc.h"
+#include "ggml-cpu.h"
 #include "gguf.h"
 
 #if defined(__unix__) || defined(__APPLE__)
@@ -144,6 +147,7 @@ ModelSource read_gguf(const std::string & path) {
 }
 
 LoadedWeights::~LoadedWeights() {
+    if (repack_buffer) ggml_backend_buffer_free(repack_buffer);
     if (buffer) ggml_backend_buffer_free(buffer);
     if (ctx) ggml_free(ctx);
 }
@@ -166,6 +170,32 @@ bool type_allowed(const std::string & kind, ggml_type t) {
 }
 
 }  // namespace
+
+// The CPU backend's extra buffer types (ggml's "repack": Q4_K/Q4_0/IQ4_NL in interleaved layouts
+// with faster GEMM kernels). A weight goes there when that buffer type supports a matmul with it;
+// the question is asked the way llama.cpp asks it: a dummy mul_mat op with the weight in an
+// empty buffer of that type.
+ggml_backend_buffer_type_t repack_buft_for(ggml_backend_dev_t dev, const ggml_tensor * w) {
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+    auto get_extra = reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(
+        ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts"));
+    if (!get_extra || ggml_n_dims(w) != 2) return nullptr;
+    for (ggml_backend_buffer_type_t * b = get_extra(dev); b && *b; ++b) {
+        ggml_init_params ip{ggml_tensor_overhead() * 4, nullptr, true};
+        ggml_context * ctx = ggml_init(ip);
+        ggml_tensor * wt = ggml_new_tensor_2d(ctx, w->type, w->ne[0], w->ne[1]);
+        ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 16);
+        ggml_tensor * op = ggml_mul_mat(ctx, wt, x);
+        ggml_backend_buffer_t dummy = ggml_backend_buft_alloc_buffer(*b, 0);
+        wt->buffer = dummy;
+        const bool ok = ggml_backend_dev_supports_op(dev, op);
+        wt->buffer = nullptr;
+        ggml_backend_buffer_free(dummy);
+        ggml_free(ctx);
+        if (ok) return *b;
+    }
+    return nullptr;
+}
 
 std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HParams & hp, ggml_backend_dev_t dev) {
     const std::vector<ExpectedTensor> expected = expected_tensors(hp);
@@ -214,6 +244,36 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
     }
 
     const bool is_cpu = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU;
+    // Matrices the CPU can repack for faster GEMM get their own buffer (a copy, re-laid out).
+    std::vector<std::pair<ggml_tensor *, const SourceTensor *>> repack;
+    ggml_backend_buffer_type_t repack_buft = nullptr;
+    if (is_cpu) {
+        std::vector<std::pair<ggml_tensor *, const SourceTensor *>> rest;
+        for (auto & pr : pairs) {
+            ggml_backend_buffer_type_t b = pr.first->name != std::string("token_embd.weight")  // get_rows reads it
+                                               ? repack_buft_for(dev, pr.first) : nullptr;
+            if (b && (!repack_buft || b == repack_buft)) {
+                repack_buft = b;
+                repack.push_back(pr);
+            } else {
+                rest.push_back(pr);
+            }
+        }
+        pairs.swap(rest);
+    }
+    if (!repack.empty()) {
+        size_t total = 0;
+        for (auto & [t, s] : repack) total += GGML_PAD(ggml_backend_buft_get_alloc_size(repack_buft, t), ggml_backend_buft_get_alignment(repack_buft));
+        out->repack_buffer = ggml_backend_buft_alloc_buffer(repack_buft, total);
+        if (!out->repack_buffer) throw std::runtime_error("cannot allocate the repacked weights");
+        ggml_backend_buffer_set_usage(out->repack_buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        ggml_tallocr talloc = ggml_tallocr_new(out->repack_buffer);
+        for (auto & [t, s] : repack) {
+            if (ggml_tallocr_alloc(&talloc, t) != GGML_STATUS_SUCCESS) throw std::runtime_error("repack allocation failed");
+            ggml_backend_tensor_set(t, s->data, 0, s->nbytes);  // the buffer re-lays the data out
+        }
+        out->repacked = repack.size();
+    }
     if (is_cpu && src.file && src.file->size() > 0) {
         // Weights stay in the page cache: the buffer wraps the mapped file, tensors point into it.
         const size_t align = 32;
@@ -232,10 +292,17 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
         }
     }
     if (!out->mmapped) {
-        out->buffer = ggml_backend_alloc_ctx_tensors_from_buft(out->ctx, ggml_backend_dev_buffer_type(dev));
+        ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
+        size_t total = 0;
+        for (auto & [t, s] : pairs) total += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), ggml_backend_buft_get_alignment(buft));
+        out->buffer = ggml_backend_buft_alloc_buffer(buft, std::max<size_t>(total, 1));
         if (!out->buffer) throw std::runtime_error("cannot allocate " + std::to_string(out->bytes) + " bytes for the weights");
         ggml_backend_buffer_set_usage(out->buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-        for (auto & [t, s] : pairs) ggml_backend_tensor_set(t, s->data, 0, s->nbytes);
+        ggml_tallocr talloc = ggml_tallocr_new(out->buffer);
+        for (auto & [t, s] : pairs) {
+            if (ggml_tallocr_alloc(&talloc, t) != GGML_STATUS_SUCCESS) throw std::runtime_error("weight allocation failed");
+            ggml_backend_tensor_set(t, s->data, 0, s->nbytes);
+        }
     }
     out->w = bind_weights(out->ctx, hp);
     return out;

@@ -54,7 +54,9 @@ ModelSource read_gguf(const std::string & path);
 // The loaded weights: a ggml context with one tensor per table entry, and the buffer holding them.
 struct LoadedWeights {
     ggml_context * ctx = nullptr;
-    ggml_backend_buffer_t buffer = nullptr;
+    ggml_backend_buffer_t buffer = nullptr;        // the mapped file, or the device buffer
+    ggml_backend_buffer_t repack_buffer = nullptr;  // CPU: weights re-laid out for faster GEMM (Q4_K ...)
+    size_t repacked = 0;                            // how many tensors live in repack_buffer
     std::shared_ptr<MappedFile> file;  // kept alive when the buffer maps it
     Weights w;
     size_t bytes = 0;
@@ -64,6 +66,9 @@ struct LoadedWeights {
     LoadedWeights & operator=(const LoadedWeights &) = delete;
     ~LoadedWeights();
 };
+
+// The CPU's extra buffer type (ggml "repack") that accelerates matmuls with weight `w`, or null.
+ggml_backend_buffer_type_t repack_buft_for(ggml_backend_dev_t dev, const ggml_tensor * w);
 
 // Checks every table entry (present, shape, allowed type), rejects unknown tensors, and places the
 // data in `dev`'s memory (mapped without a copy on the CPU when possible).

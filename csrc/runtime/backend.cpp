@@ -4,9 +4,26 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
 namespace fun_asr {
 
 namespace {
+
+void quiet_log(enum ggml_log_level level, const char * text, void * /*user*/) {
+    static const bool verbose = [] {
+        const char * v = std::getenv("FUN_ASR_GGML_LOG");
+        return v != nullptr && std::strcmp(v, "debug") == 0;
+    }();
+    static enum ggml_log_level last = GGML_LOG_LEVEL_NONE;
+    if (level == GGML_LOG_LEVEL_CONT) level = last;  // continuation of the previous message
+    last = level;
+    if (verbose || level == GGML_LOG_LEVEL_WARN || level == GGML_LOG_LEVEL_ERROR) {
+        std::fputs(text, stderr);
+    }
+}
 
 const char * device_type_name(enum ggml_backend_dev_type t) {
     switch (t) {
@@ -19,6 +36,8 @@ const char * device_type_name(enum ggml_backend_dev_type t) {
 }
 
 }  // namespace
+
+void install_ggml_logger() { ggml_log_set(quiet_log, nullptr); }
 
 SystemInfo system_info() {
     SystemInfo info;

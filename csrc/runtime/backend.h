@@ -27,4 +27,8 @@ struct SystemInfo {
 
 SystemInfo system_info();
 
+// Routes ggml's log to stderr for warnings and errors only (ggml prints per-tensor debug lines,
+// e.g. when repacking weights). FUN_ASR_GGML_LOG=debug keeps everything.
+void install_ggml_logger();
+
 }  // namespace fun_asr

@@ -11,6 +11,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "model/loader.h"
 #include "runtime/quantize.h"
 
 namespace fun_asr {
@@ -32,6 +33,15 @@ double bench_matmul(const std::string & type_name, int64_t n, int64_t k, int64_t
     ggml_tensor * y = ggml_mul_mat(ctx, w, x);
     ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, y);
+    // Same placement as the model loader: repackable weights go to the CPU's repack buffer type.
+    ggml_backend_buffer_t wbuf = nullptr;
+    ggml_backend_buffer_type_t rb = ggml_backend_is_cpu(backend) ? repack_buft_for(ggml_backend_get_device(backend), w)
+                                                                  : nullptr;
+    if (rb) {
+        wbuf = ggml_backend_buft_alloc_buffer(rb, ggml_backend_buft_get_alloc_size(rb, w));
+        ggml_tallocr ta = ggml_tallocr_new(wbuf);
+        ggml_tallocr_alloc(&ta, w);
+    }
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
 
     std::mt19937 rng(1);
@@ -53,6 +63,7 @@ double bench_matmul(const std::string & type_name, int64_t n, int64_t k, int64_t
         ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
     ggml_backend_buffer_free(buf);
+    if (wbuf) ggml_backend_buffer_free(wbuf);
     ggml_free(ctx);
     ggml_backend_free(backend);
     std::sort(ms.begin(), ms.end());

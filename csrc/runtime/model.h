@@ -36,6 +36,7 @@ public:
     std::string device_description() const;
     size_t weight_bytes() const { return weights_->bytes; }
     bool weights_mmapped() const { return weights_->mmapped; }
+    size_t repacked_tensors() const { return weights_->repacked; }
     std::map<std::string, std::string> tensor_types() const;
     int threads() const { return threads_; }
     void set_threads(int threads);
