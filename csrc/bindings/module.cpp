@@ -363,6 +363,40 @@ PYBIND11_MODULE(_core, m) {
             "or with repetition_guard an n-gram loop (a token x16, a 2-gram x8, 3-gram x6, 4..8-gram x4). "
             "last_generation() tells which, with timings.")
         .def(
+            "generate_batch",
+            [](Model & self, const py::list & embeddings, int64_t max_new_tokens, const std::vector<int64_t> & stop_ids,
+               bool repetition_guard) {
+                std::vector<py::array> keep;
+                std::vector<std::pair<const float *, int64_t>> prompts;
+                for (auto item : embeddings) {
+                    keep.push_back(py::reinterpret_borrow<py::array>(item));
+                    if (!py::isinstance<py::array>(item)) throw py::type_error("embeddings must be a list of numpy arrays");
+                    require_rows(keep.back(), self.hparams().dec.d_model, "embeddings");
+                    prompts.emplace_back(static_cast<const float *>(keep.back().data()), keep.back().shape(0));
+                }
+                std::vector<int32_t> stops;
+                for (int64_t id : stop_ids) {
+                    if (id < 0 || id >= self.hparams().dec.vocab) {
+                        throw py::index_error("stop id " + std::to_string(id) + " is outside the vocabulary");
+                    }
+                    stops.push_back(static_cast<int32_t>(id));
+                }
+                std::vector<Model::Generated> out;
+                {
+                    py::gil_scoped_release release;
+                    out = self.generate_batch(prompts, max_new_tokens, stops, repetition_guard);
+                }
+                py::list result;
+                for (const auto & g : out) {
+                    result.append(py::make_tuple(std::vector<int64_t>(g.tokens.begin(), g.tokens.end()), g.stop_reason));
+                }
+                return result;
+            },
+            py::arg("embeddings"), py::arg("max_new_tokens"), py::arg("stop_ids"), py::kw_only(),
+            py::arg("repetition_guard") = false,
+            "generate() for several sequences at once (one KV cache slot each; every step reads the weights once "
+            "for all). Returns [(tokens, stop_reason)] in input order; tokens equal one-by-one generate().")
+        .def(
             "last_generation",
             [](const Model & self) {
                 const auto s = self.last_generation();

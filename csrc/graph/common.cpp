@@ -22,9 +22,9 @@ ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l) {
 ggml_tensor * attention_full(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
                              int64_t n_heads, ggml_tensor * mask) {
     const int64_t d = q->ne[0], T = q->ne[1], hd = d / n_heads;
-    // [d, T] -> [hd, T, H]
-    ggml_tensor * qh = ggml_permute(ctx, ggml_reshape_3d(ctx, q, hd, n_heads, T), 0, 2, 1, 3);
-    ggml_tensor * kh = ggml_permute(ctx, ggml_reshape_3d(ctx, k, hd, n_heads, T), 0, 2, 1, 3);
+    // [d, T] -> [hd, T, H], made contiguous so the matmuls take the fast (tinyBLAS) path
+    ggml_tensor * qh = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, q, hd, n_heads, T), 0, 2, 1, 3));
+    ggml_tensor * kh = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, k, hd, n_heads, T), 0, 2, 1, 3));
     ggml_tensor * kq = ggml_mul_mat(ctx, kh, qh);  // [T_k, T_q, H]
     kq = ggml_soft_max_ext(ctx, kq, mask, 1.0f / std::sqrt(static_cast<float>(hd)), 0.0f);
     // v: [d, T] -> [T, hd, H]

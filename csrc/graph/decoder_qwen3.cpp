@@ -10,7 +10,7 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
                             const DecoderInputs & in) {
     ggml_context * ctx = g.ctx;
     const auto & d = hp.dec;
-    const int64_t n = in.x->ne[1], hd = d.head_dim, n_kv = in.n_past + n;
+    const int64_t n = in.n, B = in.n_seqs, hd = d.head_dim, kv_dim = hd * d.n_kv_heads;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     ggml_tensor * x = in.x;
     for (int64_t il = 0; il < d.n_layers; ++il) {
@@ -20,7 +20,7 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         ggml_tensor * h = rms_norm(ctx, x, l.attn_norm, d.rms_eps);
 
         auto head_proj = [&](ggml_tensor * W, int64_t n_heads, ggml_tensor * norm) {
-            ggml_tensor * t = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, W, h), hd, n_heads, n);
+            ggml_tensor * t = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, W, h), hd, n_heads, n * B);
             if (norm) {
                 t = rms_norm(ctx, t, norm, d.rms_eps);
                 t = ggml_rope_ext(ctx, t, in.positions, nullptr, static_cast<int>(hd), GGML_ROPE_TYPE_NEOX, 0,
@@ -28,23 +28,26 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
             }
             return t;
         };
-        ggml_tensor * q = head_proj(l.q, d.n_heads, l.q_norm);     // [hd, Hq, n]
-        ggml_tensor * k = head_proj(l.k, d.n_kv_heads, l.k_norm);  // [hd, Hkv, n]
+        ggml_tensor * q = head_proj(l.q, d.n_heads, l.q_norm);     // [hd, Hq, n*B]
+        ggml_tensor * k = head_proj(l.k, d.n_kv_heads, l.k_norm);  // [hd, Hkv, n*B]
         ggml_tensor * v = head_proj(l.v, d.n_kv_heads, nullptr);
 
-        // Append this step's K/V to the cache, then attend over everything cached so far.
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, k, ggml_view_3d(ctx, kc, hd, d.n_kv_heads, n, kc->nb[1], kc->nb[2],
-                                                                   static_cast<size_t>(in.n_past) * kc->nb[2])));
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, v, ggml_view_3d(ctx, vc, hd, d.n_kv_heads, n, vc->nb[1], vc->nb[2],
-                                                                   static_cast<size_t>(in.n_past) * vc->nb[2])));
-        ggml_tensor * K = ggml_view_3d(ctx, kc, hd, d.n_kv_heads, n_kv, kc->nb[1], kc->nb[2], 0);
-        ggml_tensor * V = ggml_view_3d(ctx, vc, hd, d.n_kv_heads, n_kv, vc->nb[1], vc->nb[2], 0);
-        K = ggml_permute(ctx, K, 0, 2, 1, 3);                          // [hd, n_kv, Hkv]
-        ggml_tensor * kq = ggml_mul_mat(ctx, K, ggml_permute(ctx, q, 0, 2, 1, 3));  // [n_kv, n, Hq]
-        kq = ggml_soft_max_ext(ctx, kq, in.mask, scale, 0.0f);
-        V = ggml_cont(ctx, ggml_permute(ctx, V, 1, 2, 0, 3));          // [n_kv, hd, Hkv]
-        ggml_tensor * att = ggml_mul_mat(ctx, V, kq);                  // [hd, n, Hq]
-        att = ggml_reshape_2d(ctx, ggml_cont(ctx, ggml_permute(ctx, att, 0, 2, 1, 3)), hd * d.n_heads, n);
+        // Store the new K/V rows, then attend over each sequence's cached prefix.
+        auto rows = [&](ggml_tensor * cache) {
+            return ggml_view_2d(ctx, cache, kv_dim, cache->ne[2] * cache->ne[3], cache->nb[2], 0);
+        };
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx, rows(kc), ggml_reshape_2d(ctx, k, kv_dim, n * B), in.kv_rows));
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx, rows(vc), ggml_reshape_2d(ctx, v, kv_dim, n * B), in.kv_rows));
+        auto window = [&](ggml_tensor * cache) {  // [hd, Hkv, n_kv, B]
+            return ggml_view_4d(ctx, cache, hd, d.n_kv_heads, in.n_kv, B, cache->nb[1], cache->nb[2], cache->nb[3],
+                                static_cast<size_t>(in.slot0) * cache->nb[3]);
+        };
+        ggml_tensor * K = ggml_permute(ctx, window(kc), 0, 2, 1, 3);                                  // [hd, n_kv, Hkv, B]
+        ggml_tensor * Q = ggml_permute(ctx, ggml_reshape_4d(ctx, q, hd, d.n_heads, n, B), 0, 2, 1, 3);  // [hd, n, Hq, B]
+        ggml_tensor * kq = ggml_soft_max_ext(ctx, ggml_mul_mat(ctx, K, Q), in.mask, scale, 0.0f);     // [n_kv, n, Hq, B]
+        ggml_tensor * V = ggml_cont(ctx, ggml_permute(ctx, window(vc), 1, 2, 0, 3));                  // [n_kv, hd, Hkv, B]
+        ggml_tensor * att = ggml_mul_mat(ctx, V, kq);                                                 // [hd, n, Hq, B]
+        att = ggml_reshape_2d(ctx, ggml_cont(ctx, ggml_permute(ctx, att, 0, 2, 1, 3)), hd * d.n_heads, n * B);
         x = ggml_add(ctx, x, ggml_mul_mat(ctx, l.o, att));
 
         h = rms_norm(ctx, x, l.ffn_norm, d.rms_eps);
@@ -53,7 +56,10 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         g.name(x, "dec.blk." + std::to_string(il) + ".out");
     }
     x = rms_norm(ctx, x, w.output_norm, d.rms_eps);
-    if (!in.all_logits && n > 1) x = ggml_view_2d(ctx, x, x->ne[0], 1, x->nb[1], static_cast<size_t>(n - 1) * x->nb[1]);
+    if (!in.all_logits && n > 1) {  // each sequence's last position
+        x = ggml_view_2d(ctx, x, x->ne[0], B, static_cast<size_t>(n) * x->nb[1], static_cast<size_t>(n - 1) * x->nb[1]);
+        x = ggml_cont(ctx, x);
+    }
     ggml_tensor * logits = ggml_mul_mat(ctx, w.output, x);
     g.name(logits, "dec.logits");
     return logits;

@@ -21,16 +21,19 @@ void sinusoid_positions(const HParams & hp, int64_t T, float * out);
 ggml_tensor * build_adaptor(const GraphCtx & g, const HParams & hp, const Weights & w, ggml_tensor * enc,
                             ggml_tensor * mask);
 
-// Qwen3 decoder over n new positions x [d, n] starting at n_past; writes their K/V into the cache
-// (k_cache/v_cache per layer, [head_dim, n_kv_heads, capacity]) and attends over n_past + n.
-// Returns logits [vocab, 1] for the last position (or [vocab, n] when all_logits).
+// Qwen3 decoder over n new positions of each of B sequences (x [d, n*B], sequence-major). The K/V
+// of the new positions are written into the cache rows `kv_rows` (row = slot * capacity + position
+// in the cache viewed as [head_dim * n_kv_heads, capacity * n_seq]); each sequence then attends over
+// the first n_kv positions of its slot (slots slot0 .. slot0+B-1) under `mask` [n_kv, n, 1, B]
+// (0 or -inf). Returns logits [vocab, B] of each sequence's last position ([vocab, n*B] with all_logits).
 struct DecoderInputs {
-    ggml_tensor * x;          // [d, n]
-    ggml_tensor * positions;  // I32 [n]
-    ggml_tensor * mask;       // F32 [n_past + n, n], 0 or -inf
+    ggml_tensor * x;          // [d, n*B]
+    ggml_tensor * positions;  // I32 [n*B]
+    ggml_tensor * kv_rows;    // I64 [n*B]
+    ggml_tensor * mask;       // F32 [n_kv, n, 1, B]
     const std::vector<ggml_tensor *> * k_cache;
     const std::vector<ggml_tensor *> * v_cache;
-    int64_t n_past;
+    int64_t n, n_seqs, n_kv, slot0;
     bool all_logits;
 };
 ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams & hp, const Weights & w,

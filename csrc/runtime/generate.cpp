@@ -1,5 +1,6 @@
-// Decoder runs with the KV cache: prefill of an embedding sequence, single-token steps, and the
-// whole greedy loop in C++.
+// Decoder runs with the KV cache: prefill of an embedding sequence, single-token steps, the whole
+// greedy loop in C++, and the same loop for a batch of sequences (one cache slot each) so that
+// every decoding step reads the weights once for all of them.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -10,71 +11,11 @@
 
 namespace fun_asr {
 
-std::vector<float> Model::decode_locked(const float * embeddings, const int32_t * token, int64_t n) {
-    const auto & d = hp_.dec;
-    const int64_t n_kv = n_past_ + n;
-    if (n_kv > d.max_positions) {
-        throw std::invalid_argument("sequence of " + std::to_string(n_kv) + " positions exceeds the decoder's "
-                                    "context of " + std::to_string(d.max_positions));
-    }
-    kv_.reserve(d, ggml_backend_get_default_buffer_type(backend_), n_kv, n_past_);
-
-    GraphScope g;
-    new_graph(g);
-    GraphCtx gc{g.ctx, {}};
-    ggml_tensor * x;
-    ggml_tensor * emb_in = nullptr;
-    ggml_tensor * tok_in = nullptr;
-    if (embeddings) {
-        emb_in = x = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, d.d_model, n);
-        ggml_set_input(emb_in);
-    } else {
-        tok_in = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, n);
-        ggml_set_input(tok_in);
-        x = ggml_get_rows(g.ctx, weights_->w.tok_embd, tok_in);
-    }
-    ggml_tensor * pos = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, n);
-    ggml_tensor * mask = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, n_kv, n);
-    ggml_set_input(pos);
-    ggml_set_input(mask);
-    DecoderInputs in{x, pos, mask, &kv_.k(), &kv_.v(), n_past_, false};
-    ggml_tensor * logits = build_decoder(gc, g.gf, hp_, weights_->w, in);
-    ggml_set_output(logits);
-    ggml_build_forward_expand(g.gf, logits);
-    alloc_graph(g.gf);
-
-    if (emb_in) ggml_backend_tensor_set(emb_in, embeddings, 0, ggml_nbytes(emb_in));
-    if (tok_in) ggml_backend_tensor_set(tok_in, token, 0, ggml_nbytes(tok_in));
-    std::vector<int32_t> positions(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = static_cast<int32_t>(n_past_ + i);
-    ggml_backend_tensor_set(pos, positions.data(), 0, ggml_nbytes(pos));
-    std::vector<float> m(static_cast<size_t>(n_kv * n));
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < n_kv; ++j) m[static_cast<size_t>(i * n_kv + j)] = j <= n_past_ + i ? 0.0f : -INFINITY;
-    }
-    ggml_backend_tensor_set(mask, m.data(), 0, ggml_nbytes(mask));
-    compute_graph(g.gf);
-    n_past_ = n_kv;
-    std::vector<float> out(static_cast<size_t>(d.vocab));
-    ggml_backend_tensor_get(logits, out.data(), 0, out.size() * sizeof(float));
-    return out;
-}
-
-std::vector<float> Model::prefill(const float * embeddings, int64_t n) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (n <= 0) throw std::invalid_argument("embeddings are empty: need at least one row");
-    n_past_ = 0;
-    return decode_locked(embeddings, nullptr, n);
-}
-
-std::vector<float> Model::step(int32_t token) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    check_token(token);
-    if (n_past_ == 0) throw std::logic_error("step() needs a prefill() first");
-    return decode_locked(nullptr, &token, 1);
-}
-
 namespace {
+
+int32_t argmax(const float * logits, int64_t n) {
+    return static_cast<int32_t>(std::max_element(logits, logits + n) - logits);  // first maximum, like torch
+}
 
 // True when the tail of `t` is one n-gram repeated: a single token 16 times, a 2-gram 8 times, a
 // 3-gram 6 times, or a 4..8-gram 4 times. Ordinary speech text does not do that; a decoder stuck
@@ -97,40 +38,162 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-std::vector<int32_t> Model::generate(const float * embeddings, int64_t n, int64_t max_new_tokens,
-                                     const std::vector<int32_t> & stop_ids, bool repetition_guard) {
+std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * tokens, int64_t n, int64_t slot0,
+                                      const std::vector<int64_t> & past) {
+    const auto & d = hp_.dec;
+    const int64_t B = static_cast<int64_t>(past.size());
+    const int64_t n_kv = *std::max_element(past.begin(), past.end()) + n;
+    if (n_kv > d.max_positions) {
+        throw std::invalid_argument("sequence of " + std::to_string(n_kv) + " positions exceeds the decoder's "
+                                    "context of " + std::to_string(d.max_positions));
+    }
+    if (n_kv > kv_.capacity() || slot0 + B > kv_.n_seq()) throw std::logic_error("KV cache too small");
+
+    GraphScope g;
+    new_graph(g);
+    GraphCtx gc{g.ctx, {}};
+    ggml_tensor * x;
+    ggml_tensor * emb_in = nullptr;
+    ggml_tensor * tok_in = nullptr;
+    if (embeddings) {
+        emb_in = x = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, d.d_model, n * B);
+        ggml_set_input(emb_in);
+    } else {
+        tok_in = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, n * B);
+        ggml_set_input(tok_in);
+        x = ggml_get_rows(g.ctx, weights_->w.tok_embd, tok_in);
+    }
+    ggml_tensor * pos = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, n * B);
+    ggml_tensor * rows = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I64, n * B);
+    ggml_tensor * mask = ggml_new_tensor_4d(g.ctx, GGML_TYPE_F32, n_kv, n, 1, B);
+    ggml_set_input(pos);
+    ggml_set_input(rows);
+    ggml_set_input(mask);
+    DecoderInputs in{x, pos, rows, mask, &kv_.k(), &kv_.v(), n, B, n_kv, slot0, false};
+    ggml_tensor * logits = build_decoder(gc, g.gf, hp_, weights_->w, in);
+    ggml_set_output(logits);
+    ggml_build_forward_expand(g.gf, logits);
+    alloc_graph(g.gf);
+
+    if (emb_in) ggml_backend_tensor_set(emb_in, embeddings, 0, ggml_nbytes(emb_in));
+    if (tok_in) ggml_backend_tensor_set(tok_in, tokens, 0, ggml_nbytes(tok_in));
+    std::vector<int32_t> positions(static_cast<size_t>(n * B));
+    std::vector<int64_t> row_ids(static_cast<size_t>(n * B));
+    std::vector<float> m(static_cast<size_t>(n_kv * n * B));
+    for (int64_t b = 0; b < B; ++b) {
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t p = past[static_cast<size_t>(b)] + i;
+            positions[static_cast<size_t>(b * n + i)] = static_cast<int32_t>(p);
+            row_ids[static_cast<size_t>(b * n + i)] = (slot0 + b) * kv_.capacity() + p;
+            float * row = m.data() + (b * n + i) * n_kv;
+            for (int64_t j = 0; j < n_kv; ++j) row[j] = j <= p ? 0.0f : -INFINITY;
+        }
+    }
+    ggml_backend_tensor_set(pos, positions.data(), 0, ggml_nbytes(pos));
+    ggml_backend_tensor_set(rows, row_ids.data(), 0, ggml_nbytes(rows));
+    ggml_backend_tensor_set(mask, m.data(), 0, ggml_nbytes(mask));
+    compute_graph(g.gf);
+    std::vector<float> out(static_cast<size_t>(d.vocab * B));
+    ggml_backend_tensor_get(logits, out.data(), 0, out.size() * sizeof(float));
+    return out;
+}
+
+std::vector<float> Model::prefill_locked(const float * embeddings, int64_t n) {
+    kv_.reserve(hp_.dec, ggml_backend_get_default_buffer_type(backend_), n, 0, 1);
+    n_past_ = 0;
+    std::vector<float> logits = run_decoder(embeddings, nullptr, n, 0, {0});
+    n_past_ = n;
+    return logits;
+}
+
+std::vector<float> Model::step_locked(int32_t token) {
+    kv_.reserve(hp_.dec, ggml_backend_get_default_buffer_type(backend_), n_past_ + 1, n_past_, 1);
+    std::vector<float> logits = run_decoder(nullptr, &token, 1, 0, {n_past_});
+    n_past_ += 1;
+    return logits;
+}
+
+std::vector<float> Model::prefill(const float * embeddings, int64_t n) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (n <= 0) throw std::invalid_argument("embeddings are empty: need at least one row");
+    return prefill_locked(embeddings, n);
+}
+
+std::vector<float> Model::step(int32_t token) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    check_token(token);
+    if (n_past_ == 0) throw std::logic_error("step() needs a prefill() first");
+    return step_locked(token);
+}
+
+std::vector<int32_t> Model::generate(const float * embeddings, int64_t n, int64_t max_new_tokens,
+                                     const std::vector<int32_t> & stop_ids, bool repetition_guard) {
+    auto all = generate_batch({{embeddings, n}}, max_new_tokens, stop_ids, repetition_guard);
+    return all[0].tokens;
+}
+
+std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<const float *, int64_t>> & prompts,
+                                                    int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
+                                                    bool repetition_guard) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (prompts.empty()) throw std::invalid_argument("no sequences to generate");
+    for (const auto & p : prompts) {
+        if (p.second <= 0) throw std::invalid_argument("embeddings are empty: need at least one row");
+    }
     if (max_new_tokens < 1) throw std::invalid_argument("max_new_tokens must be >= 1");
     for (int32_t id : stop_ids) check_token(id);
+    const auto & d = hp_.dec;
+    const int64_t B = static_cast<int64_t>(prompts.size());
+    int64_t longest = 0;
+    for (const auto & p : prompts) longest = std::max(longest, p.second);
+    if (longest + max_new_tokens - 1 > d.max_positions) {
+        throw std::invalid_argument("prompt of " + std::to_string(longest) + " positions + max_new_tokens " +
+                                    std::to_string(max_new_tokens) + " exceeds the decoder's context of " +
+                                    std::to_string(d.max_positions));
+    }
     last_ = GenerationStats{};
-    last_.prompt_tokens = n;
     auto t0 = std::chrono::steady_clock::now();
-    n_past_ = 0;
-    std::vector<float> logits = decode_locked(embeddings, nullptr, n);
+    n_past_ = 0;  // the single-sequence state does not survive a batch
+    kv_.reserve(d, ggml_backend_get_default_buffer_type(backend_), longest + max_new_tokens, 0, B);
+    std::vector<Generated> out(static_cast<size_t>(B));
+    std::vector<int32_t> next(static_cast<size_t>(B));
+    std::vector<int64_t> past(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) {  // prefill each sequence into its own slot
+        const auto & p = prompts[static_cast<size_t>(b)];
+        const std::vector<float> logits = run_decoder(p.first, nullptr, p.second, b, {0});
+        next[static_cast<size_t>(b)] = argmax(logits.data(), d.vocab);
+        past[static_cast<size_t>(b)] = p.second;
+        last_.prompt_tokens += p.second;
+    }
     last_.prefill_ms = ms_since(t0);
     t0 = std::chrono::steady_clock::now();
-    std::vector<int32_t> out;
+    int64_t active = B;
     for (;;) {
-        const auto best = std::max_element(logits.begin(), logits.end());  // first maximum, like torch.argmax
-        const int32_t tok = static_cast<int32_t>(best - logits.begin());
-        out.push_back(tok);
-        if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end()) {
-            last_.stop_reason = "eos";
-            break;
+        for (int64_t b = 0; b < B; ++b) {
+            Generated & g = out[static_cast<size_t>(b)];
+            if (!g.stop_reason.empty()) continue;
+            const int32_t tok = next[static_cast<size_t>(b)];
+            g.tokens.push_back(tok);
+            if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end()) {
+                g.stop_reason = "eos";
+            } else if (repetition_guard && stuck_in_loop(g.tokens)) {
+                g.stop_reason = "repetition";
+            } else if (static_cast<int64_t>(g.tokens.size()) >= max_new_tokens) {
+                g.stop_reason = "max_new_tokens";
+            }
+            if (!g.stop_reason.empty()) --active;
         }
-        if (repetition_guard && stuck_in_loop(out)) {
-            last_.stop_reason = "repetition";
-            break;
+        if (active == 0) break;
+        // One step for every slot (finished ones just keep going; the weights are read once for all).
+        const std::vector<float> logits = run_decoder(nullptr, next.data(), 1, 0, past);
+        for (int64_t b = 0; b < B; ++b) {
+            next[static_cast<size_t>(b)] = argmax(logits.data() + b * d.vocab, d.vocab);
+            past[static_cast<size_t>(b)] += 1;
         }
-        if (static_cast<int64_t>(out.size()) >= max_new_tokens) {
-            last_.stop_reason = "max_new_tokens";
-            break;
-        }
-        logits = decode_locked(nullptr, &tok, 1);
     }
     last_.decode_ms = ms_since(t0);
-    last_.new_tokens = static_cast<int64_t>(out.size());
+    for (const auto & g : out) last_.new_tokens += static_cast<int64_t>(g.tokens.size());
+    last_.stop_reason = B == 1 ? out[0].stop_reason : "batch";
     return out;
 }
 

@@ -15,19 +15,22 @@ void KvCache::release() {
     k_.clear();
     v_.clear();
     capacity_ = 0;
+    n_seq_ = 0;
 }
 
 size_t KvCache::bytes() const { return buffer_ ? ggml_backend_buffer_get_size(buffer_) : 0; }
 
-void KvCache::reserve(const DecoderHParams & d, ggml_backend_buffer_type_t buft, int64_t n_tokens, int64_t n_keep) {
-    if (n_tokens <= capacity_) return;
+void KvCache::reserve(const DecoderHParams & d, ggml_backend_buffer_type_t buft, int64_t n_tokens, int64_t n_keep,
+                      int64_t n_seq) {
+    if (n_seq == n_seq_ && n_tokens <= capacity_) return;
+    if (n_seq != n_seq_) n_keep = 0;
     constexpr int64_t kChunk = 256;
     int64_t cap = std::max(n_tokens, std::min<int64_t>(capacity_ * 2, d.max_positions));
     cap = std::min<int64_t>((cap + kChunk - 1) / kChunk * kChunk, std::max<int64_t>(d.max_positions, n_tokens));
 
     // Keep what is cached: the first n_keep positions are a contiguous prefix of each tensor.
     std::vector<std::vector<uint8_t>> saved;
-    if (n_keep > 0) {
+    if (n_keep > 0) {  // slot 0's prefix (n_seq is unchanged here)
         for (size_t i = 0; i < k_.size(); ++i) {
             for (ggml_tensor * t : {k_[i], v_[i]}) {
                 saved.emplace_back(static_cast<size_t>(n_keep) * t->nb[2]);
@@ -40,8 +43,8 @@ void KvCache::reserve(const DecoderHParams & d, ggml_backend_buffer_type_t buft,
     ggml_init_params ip{ggml_tensor_overhead() * n_tensors, nullptr, true};
     ctx_ = ggml_init(ip);
     for (int64_t il = 0; il < d.n_layers; ++il) {
-        k_.push_back(ggml_new_tensor_3d(ctx_, GGML_TYPE_F32, d.head_dim, d.n_kv_heads, cap));
-        v_.push_back(ggml_new_tensor_3d(ctx_, GGML_TYPE_F32, d.head_dim, d.n_kv_heads, cap));
+        k_.push_back(ggml_new_tensor_4d(ctx_, GGML_TYPE_F32, d.head_dim, d.n_kv_heads, cap, n_seq));
+        v_.push_back(ggml_new_tensor_4d(ctx_, GGML_TYPE_F32, d.head_dim, d.n_kv_heads, cap, n_seq));
         ggml_format_name(k_.back(), "cache_k_l%d", static_cast<int>(il));
         ggml_format_name(v_.back(), "cache_v_l%d", static_cast<int>(il));
     }
@@ -49,6 +52,7 @@ void KvCache::reserve(const DecoderHParams & d, ggml_backend_buffer_type_t buft,
     if (!buffer_) throw std::runtime_error("cannot allocate the KV cache for " + std::to_string(cap) + " positions");
     ggml_backend_buffer_clear(buffer_, 0);
     capacity_ = cap;
+    n_seq_ = n_seq;
     for (size_t i = 0, s = 0; i < saved.size() / 2; ++i) {
         ggml_backend_tensor_set(k_[i], saved[s].data(), 0, saved[s].size());
         ++s;

@@ -1,4 +1,5 @@
-// Decoder KV cache: per layer K and V of [head_dim, n_kv_heads, capacity] F32, grown on demand.
+// Decoder KV cache: per layer K and V of [head_dim, n_kv_heads, capacity, n_seq] F32 — one slot per
+// sequence of a batch — grown on demand.
 #pragma once
 
 #include <cstdint>
@@ -17,9 +18,12 @@ public:
     KvCache(const KvCache &) = delete;
     KvCache & operator=(const KvCache &) = delete;
 
-    // Makes room for `n_tokens` positions, keeping the first `n_keep` (reallocates and copies).
-    void reserve(const DecoderHParams & d, ggml_backend_buffer_type_t buft, int64_t n_tokens, int64_t n_keep);
+    // Makes room for `n_tokens` positions in each of `n_seq` slots. Growing keeps the first `n_keep`
+    // positions of slot 0 (reallocates and copies); changing n_seq starts empty.
+    void reserve(const DecoderHParams & d, ggml_backend_buffer_type_t buft, int64_t n_tokens, int64_t n_keep,
+                 int64_t n_seq = 1);
     int64_t capacity() const { return capacity_; }
+    int64_t n_seq() const { return n_seq_; }
     size_t bytes() const;
     const std::vector<ggml_tensor *> & k() const { return k_; }
     const std::vector<ggml_tensor *> & v() const { return v_; }
@@ -30,6 +34,7 @@ private:
     ggml_backend_buffer_t buffer_ = nullptr;
     std::vector<ggml_tensor *> k_, v_;
     int64_t capacity_ = 0;
+    int64_t n_seq_ = 0;
 };
 
 }  // namespace fun_asr

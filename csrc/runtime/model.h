@@ -58,6 +58,16 @@ public:
     std::vector<int32_t> generate(const float * embeddings, int64_t n, int64_t max_new_tokens,
                                   const std::vector<int32_t> & stop_ids, bool repetition_guard = false);
 
+    // The same for several sequences at once (one KV cache slot each): per-step weights are read
+    // once for the whole batch. prompts: (embeddings [n, d] row-major, n) per sequence.
+    struct Generated {
+        std::vector<int32_t> tokens;
+        std::string stop_reason;  // "eos", "max_new_tokens", "repetition"
+    };
+    std::vector<Generated> generate_batch(const std::vector<std::pair<const float *, int64_t>> & prompts,
+                                          int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
+                                          bool repetition_guard = false);
+
     struct GenerationStats {
         std::string stop_reason;  // "eos", "max_new_tokens", "repetition"
         double prefill_ms = 0, decode_ms = 0;
@@ -68,7 +78,12 @@ public:
 private:
     void check_features(int64_t T) const;
     void check_token(int64_t id) const;
-    std::vector<float> decode_locked(const float * embeddings, const int32_t * token, int64_t n);
+    // n new positions for each sequence in slots [slot0, slot0 + past.size()) with cached lengths
+    // `past`; returns the logits of each sequence's last position, [past.size()][vocab].
+    std::vector<float> run_decoder(const float * embeddings, const int32_t * tokens, int64_t n, int64_t slot0,
+                                   const std::vector<int64_t> & past);
+    std::vector<float> prefill_locked(const float * embeddings, int64_t n);
+    std::vector<float> step_locked(int32_t token);
     // Graph plumbing: a context for one graph's metadata, allocation, compute.
     struct GraphScope {
         ggml_context * ctx = nullptr;

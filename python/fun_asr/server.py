@@ -8,17 +8,23 @@ comma-separated hotwords), response_format (json, text, srt, vtt, verbose_json),
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import queue
+import threading
 import time
+from concurrent.futures import Future
 from typing import Any
 
 import anyio
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.datastructures import UploadFile
 
-from fun_asr.audio import AudioError
+from fun_asr.audio import SAMPLE_RATE, AudioError, load_audio
 from fun_asr.formats import render
 from fun_asr.session import Session, Transcription
 
@@ -69,10 +75,76 @@ def verbose_json(t: Transcription) -> dict[str, Any]:
     }
 
 
-def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0, max_concurrency: int = 1,
+class Batcher:
+    """One worker thread owns the model: it takes queued requests and transcribes up to `max_batch`
+    with equal options together (Session.transcribe_batch: one decoding pass for all of them)."""
+
+    def __init__(self, session: Session, max_batch: int, max_new_tokens: int) -> None:
+        self.session, self.max_batch, self.max_new_tokens = session, max(1, max_batch), max_new_tokens
+        self.jobs: queue.Queue[tuple[tuple, np.ndarray, Future] | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._work, name="fun-asr-batcher", daemon=True)
+        self.thread.start()
+
+    def submit(self, samples: np.ndarray, options: tuple) -> Future:
+        fut: Future = Future()
+        self.jobs.put((options, samples, fut))
+        return fut
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self.thread.join(timeout=60)
+
+    def _work(self) -> None:
+        held: list[tuple[tuple, np.ndarray, Future]] = []
+        while True:
+            first = held.pop(0) if held else self.jobs.get()
+            if first is None:
+                return
+            batch = [first]
+            stop = False
+            while len(batch) < self.max_batch:
+                try:
+                    job = self.jobs.get(timeout=0.005)
+                except queue.Empty:
+                    break
+                if job is None:
+                    stop = True
+                    break
+                (batch if job[0] == first[0] else held).append(job)
+            self._run(batch)
+            if stop:
+                for _, _, fut in held:
+                    fut.set_exception(RuntimeError("server is shutting down"))
+                return
+
+    def _run(self, batch: list[tuple[tuple, np.ndarray, Future]]) -> None:
+        language, itn, hotwords = batch[0][0]
+        try:
+            results = self.session.transcribe_batch(
+                [samples for _, samples, _ in batch], sample_rate=SAMPLE_RATE, language=language, itn=itn,
+                hotwords=list(hotwords), max_new_tokens=self.max_new_tokens, batch_size=len(batch))
+        except Exception as exc:  # noqa: BLE001 - handed to every waiting request
+            for _, _, fut in batch:
+                fut.set_exception(exc)
+            return
+        for (_, _, fut), result in zip(batch, results, strict=True):
+            fut.set_result(result)
+
+
+def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0, max_concurrency: int = 8,
                max_new_tokens: int = 512) -> FastAPI:
-    app = FastAPI(title="fun-asr", description="OpenAI-compatible speech-to-text with Fun-ASR-Nano")
-    limiter = anyio.CapacityLimiter(max(1, max_concurrency))
+    batcher: Batcher | None = None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):  # noqa: ANN202
+        nonlocal batcher
+        batcher = Batcher(session, max_concurrency, max_new_tokens)
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(batcher.close)
+
+    app = FastAPI(title="fun-asr", description="OpenAI-compatible speech-to-text with Fun-ASR-Nano", lifespan=lifespan)
     max_bytes = int(max_upload_mb * 1024 * 1024)
     created = int(time.time())
 
@@ -154,14 +226,14 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
         except ValueError as exc:
             raise ApiError(400, str(exc), "language", "invalid_value") from None
 
-        def work() -> Transcription:
-            return session.transcribe(data, language=language, itn=itn, hotwords=hotwords,
-                                      max_new_tokens=max_new_tokens)
-
         try:
-            result = await anyio.to_thread.run_sync(work, limiter=limiter)
+            samples = await anyio.to_thread.run_sync(load_audio, data)
         except AudioError as exc:
             raise ApiError(400, str(exc), "file", "invalid_audio") from None
+        assert batcher is not None
+        fut = batcher.submit(samples, (language, itn, tuple(hotwords)))
+        try:
+            result: Transcription = await asyncio.wrap_future(fut)
         except ValueError as exc:
             raise ApiError(400, str(exc), None, "invalid_value") from None
 

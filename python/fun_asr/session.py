@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from fun_asr import _core
-from fun_asr.audio import SAMPLE_RATE, AudioInput, load_audio
+from fun_asr.audio import SAMPLE_RATE, AudioError, AudioInput, load_audio
 from fun_asr.frontend import FrontendConfig, fake_token_len, features
 from fun_asr.hub import DEFAULT_REPO, resolve_model
 from fun_asr.model import load_model
@@ -168,69 +168,104 @@ class Session:
         ``ignore_eos`` is for benchmarks only: decode exactly ``max_new_tokens`` per segment.
         """
         opts = self._options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos)
-        t0 = time.perf_counter()
-        samples = load_audio(audio, sample_rate)
-        load_ms = (time.perf_counter() - t0) * 1e3
-        spans = split_points(samples, opts.segment_seconds)
-        before, after = self.prompt_ids(opts)
-        timings = {"load_ms": load_ms, "frontend_ms": 0.0, "encode_ms": 0.0, "prefill_ms": 0.0, "decode_ms": 0.0}
-        n_tokens = 0
-        segments: list[Segment] = []
-        bar = None
-        if progress and len(spans) > 1:
-            from tqdm import tqdm
+        return self._run([audio], sample_rate, opts, batch_size=1, progress=progress)[0]
 
-            bar = tqdm(total=len(spans), unit="seg", desc="transcribing", leave=False)
+    def transcribe_batch(self, audios: list[AudioInput], *, sample_rate: int | None = None,
+                         language: str | None = None, itn: bool = True, hotwords: list[str] | str | None = None,
+                         max_new_tokens: int = 512, segment_seconds: float = 30.0, repetition_guard: bool = True,
+                         batch_size: int = 8, progress: bool = False,
+                         ignore_eos: bool = False) -> list[Transcription]:
+        """Transcribes several recordings with the same options, decoding up to ``batch_size``
+        segments at once (one KV cache slot each: every decoding step reads the weights once for the
+        whole batch). Results are in input order and token for token equal to ``transcribe``.
+        The timings of each result hold its share of the batch's prefill and decode time."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        opts = self._options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos)
+        return self._run(list(audios), sample_rate, opts, batch_size=batch_size, progress=progress)
+
+    def _run(self, audios: list[AudioInput], sample_rate: int | None, opts: TranscribeOptions, batch_size: int,
+             progress: bool) -> list[Transcription]:
+        t_start = time.perf_counter()
+        before, after = self.prompt_ids(opts)
+        items: list[tuple[np.ndarray, list[Segment], dict[str, float]]] = []
+        jobs: list[tuple[int, int, np.ndarray]] = []  # (audio index, segment index, decoder input)
         with self._lock:
             prefix = self.model.embed(before)
             suffix = self.model.embed(after)
-            for start, end in spans:
-                seg = self._segment(samples[start:end], prefix, suffix, opts, timings)
-                seg.start, seg.end = start / SAMPLE_RATE, end / SAMPLE_RATE
-                n_tokens += len(seg.tokens)
-                segments.append(seg)
-                if bar:
-                    bar.update(1)
-        if bar:
-            bar.close()
-        for s in segments:
-            if s.truncated:
-                warnings.warn(f"segment {s.start:.2f}-{s.end:.2f} s hit max_new_tokens={opts.max_new_tokens}; "
-                              "its text may be cut (raise max_new_tokens)", stacklevel=2)
-            if s.repetition:
-                warnings.warn(f"segment {s.start:.2f}-{s.end:.2f} s was stopped by the repetition guard", stacklevel=2)
-        duration = len(samples) / SAMPLE_RATE
-        total_ms = (time.perf_counter() - t0) * 1e3
-        timings["total_ms"] = total_ms
-        timings["tokens"] = n_tokens
-        timings["tokens_per_s"] = n_tokens / (timings["decode_ms"] / 1e3) if timings["decode_ms"] > 0 else 0.0
-        timings["real_time_factor"] = total_ms / 1e3 / duration if duration > 0 else 0.0
+            for ai, audio in enumerate(audios):
+                timings = {"load_ms": 0.0, "frontend_ms": 0.0, "encode_ms": 0.0, "prefill_ms": 0.0, "decode_ms": 0.0}
+                t0 = time.perf_counter()
+                try:
+                    samples = load_audio(audio, sample_rate)
+                except AudioError as exc:
+                    raise AudioError(f"input {ai}: {exc}" if len(audios) > 1 else str(exc)) from None
+                timings["load_ms"] = (time.perf_counter() - t0) * 1e3
+                segments = []
+                for si, (start, end) in enumerate(split_points(samples, opts.segment_seconds)):
+                    t0 = time.perf_counter()
+                    feats = features(samples[start:end], self.frontend)
+                    timings["frontend_ms"] += (time.perf_counter() - t0) * 1e3
+                    segments.append(Segment(start / SAMPLE_RATE, end / SAMPLE_RATE, "", [], "empty", False, False))
+                    if feats.shape[0] == 0:  # shorter than one 25 ms frame: nothing to hear
+                        continue
+                    t0 = time.perf_counter()
+                    rows = self.model.encode(feats)[: fake_token_len(feats.shape[0], self.prompt.fake_token_halvings)]
+                    timings["encode_ms"] += (time.perf_counter() - t0) * 1e3
+                    jobs.append((ai, si, np.ascontiguousarray(np.concatenate([prefix, rows, suffix]))))
+                items.append((samples, segments, timings))
+            self._decode(jobs, items, opts, batch_size, progress)
+
         options = {"language": opts.language, "itn": opts.itn, "hotwords": list(opts.hotwords),
                    "max_new_tokens": opts.max_new_tokens, "segment_seconds": opts.segment_seconds,
                    "repetition_guard": opts.repetition_guard}
-        return Transcription(self._join(segments, opts.language), segments, opts.language, duration,
-                             {k: round(v, 3) if isinstance(v, float) else v for k, v in timings.items()}, options)
+        total_ms = (time.perf_counter() - t_start) * 1e3
+        out = []
+        for samples, segments, timings in items:
+            for s in segments:
+                if s.truncated:
+                    warnings.warn(f"segment {s.start:.2f}-{s.end:.2f} s hit max_new_tokens={opts.max_new_tokens}; "
+                                  "its text may be cut (raise max_new_tokens)", stacklevel=3)
+                if s.repetition:
+                    warnings.warn(f"segment {s.start:.2f}-{s.end:.2f} s was stopped by the repetition guard",
+                                  stacklevel=3)
+            duration = len(samples) / SAMPLE_RATE
+            n_tokens = sum(len(s.tokens) for s in segments)
+            timings["total_ms"] = total_ms if len(items) == 1 else sum(timings.values())
+            timings["tokens"] = n_tokens
+            timings["tokens_per_s"] = n_tokens / (timings["decode_ms"] / 1e3) if timings["decode_ms"] > 0 else 0.0
+            timings["real_time_factor"] = timings["total_ms"] / 1e3 / duration if duration > 0 else 0.0
+            out.append(Transcription(self._join(segments, opts.language), segments, opts.language, duration,
+                                     {k: round(v, 3) if isinstance(v, float) else v for k, v in timings.items()},
+                                     dict(options)))
+        return out
 
-    def _segment(self, samples: np.ndarray, prefix: np.ndarray, suffix: np.ndarray, opts: TranscribeOptions,
-                 timings: dict[str, float]) -> Segment:
-        t0 = time.perf_counter()
-        feats = features(samples, self.frontend)
-        timings["frontend_ms"] += (time.perf_counter() - t0) * 1e3
-        if feats.shape[0] == 0:  # shorter than one 25 ms frame: nothing to hear
-            return Segment(0.0, 0.0, "", [], "empty", False, False)
-        t0 = time.perf_counter()
-        audio = self.model.encode(feats)[: fake_token_len(feats.shape[0], self.prompt.fake_token_halvings)]
-        timings["encode_ms"] += (time.perf_counter() - t0) * 1e3
-        emb = np.ascontiguousarray(np.concatenate([prefix, audio, suffix]))
+    def _decode(self, jobs: list[tuple[int, int, np.ndarray]],
+                items: list[tuple[np.ndarray, list[Segment], dict[str, float]]], opts: TranscribeOptions,
+                batch_size: int, progress: bool) -> None:
+        """Greedy decoding of every segment, `batch_size` at a time; fills the Segments in place."""
         stop = [] if opts.ignore_eos else self.stop_ids
-        tokens = self.model.generate(emb, opts.max_new_tokens, stop, repetition_guard=opts.repetition_guard)
-        stats = self.model.last_generation()
-        timings["prefill_ms"] += stats["prefill_ms"]
-        timings["decode_ms"] += stats["decode_ms"]
-        reason = stats["stop_reason"]
-        text_tokens = [t for t in tokens if t not in self.stop_ids]
-        return Segment(0.0, 0.0, self.tokenizer.decode(text_tokens).strip(), tokens, reason,
-                       reason == "max_new_tokens", reason == "repetition")
+        bar = None
+        if progress and len(jobs) > 1:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(jobs), unit="seg", desc="transcribing", leave=False)
+        for k in range(0, len(jobs), batch_size):
+            chunk = jobs[k : k + batch_size]
+            results = self.model.generate_batch([j[2] for j in chunk], opts.max_new_tokens, stop,
+                                                repetition_guard=opts.repetition_guard)
+            stats = self.model.last_generation()
+            for (ai, si, _), (tokens, reason) in zip(chunk, results, strict=True):
+                seg = items[ai][1][si]
+                seg.tokens, seg.stop_reason = tokens, reason
+                seg.text = self.tokenizer.decode([t for t in tokens if t not in self.stop_ids]).strip()
+                seg.truncated, seg.repetition = reason == "max_new_tokens", reason == "repetition"
+                items[ai][2]["prefill_ms"] += stats["prefill_ms"] / len(chunk)
+                items[ai][2]["decode_ms"] += stats["decode_ms"] / len(chunk)
+            if bar:
+                bar.update(len(chunk))
+        if bar:
+            bar.close()
 
     def _join(self, segments: list[Segment], language: str | None) -> str:
         sep_for = {code: e.get("join", " ") for code, e in self.spec["languages"].items()}

@@ -17,9 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--max-upload-mb", type=float, default=100.0)
-    ap.add_argument("--max-concurrency", type=int, default=1,
-                    help="transcriptions run at once (the model runs one call at a time; more only overlaps "
-                         "decoding of uploads and audio)")
+    ap.add_argument("--max-concurrency", type=int, default=8,
+                    help="concurrent requests transcribed together in one batch (default 8)")
     ap.add_argument("--max-new-tokens", type=int, default=512, help="decoding limit per segment")
     ap.add_argument("--model-id", default="fun-asr-nano", help="the id /v1/models reports (default fun-asr-nano)")
     ap.add_argument("--verbose", action="store_true")

@@ -1,0 +1,83 @@
+"""Batched decoding (one KV slot per sequence) gives the one-by-one results token for token."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+import fun_asr
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+STOP = [151645, 151643]
+
+
+def _prompts(model: fun_asr._core.Model) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    out = []
+    for n_audio, ids in [(3, [151644, 8, 9]), (17, [151644, 10]), (1, [151644, 11, 12, 13, 14, 15]), (40, [5])]:
+        audio = model.encode((rng.standard_normal((n_audio * 8, 560)) * 3 + 8).astype(np.float32))[:n_audio]
+        out.append(np.ascontiguousarray(np.concatenate([model.embed(ids), audio, model.embed([151645, 198])])))
+    return out
+
+
+@pytest.mark.parametrize("package", ["f32", "q8_0"])
+def test_generate_batch_equals_one_by_one(package: str, tiny_gguf) -> None:  # noqa: ANN001
+    model = fun_asr.load_model(tiny_gguf(package))
+    prompts = _prompts(model)
+    single = [model.generate(p, 24, STOP) for p in prompts]
+    # Stop ids taken from the sequences themselves make them finish at different steps.
+    stops = STOP + [single[0][5], single[2][11]]
+    single = [model.generate(p, 24, stops) for p in prompts]
+    assert len({len(s) for s in single}) > 1, "sequences should stop at different lengths"
+    batched = model.generate_batch(prompts, 24, stops)
+    assert [tokens for tokens, _ in batched] == single
+    reasons = [r for _, r in batched]
+    assert all(r in ("eos", "max_new_tokens") for r in reasons) and "eos" in reasons
+    # and the single-sequence API still works after a batch
+    assert model.generate(prompts[1], 24, stops) == single[1]
+
+
+def test_batched_logits_close_to_single(tiny_gguf) -> None:  # noqa: ANN001
+    model = fun_asr.load_model(tiny_gguf("f32"))
+    prompts = _prompts(model)
+    for p in prompts:
+        first = model.prefill(p)
+        tok = int(np.argmax(first))
+        single = model.step(tok)
+        (tokens, _), = model.generate_batch([p], 2, [])
+        assert tokens[0] == tok and tokens[1] == int(np.argmax(single))
+
+
+def test_transcribe_batch_equals_transcribe(tiny_gguf, tmp_path: Path) -> None:  # noqa: ANN001
+    session = fun_asr.Session(tiny_gguf("q8_0"), device="cpu")
+    rng = np.random.default_rng(1)
+    clips: list = [EXAMPLES / "en_hello.wav", EXAMPLES / "zh_weather.wav", EXAMPLES / "ja_hello.wav"]
+    long = (0.2 * rng.standard_normal(16000 * 70)).astype(np.float32)  # 3 segments at segment_seconds=30
+    sf.write(tmp_path / "long.wav", long, 16000)
+    clips += [tmp_path / "long.wav", (0.1 * rng.standard_normal(9000)).astype(np.float32)]
+    kwargs = dict(language="en", max_new_tokens=16)
+    one = [session.transcribe(c, sample_rate=16000 if isinstance(c, np.ndarray) else None, **kwargs) for c in clips]
+    arrays = [c if isinstance(c, np.ndarray) else fun_asr.audio.load_audio(c) for c in clips]
+    many = session.transcribe_batch(arrays, sample_rate=16000, batch_size=4, **kwargs)
+    assert len(many) == len(clips)
+    for a, b in zip(one, many, strict=True):
+        assert [s.tokens for s in a.segments] == [s.tokens for s in b.segments]
+        assert [(s.start, s.end) for s in a.segments] == [(s.start, s.end) for s in b.segments]
+        assert a.text == b.text
+    assert len(many[3].segments) == 3
+
+
+def test_batch_errors(tiny_gguf) -> None:  # noqa: ANN001
+    model = fun_asr.load_model(tiny_gguf("f32"))
+    with pytest.raises(ValueError, match="no sequences"):
+        model.generate_batch([], 4, STOP)
+    with pytest.raises(ValueError, match="256 columns"):
+        model.generate_batch([np.zeros((3, 8), np.float32)], 4, STOP)
+    session = fun_asr.Session(tiny_gguf("f32"), device="cpu")
+    with pytest.raises(ValueError, match="batch_size"):
+        session.transcribe_batch([EXAMPLES / "en_hello.wav"], batch_size=0)
+    with pytest.raises(fun_asr.audio.AudioError, match="input 1: .*empty"):
+        session.transcribe_batch([np.zeros(1600, np.float32), np.zeros(0, np.float32)], sample_rate=16000)
