@@ -257,6 +257,8 @@ PYBIND11_MODULE(_core, m) {
         .def("info", &model_info, "Hyperparameters, tensor types, backend, bytes of weights.")
         .def_property("threads", &Model::threads, &Model::set_threads)
         .def_property_readonly("n_past", &Model::n_past, "Positions currently in the KV cache.")
+        .def_property("flash_attn", &Model::flash_attn, &Model::set_flash_attn,
+                      "Decoder attention via ggml's fused flash-attention kernel (default True).")
         .def(
             "encode",
             [](Model & self, const py::array & features) {

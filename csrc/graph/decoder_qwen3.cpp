@@ -44,10 +44,17 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         };
         ggml_tensor * K = ggml_permute(ctx, window(kc), 0, 2, 1, 3);                                  // [hd, n_kv, Hkv, B]
         ggml_tensor * Q = ggml_permute(ctx, ggml_reshape_4d(ctx, q, hd, d.n_heads, n, B), 0, 2, 1, 3);  // [hd, n, Hq, B]
-        ggml_tensor * kq = ggml_soft_max_ext(ctx, ggml_mul_mat(ctx, K, Q), in.mask, scale, 0.0f);     // [n_kv, n, Hq, B]
-        ggml_tensor * V = ggml_cont(ctx, ggml_permute(ctx, window(vc), 1, 2, 0, 3));                  // [n_kv, hd, Hkv, B]
-        ggml_tensor * att = ggml_mul_mat(ctx, V, kq);                                                 // [hd, n, Hq, B]
-        att = ggml_reshape_2d(ctx, ggml_cont(ctx, ggml_permute(ctx, att, 0, 2, 1, 3)), hd * d.n_heads, n * B);
+        ggml_tensor * att;
+        if (in.flash_attn) {  // fused: F32 K/V, online softmax in F32, one node instead of six
+            ggml_tensor * V = ggml_permute(ctx, window(vc), 0, 2, 1, 3);                              // [hd, n_kv, Hkv, B]
+            att = ggml_flash_attn_ext(ctx, Q, K, V, in.mask, scale, 0.0f, 0.0f);                      // [hd, Hq, n, B]
+            ggml_flash_attn_ext_set_prec(att, GGML_PREC_F32);
+        } else {
+            ggml_tensor * kq = ggml_soft_max_ext(ctx, ggml_mul_mat(ctx, K, Q), in.mask, scale, 0.0f); // [n_kv, n, Hq, B]
+            ggml_tensor * V = ggml_cont(ctx, ggml_permute(ctx, window(vc), 1, 2, 0, 3));              // [n_kv, hd, Hkv, B]
+            att = ggml_cont(ctx, ggml_permute(ctx, ggml_mul_mat(ctx, V, kq), 0, 2, 1, 3));            // [hd, Hq, n, B]
+        }
+        att = ggml_reshape_2d(ctx, att, hd * d.n_heads, n * B);
         x = ggml_add(ctx, x, ggml_mul_mat(ctx, l.o, att));
 
         h = rms_norm(ctx, x, l.ffn_norm, d.rms_eps);

@@ -25,16 +25,17 @@ ggml_tensor * build_adaptor(const GraphCtx & g, const HParams & hp, const Weight
 // of the new positions are written into the cache rows `kv_rows` (row = slot * capacity + position
 // in the cache viewed as [head_dim * n_kv_heads, capacity * n_seq]); each sequence then attends over
 // the first n_kv positions of its slot (slots slot0 .. slot0+B-1) under `mask` [n_kv, n, 1, B]
-// (0 or -inf). Returns logits [vocab, B] of each sequence's last position ([vocab, n*B] with all_logits).
+// (0 or -inf, F16 as flash attention takes it). Returns logits [vocab, B] of each sequence's last position ([vocab, n*B] with all_logits).
 struct DecoderInputs {
     ggml_tensor * x;          // [d, n*B]
     ggml_tensor * positions;  // I32 [n*B]
     ggml_tensor * kv_rows;    // I64 [n*B]
-    ggml_tensor * mask;       // F32 [n_kv, n, 1, B]
+    ggml_tensor * mask;       // F16 [n_kv, n, 1, B]
     const std::vector<ggml_tensor *> * k_cache;
     const std::vector<ggml_tensor *> * v_cache;
     int64_t n, n_seqs, n_kv, slot0;
     bool all_logits;
+    bool flash_attn;  // fused attention kernel (ggml_flash_attn_ext) instead of matmul/softmax/matmul
 };
 ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams & hp, const Weights & w,
                             const DecoderInputs & in);

@@ -52,6 +52,18 @@ MappedFile::MappedFile(const std::string & path) {
 #endif
 }
 
+void MappedFile::release(const void * p, size_t n) const {
+#ifdef FUN_ASR_HAVE_MMAP
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+    if (data_ != nullptr && end > begin) madvise(reinterpret_cast<void *>(begin), end - begin, MADV_DONTNEED);
+#else
+    (void) p;
+    (void) n;
+#endif
+}
+
 MappedFile::~MappedFile() {
 #ifdef FUN_ASR_HAVE_MMAP
     if (data_ != nullptr && size_ > 0) ::munmap(data_, size_);
@@ -271,6 +283,7 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
         for (auto & [t, s] : repack) {
             if (ggml_tallocr_alloc(&talloc, t) != GGML_STATUS_SUCCESS) throw std::runtime_error("repack allocation failed");
             ggml_backend_tensor_set(t, s->data, 0, s->nbytes);  // the buffer re-lays the data out
+            if (src.file) src.file->release(s->data, s->nbytes);  // the mapped original is not needed any more
         }
         out->repacked = repack.size();
     }

@@ -32,6 +32,9 @@ public:
     MappedFile & operator=(const MappedFile &) = delete;
     const uint8_t * data() const { return data_; }
     size_t size() const { return size_; }
+    // Drops the whole pages inside [p, p + n) from memory (they are read again from the file if
+    // touched); used for weights that were copied elsewhere (repacked).
+    void release(const void * p, size_t n) const;
 
 private:
     uint8_t * data_ = nullptr;

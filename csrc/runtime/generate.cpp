@@ -65,11 +65,11 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     }
     ggml_tensor * pos = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, n * B);
     ggml_tensor * rows = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I64, n * B);
-    ggml_tensor * mask = ggml_new_tensor_4d(g.ctx, GGML_TYPE_F32, n_kv, n, 1, B);
+    ggml_tensor * mask = ggml_new_tensor_4d(g.ctx, GGML_TYPE_F16, n_kv, n, 1, B);
     ggml_set_input(pos);
     ggml_set_input(rows);
     ggml_set_input(mask);
-    DecoderInputs in{x, pos, rows, mask, &kv_.k(), &kv_.v(), n, B, n_kv, slot0, false};
+    DecoderInputs in{x, pos, rows, mask, &kv_.k(), &kv_.v(), n, B, n_kv, slot0, false, flash_attn_};
     ggml_tensor * logits = build_decoder(gc, g.gf, hp_, weights_->w, in);
     ggml_set_output(logits);
     ggml_build_forward_expand(g.gf, logits);
@@ -79,14 +79,15 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     if (tok_in) ggml_backend_tensor_set(tok_in, tokens, 0, ggml_nbytes(tok_in));
     std::vector<int32_t> positions(static_cast<size_t>(n * B));
     std::vector<int64_t> row_ids(static_cast<size_t>(n * B));
-    std::vector<float> m(static_cast<size_t>(n_kv * n * B));
+    std::vector<ggml_fp16_t> m(static_cast<size_t>(n_kv * n * B));
+    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), minus_inf = ggml_fp32_to_fp16(-INFINITY);
     for (int64_t b = 0; b < B; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             const int64_t p = past[static_cast<size_t>(b)] + i;
             positions[static_cast<size_t>(b * n + i)] = static_cast<int32_t>(p);
             row_ids[static_cast<size_t>(b * n + i)] = (slot0 + b) * kv_.capacity() + p;
-            float * row = m.data() + (b * n + i) * n_kv;
-            for (int64_t j = 0; j < n_kv; ++j) row[j] = j <= p ? 0.0f : -INFINITY;
+            ggml_fp16_t * row = m.data() + (b * n + i) * n_kv;
+            for (int64_t j = 0; j < n_kv; ++j) row[j] = j <= p ? zero : minus_inf;
         }
     }
     ggml_backend_tensor_set(pos, positions.data(), 0, ggml_nbytes(pos));

@@ -41,6 +41,9 @@ public:
     int threads() const { return threads_; }
     void set_threads(int threads);
     int64_t n_past() const { return n_past_; }
+    // Decoder attention through ggml's fused flash-attention kernel (default) or matmul/softmax/matmul.
+    bool flash_attn() const { return flash_attn_; }
+    void set_flash_attn(bool on) { flash_attn_ = on; }
     size_t kv_bytes() const { return kv_.bytes(); }
 
     // features: row-major [T, input_size] -> adaptor output row-major [T, adp.d_model]
@@ -105,6 +108,7 @@ private:
     int64_t n_past_ = 0;
     GenerationStats last_;
     int threads_ = 1;
+    bool flash_attn_ = true;
     std::mutex mutex_;
 };
 
