@@ -25,7 +25,8 @@ void KvCache::reserve(const DecoderHParams & d, ggml_backend_buffer_type_t buft,
     if (n_seq == n_seq_ && n_tokens <= capacity_) return;
     if (n_seq != n_seq_) n_keep = 0;
     constexpr int64_t kChunk = 256;
-    int64_t cap = std::max(n_tokens, std::min<int64_t>(capacity_ * 2, d.max_positions));
+    // Growing one sequence: double (amortized copies). A new batch shape: just what is asked for.
+    int64_t cap = n_seq == n_seq_ ? std::max(n_tokens, std::min<int64_t>(capacity_ * 2, d.max_positions)) : n_tokens;
     cap = std::min<int64_t>((cap + kChunk - 1) / kChunk * kChunk, std::max<int64_t>(d.max_positions, n_tokens));
 
     // Keep what is cached: the first n_keep positions are a contiguous prefix of each tensor.
