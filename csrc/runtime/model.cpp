@@ -136,12 +136,10 @@ std::vector<float> read_tensor(ggml_tensor * t) {
 
 }  // namespace
 
-std::vector<float> Model::encode(const float * features, int64_t T) {
-    std::lock_guard<std::mutex> lock(mutex_);
+ggml_tensor * Model::run_encoder(GraphScope & g, const StageCallback & on_stage, const float * features, int64_t T) {
     check_features(T);
-    GraphScope g;
     new_graph(g);
-    GraphCtx gc{g.ctx, {}};
+    GraphCtx gc{g.ctx, on_stage};
     ggml_tensor * feats = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, hp_.enc.input_size, T);
     ggml_tensor * pe = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, hp_.enc.input_size, T);
     ggml_set_input(feats);
@@ -155,31 +153,23 @@ std::vector<float> Model::encode(const float * features, int64_t T) {
     ggml_backend_tensor_set(feats, features, 0, ggml_nbytes(feats));
     ggml_backend_tensor_set(pe, pos.data(), 0, ggml_nbytes(pe));
     compute_graph(g.gf);
-    return read_tensor(out);
+    return out;
+}
+
+std::vector<float> Model::encode(const float * features, int64_t T) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    GraphScope g;
+    return read_tensor(run_encoder(g, {}, features, T));
 }
 
 std::map<std::string, Stage> Model::debug_stages(const float * features, int64_t T) {
     std::lock_guard<std::mutex> lock(mutex_);
-    check_features(T);
     GraphScope g;
-    new_graph(g);
     std::vector<std::pair<std::string, ggml_tensor *>> stages;
-    GraphCtx gc{g.ctx, [&](ggml_tensor * t, const std::string & name) {
-                    ggml_set_output(t);
-                    stages.emplace_back(name, t);
-                }};
-    ggml_tensor * feats = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, hp_.enc.input_size, T);
-    ggml_tensor * pe = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, hp_.enc.input_size, T);
-    ggml_set_input(feats);
-    ggml_set_input(pe);
-    ggml_tensor * out = build_adaptor(gc, hp_, weights_->w, build_encoder(gc, hp_, weights_->w, feats, pe, nullptr), nullptr);
-    ggml_build_forward_expand(g.gf, out);
-    alloc_graph(g.gf);
-    std::vector<float> pos(static_cast<size_t>(T * hp_.enc.input_size));
-    sinusoid_positions(hp_, T, pos.data());
-    ggml_backend_tensor_set(feats, features, 0, ggml_nbytes(feats));
-    ggml_backend_tensor_set(pe, pos.data(), 0, ggml_nbytes(pe));
-    compute_graph(g.gf);
+    run_encoder(g, [&](ggml_tensor * t, const std::string & name) {
+        ggml_set_output(t);  // keep it: the allocator must not reuse its memory
+        stages.emplace_back(name, t);
+    }, features, T);
     std::map<std::string, Stage> result;
     for (auto & [name, t] : stages) {
         Stage s;

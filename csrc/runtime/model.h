@@ -13,6 +13,7 @@
 
 #include "ggml-backend.h"
 #include "model/hparams.h"
+#include "graph/common.h"
 #include "model/loader.h"
 #include "runtime/kv_cache.h"
 
@@ -94,6 +95,8 @@ private:
         ~GraphScope();
     };
     void new_graph(GraphScope & g);
+    // Builds, allocates and computes the encoder + adaptor graph; returns the adaptor output.
+    ggml_tensor * run_encoder(GraphScope & g, const StageCallback & on_stage, const float * features, int64_t T);
     void alloc_graph(ggml_cgraph * gf);
     void compute_graph(ggml_cgraph * gf);
 
