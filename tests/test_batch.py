@@ -76,6 +76,10 @@ def test_batch_errors(tiny_gguf) -> None:  # noqa: ANN001
         model.generate_batch([], 4, STOP)
     with pytest.raises(ValueError, match="256 columns"):
         model.generate_batch([np.zeros((3, 8), np.float32)], 4, STOP)
+    with pytest.raises(TypeError, match="list of numpy arrays"):
+        model.generate_batch([[0.0] * 256], 4, STOP)
+    with pytest.raises(IndexError, match="stop id 151936 is outside the vocabulary"):
+        model.generate_batch([np.zeros((3, 256), np.float32)], 4, [151936])
     session = fun_asr.Session(tiny_gguf("f32"), device="cpu")
     with pytest.raises(ValueError, match="batch_size"):
         session.transcribe_batch([EXAMPLES / "en_hello.wav"], batch_size=0)

@@ -140,6 +140,21 @@ void require_rows(const py::array & a, int64_t cols, const char * what) {
     }
 }
 
+// Token ids from Python (int64) checked against the vocabulary and narrowed to int32; `what`
+// names them in the error ("token id", "stop id").
+std::vector<int32_t> vocab_ids(const Model & m, const std::vector<int64_t> & ids, const char * what) {
+    std::vector<int32_t> out;
+    out.reserve(ids.size());
+    for (int64_t id : ids) {
+        if (id < 0 || id >= m.hparams().dec.vocab) {
+            throw py::index_error(std::string(what) + " " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                  std::to_string(m.hparams().dec.vocab) + ")");
+        }
+        out.push_back(static_cast<int32_t>(id));
+    }
+    return out;
+}
+
 std::unique_ptr<Model> load_gguf(const std::string & path, const std::string & device, int threads) {
     py::gil_scoped_release release;
     fun_asr::ModelSource src = fun_asr::read_gguf(path);
@@ -294,14 +309,7 @@ PYBIND11_MODULE(_core, m) {
         .def(
             "embed",
             [](Model & self, const std::vector<int64_t> & ids) {
-                std::vector<int32_t> ids32;
-                for (int64_t id : ids) {
-                    if (id < 0 || id >= self.hparams().dec.vocab) {
-                        throw py::index_error("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                                              std::to_string(self.hparams().dec.vocab) + ")");
-                    }
-                    ids32.push_back(static_cast<int32_t>(id));
-                }
+                const std::vector<int32_t> ids32 = vocab_ids(self, ids, "token id");
                 std::vector<float> out;
                 {
                     py::gil_scoped_release release;
@@ -327,13 +335,11 @@ PYBIND11_MODULE(_core, m) {
         .def(
             "step",
             [](Model & self, int64_t token) {
-                if (token < 0 || token >= self.hparams().dec.vocab) {
-                    throw py::index_error("token id " + std::to_string(token) + " is outside the vocabulary");
-                }
+                const int32_t tok = vocab_ids(self, {token}, "token id")[0];
                 std::vector<float> out;
                 {
                     py::gil_scoped_release release;
-                    out = self.step(static_cast<int32_t>(token));
+                    out = self.step(tok);
                 }
                 return to_numpy(std::move(out), {self.hparams().dec.vocab});
             },
@@ -343,13 +349,7 @@ PYBIND11_MODULE(_core, m) {
             [](Model & self, const py::array & emb, int64_t max_new_tokens, const std::vector<int64_t> & stop_ids,
                bool repetition_guard) {
                 require_rows(emb, self.hparams().dec.d_model, "embeddings");
-                std::vector<int32_t> stops;
-                for (int64_t id : stop_ids) {
-                    if (id < 0 || id >= self.hparams().dec.vocab) {
-                        throw py::index_error("stop id " + std::to_string(id) + " is outside the vocabulary");
-                    }
-                    stops.push_back(static_cast<int32_t>(id));
-                }
+                const std::vector<int32_t> stops = vocab_ids(self, stop_ids, "stop id");
                 const float * p = static_cast<const float *>(emb.data());
                 const int64_t n = emb.shape(0);
                 std::vector<int32_t> out;
@@ -371,18 +371,12 @@ PYBIND11_MODULE(_core, m) {
                 std::vector<py::array> keep;
                 std::vector<std::pair<const float *, int64_t>> prompts;
                 for (auto item : embeddings) {
-                    keep.push_back(py::reinterpret_borrow<py::array>(item));
                     if (!py::isinstance<py::array>(item)) throw py::type_error("embeddings must be a list of numpy arrays");
+                    keep.push_back(py::reinterpret_borrow<py::array>(item));
                     require_rows(keep.back(), self.hparams().dec.d_model, "embeddings");
                     prompts.emplace_back(static_cast<const float *>(keep.back().data()), keep.back().shape(0));
                 }
-                std::vector<int32_t> stops;
-                for (int64_t id : stop_ids) {
-                    if (id < 0 || id >= self.hparams().dec.vocab) {
-                        throw py::index_error("stop id " + std::to_string(id) + " is outside the vocabulary");
-                    }
-                    stops.push_back(static_cast<int32_t>(id));
-                }
+                const std::vector<int32_t> stops = vocab_ids(self, stop_ids, "stop id");
                 std::vector<Model::Generated> out;
                 {
                     py::gil_scoped_release release;
