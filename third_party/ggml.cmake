@@ -119,3 +119,13 @@ string(REPLACE ";" "." _ggml_ver "${_ggml_ver}")
 if(NOT _ggml_ver STREQUAL FUN_ASR_GGML_EXPECTED_VERSION)
   message(WARNING "fun-asr: building against ggml ${_ggml_ver}; fun-asr is tested with ${FUN_ASR_GGML_EXPECTED_VERSION}")
 endif()
+
+# With -march=native on a CPU that has AVX512-FP16 (Sapphire Rapids and later), ggml 0.15.3's F16
+# dot products accumulate in half precision (simd-mappings.h, __AVX512FP16__): F16 logits come out
+# rounded to F16 and miss the reference by 2.6e-3 where F32 accumulation gives < 2e-3. Keep F32
+# accumulation everywhere: the CPU backend is compiled without that extension.
+include(CheckCXXCompilerFlag)
+check_cxx_compiler_flag(-mno-avx512fp16 FUN_ASR_HAS_NO_AVX512FP16)
+if(FUN_ASR_HAS_NO_AVX512FP16 AND TARGET ggml-cpu)
+  target_compile_options(ggml-cpu PRIVATE -mno-avx512fp16)
+endif()

@@ -186,13 +186,16 @@ bool type_allowed(const std::string & kind, ggml_type t) {
 // The CPU backend's extra buffer types (ggml's "repack": Q4_K/Q4_0/IQ4_NL in interleaved layouts
 // with faster GEMM kernels). A weight goes there when that buffer type supports a matmul with it;
 // the question is asked the way llama.cpp asks it: a dummy mul_mat op with the weight in an
-// empty buffer of that type.
+// empty buffer of that type. Only ggml's "CPU_REPACK" type is used: the AMX buffer type (present
+// when the build targets a CPU with AMX) segfaults in ggml 0.15.3's AMX mul_mat on our shapes
+// (seen on a Sapphire Rapids VM: Q8_0 encoder, tests/test_batch.py), so it is never chosen.
 ggml_backend_buffer_type_t repack_buft_for(ggml_backend_dev_t dev, const ggml_tensor * w) {
     ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
     auto get_extra = reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(
         ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts"));
     if (!get_extra || ggml_n_dims(w) != 2) return nullptr;
     for (ggml_backend_buffer_type_t * b = get_extra(dev); b && *b; ++b) {
+        if (std::string(ggml_backend_buft_name(*b)) != "CPU_REPACK") continue;
         ggml_init_params ip{ggml_tensor_overhead() * 4, nullptr, true};
         ggml_context * ctx = ggml_init(ip);
         ggml_tensor * wt = ggml_new_tensor_2d(ctx, w->type, w->ne[0], w->ne[1]);
