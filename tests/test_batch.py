@@ -83,5 +83,8 @@ def test_batch_errors(tiny_gguf) -> None:  # noqa: ANN001
     session = fun_asr.Session(tiny_gguf("f32"), device="cpu")
     with pytest.raises(ValueError, match="batch_size"):
         session.transcribe_batch([EXAMPLES / "en_hello.wav"], batch_size=0)
-    with pytest.raises(fun_asr.audio.AudioError, match="input 1: .*empty"):
-        session.transcribe_batch([np.zeros(1600, np.float32), np.zeros(0, np.float32)], sample_rate=16000)
+    with pytest.warns(fun_asr.session.RecordingFailedWarning, match=r"input 1 <array>: audio is empty"):
+        ok, bad = session.transcribe_batch([np.zeros(1600, np.float32), np.zeros(0, np.float32)], sample_rate=16000,
+                                           max_new_tokens=2)
+    assert ok.ok and ok.error is None and ok.duration == 0.1
+    assert not bad.ok and bad.error == "input 1 <array>: audio is empty (0 samples)" and bad.empty_reason == "error"

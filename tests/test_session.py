@@ -217,7 +217,10 @@ def test_cli_every_format(tiny_gguf, tmp_path: Path) -> None:  # noqa: ANN001
              "-f", "all", "-o", str(tmp_path), "--language", "en", "--hotwords", "fun,asr", "--no-itn")
     assert r.returncode == 0, r.stderr
     data = json.loads((tmp_path / "en_hello.json").read_text())
-    assert set(data) == {"schema_version", "text", "language", "duration", "segments", "timings", "options"}
+    assert set(data) == {"schema_version", "input", "source", "text", "language", "detected_language", "duration",
+                         "truncated", "input_truncated", "empty_reason", "error", "warnings", "segments", "timings",
+                         "options"}
+    assert data["truncated"] and data["warnings"] and not data["input_truncated"] and data["error"] is None
     assert set(data["segments"][0]) == {"start", "end", "text", "tokens", "stop_reason", "truncated", "repetition"}
     assert data["options"] == {"language": "en", "itn": False, "hotwords": ["fun", "asr"], "max_new_tokens": 6,
                                "segment_seconds": 30.0, "repetition_guard": False}
@@ -239,7 +242,7 @@ def test_cli_bad_file_does_not_stop_the_rest(tiny_gguf, tmp_path: Path) -> None:
     assert "bad.wav: " in r.stderr and "Traceback" not in r.stderr and "1 of 2 file(s) failed" in r.stderr
     assert (tmp_path / "en_hello.json").is_file()
     r = _cli(str(EXAMPLES / "en_hello.wav"), "-m", str(tiny_gguf("q8_0")), "--language", "klingon")
-    assert r.returncode == 1 and "unsupported language 'klingon'" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "--language klingon: not supported" in r.stderr and "Traceback" not in r.stderr
 
 
 HUB_SCRIPT = """

@@ -367,7 +367,7 @@ PYBIND11_MODULE(_core, m) {
         .def(
             "generate_batch",
             [](Model & self, const py::list & embeddings, int64_t max_new_tokens, const std::vector<int64_t> & stop_ids,
-               bool repetition_guard) {
+               bool repetition_guard, const py::object & on_step) {
                 std::vector<py::array> keep;
                 std::vector<std::pair<const float *, int64_t>> prompts;
                 for (auto item : embeddings) {
@@ -377,10 +377,18 @@ PYBIND11_MODULE(_core, m) {
                     prompts.emplace_back(static_cast<const float *>(keep.back().data()), keep.back().shape(0));
                 }
                 const std::vector<int32_t> stops = vocab_ids(self, stop_ids, "stop id");
+                // Every step takes the GIL briefly: pending signals (Ctrl-C) are checked and on_step is
+                // called; a Python exception from either aborts generation and propagates.
+                const bool has_callback = !on_step.is_none();
+                Model::StepCallback step = [&](int64_t produced, int64_t active) {
+                    py::gil_scoped_acquire acquire;
+                    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+                    if (has_callback) on_step(produced, active);
+                };
                 std::vector<Model::Generated> out;
                 {
                     py::gil_scoped_release release;
-                    out = self.generate_batch(prompts, max_new_tokens, stops, repetition_guard);
+                    out = self.generate_batch(prompts, max_new_tokens, stops, repetition_guard, step);
                 }
                 py::list result;
                 for (const auto & g : out) {
@@ -389,9 +397,11 @@ PYBIND11_MODULE(_core, m) {
                 return result;
             },
             py::arg("embeddings"), py::arg("max_new_tokens"), py::arg("stop_ids"), py::kw_only(),
-            py::arg("repetition_guard") = false,
+            py::arg("repetition_guard") = false, py::arg("on_step") = py::none(),
             "generate() for several sequences at once (one KV cache slot each; every step reads the weights once "
-            "for all). Returns [(tokens, stop_reason)] in input order; tokens equal one-by-one generate().")
+            "for all). Returns [(tokens, stop_reason)] in input order; tokens equal one-by-one generate(). "
+            "on_step(tokens_so_far, active) is called after the prefill and after every step; an exception it "
+            "raises (or Ctrl-C) aborts the generation.")
         .def(
             "last_generation",
             [](const Model & self) {

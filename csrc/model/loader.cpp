@@ -1,5 +1,7 @@
 #include "model/loader.h"
 
+#include "runtime/backend.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -114,9 +116,12 @@ ModelSource read_gguf(const std::string & path) {
     src.file = std::make_shared<MappedFile>(path);
     ggml_context * meta_ctx = nullptr;
     gguf_init_params params{/*no_alloc=*/true, /*ctx=*/&meta_ctx};
+    take_ggml_error();  // drop anything older than this call
     gguf_context * g = gguf_init_from_file(path.c_str(), params);
     if (g == nullptr) {
-        throw std::runtime_error(path + ": not a valid GGUF file (bad magic, version, or truncated header)");
+        const std::string why = take_ggml_error();
+        throw std::runtime_error(path + ": not a valid GGUF file (bad magic, version, or truncated header" +
+                                 (why.empty() ? std::string() : "; ggml: " + why) + ")");
     }
     struct Guard {
         gguf_context * g;

@@ -7,20 +7,30 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace fun_asr {
 
 namespace {
 
+thread_local std::string g_last_error;  // ggml's last error text on this thread (see take_ggml_error)
+
 void quiet_log(enum ggml_log_level level, const char * text, void * /*user*/) {
-    static const bool verbose = [] {
+    // FUN_ASR_GGML_LOG: unset = silent (errors are kept for our exceptions), "warn" = warnings and
+    // errors on stderr, "debug" = everything ggml says.
+    static const int verbosity = [] {
         const char * v = std::getenv("FUN_ASR_GGML_LOG");
-        return v != nullptr && std::strcmp(v, "debug") == 0;
+        if (v == nullptr) return 0;
+        if (std::strcmp(v, "debug") == 0) return 2;
+        return std::strcmp(v, "warn") == 0 ? 1 : 0;
     }();
-    static enum ggml_log_level last = GGML_LOG_LEVEL_NONE;
+    static thread_local enum ggml_log_level last = GGML_LOG_LEVEL_NONE;
     if (level == GGML_LOG_LEVEL_CONT) level = last;  // continuation of the previous message
     last = level;
-    if (verbose || level == GGML_LOG_LEVEL_WARN || level == GGML_LOG_LEVEL_ERROR) {
+    if (level == GGML_LOG_LEVEL_ERROR) {
+        if (g_last_error.size() < 4096) g_last_error += text;
+    }
+    if (verbosity == 2 || (verbosity == 1 && (level == GGML_LOG_LEVEL_WARN || level == GGML_LOG_LEVEL_ERROR))) {
         std::fputs(text, stderr);
     }
 }
@@ -38,6 +48,16 @@ const char * device_type_name(enum ggml_backend_dev_type t) {
 }  // namespace
 
 void install_ggml_logger() { ggml_log_set(quiet_log, nullptr); }
+
+std::string take_ggml_error() {
+    std::string out;
+    out.swap(g_last_error);
+    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+    for (char & c : out) {
+        if (c == '\n') c = ';';
+    }
+    return out;
+}
 
 SystemInfo system_info() {
     SystemInfo info;

@@ -27,8 +27,12 @@ struct SystemInfo {
 
 SystemInfo system_info();
 
-// Routes ggml's log to stderr for warnings and errors only (ggml prints per-tensor debug lines,
-// e.g. when repacking weights). FUN_ASR_GGML_LOG=debug keeps everything.
+// Routes ggml's log: silent by default (ggml's own error lines, e.g. "gguf_init_from_reader: failed
+// to read magic", must not leak next to our exceptions; they are kept for take_ggml_error()).
+// FUN_ASR_GGML_LOG=warn prints warnings and errors, =debug everything.
 void install_ggml_logger();
+
+// ggml's error lines logged on this thread since the last call, joined with "; " (empty if none).
+std::string take_ggml_error();
 
 }  // namespace fun_asr

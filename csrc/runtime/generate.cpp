@@ -135,7 +135,7 @@ std::vector<int32_t> Model::generate(const float * embeddings, int64_t n, int64_
 
 std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<const float *, int64_t>> & prompts,
                                                     int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
-                                                    bool repetition_guard) {
+                                                    bool repetition_guard, const StepCallback & on_step) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (prompts.empty()) throw std::invalid_argument("no sequences to generate");
     for (const auto & p : prompts) {
@@ -167,14 +167,17 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
         last_.prompt_tokens += p.second;
     }
     last_.prefill_ms = ms_since(t0);
+    if (on_step) on_step(0, B);
     t0 = std::chrono::steady_clock::now();
     int64_t active = B;
+    int64_t produced = 0;
     for (;;) {
         for (int64_t b = 0; b < B; ++b) {
             Generated & g = out[static_cast<size_t>(b)];
             if (!g.stop_reason.empty()) continue;
             const int32_t tok = next[static_cast<size_t>(b)];
             g.tokens.push_back(tok);
+            ++produced;
             if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end()) {
                 g.stop_reason = "eos";
             } else if (repetition_guard && stuck_in_loop(g.tokens)) {
@@ -184,6 +187,7 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
             }
             if (!g.stop_reason.empty()) --active;
         }
+        if (on_step) on_step(produced, active);
         if (active == 0) break;
         // One step for every slot (finished ones just keep going; the weights are read once for all).
         const std::vector<float> logits = run_decoder(nullptr, next.data(), 1, 0, past);

@@ -38,7 +38,7 @@ ggml_backend_dev_t pick_device(const std::string & device) {
     if (kind == "cuda" || kind == "gpu") {
         if (gpus.empty()) {
             throw std::invalid_argument("device '" + device + "' requested but no GPU is available (this build's "
-                                        "backends: see fun_asr.system_info()); use device='cpu' or 'auto'");
+                                        "backends: see fun_asr.system_info()); use the cpu or auto device");
         }
         if (index >= gpus.size()) {
             throw std::invalid_argument("device '" + device + "': only " + std::to_string(gpus.size()) + " GPU(s)");

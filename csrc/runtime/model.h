@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -68,9 +69,13 @@ public:
         std::vector<int32_t> tokens;
         std::string stop_reason;  // "eos", "max_new_tokens", "repetition"
     };
+    // on_step(tokens_so_far, active): called after the prefill (0, B) and after every decoding step
+    // with the tokens produced so far over all sequences and how many are still running; it may throw
+    // to abort (e.g. Ctrl-C), leaving the model usable.
+    using StepCallback = std::function<void(int64_t, int64_t)>;
     std::vector<Generated> generate_batch(const std::vector<std::pair<const float *, int64_t>> & prompts,
                                           int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
-                                          bool repetition_guard = false);
+                                          bool repetition_guard = false, const StepCallback & on_step = nullptr);
 
     struct GenerationStats {
         std::string stop_reason;  // "eos", "max_new_tokens", "repetition"

@@ -6,7 +6,7 @@ import json
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fun_asr.session import Transcription
+    from fun_asr.session import Segment, Transcription
 
 FORMATS = ("txt", "json", "srt", "vtt")
 JSON_SCHEMA_VERSION = 1
@@ -28,16 +28,21 @@ def to_json(t: Transcription) -> str:
     return json.dumps(t.to_dict(), ensure_ascii=False, indent=2) + "\n"
 
 
+def _cues(t: Transcription) -> list[Segment]:
+    """Segments with text: an empty cue (silence, a too-short tail) is never written."""
+    return [s for s in t.segments if s.text.strip()]
+
+
 def to_srt(t: Transcription) -> str:
     blocks = []
-    for i, s in enumerate(t.segments, 1):
+    for i, s in enumerate(_cues(t), 1):
         blocks.append(f"{i}\n{_stamp(s.start, ',')} --> {_stamp(s.end, ',')}\n{s.text}\n")
     return "\n".join(blocks)
 
 
 def to_vtt(t: Transcription) -> str:
     lines = ["WEBVTT", ""]
-    for s in t.segments:
+    for s in _cues(t):
         lines += [f"{_stamp(s.start, '.')} --> {_stamp(s.end, '.')}", s.text, ""]
     return "\n".join(lines)
 

@@ -33,6 +33,11 @@ class FrontendConfig:
     def seconds_per_lfr_frame(self) -> float:
         return self.frame_shift_ms / 1000.0 * self.lfr_n
 
+    @property
+    def samples_per_frame(self) -> int:
+        """Samples in one analysis window (25 ms): less audio gives no feature frame at all."""
+        return int(round(self.sample_rate * self.frame_length_ms / 1000.0))
+
 
 def fbank(samples: np.ndarray, cfg: FrontendConfig) -> np.ndarray:
     """Kaldi fbank of 16 kHz float samples in [-1, 1] -> float32[frames, num_mel_bins]."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 import time
 import warnings
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from fun_asr import _core
-from fun_asr.audio import SAMPLE_RATE, AudioError, AudioInput, load_audio
+from fun_asr.audio import SAMPLE_RATE, AudioError, AudioInput, check_audio_input, decode_audio
 from fun_asr.frontend import FrontendConfig, fake_token_len, features
 from fun_asr.hub import DEFAULT_REPO, resolve_model
 from fun_asr.model import load_model
@@ -39,23 +40,64 @@ class Segment:
 
 @dataclass
 class Transcription:
+    """One recording's result.
+
+    ``warnings`` lists everything a reader of the text should know (input truncated, audio too
+    short, a segment cut by ``max_new_tokens`` or stopped by the repetition guard); each is also
+    issued once as a Python warning. ``empty_reason`` says why ``text`` is empty when it is for a
+    known reason (``"too_short"``: less than one 25 ms analysis frame; ``"error"``). In
+    ``transcribe_batch`` a recording that cannot be read or transcribed does not fail the batch: its
+    result has ``error`` set (and ``ok`` False) and the others are transcribed as usual.
+    """
+
     text: str
     segments: list[Segment]
     language: str | None
     duration: float
     timings: dict[str, float]
     options: dict[str, Any] = field(default_factory=dict)
+    source: str | None = None  # file name, "<audio bytes>", "<array>"
+    warnings: list[str] = field(default_factory=list)
+    input_truncated: bool = False  # the file holds less audio than its header promises
+    empty_reason: str | None = None  # "too_short" | "error" when text is empty for that reason
+    error: str | None = None  # transcribe_batch: why this recording failed (its text is empty)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def truncated(self) -> bool:
+        """Some segment hit max_new_tokens, so its text may be cut."""
+        return any(s.truncated for s in self.segments)
+
+    @property
+    def detected_language(self) -> str | None:
+        """The requested language, else one inferred from the script of the text (kana: ja, hangul:
+        ko, other CJK: zh, Latin letters: en); Fun-ASR-Nano has no language-ID output of its own."""
+        return self.language or guess_language(self.text)
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema_version": 1,
+            "schema_version": 2,
+            "source": self.source,
             "text": self.text,
             "language": self.language,
+            "detected_language": self.detected_language,
             "duration": round(self.duration, 3),
+            "truncated": self.truncated,
+            "input_truncated": self.input_truncated,
+            "empty_reason": self.empty_reason,
+            "error": self.error,
+            "warnings": list(self.warnings),
             "segments": [asdict(s) for s in self.segments],
             "timings": self.timings,
             "options": self.options,
         }
+
+
+class RecordingFailedWarning(UserWarning):
+    """transcribe_batch: one recording failed (its result carries ``error``); the others went on."""
 
 
 @dataclass(frozen=True)
@@ -128,29 +170,31 @@ class Session:
 
     def normalize_language(self, language: str | None) -> str | None:
         """zh/en/ja, their English names or 中文/英文/日文 -> the code; None -> None."""
-        if language is None or language == "" or str(language).lower() == "auto":
-            return None
-        key = str(language).strip().lower()
-        for code, entry in self.spec["languages"].items():
-            if key == code or key in [n.lower() for n in entry["names"]]:
-                return code
-        accepted = []
-        for code, entry in self.spec["languages"].items():
-            accepted.append(f"{code} ({', '.join(n for n in entry['names'] if n != code)})")
-        raise ValueError(f"unsupported language {language!r}: accepted {'; '.join(accepted)}, or None for automatic")
+        return normalize_language(self.spec, language)
 
-    def _options(self, language: str | None, itn: bool, hotwords: list[str] | str | None, max_new_tokens: int,
-                 segment_seconds: float, repetition_guard: bool, ignore_eos: bool = False) -> TranscribeOptions:
+    def options(self, language: str | None = None, itn: bool = True, hotwords: list[str] | str | None = None,
+                max_new_tokens: int = 512, segment_seconds: float = 30.0, repetition_guard: bool = True,
+                ignore_eos: bool = False) -> TranscribeOptions:
+        """Checks transcription options once (ValueError/TypeError naming the option) and returns them."""
         if isinstance(hotwords, str):
             hotwords = [h.strip() for h in hotwords.split(",")]
-        words = tuple(h for h in (hotwords or []) if h)
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        elif hotwords is not None and not isinstance(hotwords, list | tuple):
+            raise TypeError(f"hotwords must be a list of strings or one comma-separated string, got "
+                            f"{type(hotwords).__name__}")
+        if hotwords is not None and not all(isinstance(h, str) for h in hotwords):
+            raise TypeError("hotwords must be strings")
+        words = tuple(h.strip() for h in (hotwords or []) if h and h.strip())
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        if isinstance(segment_seconds, bool) or not isinstance(segment_seconds, int | float):
+            raise TypeError(f"segment_seconds must be a number, got {type(segment_seconds).__name__}")
         if not 1.0 <= segment_seconds <= self.max_segment_seconds:
             raise ValueError(f"segment_seconds must be between 1 and {self.max_segment_seconds:.2f} "
                              f"(the encoder's position table), got {segment_seconds}")
         return TranscribeOptions(self.normalize_language(language), bool(itn), words, max_new_tokens,
                                  float(segment_seconds), bool(repetition_guard), bool(ignore_eos))
+
+    _options = options  # older name
 
     # -- transcription -------------------------------------------------------------------------
 
@@ -163,12 +207,14 @@ class Session:
                    itn: bool = True, hotwords: list[str] | str | None = None, max_new_tokens: int = 512,
                    segment_seconds: float = 30.0, repetition_guard: bool = True,
                    progress: bool = False, ignore_eos: bool = False) -> Transcription:
-        """Transcribes one recording (path, bytes, file object, or array with ``sample_rate``).
+        """Transcribes one recording (path, bytes, binary file object, or array with ``sample_rate``).
 
-        ``ignore_eos`` is for benchmarks only: decode exactly ``max_new_tokens`` per segment.
+        Raises on audio that cannot be read. ``ignore_eos`` is for benchmarks only: decode exactly
+        ``max_new_tokens`` per segment.
         """
-        opts = self._options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos)
-        return self._run([audio], sample_rate, opts, batch_size=1, progress=progress)[0]
+        check_audio_input(audio)
+        opts = self.options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos)
+        return self._run([audio], sample_rate, opts, batch_size=1, progress=progress, raise_errors=True)[0]
 
     def transcribe_batch(self, audios: list[AudioInput], *, sample_rate: int | None = None,
                          language: str | None = None, itn: bool = True, hotwords: list[str] | str | None = None,
@@ -178,94 +224,149 @@ class Session:
         """Transcribes several recordings with the same options, decoding up to ``batch_size``
         segments at once (one KV cache slot each: every decoding step reads the weights once for the
         whole batch). Results are in input order and token for token equal to ``transcribe``.
+
+        A recording that cannot be read or transcribed does not fail the others: its result has
+        ``error`` set (``ok`` is False, text empty, ``empty_reason`` "error") and a warning is issued.
         The timings of each result hold its share of the batch's prefill and decode time."""
+        one = str | bytes | bytearray | memoryview | os.PathLike | np.ndarray
+        if isinstance(audios, one) or hasattr(audios, "read"):
+            raise TypeError(f"transcribe_batch takes a list of recordings, got one {type(audios).__name__}; "
+                            "wrap it in a list or call transcribe()")
+        if not isinstance(audios, list | tuple):
+            raise TypeError(f"transcribe_batch takes a list of recordings, got {type(audios).__name__}")
+        for i, a in enumerate(audios):
+            check_audio_input(a, f"audios[{i}]")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        opts = self._options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos)
-        return self._run(list(audios), sample_rate, opts, batch_size=batch_size, progress=progress)
+        opts = self.options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos)
+        return self._run(list(audios), sample_rate, opts, batch_size=batch_size, progress=progress,
+                         raise_errors=False)
 
     def _run(self, audios: list[AudioInput], sample_rate: int | None, opts: TranscribeOptions, batch_size: int,
-             progress: bool) -> list[Transcription]:
+             progress: bool, raise_errors: bool) -> list[Transcription]:
         t_start = time.perf_counter()
         before, after = self.prompt_ids(opts)
-        items: list[tuple[np.ndarray, list[Segment], dict[str, float]]] = []
-        jobs: list[tuple[int, int, np.ndarray]] = []  # (audio index, segment index, decoder input)
+        items = [_Item(i) for i in range(len(audios))]
+        for item, audio in zip(items, audios, strict=True):  # read every recording (a bad one fails alone)
+            t0 = time.perf_counter()
+            item.source = _source_name(audio, item.index, len(items))
+            try:
+                item.samples, info = decode_audio(audio, sample_rate, item.source)
+            except (AudioError, OSError) as exc:
+                if raise_errors:
+                    raise
+                item.fail(exc)
+                continue
+            item.warnings = list(info.warnings)
+            item.input_truncated = info.truncated
+            item.timings["load_ms"] = (time.perf_counter() - t0) * 1e3
+            item.spans = split_points(item.samples, opts.segment_seconds)
+            item.segments = [Segment(a / SAMPLE_RATE, b / SAMPLE_RATE, "", [], "empty", False, False)
+                             for a, b in item.spans]
+            if len(item.samples) < self.frontend.samples_per_frame:
+                item.segments, item.empty_reason = [], "too_short"
+                item.warnings.append(f"{item.source}: audio is {len(item.samples) / SAMPLE_RATE:.3f} s long, shorter "
+                                     f"than one {self.frontend.frame_length_ms:g} ms analysis frame: nothing to "
+                                     "transcribe")
+        jobs: list[tuple[_Item, int, np.ndarray]] = []  # (item, segment index, decoder input)
         with self._lock:
             prefix = self.model.embed(before)
             suffix = self.model.embed(after)
-            for ai, audio in enumerate(audios):
-                timings = {"load_ms": 0.0, "frontend_ms": 0.0, "encode_ms": 0.0, "prefill_ms": 0.0, "decode_ms": 0.0}
-                t0 = time.perf_counter()
+            todo = [(item, si) for item in items if item.error is None for si in range(len(item.segments))]
+            bar = _bar(progress and len(todo) > 1, len(todo), "encoding", "seg")
+            for item, si in todo:
+                if item.error is not None:
+                    continue
+                a, b = item.spans[si]
                 try:
-                    samples = load_audio(audio, sample_rate)
-                except AudioError as exc:
-                    raise AudioError(f"input {ai}: {exc}" if len(audios) > 1 else str(exc)) from None
-                timings["load_ms"] = (time.perf_counter() - t0) * 1e3
-                segments = []
-                for si, (start, end) in enumerate(split_points(samples, opts.segment_seconds)):
                     t0 = time.perf_counter()
-                    feats = features(samples[start:end], self.frontend)
-                    timings["frontend_ms"] += (time.perf_counter() - t0) * 1e3
-                    segments.append(Segment(start / SAMPLE_RATE, end / SAMPLE_RATE, "", [], "empty", False, False))
-                    if feats.shape[0] == 0:  # shorter than one 25 ms frame: nothing to hear
-                        continue
-                    t0 = time.perf_counter()
-                    rows = self.model.encode(feats)[: fake_token_len(feats.shape[0], self.prompt.fake_token_halvings)]
-                    timings["encode_ms"] += (time.perf_counter() - t0) * 1e3
-                    jobs.append((ai, si, np.ascontiguousarray(np.concatenate([prefix, rows, suffix]))))
-                items.append((samples, segments, timings))
-            self._decode(jobs, items, opts, batch_size, progress)
+                    feats = features(item.samples[a:b], self.frontend)
+                    item.timings["frontend_ms"] += (time.perf_counter() - t0) * 1e3
+                    if feats.shape[0] > 0:  # a tail shorter than one 25 ms frame has nothing to hear
+                        t0 = time.perf_counter()
+                        rows = self.model.encode(feats)[: fake_token_len(feats.shape[0],
+                                                                         self.prompt.fake_token_halvings)]
+                        item.timings["encode_ms"] += (time.perf_counter() - t0) * 1e3
+                        jobs.append((item, si, np.ascontiguousarray(np.concatenate([prefix, rows, suffix]))))
+                except (ValueError, RuntimeError, MemoryError) as exc:
+                    if raise_errors:
+                        raise
+                    item.fail(exc)
+                bar.update(1)
+            bar.close()
+            self._decode([j for j in jobs if j[0].error is None], opts, batch_size, progress, raise_errors)
 
         options = {"language": opts.language, "itn": opts.itn, "hotwords": list(opts.hotwords),
                    "max_new_tokens": opts.max_new_tokens, "segment_seconds": opts.segment_seconds,
                    "repetition_guard": opts.repetition_guard}
         total_ms = (time.perf_counter() - t_start) * 1e3
-        out = []
-        for samples, segments, timings in items:
-            for s in segments:
-                if s.truncated:
-                    warnings.warn(f"segment {s.start:.2f}-{s.end:.2f} s hit max_new_tokens={opts.max_new_tokens}; "
-                                  "its text may be cut (raise max_new_tokens)", stacklevel=3)
-                if s.repetition:
-                    warnings.warn(f"segment {s.start:.2f}-{s.end:.2f} s was stopped by the repetition guard",
-                                  stacklevel=3)
-            duration = len(samples) / SAMPLE_RATE
-            n_tokens = sum(len(s.tokens) for s in segments)
-            timings["total_ms"] = total_ms if len(items) == 1 else sum(timings.values())
-            timings["tokens"] = n_tokens
-            timings["tokens_per_s"] = n_tokens / (timings["decode_ms"] / 1e3) if timings["decode_ms"] > 0 else 0.0
-            timings["real_time_factor"] = timings["total_ms"] / 1e3 / duration if duration > 0 else 0.0
-            out.append(Transcription(self._join(segments, opts.language), segments, opts.language, duration,
-                                     {k: round(v, 3) if isinstance(v, float) else v for k, v in timings.items()},
-                                     dict(options)))
-        return out
+        results = []
+        for item in items:  # a loop, not a comprehension: warnings point at the caller (stacklevel)
+            results.append(self._result(item, opts, options, total_ms if len(items) == 1 else None))
+        return results
 
-    def _decode(self, jobs: list[tuple[int, int, np.ndarray]],
-                items: list[tuple[np.ndarray, list[Segment], dict[str, float]]], opts: TranscribeOptions,
-                batch_size: int, progress: bool) -> None:
-        """Greedy decoding of every segment, `batch_size` at a time; fills the Segments in place."""
+    def _result(self, item: _Item, opts: TranscribeOptions, options: dict[str, Any],
+                total_ms: float | None) -> Transcription:
+        timings = item.timings
+        if item.error is not None:
+            warnings.warn(item.error, RecordingFailedWarning, stacklevel=4)
+            return Transcription("", [], opts.language, 0.0, timings, dict(options), item.source,
+                                 [item.error], False, "error", item.error)
+        for s in item.segments:
+            if s.truncated:
+                item.warnings.append(f"{item.source}: segment {s.start:.2f}-{s.end:.2f} s hit max_new_tokens="
+                                     f"{opts.max_new_tokens}; its text may be cut (raise max_new_tokens)")
+            if s.repetition:
+                item.warnings.append(f"{item.source}: segment {s.start:.2f}-{s.end:.2f} s was stopped by the "
+                                     "repetition guard")
+        for w in item.warnings:
+            warnings.warn(w, stacklevel=4)
+        duration = len(item.samples) / SAMPLE_RATE
+        n_tokens = sum(len(s.tokens) for s in item.segments)
+        timings["total_ms"] = total_ms if total_ms is not None else sum(timings.values())
+        timings["tokens"] = n_tokens
+        timings["tokens_per_s"] = n_tokens / (timings["decode_ms"] / 1e3) if timings["decode_ms"] > 0 else 0.0
+        timings["real_time_factor"] = timings["total_ms"] / 1e3 / duration if duration > 0 else 0.0
+        return Transcription(self._join(item.segments, opts.language), item.segments, opts.language, duration,
+                             {k: round(v, 3) if isinstance(v, float) else v for k, v in timings.items()},
+                             dict(options), item.source, list(item.warnings), item.input_truncated,
+                             item.empty_reason)
+
+    def _decode(self, jobs: list[tuple[_Item, int, np.ndarray]], opts: TranscribeOptions, batch_size: int,
+                progress: bool, raise_errors: bool) -> None:
+        """Greedy decoding of every segment, `batch_size` at a time; fills the Segments in place.
+        A chunk that fails is retried one segment at a time so that only the bad one fails."""
         stop = [] if opts.ignore_eos else self.stop_ids
-        bar = None
-        if progress and len(jobs) > 1:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(jobs), unit="seg", desc="transcribing", leave=False)
+        bar = _bar(progress, None, "decoding", "tok")
         for k in range(0, len(jobs), batch_size):
             chunk = jobs[k : k + batch_size]
-            results = self.model.generate_batch([j[2] for j in chunk], opts.max_new_tokens, stop,
-                                                repetition_guard=opts.repetition_guard)
+            done = [0]
+
+            def on_step(produced: int, active: int, done: list[int] = done) -> None:
+                bar.update(produced - done[0])
+                done[0] = produced
+
+            try:
+                results = self.model.generate_batch([j[2] for j in chunk], opts.max_new_tokens, stop,
+                                                    repetition_guard=opts.repetition_guard, on_step=on_step)
+            except (ValueError, RuntimeError, MemoryError):
+                if raise_errors or len(chunk) == 1:
+                    if len(chunk) == 1 and not raise_errors:
+                        chunk[0][0].fail(sys.exc_info()[1])
+                        continue
+                    raise
+                for job in chunk:  # find the bad one; the others decode as they would have
+                    self._decode([job], opts, 1, False, False)
+                continue
             stats = self.model.last_generation()
-            for (ai, si, _), (tokens, reason) in zip(chunk, results, strict=True):
-                seg = items[ai][1][si]
+            for (item, si, _), (tokens, reason) in zip(chunk, results, strict=True):
+                seg = item.segments[si]
                 seg.tokens, seg.stop_reason = tokens, reason
                 seg.text = self.tokenizer.decode([t for t in tokens if t not in self.stop_ids]).strip()
                 seg.truncated, seg.repetition = reason == "max_new_tokens", reason == "repetition"
-                items[ai][2]["prefill_ms"] += stats["prefill_ms"] / len(chunk)
-                items[ai][2]["decode_ms"] += stats["decode_ms"] / len(chunk)
-            if bar:
-                bar.update(len(chunk))
-        if bar:
-            bar.close()
+                item.timings["prefill_ms"] += stats["prefill_ms"] / len(chunk)
+                item.timings["decode_ms"] += stats["decode_ms"] / len(chunk)
+        bar.close()
 
     def _join(self, segments: list[Segment], language: str | None) -> str:
         sep_for = {code: e.get("join", " ") for code, e in self.spec["languages"].items()}
@@ -283,9 +384,99 @@ class Session:
         return text
 
 
+class _Item:
+    """One recording on its way through _run."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.source: str = f"input {index}"
+        self.samples = np.zeros(0, np.float32)
+        self.segments: list[Segment] = []
+        self.spans: list[tuple[int, int]] = []
+        self.warnings: list[str] = []
+        self.input_truncated = False
+        self.empty_reason: str | None = None
+        self.error: str | None = None
+        self.timings = {"load_ms": 0.0, "frontend_ms": 0.0, "encode_ms": 0.0, "prefill_ms": 0.0, "decode_ms": 0.0}
+
+    def fail(self, exc: BaseException | None) -> None:
+        msg = str(exc) or type(exc).__name__
+        self.error = msg if self.source in msg else f"{self.source}: {msg}"
+        self.segments = []
+
+
+def _source_name(audio: object, index: int, count: int) -> str:
+    """A file's name; "<array>"/"<audio bytes>" with their position when several were given."""
+    if isinstance(audio, str | os.PathLike):
+        name = os.fspath(audio)
+    elif isinstance(audio, np.ndarray):
+        name = "<array>"
+    else:
+        name = str(getattr(audio, "name", "<audio bytes>"))
+    return f"input {index} {name}" if count > 1 and name.startswith("<") else name
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _bar(enabled: bool, total: int | None, desc: str, unit: str):  # noqa: ANN202 - tqdm or a no-op
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True)
+
+
+def normalize_language(spec: dict[str, Any], language: str | None) -> str | None:
+    """A language name of the model spec (code, English name or native name) -> its code; None,
+    "" and "auto" -> None (automatic). ValueError naming the accepted names otherwise."""
+    if language is None or language == "" or str(language).lower() == "auto":
+        return None
+    if not isinstance(language, str):
+        raise TypeError(f"language must be a string, got {type(language).__name__}")
+    key = language.strip().lower()
+    for code, entry in spec["languages"].items():
+        if key == code or key in [n.lower() for n in entry["names"]]:
+            return code
+    accepted = []
+    for code, entry in spec["languages"].items():
+        accepted.append(f"{code} ({', '.join(n for n in entry['names'] if n != code)})")
+    raise ValueError(f"unsupported language {language!r}: accepted {'; '.join(accepted)}; or no language for "
+                     "automatic")
+
+
+def guess_language(text: str) -> str | None:
+    """The language a transcript's script suggests: kana -> ja, hangul -> ko, other CJK -> zh,
+    Latin letters -> en; None for text without letters."""
+    kana = hangul = han = latin = 0
+    for ch in text:
+        o = ord(ch)
+        if 0x3040 <= o <= 0x30FF or 0x31F0 <= o <= 0x31FF:
+            kana += 1
+        elif 0xAC00 <= o <= 0xD7AF or 0x1100 <= o <= 0x11FF:
+            hangul += 1
+        elif 0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF:
+            han += 1
+        elif ch.isascii() and ch.isalpha():
+            latin += 1
+    if kana:
+        return "ja"
+    if hangul:
+        return "ko"
+    if han:
+        return "zh"
+    return "en" if latin else None
+
+
 def _is_cjk(ch: str) -> bool:
     o = ord(ch)
     return (0x3000 <= o <= 0x9FFF) or (0xF900 <= o <= 0xFAFF) or (0xFF00 <= o <= 0xFFEF) or (0xAC00 <= o <= 0xD7AF)
 
 
-__all__ = ["Segment", "Session", "TranscribeOptions", "Transcription"]
+__all__ = ["RecordingFailedWarning", "Segment", "Session", "TranscribeOptions", "Transcription", "guess_language",
+           "normalize_language"]

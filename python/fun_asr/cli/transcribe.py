@@ -3,35 +3,48 @@
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import logging
+import os
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
 from fun_asr.formats import FORMATS, render
 from fun_asr.hub import DEFAULT_REPO
 
+PROG = "fun-asr-transcribe"
+STDIN = "-"
+
+
+class UsageError(Exception):
+    """A bad option or output path: reported on one line before any work, exit code 2."""
+
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="fun-asr-transcribe",
-                                 description="Transcribe audio files with Fun-ASR-Nano (no PyTorch).")
-    ap.add_argument("files", nargs="+", metavar="FILE", help="audio files (wav, flac, ogg, mp3, ...)")
+    ap = argparse.ArgumentParser(prog=PROG, description="Transcribe audio files with Fun-ASR-Nano (no PyTorch).")
+    ap.add_argument("files", nargs="+", metavar="FILE",
+                    help="audio files (wav, flac, ogg, mp3, ...); '-' reads one file from standard input")
     ap.add_argument("-m", "--model", default=DEFAULT_REPO,
                     help=f"GGUF file, checkpoint folder or hub repo id (default {DEFAULT_REPO}, fetched and "
                          "converted once)")
-    ap.add_argument("--language", help="zh, en, ja (or chinese/english/japanese, 中文/英文/日文); default: automatic")
+    ap.add_argument("--language", help="zh, en, ja (or chinese/english/japanese, 中文/英文/日文); "
+                                       "leave it out for automatic")
     ap.add_argument("--no-itn", action="store_true", help="no inverse text normalization")
     ap.add_argument("--hotwords", help="comma-separated words to favour, e.g. 'FunASR,ggml'")
     ap.add_argument("-f", "--format", default="txt", choices=[*FORMATS, "all"], help="output format (default txt)")
-    ap.add_argument("-o", "--output-dir", help="write FILE.<format> here instead of printing to stdout")
+    ap.add_argument("-o", "--output-dir", help="write one file per input and format into this directory instead of "
+                                               "printing to stdout (created if missing)")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads (default 0: all cores)")
     ap.add_argument("--max-new-tokens", type=int, default=512, help="decoding limit per segment (default 512)")
-    ap.add_argument("--segment-seconds", type=float, default=30.0, help="longest segment (default 30)")
+    ap.add_argument("--segment-seconds", type=float, default=30.0, help="longest segment in seconds (default 30)")
     ap.add_argument("--no-repetition-guard", action="store_true", help="do not stop n-gram loops early")
     ap.add_argument("--batch-size", type=int, default=8,
                     help="segments decoded together across files (default 8; 1 = one by one)")
-    ap.add_argument("--quiet", action="store_true", help="no progress or warnings on stderr")
+    ap.add_argument("--quiet", action="store_true", help="no progress, warnings or 'wrote' lines on stderr")
     ap.add_argument("--verbose", action="store_true", help="full tracebacks and logging")
     return ap
 
@@ -40,21 +53,142 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     except BrokenPipeError:  # e.g. `fun-asr-transcribe a.wav | head`
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - no flush error at exit
+        except OSError:
+            pass
         return 0
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _error(msg: str) -> None:
+    print(f"{PROG}: error: {msg}", file=sys.stderr)
+
+
+def _language_names() -> str:
+    from fun_asr.spec import load_spec
+
+    langs = load_spec()["languages"]
+    return "; ".join(f"{code} ({', '.join(n for n in e['names'] if n != code)})" for code, e in langs.items())
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Everything that can be checked without the model, once, before it loads."""
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size must be 1 or more, got {args.batch_size}")
+    if args.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be 1 or more, got {args.max_new_tokens}")
+    if not args.segment_seconds >= 1.0:
+        raise UsageError(f"--segment-seconds must be at least 1, got {args.segment_seconds:g}")
+    if args.threads < 0:
+        raise UsageError(f"--threads must be 0 (all cores) or more, got {args.threads}")
+    if args.language is not None:
+        from fun_asr.session import normalize_language
+        from fun_asr.spec import load_spec
+
+        try:
+            normalize_language(load_spec(), args.language)
+        except ValueError:
+            raise UsageError(f"--language {args.language}: not supported; accepted: {_language_names()}; "
+                             "leave --language out for automatic") from None
+    if args.files.count(STDIN) > 1:
+        raise UsageError("'-' (standard input) can be given once")
+    formats = list(FORMATS) if args.format == "all" else [args.format]
+    if not args.output_dir:
+        if args.format == "all":
+            raise UsageError("-f all needs -o DIR (one file per input and format)")
+        if len(args.files) > 1 and args.format in ("srt", "vtt"):
+            raise UsageError(f"-f {args.format} with {len(args.files)} inputs needs -o DIR: subtitles of several "
+                             "files in one stream cannot be told apart")
+    else:
+        _check_output_dir(Path(args.output_dir))
+    args.formats = formats
+
+
+def _check_output_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"-o {out}: is an existing file; -o takes a directory (it is created if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"-o {out}: cannot create the directory ({exc.strerror or exc})") from None
+    try:
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".fun-asr-write-test-"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"-o {out}: cannot write there ({exc.strerror or exc})") from None
+
+
+def output_names(inputs: list[str]) -> list[str]:
+    """A unique output base name per input, predictable from the inputs alone.
+
+    The file stem (``talk``) when it is unique in this run; inputs whose names collide keep more of
+    their name, step by step, until they differ: the extension (``talk.wav``, ``talk.flac``), then
+    parent folders (``a__talk.wav``, ``b__talk.wav``); the same file twice gets ``-2``, ``-3``.
+    Standard input is ``stdin``. Names are compared case-insensitively (for case-insensitive disks).
+    """
+    def candidate(name: str, level: int) -> str:
+        if name == STDIN:
+            return "stdin"
+        p = Path(name)
+        if level == 0:
+            return p.stem or p.name
+        if level == 1:
+            return p.name
+        parts = Path(os.path.abspath(name)).parts[1:]
+        return "__".join(parts[-level:]) if level <= len(parts) else ""
+
+    levels = [0] * len(inputs)
+    while True:
+        names = [candidate(n, lv) for n, lv in zip(inputs, levels, strict=True)]
+        seen: dict[str, list[int]] = {}
+        for i, n in enumerate(names):
+            seen.setdefault(n.casefold(), []).append(i)
+        clashes = [idx for idx in seen.values() if len(idx) > 1]
+        if not clashes:
+            return names
+        progressed = False
+        for idx in clashes:
+            for i in idx:
+                if candidate(inputs[i], levels[i] + 1):
+                    levels[i] += 1
+                    progressed = True
+        if not progressed:  # the same path more than once: number the repeats in input order
+            counts: dict[str, int] = {}
+            out = []
+            for n in names:
+                k = counts[n.casefold()] = counts.get(n.casefold(), 0) + 1
+                out.append(n if k == 1 else f"{n}-{k}")
+            return out
+
+
+def _read_stdin() -> io.BytesIO:
+    data = sys.stdin.buffer.read()
+    buf = io.BytesIO(data)
+    buf.name = "<stdin>"
+    return buf
 
 
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
-    if args.format == "all" and not args.output_dir:
-        print("fun-asr-transcribe: error: -f all needs -o DIR (one file per input and format)", file=sys.stderr)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format=f"{PROG}: %(message)s")
+    try:
+        check_options(args)
+    except UsageError as exc:
+        _error(str(exc))
         return 2
+    from fun_asr.session import RecordingFailedWarning
+
     if args.quiet:
         warnings.simplefilter("ignore")
     else:
         warnings.simplefilter("always")
-        warnings.formatwarning = lambda msg, *a, **k: f"fun-asr-transcribe: warning: {msg}\n"
+        warnings.formatwarning = lambda msg, *a, **k: f"{PROG}: warning: {msg}\n"
+    warnings.simplefilter("ignore", RecordingFailedWarning)  # failures are reported as errors below
     interactive = sys.stderr.isatty() and not args.quiet
+
     try:
         from fun_asr.session import Session
 
@@ -62,70 +196,70 @@ def _main(argv: list[str] | None) -> int:
     except Exception as exc:  # noqa: BLE001 - one clear line unless --verbose
         if args.verbose:
             raise
-        print(f"fun-asr-transcribe: error: cannot load model {args.model}: {exc}", file=sys.stderr)
+        _error(f"cannot load model {args.model}: {exc}")
         return 1
+    try:
+        session.options(None, not args.no_itn, args.hotwords, args.max_new_tokens, args.segment_seconds,
+                        not args.no_repetition_guard)
+        language = session.normalize_language(args.language)
+    except (ValueError, TypeError) as exc:
+        msg = str(exc).replace("segment_seconds", "--segment-seconds").replace("max_new_tokens", "--max-new-tokens")
+        _error(msg)
+        return 2
 
-    formats = list(FORMATS) if args.format == "all" else [args.format]
     out_dir = Path(args.output_dir) if args.output_dir else None
-    if out_dir:
-        out_dir.mkdir(parents=True, exist_ok=True)
+    names = output_names(args.files)
+    several = len(args.files) > 1
     failed = 0
-    from fun_asr.audio import load_audio
-
-    bar = None
-    if interactive and len(args.files) > 1:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(args.files), unit="file", desc="transcribing")
-    step = max(1, args.batch_size)
+    step = args.batch_size
     for k in range(0, len(args.files), step):
-        # Read this group's files (a bad one is reported and skipped), then transcribe them together.
-        group: list[tuple[str, object]] = []
-        for name in args.files[k : k + step]:
-            try:
-                group.append((name, load_audio(name)))
-            except Exception as exc:  # noqa: BLE001 - report and go on with the other files
-                if args.verbose:
-                    raise
+        group = args.files[k : k + step]
+        inputs = [_read_stdin() if name == STDIN else name for name in group]
+        results = session.transcribe_batch(
+            inputs, language=language, itn=not args.no_itn, hotwords=args.hotwords,
+            max_new_tokens=args.max_new_tokens, segment_seconds=args.segment_seconds,
+            repetition_guard=not args.no_repetition_guard, batch_size=step, progress=interactive,
+        )
+        for i, (name, result) in enumerate(zip(group, results, strict=True)):
+            shown = "<stdin>" if name == STDIN else name
+            if not result.ok:
                 failed += 1
-                print(f"fun-asr-transcribe: error: {name}: {exc}", file=sys.stderr)
-                if bar:
-                    bar.update(1)
-        if not group:
-            continue
-        try:
-            results = session.transcribe_batch(
-                [audio for _, audio in group], sample_rate=16000, language=args.language, itn=not args.no_itn,
-                hotwords=args.hotwords, max_new_tokens=args.max_new_tokens, segment_seconds=args.segment_seconds,
-                repetition_guard=not args.no_repetition_guard, batch_size=step,
-                progress=interactive and bar is None,
-            )
-        except Exception as exc:  # noqa: BLE001 - options are shared, so the whole group fails alike
-            if args.verbose:
-                raise
-            failed += len(group)
-            for name, _ in group:
-                print(f"fun-asr-transcribe: error: {name}: {exc}", file=sys.stderr)
-            if bar:
-                bar.update(len(group))
-            continue
-        for (name, _), result in zip(group, results, strict=True):
-            for fmt in formats:
-                text = render(result, fmt)
-                if out_dir:
-                    (out_dir / f"{Path(name).stem}.{fmt}").write_text(text, "utf-8")
-                else:
-                    if len(args.files) > 1 and fmt == "txt":
-                        text = f"{name}: {text}"
-                    sys.stdout.write(text)
-                    sys.stdout.flush()
-        if bar:
-            bar.update(len(group))
-    if bar:
-        bar.close()
+                _error(result.error if (result.error or "").startswith(shown) else f"{shown}: {result.error}")
+                if out_dir is None and args.format == "json" and several:
+                    print(json.dumps({"input": shown, "error": result.error}, ensure_ascii=False), flush=True)
+                continue
+            _emit(result, shown, names[k + i], args, out_dir, several)
     if failed:
-        print(f"fun-asr-transcribe: {failed} of {len(args.files)} file(s) failed", file=sys.stderr)
+        print(f"{PROG}: {failed} of {len(args.files)} file(s) failed", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _emit(result, shown: str, base: str, args: argparse.Namespace, out_dir: Path | None,  # noqa: ANN001
+          several: bool) -> None:
+    if out_dir is None:
+        fmt = args.formats[0]
+        if fmt == "json":
+            d = {"input": shown, **result.to_dict()}
+            text = json.dumps(d, ensure_ascii=False) + "\n" if several else json.dumps(d, ensure_ascii=False,
+                                                                                     indent=2) + "\n"
+        else:
+            text = render(result, fmt)
+            if several and fmt == "txt":
+                text = f"{shown}: {text}"
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    written = []
+    for fmt in args.formats:
+        path = out_dir / f"{base}.{fmt}"
+        if fmt == "json":
+            text = json.dumps({"input": shown, **result.to_dict()}, ensure_ascii=False, indent=2) + "\n"
+        else:
+            text = render(result, fmt)
+        path.write_text(text, "utf-8")
+        written.append(str(path))
+    if not args.quiet:
+        print(f"{PROG}: {shown} -> {', '.join(written)}", file=sys.stderr)
 
 
 if __name__ == "__main__":
