@@ -424,6 +424,22 @@ PYBIND11_MODULE(_core, m) {
 
     m.def("load_gguf", &load_gguf, py::arg("path"), py::kw_only(), py::arg("device") = "cpu", py::arg("threads") = 0,
           "Load a fun_asr_nano GGUF file.");
+    m.def(
+        "check_gguf",
+        [](const std::string & path) {
+            std::string arch;
+            size_t n = 0;
+            {
+                py::gil_scoped_release release;
+                const fun_asr::ModelSource src = fun_asr::read_gguf(path);
+                arch = src.arch;
+                n = src.tensors.size();
+            }
+            return py::make_tuple(arch, n);
+        },
+        py::arg("path"),
+        "Reads a GGUF's header and checks every tensor lies inside the file (no weights loaded): returns "
+        "(architecture, tensor count); RuntimeError naming the problem (bad magic, truncation) otherwise.");
     m.def("load_tensors", &load_tensors, py::arg("arch"), py::arg("metadata"), py::arg("tensors"), py::kw_only(),
           py::arg("device") = "cpu", py::arg("threads") = 0, py::arg("origin") = "<tensors>",
           "Load a model from GGUF-style metadata and (name, type, ne, buffer) tensors (used for HF directories).");

@@ -27,6 +27,73 @@ CHECKPOINT_FILES = [
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _endpoint() -> str:
+    from huggingface_hub import constants
+
+    return str(getattr(constants, "ENDPOINT", None) or os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+
+
+def _reachable(url: str, timeout: float = 5.0) -> str | None:
+    """None when `url` answers at all (any HTTP status), else why it cannot be reached (one attempt)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return None  # it answered
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return str(getattr(reason, "strerror", None) or reason)
+    return None
+
+
+def _snapshot(name: str, revision: str | None) -> Path:
+    """The local snapshot folder of `name`@`revision`, downloading it if needed.
+
+    A pinned commit already in the hub cache is used without any network access. Otherwise the hub
+    is probed once (5 s) before downloading, so that an offline machine fails at once with one line
+    instead of huggingface_hub's retries (~24 s of repeated warnings)."""
+    from huggingface_hub import snapshot_download
+
+    where = f"{name}@{revision or 'main'}"
+    if _offline() or (revision and _COMMIT.match(revision)):
+        try:
+            return Path(snapshot_download(name, revision=revision, allow_patterns=CHECKPOINT_FILES,
+                                          local_files_only=True)).resolve()
+        except Exception as exc:  # noqa: BLE001 - not in the cache (huggingface_hub raises several types)
+            if _offline():
+                raise FileNotFoundError(
+                    f"cannot fetch {where}: HF_HUB_OFFLINE is set and it is not in the local hub cache "
+                    f"({type(exc).__name__}); unset HF_HUB_OFFLINE to download it, or give -m a local .gguf "
+                    "file or checkpoint folder"
+                ) from None
+    endpoint = _endpoint()
+    why = _reachable(endpoint)
+    if why is not None:
+        raise FileNotFoundError(
+            f"cannot fetch {where}: {endpoint} is unreachable ({why}); offline? set HF_HUB_OFFLINE=1 to use "
+            "the local hub cache, or give -m a local .gguf file or checkpoint folder"
+        )
+    hub_log = logging.getLogger("huggingface_hub")
+    level = hub_log.level
+    hub_log.setLevel(logging.ERROR)  # no per-retry warnings; the error below says what happened
+    try:
+        return Path(snapshot_download(name, revision=revision, allow_patterns=CHECKPOINT_FILES)).resolve()
+    except Exception as exc:  # huggingface_hub raises many types (404, auth, network)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise FileNotFoundError(f"cannot fetch {where}: {first}") from None
+    finally:
+        hub_log.setLevel(level)
+
+
 def cache_dir() -> Path:
     root = os.environ.get("FUN_ASR_CACHE_DIR")
     if root:
@@ -49,20 +116,15 @@ def resolve_model(model: str | os.PathLike[str], package_type: str, revision: st
         )
     if revision is None and name == DEFAULT_REPO:
         revision = DEFAULT_REVISION
-    from huggingface_hub import snapshot_download
-
-    try:
-        snapshot = Path(snapshot_download(name, revision=revision, allow_patterns=CHECKPOINT_FILES)).resolve()
-    except Exception as exc:  # huggingface_hub raises many types (offline, 404, auth, network)
-        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-        hint = " (HF_HUB_OFFLINE is set and the model is not in the local hub cache)" if offline else ""
-        raise FileNotFoundError(f"cannot fetch {name}@{revision or 'main'}{hint}: {exc}") from exc
+    snapshot = _snapshot(name, revision)
     commit = snapshot.name
     out = cache_dir() / "models" / f"{name.replace('/', '--')}--{commit[:12]}-{package_type}.gguf"
     if not out.is_file():
         from fun_asr.converter import convert
 
         log.info("converting %s@%s to %s (%s), once", name, commit[:12], out, package_type)
-        report = convert(snapshot, out, package_type, progress=progress, repo_id=name, revision=commit)
+        # overwrite: another process converting the same snapshot at once writes the same bytes
+        report = convert(snapshot, out, package_type, progress=progress, repo_id=name, revision=commit,
+                         overwrite=True)
         log.info("%s", report.summary())
     return out

@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+import warnings
 from concurrent.futures import Future
 from typing import Any
 
@@ -23,8 +24,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from fun_asr.audio import SAMPLE_RATE, AudioError, load_audio
+from fun_asr.audio import SAMPLE_RATE, AudioError, AudioInfo, decode_audio
 from fun_asr.formats import render
 from fun_asr.session import Session, Transcription
 
@@ -60,11 +62,15 @@ def _bool(value: str | None, name: str, default: bool) -> bool:
 
 
 def verbose_json(t: Transcription) -> dict[str, Any]:
+    lang = t.detected_language  # the requested language, else inferred from the text's script
     return {
         "task": "transcribe",
-        "language": LANGUAGE_NAMES.get(t.language or "", t.language or "auto"),
+        "language": LANGUAGE_NAMES.get(lang or "", lang or "unknown"),
         "duration": round(t.duration, 3),
         "text": t.text,
+        "truncated": t.truncated,
+        "input_truncated": t.input_truncated,
+        "warnings": t.warnings,
         "segments": [
             {"id": i, "seek": int(s.start * 100), "start": s.start, "end": s.end, "text": s.text,
              "tokens": s.tokens, "temperature": 0.0, "stop_reason": s.stop_reason, "truncated": s.truncated,
@@ -85,7 +91,7 @@ class Batcher:
         self.thread = threading.Thread(target=self._work, name="fun-asr-batcher", daemon=True)
         self.thread.start()
 
-    def submit(self, samples: np.ndarray, options: tuple) -> Future:
+    def submit(self, samples: np.ndarray, options: tuple) -> Future:  # -> Future[Transcription]
         fut: Future = Future()
         self.jobs.put((options, samples, fut))
         return fut
@@ -128,7 +134,14 @@ class Batcher:
                 fut.set_exception(exc)
             return
         for (_, _, fut), result in zip(batch, results, strict=True):
-            fut.set_result(result)
+            if result.ok:
+                fut.set_result(result)
+            else:
+                fut.set_exception(ValueError(result.error))
+
+
+def _decode(data: bytes, name: str) -> tuple[np.ndarray, AudioInfo]:
+    return decode_audio(data, name=name)
 
 
 def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0, max_concurrency: int = 8,
@@ -144,6 +157,9 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
         finally:
             await anyio.to_thread.run_sync(batcher.close)
 
+    # Each result's warnings are logged once per request (below); the Session's own Python warnings
+    # for the same events would print them a second time.
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"fun_asr\.server")
     app = FastAPI(title="fun-asr", description="OpenAI-compatible speech-to-text with Fun-ASR-Nano", lifespan=lifespan)
     max_bytes = int(max_upload_mb * 1024 * 1024)
     created = int(time.time())
@@ -157,6 +173,15 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
         first = exc.errors()[0] if exc.errors() else {}
         param = str(first.get("loc", ["", ""])[-1]) or None
         return _error(400, f"invalid request: {first.get('msg', 'bad input')}", param, "invalid_value")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return _error(404, f"unknown route {req.method} {req.url.path}: this server has POST "
+                               "/v1/audio/transcriptions, GET /v1/models, GET /health", None, "not_found")
+        if exc.status_code == 405:
+            return _error(405, f"method {req.method} is not allowed on {req.url.path}", None, "method_not_allowed")
+        return _error(exc.status_code, str(exc.detail), None, None)
 
     @app.exception_handler(Exception)
     async def _internal(_req: Request, exc: Exception) -> JSONResponse:
@@ -226,8 +251,9 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
         except ValueError as exc:
             raise ApiError(400, str(exc), "language", "invalid_value") from None
 
+        name = upload.filename or "upload"
         try:
-            samples = await anyio.to_thread.run_sync(load_audio, data)
+            samples, info = await anyio.to_thread.run_sync(_decode, data, name)
         except AudioError as exc:
             raise ApiError(400, str(exc), "file", "invalid_audio") from None
         assert batcher is not None
@@ -236,9 +262,16 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
             result: Transcription = await asyncio.wrap_future(fut)
         except ValueError as exc:
             raise ApiError(400, str(exc), None, "invalid_value") from None
+        result.source = name
+        if info.truncated:
+            result.input_truncated = True
+            result.warnings[:0] = info.warnings
+        for w in result.warnings:
+            log.warning("%s", w)
 
         if fmt == "json":
-            return JSONResponse({"text": result.text})
+            return JSONResponse({"text": result.text, "truncated": result.truncated,
+                                 "input_truncated": result.input_truncated})
         if fmt == "verbose_json":
             return JSONResponse(verbose_json(result))
         media = {"text": "text/plain", "srt": "application/x-subrip", "vtt": "text/vtt"}[fmt]

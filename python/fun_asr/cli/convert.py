@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
                     "or with --inspect a .gguf file")
     ap.add_argument("-o", "--output", help="output .gguf path (default: SRC-TYPE.gguf beside SRC)")
     ap.add_argument("-t", "--type", default="q8_0", choices=PACKAGE_TYPES, help="package type (default q8_0)")
+    ap.add_argument("--force", action="store_true",
+                    help="replace an existing output file (never an input, a device or anything inside SRC)")
     ap.add_argument("--inspect", action="store_true", help="describe a GGUF file instead of converting")
     ap.add_argument("--json", action="store_true", help="with --inspect: print JSON")
     ap.add_argument("--threads", type=int, default=0, help="quantization threads (0 = all cores)")
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         out = args.output or f"{args.src.rstrip('/')}-{args.type}.gguf"
         report = convert(args.src, out, args.type, progress=not args.quiet and sys.stderr.isatty(),
-                         threads=args.threads, repo_id=args.repo_id, revision=args.revision)
+                         threads=args.threads, repo_id=args.repo_id, revision=args.revision, overwrite=args.force)
         print(report.summary())
         return 0
     except BrokenPipeError:  # e.g. `--inspect FILE | head`
@@ -47,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"fun-asr-convert: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("\nfun-asr-convert: interrupted (no output written)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -4,50 +4,97 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 
 from fun_asr.hub import DEFAULT_REPO
 
+PROG = "fun-asr-serve"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=PROG, description="OpenAI-compatible Fun-ASR-Nano transcription server "
+                                 "(POST /v1/audio/transcriptions, GET /v1/models, GET /health).",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("-m", "--model", default=DEFAULT_REPO,
+                    help="GGUF file, checkpoint folder or hub repo id (a repo is fetched and converted once)")
+    ap.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on (0.0.0.0 exposes the server to the network)")
+    ap.add_argument("--port", type=int, default=8000, help="TCP port")
+    ap.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all cores)")
+    ap.add_argument("--max-upload-mb", type=float, default=100.0, help="largest accepted upload, in MB (413 above)")
+    ap.add_argument("--max-concurrency", type=int, default=8,
+                    help="requests with equal options transcribed together in one batch")
+    ap.add_argument("--max-new-tokens", type=int, default=512, help="decoding limit per segment")
+    ap.add_argument("--model-id", default="fun-asr-nano", help="the model id /v1/models reports and requests name")
+    ap.add_argument("--verbose", action="store_true", help="log every request and full tracebacks")
+    return ap
+
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="fun-asr-serve", description="OpenAI-compatible Fun-ASR-Nano server.")
-    ap.add_argument("-m", "--model", default=DEFAULT_REPO, help=f"GGUF, checkpoint folder or repo id ({DEFAULT_REPO})")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--max-upload-mb", type=float, default=100.0)
-    ap.add_argument("--max-concurrency", type=int, default=8,
-                    help="concurrent requests transcribed together in one batch (default 8)")
-    ap.add_argument("--max-new-tokens", type=int, default=512, help="decoding limit per segment")
-    ap.add_argument("--model-id", default="fun-asr-nano", help="the id /v1/models reports (default fun-asr-nano)")
-    ap.add_argument("--verbose", action="store_true")
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format=f"{PROG}: %(message)s")
+    checks = (("--max-concurrency", args.max_concurrency, 1), ("--max-new-tokens", args.max_new_tokens, 1),
+              ("--threads", args.threads, 0))
+    for name, value, low in checks:
+        if value < low:
+            print(f"{PROG}: error: {name} must be {low} or more, got {value}", file=sys.stderr)
+            return 2
+    if not args.max_upload_mb > 0:
+        print(f"{PROG}: error: --max-upload-mb must be positive, got {args.max_upload_mb:g}", file=sys.stderr)
+        return 2
     try:
         import uvicorn
 
         from fun_asr.server import create_app
     except ImportError as exc:
-        print(f"fun-asr-serve: error: the server needs FastAPI and uvicorn ({exc.name} is missing): "
+        print(f"{PROG}: error: the server needs FastAPI and uvicorn ({exc.name} is missing): "
               "pip install 'fun-asr[server]'", file=sys.stderr)
+        return 1
+    # Bind first: a busy port is reported before the model loads, and never after a "listening" line.
+    try:
+        sock = _bind(args.host, args.port)
+    except OSError as exc:
+        print(f"{PROG}: error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     from fun_asr.session import Session
 
     try:
         session = Session(args.model, device=args.device, threads=args.threads, progress=sys.stderr.isatty())
     except Exception as exc:  # noqa: BLE001
+        sock.close()
         if args.verbose:
             raise
-        print(f"fun-asr-serve: error: cannot load model {args.model}: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: cannot load model {args.model}: {exc}", file=sys.stderr)
         return 1
     app = create_app(session, model_id=args.model_id, max_upload_mb=args.max_upload_mb,
                      max_concurrency=args.max_concurrency, max_new_tokens=args.max_new_tokens)
-    print(f"fun-asr-serve: {args.model_id} on http://{args.host}:{args.port}/v1 ({session.model.info()['backend']})",
+    config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", timeout_graceful_shutdown=30)
+    server = uvicorn.Server(config)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"{PROG}: {args.model_id} listening on http://{shown}:{port}/v1 ({session.model.info()['backend']})",
           file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
-                timeout_graceful_shutdown=30)
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
     return 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+        sock.set_inheritable(True)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 if __name__ == "__main__":

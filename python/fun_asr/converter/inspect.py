@@ -19,8 +19,16 @@ def _value(field: gguf.ReaderField) -> Any:
 def inspect_gguf(path: str | Path) -> dict[str, Any]:
     """Architecture, per-type tensor counts and bytes, metadata keys and tensor count."""
     p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{p}: is a directory; --inspect takes a .gguf file")
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no such file")
+    from fun_asr import _core
+
+    try:
+        _core.check_gguf(str(p))  # header + every tensor inside the file: names truncation precisely
+    except RuntimeError as exc:
+        raise ValueError(str(exc)) from None
     try:
         reader = gguf.GGUFReader(p)
     except Exception as exc:  # gguf-py raises ValueError/struct.error/IndexError on bad files
@@ -36,6 +44,7 @@ def inspect_gguf(path: str | Path) -> dict[str, Any]:
         "file_bytes": p.stat().st_size,
         "architecture": meta.get("general.architecture"),
         "file_type": meta.get("general.file_type"),
+        "file_type_name": file_type_name(meta.get("general.file_type")),
         "tensor_count": len(reader.tensors),
         "tensor_types": dict(types),
         "tensor_type_bytes": dict(type_bytes),
@@ -44,11 +53,26 @@ def inspect_gguf(path: str | Path) -> dict[str, Any]:
     }
 
 
+def file_type_name(file_type: int | None) -> str:
+    """general.file_type as the package type name fun-asr-convert uses (q8_0, ...), with the number."""
+    from fun_asr.converter.plan import FILE_TYPE
+
+    names = {v: k for k, v in FILE_TYPE.items()}
+    if file_type is None:
+        return "not recorded"
+    if file_type in names:
+        return f"{names[file_type]} ({file_type})"
+    try:
+        return f"{gguf.LlamaFileType(file_type).name.removeprefix('MOSTLY_').lower()} ({file_type})"
+    except ValueError:
+        return f"unknown ({file_type})"
+
+
 def format_inspection(info: dict[str, Any]) -> str:
     lines = [
         f"file          {info['path']} ({info['file_bytes'] / 1e6:.1f} MB)",
         f"architecture  {info['architecture']}",
-        f"file type     {info['file_type']}",
+        f"file type     {file_type_name(info['file_type'])}",
         f"tensors       {info['tensor_count']}",
     ]
     for name, count in sorted(info["tensor_types"].items()):

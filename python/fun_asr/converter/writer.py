@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -180,28 +181,78 @@ def _pack(ckpt: Checkpoint, p: Placement, threads: int) -> np.ndarray:
     return np.frombuffer(packed, dtype=np.uint8).reshape(*shape[:-1], -1)
 
 
+class OutputError(ValueError):
+    """The output path would destroy something: an input, a non-regular file, or (without
+    overwrite) an existing file."""
+
+
+def check_output(out: Path, src: Path, overwrite: bool) -> None:
+    """Refuses an output that is (or is inside) the checkpoint being read, that exists and is not a
+    regular file (a device, a directory, ...), or that exists at all unless ``overwrite``."""
+    src = src.resolve()
+    target = out.expanduser().absolute()
+    try:
+        parent = target.parent.resolve()
+    except OSError:
+        parent = target.parent
+    if parent == src or src in parent.parents:
+        raise OutputError(f"{out}: is inside the checkpoint folder being read ({src}); write the GGUF elsewhere "
+                          "(default: beside the folder, SRC-TYPE.gguf)")
+    if os.path.lexists(target):
+        try:
+            st = target.stat()
+        except OSError as exc:  # a dangling symlink
+            raise OutputError(f"{out}: exists and cannot be examined ({exc.strerror}); remove it first") from None
+        if target.is_dir():
+            raise OutputError(f"{out}: is a directory; give the output .gguf file path")
+        if not stat.S_ISREG(st.st_mode):
+            raise OutputError(f"{out}: exists and is not a regular file (a device, pipe or socket); refusing to "
+                              "replace it")
+        inputs = [p for p in src.iterdir() if p.is_file()] if src.is_dir() else [src]
+        for p in inputs:
+            try:
+                same = os.path.samefile(p, target)
+            except OSError:
+                same = False
+            if same:
+                raise OutputError(f"{out}: is the same file as the input {p}; write the GGUF elsewhere")
+        if not overwrite:
+            raise OutputError(f"{out}: already exists; pass --force (overwrite=True) to replace it")
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str = "q8_0", *,
             progress: bool = True, threads: int = 0, repo_id: str | None = None,
-            revision: str | None = None) -> ConversionReport:
+            revision: str | None = None, overwrite: bool = False) -> ConversionReport:
     """Converts a Fun-ASR-Nano HF checkpoint directory into one GGUF file.
 
     ``type`` is the package type: ``f32``, ``f16``, ``q8_0`` or ``q4_k_m``. ``repo_id`` and
     ``revision`` are recorded in the metadata (guessed from a huggingface_hub cache path if not
     given). Raises ``CheckpointError``/``ConfigError`` (both ``ValueError``) naming the file or
-    tensor on a bad checkpoint; no partial output is left behind.
+    tensor on a bad checkpoint; no partial output is left behind. ``dst`` must not exist unless
+    ``overwrite`` (and then it must be a regular file that is not one of the inputs); it is never
+    inside the checkpoint folder (``OutputError``). The file gets the usual permissions (umask).
     """
     package = check_package_type(type)
     start = time.perf_counter()
+    out = Path(dst)
+    check_output(out, Path(src), overwrite)
     ckpt = Checkpoint.open(src)
     hp = ckpt.hparams
     placements = [place(entry, package, hp) for entry in tensor_table(hp)]
     check_tensors(ckpt, [p.entry for p in placements])
 
-    out = Path(dst)
-    if out.is_dir():
-        raise ValueError(f"{out}: is a directory; give the output .gguf file path")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
+    except OSError as exc:
+        ckpt.close()
+        raise OutputError(f"{out}: cannot write there ({exc.strerror or exc})") from None
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -223,7 +274,19 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
             del data
         bar.close()
         w.close()
-        os.replace(tmp, out)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600
+        check_output(out, Path(src), overwrite)  # again: the path may have appeared meanwhile
+        if overwrite:
+            os.replace(tmp, out)
+        else:
+            try:
+                os.link(tmp, out)  # fails if out exists: never replaces a file that appeared meanwhile
+                tmp.unlink()
+            except FileExistsError:
+                raise OutputError(f"{out}: appeared while converting; pass --force (overwrite=True) to replace "
+                                  "it") from None
+            except OSError:  # no hard links on this file system
+                os.replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
