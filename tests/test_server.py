@@ -18,6 +18,10 @@ import soundfile as sf
 import fun_asr
 from fun_asr.formats import render
 
+# These tests decode a few tokens on purpose: the max_new_tokens warnings are expected.
+pytestmark = pytest.mark.filterwarnings("ignore::fun_asr.notices.TruncatedOutputWarning")
+
+
 openai = pytest.importorskip("openai")
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 MAX_NEW = 12
@@ -30,13 +34,15 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_gguf):  # noqa: ANN001, ANN201
+def server(tiny_gguf, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN001, ANN201
     port = _free_port()
     model = tiny_gguf("q8_0")
+    log_path = tmp_path_factory.mktemp("srvlog") / "server.log"
+    log = log_path.open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "fun_asr.cli.serve", "-m", str(model), "--port", str(port), "--device", "cpu",
          "--max-upload-mb", "1", "--max-new-tokens", str(MAX_NEW), "--max-concurrency", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stdout=log, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while True:
@@ -46,11 +52,11 @@ def server(tiny_gguf):  # noqa: ANN001, ANN201
         except requests.RequestException:
             pass
         if proc.poll() is not None or time.time() > deadline:
-            out = proc.stdout.read() if proc.stdout else ""
+            out = log_path.read_text()
             proc.kill()
             pytest.fail(f"server did not start: {out}")
         time.sleep(0.3)
-    yield {"base": base, "model": model}
+    yield {"base": base, "model": model, "log": log_path}
     # Graceful shutdown: a request in flight when SIGTERM arrives still gets its answer.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         wav = (EXAMPLES / "zh_weather.wav").read_bytes()
@@ -61,6 +67,7 @@ def server(tiny_gguf):  # noqa: ANN001, ANN201
         assert pending.result().status_code == 200
     # uvicorn re-raises the captured SIGTERM after its graceful shutdown
     assert proc.wait(timeout=60) in (0, -15)
+    log.close()
 
 
 @pytest.fixture(scope="module")
@@ -164,3 +171,32 @@ def test_missing_server_extra_message() -> None:
             "from fun_asr.cli.serve import main; sys.exit(main(['-m', 'x.gguf']))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.returncode == 1 and "pip install 'fun-asr[server]'" in r.stderr
+
+
+def test_truncation_flags_language_and_logged_warnings(server: dict, clips: list[Path]) -> None:
+    wav = clips[0].read_bytes()
+    r = _post(server, files={"file": ("first.wav", wav)}, data={"response_format": "json"})
+    assert r.status_code == 200 and r.json()["truncated"] is True and r.json()["input_truncated"] is False
+    # verbose_json: the requested language by name; without one, inferred from the text, never "auto"
+    v = _post(server, files={"file": ("a.wav", wav)}, data={"response_format": "verbose_json", "language": "ja"})
+    assert v.json()["language"] == "japanese" and v.json()["truncated"] is True
+    v = _post(server, files={"file": ("a.wav", wav)}, data={"response_format": "verbose_json"}).json()
+    assert v["language"] != "auto" and v["language"] == (
+        {"zh": "chinese", "en": "english", "ja": "japanese", "ko": "korean"}.get(
+            fun_asr.session.guess_language(v["text"]) or "", "unknown"))
+    # a truncated upload is flagged
+    cut = wav[: len(wav) // 2]
+    r = _post(server, files={"file": ("cut.wav", cut)})
+    assert r.status_code == 200 and r.json()["input_truncated"] is True
+    # each warning reaches the log once, through logging (not Python's warnings module)
+    time.sleep(0.5)
+    text = server["log"].read_text()
+    assert text.count("first.wav: segment") == 1, text
+    assert text.count("cut.wav: file is truncated") == 1 and "UserWarning" not in text
+
+
+def test_unknown_routes_answer_in_openai_shape(server: dict) -> None:
+    r = requests.get(server["base"] + "/v1/nothing", timeout=10)
+    _assert_error(r, 404, None)
+    assert "/v1/audio/transcriptions" in r.json()["error"]["message"]
+    _assert_error(requests.get(server["base"] + "/v1/audio/transcriptions", timeout=10), 405, None)

@@ -27,6 +27,10 @@ from reference import (
     reference_transcribe_tokens,
 )
 
+# These tests decode a few tokens on purpose: the max_new_tokens warnings are expected.
+pytestmark = pytest.mark.filterwarnings("ignore::fun_asr.notices.TruncatedOutputWarning")
+
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 STOP = [151645, 151643]
 MAX_NEW = 20

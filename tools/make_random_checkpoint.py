@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """Writes a random-weight Fun-ASR-Nano checkpoint in the official Hugging Face layout.
+Needs the test extra (``pip install ".[test]"``: torch 2.13.0 CPU and transformers 5.23.0).
 
     python tools/make_random_checkpoint.py OUT --size tiny|full [--seed 0] [--dtype f32|bf16|f16]
                                            [--shards N] [--lm-scale 5]
@@ -116,8 +117,12 @@ def make_tokenizer_json() -> str:
 def make_checkpoint(out: str | Path, size: str = "tiny", seed: int = 0, dtype: str = "f32",
                     shards: int = 1, lm_scale: float = 5.0,
                     config_overrides: dict[str, Any] | None = None) -> Path:
-    import torch
-    from transformers import FunAsrNanoConfig, FunAsrNanoForConditionalGeneration, GenerationConfig
+    try:
+        import torch
+        from transformers import FunAsrNanoConfig, FunAsrNanoForConditionalGeneration, GenerationConfig
+    except ImportError as exc:
+        raise SystemExit(f"make_random_checkpoint.py needs PyTorch and Transformers ({exc.name} is missing): "
+                         "pip install '.[test]' (torch==2.13.0, transformers==5.23.0)") from None
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

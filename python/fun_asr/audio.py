@@ -223,6 +223,8 @@ def load_audio(audio: AudioInput, sample_rate: int | None = None) -> np.ndarray:
     ``sample_rate``. A truncated file is read as far as it goes, with a warning.
     """
     samples, info = decode_audio(audio, sample_rate)
+    from fun_asr.notices import InputWarning
+
     for w in info.warnings:
-        warnings.warn(w, stacklevel=2)
+        warnings.warn(w, InputWarning, stacklevel=2)
     return samples

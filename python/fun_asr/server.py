@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fun_asr.audio import SAMPLE_RATE, AudioError, AudioInfo, decode_audio
 from fun_asr.formats import render
+from fun_asr.notices import FunAsrWarning
 from fun_asr.session import Session, Transcription
 
 log = logging.getLogger("fun_asr.server")
@@ -87,13 +88,13 @@ class Batcher:
 
     def __init__(self, session: Session, max_batch: int, max_new_tokens: int) -> None:
         self.session, self.max_batch, self.max_new_tokens = session, max(1, max_batch), max_new_tokens
-        self.jobs: queue.Queue[tuple[tuple, np.ndarray, Future] | None] = queue.Queue()
+        self.jobs: queue.Queue[tuple[tuple, tuple[np.ndarray, str], Future] | None] = queue.Queue()
         self.thread = threading.Thread(target=self._work, name="fun-asr-batcher", daemon=True)
         self.thread.start()
 
-    def submit(self, samples: np.ndarray, options: tuple) -> Future:  # -> Future[Transcription]
+    def submit(self, samples: np.ndarray, options: tuple, name: str = "upload") -> Future:  # Future[Transcription]
         fut: Future = Future()
-        self.jobs.put((options, samples, fut))
+        self.jobs.put((options, (samples, name), fut))
         return fut
 
     def close(self) -> None:
@@ -101,7 +102,7 @@ class Batcher:
         self.thread.join(timeout=60)
 
     def _work(self) -> None:
-        held: list[tuple[tuple, np.ndarray, Future]] = []
+        held: list[tuple[tuple, tuple[np.ndarray, str], Future]] = []
         while True:
             first = held.pop(0) if held else self.jobs.get()
             if first is None:
@@ -123,12 +124,13 @@ class Batcher:
                     fut.set_exception(RuntimeError("server is shutting down"))
                 return
 
-    def _run(self, batch: list[tuple[tuple, np.ndarray, Future]]) -> None:
+    def _run(self, batch: list[tuple[tuple, tuple[np.ndarray, str], Future]]) -> None:
         language, itn, hotwords = batch[0][0]
         try:
             results = self.session.transcribe_batch(
-                [samples for _, samples, _ in batch], sample_rate=SAMPLE_RATE, language=language, itn=itn,
-                hotwords=list(hotwords), max_new_tokens=self.max_new_tokens, batch_size=len(batch))
+                [job[1][0] for job in batch], sample_rate=SAMPLE_RATE, language=language, itn=itn,
+                hotwords=list(hotwords), max_new_tokens=self.max_new_tokens, batch_size=len(batch),
+                names=[job[1][1] for job in batch])
         except Exception as exc:  # noqa: BLE001 - handed to every waiting request
             for _, _, fut in batch:
                 fut.set_exception(exc)
@@ -159,7 +161,7 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
 
     # Each result's warnings are logged once per request (below); the Session's own Python warnings
     # for the same events would print them a second time.
-    warnings.filterwarnings("ignore", category=UserWarning, module=r"fun_asr\.server")
+    warnings.filterwarnings("ignore", category=FunAsrWarning, module=r"fun_asr\.server")
     app = FastAPI(title="fun-asr", description="OpenAI-compatible speech-to-text with Fun-ASR-Nano", lifespan=lifespan)
     max_bytes = int(max_upload_mb * 1024 * 1024)
     created = int(time.time())
@@ -257,12 +259,11 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
         except AudioError as exc:
             raise ApiError(400, str(exc), "file", "invalid_audio") from None
         assert batcher is not None
-        fut = batcher.submit(samples, (language, itn, tuple(hotwords)))
+        fut = batcher.submit(samples, (language, itn, tuple(hotwords)), name)
         try:
             result: Transcription = await asyncio.wrap_future(fut)
         except ValueError as exc:
             raise ApiError(400, str(exc), None, "invalid_value") from None
-        result.source = name
         if info.truncated:
             result.input_truncated = True
             result.warnings[:0] = info.warnings

@@ -20,6 +20,7 @@ from fun_asr.audio import SAMPLE_RATE, AudioError, AudioInput, check_audio_input
 from fun_asr.frontend import FrontendConfig, fake_token_len, features
 from fun_asr.hub import DEFAULT_REPO, resolve_model
 from fun_asr.model import load_model
+from fun_asr.notices import InputWarning, RecordingFailedWarning, RepetitionWarning, TruncatedOutputWarning
 from fun_asr.prompt import PromptSpec, prompt_text
 from fun_asr.segment import split_points
 from fun_asr.tokenizer import TextTokenizer
@@ -94,10 +95,6 @@ class Transcription:
             "timings": self.timings,
             "options": self.options,
         }
-
-
-class RecordingFailedWarning(UserWarning):
-    """transcribe_batch: one recording failed (its result carries ``error``); the others went on."""
 
 
 @dataclass(frozen=True)
@@ -219,15 +216,17 @@ class Session:
     def transcribe_batch(self, audios: list[AudioInput], *, sample_rate: int | None = None,
                          language: str | None = None, itn: bool = True, hotwords: list[str] | str | None = None,
                          max_new_tokens: int = 512, segment_seconds: float = 30.0, repetition_guard: bool = True,
-                         batch_size: int = 8, progress: bool = False,
-                         ignore_eos: bool = False) -> list[Transcription]:
+                         batch_size: int = 8, progress: bool = False, ignore_eos: bool = False,
+                         names: list[str] | None = None) -> list[Transcription]:
         """Transcribes several recordings with the same options, decoding up to ``batch_size``
         segments at once (one KV cache slot each: every decoding step reads the weights once for the
         whole batch). Results are in input order and token for token equal to ``transcribe``.
 
         A recording that cannot be read or transcribed does not fail the others: its result has
         ``error`` set (``ok`` is False, text empty, ``empty_reason`` "error") and a warning is issued.
-        The timings of each result hold its share of the batch's prefill and decode time."""
+        ``names`` labels the recordings in messages and ``Transcription.source`` (default: the file
+        path, or ``input N <array>``). The timings of each result hold its share of the batch's prefill
+        and decode time."""
         one = str | bytes | bytearray | memoryview | os.PathLike | np.ndarray
         if isinstance(audios, one) or hasattr(audios, "read"):
             raise TypeError(f"transcribe_batch takes a list of recordings, got one {type(audios).__name__}; "
@@ -238,18 +237,20 @@ class Session:
             check_audio_input(a, f"audios[{i}]")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if names is not None and (len(names) != len(audios) or not all(isinstance(n, str) for n in names)):
+            raise ValueError(f"names must be {len(audios)} strings, one per recording")
         opts = self.options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos)
         return self._run(list(audios), sample_rate, opts, batch_size=batch_size, progress=progress,
-                         raise_errors=False)
+                         raise_errors=False, names=names)
 
     def _run(self, audios: list[AudioInput], sample_rate: int | None, opts: TranscribeOptions, batch_size: int,
-             progress: bool, raise_errors: bool) -> list[Transcription]:
+             progress: bool, raise_errors: bool, names: list[str] | None = None) -> list[Transcription]:
         t_start = time.perf_counter()
         before, after = self.prompt_ids(opts)
         items = [_Item(i) for i in range(len(audios))]
         for item, audio in zip(items, audios, strict=True):  # read every recording (a bad one fails alone)
             t0 = time.perf_counter()
-            item.source = _source_name(audio, item.index, len(items))
+            item.source = names[item.index] if names else _source_name(audio, item.index, len(items))
             try:
                 item.samples, info = decode_audio(audio, sample_rate, item.source)
             except (AudioError, OSError) as exc:
@@ -312,15 +313,18 @@ class Session:
             warnings.warn(item.error, RecordingFailedWarning, stacklevel=4)
             return Transcription("", [], opts.language, 0.0, timings, dict(options), item.source,
                                  [item.error], False, "error", item.error)
+        notes = [(w, InputWarning) for w in item.warnings]
         for s in item.segments:
             if s.truncated:
-                item.warnings.append(f"{item.source}: segment {s.start:.2f}-{s.end:.2f} s hit max_new_tokens="
-                                     f"{opts.max_new_tokens}; its text may be cut (raise max_new_tokens)")
+                notes.append((f"{item.source}: segment {s.start:.2f}-{s.end:.2f} s hit max_new_tokens="
+                              f"{opts.max_new_tokens}; its text may be cut (raise max_new_tokens)",
+                              TruncatedOutputWarning))
             if s.repetition:
-                item.warnings.append(f"{item.source}: segment {s.start:.2f}-{s.end:.2f} s was stopped by the "
-                                     "repetition guard")
-        for w in item.warnings:
-            warnings.warn(w, stacklevel=4)
+                notes.append((f"{item.source}: segment {s.start:.2f}-{s.end:.2f} s was stopped by the repetition "
+                              "guard", RepetitionWarning))
+        for text, category in notes:
+            warnings.warn(text, category, stacklevel=4)
+        item.warnings = [text for text, _ in notes]
         duration = len(item.samples) / SAMPLE_RATE
         n_tokens = sum(len(s.tokens) for s in item.segments)
         timings["total_ms"] = total_ms if total_ms is not None else sum(timings.values())
@@ -478,5 +482,5 @@ def _is_cjk(ch: str) -> bool:
     return (0x3000 <= o <= 0x9FFF) or (0xF900 <= o <= 0xFAFF) or (0xFF00 <= o <= 0xFFEF) or (0xAC00 <= o <= 0xD7AF)
 
 
-__all__ = ["RecordingFailedWarning", "Segment", "Session", "TranscribeOptions", "Transcription", "guess_language",
+__all__ = ["Segment", "Session", "TranscribeOptions", "Transcription", "guess_language",
            "normalize_language"]

@@ -179,7 +179,7 @@ def _main(argv: list[str] | None) -> int:
     except UsageError as exc:
         _error(str(exc))
         return 2
-    from fun_asr.session import RecordingFailedWarning
+    from fun_asr.notices import RecordingFailedWarning
 
     if args.quiet:
         warnings.simplefilter("ignore")
