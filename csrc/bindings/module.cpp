@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -16,6 +17,7 @@
 #include "runtime/bench.h"
 #include "runtime/model.h"
 #include "runtime/quantize.h"
+#include "runtime/vad_model.h"
 
 namespace py = pybind11;
 
@@ -177,8 +179,10 @@ fun_asr::MetaValue to_meta(const py::handle & v, const std::string & key) {
     throw py::type_error("metadata value for '" + key + "' has unsupported type");
 }
 
-std::unique_ptr<Model> load_tensors(const std::string & arch, const py::dict & meta, const py::list & tensors,
-                                    const std::string & device, int threads, const std::string & origin) {
+// A ModelSource over Python-owned buffers (the HF-directory and FunASR-folder paths); `keep` holds
+// the buffer views alive while the model copies or wraps them.
+fun_asr::ModelSource source_from_python(const std::string & arch, const py::dict & meta, const py::list & tensors,
+                                        const std::string & origin, std::vector<py::buffer_info> & keep) {
     fun_asr::ModelSource src;
     src.arch = arch;
     src.origin = origin;
@@ -186,7 +190,6 @@ std::unique_ptr<Model> load_tensors(const std::string & arch, const py::dict & m
         const std::string key = item.first.cast<std::string>();
         src.meta[key] = to_meta(item.second, key);
     }
-    std::vector<py::buffer_info> keep;  // keeps the buffers valid while loading
     keep.reserve(tensors.size());
     for (auto item : tensors) {
         auto tup = item.cast<py::tuple>();
@@ -200,8 +203,29 @@ std::unique_ptr<Model> load_tensors(const std::string & arch, const py::dict & m
         t.nbytes = static_cast<size_t>(keep.back().size * keep.back().itemsize);
         src.tensors.push_back(std::move(t));
     }
+    return src;
+}
+
+std::unique_ptr<Model> load_tensors(const std::string & arch, const py::dict & meta, const py::list & tensors,
+                                    const std::string & device, int threads, const std::string & origin) {
+    std::vector<py::buffer_info> keep;
+    fun_asr::ModelSource src = source_from_python(arch, meta, tensors, origin, keep);
     py::gil_scoped_release release;
     return std::make_unique<Model>(src, device, threads);
+}
+
+std::unique_ptr<fun_asr::VadModel> load_vad_gguf(const std::string & path, int threads) {
+    py::gil_scoped_release release;
+    fun_asr::ModelSource src = fun_asr::read_gguf(path);
+    return std::make_unique<fun_asr::VadModel>(src, threads);
+}
+
+std::unique_ptr<fun_asr::VadModel> load_vad_tensors(const py::dict & meta, const py::list & tensors, int threads,
+                                                    const std::string & origin) {
+    std::vector<py::buffer_info> keep;
+    fun_asr::ModelSource src = source_from_python("fsmn_vad", meta, tensors, origin, keep);
+    py::gil_scoped_release release;
+    return std::make_unique<fun_asr::VadModel>(src, threads);
 }
 
 py::dict model_info(const Model & m) {
@@ -422,6 +446,59 @@ PYBIND11_MODULE(_core, m) {
                    " backend=" + self.backend_name() + ">";
         });
 
+    py::class_<fun_asr::VadModel>(m, "VadModel",
+                                  "FunASR's FSMN-VAD network on the CPU: LFR features -> per-frame class probabilities, "
+                                  "with the FSMN caches carried between calls (chunks give the same result as one call).")
+        .def(
+            "forward",
+            [](fun_asr::VadModel & self, const py::array & features, py::array & cache, int64_t column) {
+                const auto & hp = self.hparams();
+                require_rows(features, hp.in_dim, "features");
+                require_float32_c(cache, 3, "cache");
+                if (cache.shape(0) != hp.n_layers || cache.shape(1) != hp.lorder - 1 || cache.shape(2) != hp.proj_dim) {
+                    throw py::value_error("cache must have shape (" + std::to_string(hp.n_layers) + ", " +
+                                          std::to_string(hp.lorder - 1) + ", " + std::to_string(hp.proj_dim) + ")");
+                }
+                if (!cache.writeable()) throw py::value_error("cache must be writeable (it is updated in place)");
+                const int64_t T = features.shape(0);
+                const float * f = static_cast<const float *>(features.data());
+                float * c = static_cast<float *>(cache.mutable_data());
+                std::vector<float> out;
+                {
+                    py::gil_scoped_release release;
+                    out = self.forward(f, T, c, column);
+                }
+                std::vector<py::ssize_t> shape{T};
+                if (column < 0) shape.push_back(hp.out_dim);
+                py::array_t<float> result(shape);
+                std::memcpy(result.mutable_data(), out.data(), out.size() * sizeof(float));
+                return result;
+            },
+            py::arg("features"), py::arg("cache"), py::arg("column") = 0,
+            "features float32 [T, input_dim] (LFR, before CMVN); cache float32 [n_layers, lorder-1, proj_dim], "
+            "updated in place (zeros = no history). Returns the probabilities of class `column` [T], or of "
+            "every class [T, output_dim] with column=-1.")
+        .def_property("threads", &fun_asr::VadModel::threads, &fun_asr::VadModel::set_threads)
+        .def("info", [](const fun_asr::VadModel & self) {
+            const auto & hp = self.hparams();
+            py::dict d;
+            d["input_dim"] = hp.in_dim;
+            d["input_affine_dim"] = hp.in_affine;
+            d["linear_dim"] = hp.linear_dim;
+            d["proj_dim"] = hp.proj_dim;
+            d["lorder"] = hp.lorder;
+            d["output_affine_dim"] = hp.out_affine;
+            d["output_dim"] = hp.out_dim;
+            d["n_layers"] = hp.n_layers;
+            d["threads"] = self.threads();
+            return d;
+        });
+
+    m.def("load_vad_gguf", &load_vad_gguf, py::arg("path"), py::kw_only(), py::arg("threads") = 1,
+          "Load an fsmn_vad GGUF file.");
+    m.def("load_vad_tensors", &load_vad_tensors, py::arg("metadata"), py::arg("tensors"), py::kw_only(),
+          py::arg("threads") = 1, py::arg("origin") = "<tensors>",
+          "Load an FSMN-VAD from GGUF-style metadata and (name, type, ne, buffer) tensors (FunASR folders).");
     m.def("load_gguf", &load_gguf, py::arg("path"), py::kw_only(), py::arg("device") = "cpu", py::arg("threads") = 0,
           "Load a fun_asr_nano GGUF file.");
     m.def(

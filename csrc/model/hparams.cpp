@@ -12,7 +12,9 @@ const MetaValue & get(const Metadata & m, const std::string & key) {
     return it->second;
 }
 
-int64_t get_int(const Metadata & m, const std::string & key, int64_t minimum = 1) {
+}  // namespace
+
+int64_t get_int(const Metadata & m, const std::string & key, int64_t minimum) {
     const MetaValue & v = get(m, key);
     if (!std::holds_alternative<int64_t>(v)) {
         throw std::runtime_error("model metadata key '" + key + "' must be an integer");
@@ -24,6 +26,8 @@ int64_t get_int(const Metadata & m, const std::string & key, int64_t minimum = 1
     }
     return x;
 }
+
+namespace {
 
 float get_float(const Metadata & m, const std::string & key) {
     const MetaValue & v = get(m, key);

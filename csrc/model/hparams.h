@@ -47,6 +47,9 @@ struct HParams {
     int64_t symbol(const std::string & name, int64_t layer) const;
 };
 
+// An integer metadata value >= minimum; std::runtime_error naming the key otherwise.
+int64_t get_int(const Metadata & m, const std::string & key, int64_t minimum = 1);
+
 // Reads and validates; throws std::runtime_error naming the missing/invalid key.
 HParams parse_hparams(const Metadata & meta, const std::string & arch);
 

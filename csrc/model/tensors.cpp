@@ -7,14 +7,6 @@ namespace fun_asr {
 
 namespace {
 
-struct TableEntry {
-    const char * group;
-    const char * name;
-    const char * kind;
-    int n_dims;
-    const char * shape[4];
-};
-
 const TableEntry kTable[] = {
 #include "fun_asr_tensor_table.inc"
 };

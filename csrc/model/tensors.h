@@ -11,6 +11,15 @@
 
 namespace fun_asr {
 
+// One row of a generated tensor table (cmake/tensor_table.cmake): shape in torch order, symbols or numbers.
+struct TableEntry {
+    const char * group;
+    const char * name;
+    const char * kind;
+    int n_dims;
+    const char * shape[4];
+};
+
 struct ExpectedTensor {
     std::string name;         // GGUF name
     std::string kind;         // matrix | embedding | norm | bias | fsmn

@@ -1,0 +1,246 @@
+#include "runtime/vad_model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <thread>
+
+#include "ggml-cpu.h"
+#include "model/tensors.h"
+
+namespace fun_asr {
+
+namespace {
+
+const TableEntry kVadTable[] = {
+#include "fsmn_vad_tensor_table.inc"
+};
+
+constexpr int kVadGraphSize = 256;
+
+std::string with_layer(const char * pattern, int64_t layer) {
+    std::string s = pattern;
+    const auto pos = s.find("{i}");
+    if (pos != std::string::npos) s.replace(pos, 3, std::to_string(layer));
+    return s;
+}
+
+std::vector<ExpectedTensor> expected_vad_tensors(const VadHParams & hp) {
+    std::vector<ExpectedTensor> out;
+    auto expand = [&](const std::string & group, int64_t layer) {
+        for (const auto & e : kVadTable) {
+            if (group != e.group) continue;
+            ExpectedTensor t;
+            t.name = with_layer(e.name, layer);
+            t.kind = e.kind;
+            for (int d = e.n_dims - 1; d >= 0; --d) t.ne.push_back(hp.symbol(e.shape[d]));
+            out.push_back(std::move(t));
+        }
+    };
+    expand("vad_network", -1);
+    expand("vad_cmvn", -1);
+    for (int64_t i = 0; i < hp.n_layers; ++i) expand("vad_layer", i);
+    return out;
+}
+
+}  // namespace
+
+int64_t VadHParams::symbol(const std::string & name) const {
+    if (name == "in_dim") return in_dim;
+    if (name == "in_affine") return in_affine;
+    if (name == "linear_dim") return linear_dim;
+    if (name == "proj_dim") return proj_dim;
+    if (name == "lorder") return lorder;
+    if (name == "out_affine") return out_affine;
+    if (name == "out_dim") return out_dim;
+    throw std::runtime_error("fsmn_vad tensor table: unknown shape symbol '" + name + "'");
+}
+
+VadHParams parse_vad_hparams(const Metadata & m) {
+    const std::string k = "fsmn_vad.";
+    VadHParams hp;
+    hp.in_dim = get_int(m, k + "input_dim");
+    hp.in_affine = get_int(m, k + "input_affine_dim");
+    hp.linear_dim = get_int(m, k + "linear_dim");
+    hp.proj_dim = get_int(m, k + "proj_dim");
+    hp.lorder = get_int(m, k + "lorder", 2);
+    hp.out_affine = get_int(m, k + "output_affine_dim");
+    hp.out_dim = get_int(m, k + "output_dim", 2);
+    hp.n_layers = get_int(m, k + "block_count");
+    if (get_int(m, k + "rorder", 0) != 0) {
+        throw std::runtime_error("fsmn_vad: FSMN blocks with a right context (rorder > 0) are not supported");
+    }
+    const int64_t limit = 1 << 20;
+    for (int64_t v : {hp.in_dim, hp.in_affine, hp.linear_dim, hp.proj_dim, hp.lorder, hp.out_affine, hp.out_dim}) {
+        if (v > limit) throw std::runtime_error("fsmn_vad: a dimension of " + std::to_string(v) + " is implausible");
+    }
+    if (hp.n_layers > 64) throw std::runtime_error("fsmn_vad: " + std::to_string(hp.n_layers) + " layers is implausible");
+    return hp;
+}
+
+VadModel::VadModel(const ModelSource & src, int threads) {
+    if (src.arch != "fsmn_vad") {
+        throw std::runtime_error(src.origin + ": architecture '" + src.arch + "' is not a VAD model (expected fsmn_vad)");
+    }
+    hp_ = parse_vad_hparams(src.meta);
+    const std::vector<ExpectedTensor> expected = expected_vad_tensors(hp_);
+    std::map<std::string, const SourceTensor *> by_name;
+    for (const auto & t : src.tensors) {
+        if (!by_name.emplace(t.name, &t).second) throw std::runtime_error(src.origin + ": duplicate tensor '" + t.name + "'");
+    }
+    if (by_name.size() != expected.size()) {
+        for (const auto & [name, t] : by_name) {
+            bool known = false;
+            for (const auto & e : expected) known |= e.name == name;
+            if (!known) throw std::runtime_error(src.origin + ": unexpected tensor '" + name + "'");
+        }
+    }
+    ggml_init_params ip{ggml_tensor_overhead() * (expected.size() + 1), nullptr, true};
+    wctx_ = ggml_init(ip);  // shape checks only; the weights are placed padded below
+    if (!wctx_) throw std::runtime_error("ggml_init failed");
+    std::vector<std::pair<ggml_tensor *, const SourceTensor *>> pairs;
+    for (const auto & e : expected) {
+        auto it = by_name.find(e.name);
+        if (it == by_name.end()) throw std::runtime_error(src.origin + ": missing tensor '" + e.name + "'");
+        const SourceTensor & s = *it->second;
+        if (s.type != GGML_TYPE_F32) {
+            throw std::runtime_error(src.origin + ": tensor '" + e.name + "' must be F32, got " + ggml_type_name(s.type));
+        }
+        if (s.ne != e.ne) throw std::runtime_error(src.origin + ": tensor '" + e.name + "' has the wrong shape");
+        ggml_tensor * t = ggml_new_tensor(wctx_, GGML_TYPE_F32, static_cast<int>(e.ne.size()), e.ne.data());
+        ggml_set_name(t, e.name.c_str());
+        if (s.nbytes != ggml_nbytes(t)) throw std::runtime_error(src.origin + ": tensor '" + e.name + "' has the wrong size");
+        pairs.emplace_back(t, &s);
+    }
+    backend_ = ggml_backend_cpu_init();
+    if (!backend_) throw std::runtime_error("cannot initialise the CPU backend");
+    // Hidden widths (140, 250) are padded with zero rows/columns to multiples of 16: ggml's fast F32
+    // GEMM (llamafile tinyBLAS) needs the inner dimension in whole vectors, and at 140/250 it falls back
+    // to a dot-product loop 4-10x slower. Zero weights and biases add exact zeros (ReLU(0) = 0), so the
+    // probabilities are unchanged.
+    auto pad = [](int64_t n) { return (n + 15) / 16 * 16; };
+    dims_ = {pad(hp_.in_affine), pad(hp_.linear_dim), hp_.proj_dim, pad(hp_.out_affine)};
+    const int64_t A = dims_[0], D = dims_[1], P = dims_[2], O = dims_[3];
+    struct Placed {
+        ggml_tensor * dst;
+        const SourceTensor * src;
+        int64_t rows, cols;  // the source's row-major shape; dst is [cols_pad, rows_pad] in ggml order
+        bool transpose;      // FSMN taps: [P, L] -> [L, P] (each tap's channels run along ne0)
+        bool matrix;
+    };
+    std::vector<Placed> placed;
+    std::map<std::string, const SourceTensor *> src_of;
+    for (auto & [t, s] : pairs) src_of[ggml_get_name(t)] = s;
+    ggml_free(wctx_);  // the unpadded tensors were only for checking; the real ones are padded
+    ggml_init_params ip2{ggml_tensor_overhead() * (expected.size() + 1), nullptr, true};
+    wctx_ = ggml_init(ip2);
+    auto make = [&](const std::string & name, int64_t rows_pad, int64_t cols_pad, bool transpose = false) {
+        const SourceTensor * s = src_of.at(name);
+        ggml_tensor * t = cols_pad > 0 ? ggml_new_tensor_2d(wctx_, GGML_TYPE_F32, cols_pad, rows_pad)
+                                       : ggml_new_tensor_1d(wctx_, GGML_TYPE_F32, rows_pad);
+        ggml_set_name(t, name.c_str());
+        const int64_t rows = s->ne.size() > 1 ? s->ne[1] : s->ne[0], cols = s->ne.size() > 1 ? s->ne[0] : 1;
+        placed.push_back({t, s, rows, cols, transpose, cols_pad > 0});
+        return t;
+    };
+    w_.shift = make("vad.cmvn.shift", hp_.in_dim, 0);
+    w_.scale = make("vad.cmvn.scale", hp_.in_dim, 0);
+    w_.in1_w = make("vad.in1.weight", A, hp_.in_dim);
+    w_.in1_b = make("vad.in1.bias", A, 0);
+    w_.in2_w = make("vad.in2.weight", D, A);
+    w_.in2_b = make("vad.in2.bias", D, 0);
+    for (int64_t i = 0; i < hp_.n_layers; ++i) {
+        const std::string p = "vad.blk." + std::to_string(i);
+        VadLayer l;
+        l.linear = make(p + ".linear.weight", P, D);
+        l.taps = make(p + ".fsmn.weight", hp_.lorder, P, true);
+        l.affine_w = make(p + ".affine.weight", D, P);
+        l.affine_b = make(p + ".affine.bias", D, 0);
+        w_.layers.push_back(l);
+    }
+    w_.out1_w = make("vad.out1.weight", O, D);
+    w_.out1_b = make("vad.out1.bias", O, 0);
+    w_.out2_w = make("vad.out2.weight", hp_.out_dim, O);
+    w_.out2_b = make("vad.out2.bias", hp_.out_dim, 0);
+    wbuf_ = ggml_backend_alloc_ctx_tensors(wctx_, backend_);
+    if (!wbuf_) throw std::runtime_error("cannot allocate the VAD weights");
+    for (const Placed & pl : placed) {
+        std::vector<float> buf(static_cast<size_t>(ggml_nelements(pl.dst)), 0.0f);
+        const float * src = static_cast<const float *>(pl.src->data);
+        const int64_t ld = pl.dst->ne[0];  // padded row length
+        for (int64_t r = 0; r < pl.rows; ++r) {
+            for (int64_t c = 0; c < pl.cols; ++c) {
+                const float v = src[r * pl.cols + c];
+                const int64_t at = pl.transpose ? c * ld + r : (pl.matrix ? r * ld + c : r);
+                buf[static_cast<size_t>(at)] = v;
+            }
+        }
+        ggml_backend_tensor_set(pl.dst, buf.data(), 0, ggml_nbytes(pl.dst));
+    }
+    allocr_ = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_));
+    meta_.resize(ggml_tensor_overhead() * kVadGraphSize + ggml_graph_overhead_custom(kVadGraphSize, false));
+    set_threads(threads);
+}
+
+VadModel::~VadModel() {
+    if (allocr_) ggml_gallocr_free(allocr_);
+    if (wbuf_) ggml_backend_buffer_free(wbuf_);
+    if (wctx_) ggml_free(wctx_);
+    if (backend_) ggml_backend_free(backend_);
+}
+
+void VadModel::set_threads(int threads) {
+    if (threads < 0) throw std::invalid_argument("threads must be >= 0 (0 = all cores)");
+    threads_ = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    ggml_backend_cpu_set_n_threads(backend_, threads_);
+}
+
+std::vector<float> VadModel::forward(const float * feats, int64_t T, float * cache, int64_t column) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (T <= 0) throw std::invalid_argument("features are empty: need at least one frame");
+    if (column >= hp_.out_dim) {
+        throw std::out_of_range("column " + std::to_string(column) + " is outside the " + std::to_string(hp_.out_dim) +
+                                " output classes");
+    }
+    ggml_init_params ip{meta_.size(), meta_.data(), true};
+    ggml_context * ctx = ggml_init(ip);
+    struct Free {
+        ggml_context * c;
+        ~Free() { ggml_free(c); }
+    } guard{ctx};
+    ggml_cgraph * gf = ggml_new_graph_custom(ctx, kVadGraphSize, false);
+    ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hp_.in_dim, T);
+    ggml_set_input(x);
+    std::vector<ggml_tensor *> caches, new_caches;
+    for (int64_t i = 0; i < hp_.n_layers; ++i) {
+        caches.push_back(ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hp_.proj_dim, hp_.lorder - 1));
+        ggml_set_input(caches.back());
+    }
+    ggml_tensor * probs = build_fsmn_vad(ctx, hp_, w_, x, caches, new_caches);
+    ggml_tensor * out = column >= 0 ? ggml_cont(ctx, ggml_view_2d(ctx, probs, 1, T, probs->nb[1], column * sizeof(float)))
+                                    : probs;
+    ggml_set_output(out);
+    ggml_build_forward_expand(gf, out);
+    for (ggml_tensor * c : new_caches) {
+        ggml_set_output(c);
+        ggml_build_forward_expand(gf, c);
+    }
+    if (!ggml_gallocr_alloc_graph(allocr_, gf)) throw std::runtime_error("cannot allocate the VAD graph");
+    ggml_backend_tensor_set(x, feats, 0, ggml_nbytes(x));
+    const size_t per_layer = static_cast<size_t>((hp_.lorder - 1) * hp_.proj_dim);
+    for (size_t i = 0; i < caches.size(); ++i) {
+        ggml_backend_tensor_set(caches[i], cache + i * per_layer, 0, per_layer * sizeof(float));
+    }
+    if (ggml_backend_graph_compute(backend_, gf) != GGML_STATUS_SUCCESS) {
+        throw std::runtime_error("VAD graph computation failed");
+    }
+    std::vector<float> result(static_cast<size_t>(ggml_nelements(out)));
+    ggml_backend_tensor_get(out, result.data(), 0, result.size() * sizeof(float));
+    for (size_t i = 0; i < new_caches.size(); ++i) {
+        ggml_backend_tensor_get(new_caches[i], cache + i * per_layer, 0, per_layer * sizeof(float));
+    }
+    return result;
+}
+
+}  // namespace fun_asr
