@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +15,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 from make_random_checkpoint import make_checkpoint  # noqa: E402
+
+# Tests never see the user's caches or the network hub: the default vad="auto" then finds no VAD
+# model (tests that want one pass it), and nothing is downloaded by accident. Subprocesses inherit this.
+_ISOLATED = Path(tempfile.mkdtemp(prefix="fun-asr-tests-"))
+atexit.register(shutil.rmtree, _ISOLATED, ignore_errors=True)
+os.environ["FUN_ASR_CACHE_DIR"] = str(_ISOLATED / "fun-asr-cache")
+os.environ["HF_HUB_CACHE"] = str(_ISOLATED / "hub")
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 
 @pytest.fixture(scope="session")

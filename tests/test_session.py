@@ -222,8 +222,8 @@ def test_cli_every_format(tiny_gguf, tmp_path: Path) -> None:  # noqa: ANN001
     assert r.returncode == 0, r.stderr
     data = json.loads((tmp_path / "en_hello.json").read_text())
     assert set(data) == {"schema_version", "input", "source", "text", "language", "detected_language", "duration",
-                         "truncated", "input_truncated", "empty_reason", "error", "warnings", "segments", "timings",
-                         "options"}
+                         "truncated", "input_truncated", "empty_reason", "error", "segmentation", "warnings",
+                         "segments", "timings", "options"}
     assert data["truncated"] and data["warnings"] and not data["input_truncated"] and data["error"] is None
     assert set(data["segments"][0]) == {"start", "end", "text", "tokens", "stop_reason", "truncated", "repetition"}
     assert data["options"] == {"language": "en", "itn": False, "hotwords": ["fun", "asr"], "max_new_tokens": 6,

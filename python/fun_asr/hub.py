@@ -55,7 +55,7 @@ def _reachable(url: str, timeout: float = 5.0) -> str | None:
     return None
 
 
-def _snapshot(name: str, revision: str | None) -> Path:
+def _snapshot(name: str, revision: str | None, files: list[str] | None = None) -> Path:
     """The local snapshot folder of `name`@`revision`, downloading it if needed.
 
     A pinned commit already in the hub cache is used without any network access. Otherwise the hub
@@ -66,7 +66,7 @@ def _snapshot(name: str, revision: str | None) -> Path:
     where = f"{name}@{revision or 'main'}"
     if _offline() or (revision and _COMMIT.match(revision)):
         try:
-            return Path(snapshot_download(name, revision=revision, allow_patterns=CHECKPOINT_FILES,
+            return Path(snapshot_download(name, revision=revision, allow_patterns=files or CHECKPOINT_FILES,
                                           local_files_only=True)).resolve()
         except Exception as exc:  # noqa: BLE001 - not in the cache (huggingface_hub raises several types)
             if _offline():
@@ -86,7 +86,7 @@ def _snapshot(name: str, revision: str | None) -> Path:
     level = hub_log.level
     hub_log.setLevel(logging.ERROR)  # no per-retry warnings; the error below says what happened
     try:
-        return Path(snapshot_download(name, revision=revision, allow_patterns=CHECKPOINT_FILES)).resolve()
+        return Path(snapshot_download(name, revision=revision, allow_patterns=files or CHECKPOINT_FILES)).resolve()
     except Exception as exc:  # huggingface_hub raises many types (404, auth, network)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise FileNotFoundError(f"cannot fetch {where}: {first}") from None
@@ -127,4 +127,47 @@ def resolve_model(model: str | os.PathLike[str], package_type: str, revision: st
         report = convert(snapshot, out, package_type, progress=progress, repo_id=name, revision=commit,
                          overwrite=True)
         log.info("%s", report.summary())
+    return out
+
+
+_VAD_SPEC = load_spec("fsmn_vad")
+DEFAULT_VAD_REPO = _VAD_SPEC["upstream"]["repo_id"]
+VAD_FILES = list(_VAD_SPEC["upstream"]["files"])
+
+
+def _vad_cache_path(repo: str, commit: str) -> Path:
+    return cache_dir() / "models" / f"{repo.replace('/', '--')}--{commit[:12]}-fsmn_vad.gguf"
+
+
+def resolve_vad(model: str | os.PathLike[str] | None = None, *, download: bool = True,
+                progress: bool = False) -> Path | None:
+    """A VAD model to load: ``model`` itself when it is a path (a .gguf or a FunASR fsmn-vad folder),
+    else the converted GGUF of a hub repo (default ``funasr/fsmn-vad``), converted once into the
+    fun-asr cache. ``download=False`` looks only at what is already on this machine (fun-asr's cache,
+    then the local hub cache) and returns None when the model is not there."""
+    if model is not None and Path(model).expanduser().exists():
+        return Path(model).expanduser()
+    name = str(model or DEFAULT_VAD_REPO)
+    if not _REPO_ID.match(name):
+        raise FileNotFoundError(f"{name}: no such VAD model (a .gguf file, a FunASR fsmn-vad folder, or a hub repo "
+                                f"id such as {DEFAULT_VAD_REPO})")
+    if not download:
+        done = sorted((cache_dir() / "models").glob(f"{name.replace('/', '--')}--*-fsmn_vad.gguf"),
+                      key=lambda p: p.stat().st_mtime)
+        if done:
+            return done[-1]
+        from huggingface_hub import snapshot_download
+
+        try:
+            snapshot = Path(snapshot_download(name, allow_patterns=VAD_FILES, local_files_only=True)).resolve()
+        except Exception:  # noqa: BLE001 - not in the local hub cache
+            return None
+    else:
+        snapshot = _snapshot(name, None, VAD_FILES)
+    out = _vad_cache_path(name, snapshot.name)
+    if not out.is_file():
+        from fun_asr.converter.vad import convert_vad
+
+        log.info("converting %s@%s to %s, once", name, snapshot.name[:12], out)
+        convert_vad(snapshot, out, overwrite=True, repo_id=name, revision=snapshot.name)
     return out

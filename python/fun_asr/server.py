@@ -72,6 +72,7 @@ def verbose_json(t: Transcription) -> dict[str, Any]:
         "truncated": t.truncated,
         "input_truncated": t.input_truncated,
         "warnings": t.warnings,
+        "segmentation": t.segmentation,
         "segments": [
             {"id": i, "seek": int(s.start * 100), "start": s.start, "end": s.end, "text": s.text,
              "tokens": s.tokens, "temperature": 0.0, "stop_reason": s.stop_reason, "truncated": s.truncated,
@@ -86,8 +87,9 @@ class Batcher:
     """One worker thread owns the model: it takes queued requests and transcribes up to `max_batch`
     with equal options together (Session.transcribe_batch: one decoding pass for all of them)."""
 
-    def __init__(self, session: Session, max_batch: int, max_new_tokens: int) -> None:
+    def __init__(self, session: Session, max_batch: int, max_new_tokens: int, segment_seconds: float = 30.0) -> None:
         self.session, self.max_batch, self.max_new_tokens = session, max(1, max_batch), max_new_tokens
+        self.segment_seconds = segment_seconds
         self.jobs: queue.Queue[tuple[tuple, tuple[np.ndarray, str], Future] | None] = queue.Queue()
         self.thread = threading.Thread(target=self._work, name="fun-asr-batcher", daemon=True)
         self.thread.start()
@@ -130,6 +132,7 @@ class Batcher:
             results = self.session.transcribe_batch(
                 [job[1][0] for job in batch], sample_rate=SAMPLE_RATE, language=language, itn=itn,
                 hotwords=list(hotwords), max_new_tokens=self.max_new_tokens, batch_size=len(batch),
+                segment_seconds=self.segment_seconds,
                 names=[job[1][1] for job in batch])
         except Exception as exc:  # noqa: BLE001 - handed to every waiting request
             for _, _, fut in batch:
@@ -147,13 +150,14 @@ def _decode(data: bytes, name: str) -> tuple[np.ndarray, AudioInfo]:
 
 
 def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0, max_concurrency: int = 8,
-               max_new_tokens: int = 512) -> FastAPI:
+               max_new_tokens: int = 512, segment_seconds: float = 30.0) -> FastAPI:
+    session.options(max_new_tokens=max_new_tokens, segment_seconds=segment_seconds)  # checked once, at start
     batcher: Batcher | None = None
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):  # noqa: ANN202
         nonlocal batcher
-        batcher = Batcher(session, max_concurrency, max_new_tokens)
+        batcher = Batcher(session, max_concurrency, max_new_tokens, segment_seconds)
         try:
             yield
         finally:

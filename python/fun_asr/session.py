@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -17,13 +18,14 @@ import numpy as np
 
 from fun_asr import _core
 from fun_asr.audio import SAMPLE_RATE, AudioError, AudioInput, check_audio_input, decode_audio
-from fun_asr.frontend import FrontendConfig, fake_token_len, features
+from fun_asr.frontend import FrontendConfig, fake_token_len, fbank, features, lfr
 from fun_asr.hub import DEFAULT_REPO, resolve_model
 from fun_asr.model import load_model
 from fun_asr.notices import InputWarning, RecordingFailedWarning, RepetitionWarning, TruncatedOutputWarning
 from fun_asr.prompt import PromptSpec, prompt_text
 from fun_asr.segment import split_points
 from fun_asr.tokenizer import TextTokenizer
+from fun_asr.vad import FsmnVad, num_fbank_frames
 
 log = logging.getLogger("fun_asr")
 
@@ -46,7 +48,8 @@ class Transcription:
     ``warnings`` lists everything a reader of the text should know (input truncated, audio too
     short, a segment cut by ``max_new_tokens`` or stopped by the repetition guard); each is also
     issued once as a Python warning. ``empty_reason`` says why ``text`` is empty when it is for a
-    known reason (``"too_short"``: less than one 25 ms analysis frame; ``"error"``). In
+    known reason (``"too_short"``: less than one 25 ms analysis frame; ``"no_speech"``: the VAD found
+    none, so the recognizer was not run; ``"error"``). In
     ``transcribe_batch`` a recording that cannot be read or transcribed does not fail the batch: its
     result has ``error`` set (and ``ok`` False) and the others are transcribed as usual.
     """
@@ -62,6 +65,7 @@ class Transcription:
     input_truncated: bool = False  # the file holds less audio than its header promises
     empty_reason: str | None = None  # "too_short" | "error" when text is empty for that reason
     error: str | None = None  # transcribe_batch: why this recording failed (its text is empty)
+    segmentation: str | None = None  # "vad" (FSMN-VAD speech segments) | "pauses" (cut at quiet points)
 
     @property
     def ok(self) -> bool:
@@ -90,6 +94,7 @@ class Transcription:
             "input_truncated": self.input_truncated,
             "empty_reason": self.empty_reason,
             "error": self.error,
+            "segmentation": self.segmentation,
             "warnings": list(self.warnings),
             "segments": [asdict(s) for s in self.segments],
             "timings": self.timings,
@@ -138,11 +143,23 @@ class Session:
     ``FunAudioLLM/Fun-ASR-Nano-2512-hf`` at the pinned revision: downloaded and converted once,
     Q8_0 on CPU and F16 on CUDA unless ``package_type`` says otherwise).
     ``device``: ``auto``, ``cpu``, ``cuda``, ``cuda:N``. ``threads``: CPU threads, 0 = all cores.
+
+    ``vad``: FunASR's FSMN-VAD in front of the recognizer (only speech is transcribed, each segment
+    timed by the VAD, as FunASR's own pipeline). ``"fsmn"`` requires it: ``vad_model`` (a GGUF from
+    ``fun-asr-convert``, a FunASR ``fsmn-vad`` folder, or a hub repo id) or else ``funasr/fsmn-vad``
+    from the hub, converted once. ``"auto"`` (default) uses it when it is available: ``vad_model`` if
+    given; downloaded with a hub ``model`` (the default); for a local model, only when already on this
+    machine (fun-asr's or the hub's cache). Otherwise, and with ``None``, long audio is cut at its
+    quietest points (``Transcription.segmentation`` says which).
     One Session can be used from several threads; transcriptions run one at a time.
     """
 
     def __init__(self, model: str | os.PathLike[str] = DEFAULT_REPO, device: str = "auto", threads: int = 0, *,
-                 package_type: str | None = None, revision: str | None = None, progress: bool = True) -> None:
+                 package_type: str | None = None, revision: str | None = None, progress: bool = True,
+                 vad: str | None = "auto", vad_model: str | os.PathLike[str] | None = None) -> None:
+        if vad not in ("auto", "fsmn", None, "none"):
+            raise ValueError(f"vad must be 'auto', 'fsmn' or None, got {vad!r}")
+        from_hub = not Path(model).expanduser().exists()
         path = resolve_model(model, package_type or _default_package(device), revision, progress)
         self.path = path
         self.model = load_model(path, device=device, threads=threads)
@@ -159,9 +176,30 @@ class Session:
         self.stop_ids: list[int] = list(info["decoder"]["eos_token_ids"])
         self.max_segment_seconds = info["encoder"]["max_frames"] * self.frontend.seconds_per_lfr_frame
         self._lock = threading.Lock()
+        self.vad: FsmnVad | None = None
+        if vad not in (None, "none"):
+            self.vad = self._load_vad(vad, vad_model, from_hub, progress)
 
+    def _load_vad(self, mode: str, vad_model: str | os.PathLike[str] | None, from_hub: bool,
+                  progress: bool) -> FsmnVad | None:
+        from fun_asr.hub import resolve_vad
+
+        try:
+            path = resolve_vad(vad_model, download=mode == "fsmn" or from_hub or vad_model is not None,
+                               progress=progress)
+            if path is None:
+                log.info("no FSMN-VAD model on this machine: long audio is cut at pauses (pass vad_model=, or "
+                         "vad='fsmn' to fetch funasr/fsmn-vad)")
+                return None
+            return FsmnVad.load(path, threads=1)
+        except (OSError, ValueError) as exc:
+            if mode == "fsmn" or vad_model is not None:
+                raise
+            log.warning("FSMN-VAD unavailable (%s); long audio is cut at pauses instead", exc)
+            return None
     def __repr__(self) -> str:
-        return f"Session({str(self.path)!r}, backend={self.model.info()['backend']})"
+        vad = "fsmn" if self.vad is not None else None
+        return f"Session({str(self.path)!r}, backend={self.model.info()['backend']}, vad={vad!r})"
 
     # -- options -------------------------------------------------------------------------------
 
@@ -203,15 +241,18 @@ class Session:
     def transcribe(self, audio: AudioInput, *, sample_rate: int | None = None, language: str | None = None,
                    itn: bool = True, hotwords: list[str] | str | None = None, max_new_tokens: int = 512,
                    segment_seconds: float = 30.0, repetition_guard: bool = True,
-                   progress: bool = False, ignore_eos: bool = False) -> Transcription:
+                   progress: bool = False, ignore_eos: bool = False, batch_size: int = 8) -> Transcription:
         """Transcribes one recording (path, bytes, binary file object, or array with ``sample_rate``).
 
-        Raises on audio that cannot be read. ``ignore_eos`` is for benchmarks only: decode exactly
+        Its segments are decoded up to ``batch_size`` at a time (token for token the same as one by
+        one). Raises on audio that cannot be read. ``ignore_eos`` is for benchmarks only: decode exactly
         ``max_new_tokens`` per segment.
         """
         check_audio_input(audio)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         opts = self.options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos)
-        return self._run([audio], sample_rate, opts, batch_size=1, progress=progress, raise_errors=True)[0]
+        return self._run([audio], sample_rate, opts, batch_size=batch_size, progress=progress, raise_errors=True)[0]
 
     def transcribe_batch(self, audios: list[AudioInput], *, sample_rate: int | None = None,
                          language: str | None = None, itn: bool = True, hotwords: list[str] | str | None = None,
@@ -261,14 +302,18 @@ class Session:
             item.warnings = list(info.warnings)
             item.input_truncated = info.truncated
             item.timings["load_ms"] = (time.perf_counter() - t0) * 1e3
-            item.spans = split_points(item.samples, opts.segment_seconds)
-            item.segments = [Segment(a / SAMPLE_RATE, b / SAMPLE_RATE, "", [], "empty", False, False)
-                             for a, b in item.spans]
             if len(item.samples) < self.frontend.samples_per_frame:
-                item.segments, item.empty_reason = [], "too_short"
+                item.empty_reason = "too_short"
                 item.warnings.append(f"{item.source}: audio is {len(item.samples) / SAMPLE_RATE:.3f} s long, shorter "
                                      f"than one {self.frontend.frame_length_ms:g} ms analysis frame: nothing to "
                                      "transcribe")
+                continue
+            try:
+                self._segment(item, opts)
+            except (ValueError, RuntimeError, MemoryError) as exc:
+                if raise_errors:
+                    raise
+                item.fail(exc)
         jobs: list[tuple[_Item, int, np.ndarray]] = []  # (item, segment index, decoder input)
         with self._lock:
             prefix = self.model.embed(before)
@@ -281,7 +326,7 @@ class Session:
                 a, b = item.spans[si]
                 try:
                     t0 = time.perf_counter()
-                    feats = features(item.samples[a:b], self.frontend)
+                    feats = self._features(item, a, b)
                     item.timings["frontend_ms"] += (time.perf_counter() - t0) * 1e3
                     if feats.shape[0] > 0:  # a tail shorter than one 25 ms frame has nothing to hear
                         t0 = time.perf_counter()
@@ -305,6 +350,40 @@ class Session:
         for item in items:  # a loop, not a comprehension: warnings point at the caller (stacklevel)
             results.append(self._result(item, opts, options, total_ms if len(items) == 1 else None))
         return results
+
+    def _segment(self, item: _Item, opts: TranscribeOptions) -> None:
+        """Cuts a recording into the segments the recognizer hears: the VAD's speech segments (FunASR's
+        pipeline) or, without a VAD, spans of at most segment_seconds cut at the quietest points."""
+        if self.vad is None:
+            item.segmentation = "pauses"
+            item.spans = split_points(item.samples, opts.segment_seconds)
+        else:
+            item.segmentation = "vad"
+            t0 = time.perf_counter()
+            item.fbank = fbank(item.samples, self.frontend)  # shared: the VAD's frames are the ASR's frames
+            item.timings["frontend_ms"] += (time.perf_counter() - t0) * 1e3
+            t0 = time.perf_counter()
+            cfg = dataclasses.replace(self.vad.cfg, max_single_segment_ms=int(round(opts.segment_seconds * 1000)))
+            ms = SAMPLE_RATE // 1000
+            n = len(item.samples)
+            item.spans = [(s * ms, min(e * ms, n)) for s, e in self.vad.segments(item.samples, cfg, fbank=item.fbank)]
+            item.timings["vad_ms"] += (time.perf_counter() - t0) * 1e3
+            if not item.spans:
+                item.empty_reason = "no_speech"
+        item.segments = [Segment(a / SAMPLE_RATE, b / SAMPLE_RATE, "", [], "empty", False, False)
+                         for a, b in item.spans]
+
+    def _features(self, item: _Item, a: int, b: int) -> np.ndarray:
+        """LFR features of samples [a, b): sliced from the recording's fbank when the segment starts on a
+        frame boundary (identical to computing them on the slice: Kaldi frames are independent), else
+        computed on the slice (FunASR cuts the audio at the segment and runs the frontend on it)."""
+        shift = int(round(self.frontend.sample_rate * self.frontend.frame_shift_ms / 1000))
+        if item.fbank is not None and a % shift == 0:
+            k = a // shift
+            count = num_fbank_frames(b - a)
+            if k + count <= item.fbank.shape[0]:
+                return lfr(item.fbank[k : k + count], self.frontend.lfr_m, self.frontend.lfr_n)
+        return features(item.samples[a:b], self.frontend)
 
     def _result(self, item: _Item, opts: TranscribeOptions, options: dict[str, Any],
                 total_ms: float | None) -> Transcription:
@@ -334,13 +413,17 @@ class Session:
         return Transcription(self._join(item.segments, opts.language), item.segments, opts.language, duration,
                              {k: round(v, 3) if isinstance(v, float) else v for k, v in timings.items()},
                              dict(options), item.source, list(item.warnings), item.input_truncated,
-                             item.empty_reason)
+                             item.empty_reason, segmentation=item.segmentation)
 
     def _decode(self, jobs: list[tuple[_Item, int, np.ndarray]], opts: TranscribeOptions, batch_size: int,
                 progress: bool, raise_errors: bool) -> None:
         """Greedy decoding of every segment, `batch_size` at a time; fills the Segments in place.
-        A chunk that fails is retried one segment at a time so that only the bad one fails."""
+        A chunk that fails is retried one segment at a time so that only the bad one fails.
+        Segments are taken longest first (FunASR sorts VAD segments by length before batching them),
+        so each batch holds similar lengths; results land in their own Segment, so order is kept."""
         stop = [] if opts.ignore_eos else self.stop_ids
+        if batch_size > 1:
+            jobs = sorted(jobs, key=lambda j: -j[2].shape[0])
         bar = _bar(progress, None, "decoding", "tok")
         for k in range(0, len(jobs), batch_size):
             chunk = jobs[k : k + batch_size]
@@ -397,11 +480,14 @@ class _Item:
         self.samples = np.zeros(0, np.float32)
         self.segments: list[Segment] = []
         self.spans: list[tuple[int, int]] = []
+        self.fbank: np.ndarray | None = None  # the whole recording's fbank frames (VAD path)
+        self.segmentation: str | None = None
         self.warnings: list[str] = []
         self.input_truncated = False
         self.empty_reason: str | None = None
         self.error: str | None = None
-        self.timings = {"load_ms": 0.0, "frontend_ms": 0.0, "encode_ms": 0.0, "prefill_ms": 0.0, "decode_ms": 0.0}
+        self.timings = {"load_ms": 0.0, "frontend_ms": 0.0, "vad_ms": 0.0, "encode_ms": 0.0, "prefill_ms": 0.0,
+                        "decode_ms": 0.0}
 
     def fail(self, exc: BaseException | None) -> None:
         msg = str(exc) or type(exc).__name__

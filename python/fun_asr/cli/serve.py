@@ -27,6 +27,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-concurrency", type=int, default=8,
                     help="requests with equal options transcribed together in one batch")
     ap.add_argument("--max-new-tokens", type=int, default=512, help="decoding limit per segment")
+    ap.add_argument("--vad", default="auto", choices=["auto", "fsmn", "none"],
+                    help="FunASR's FSMN-VAD in front of the recognizer (auto: when available)")
+    ap.add_argument("--vad-model", help="FSMN-VAD model: .gguf, FunASR fsmn-vad folder or hub repo id "
+                                        "(default funasr/fsmn-vad)")
+    ap.add_argument("--max-segment-seconds", type=float, default=30.0,
+                    help="longest segment: the VAD's forced cut, or the pause splitter's limit")
     ap.add_argument("--model-id", default="fun-asr-nano", help="the model id /v1/models reports and requests name")
     ap.add_argument("--verbose", action="store_true", help="log every request and full tracebacks")
     return ap
@@ -61,15 +67,24 @@ def main(argv: list[str] | None = None) -> int:
     from fun_asr.session import Session
 
     try:
-        session = Session(args.model, device=args.device, threads=args.threads, progress=sys.stderr.isatty())
+        session = Session(args.model, device=args.device, threads=args.threads, progress=sys.stderr.isatty(),
+                          vad=None if args.vad == "none" else args.vad, vad_model=args.vad_model)
     except Exception as exc:  # noqa: BLE001
         sock.close()
         if args.verbose:
             raise
         print(f"{PROG}: error: cannot load model {args.model}: {exc}", file=sys.stderr)
         return 1
-    app = create_app(session, model_id=args.model_id, max_upload_mb=args.max_upload_mb,
-                     max_concurrency=args.max_concurrency, max_new_tokens=args.max_new_tokens)
+    try:
+        app = create_app(session, model_id=args.model_id, max_upload_mb=args.max_upload_mb,
+                         max_concurrency=args.max_concurrency, max_new_tokens=args.max_new_tokens,
+                         segment_seconds=args.max_segment_seconds)
+    except ValueError as exc:
+        sock.close()
+        msg = str(exc).replace("segment_seconds", "--max-segment-seconds").replace("max_new_tokens",
+                                                                                    "--max-new-tokens")
+        print(f"{PROG}: error: {msg}", file=sys.stderr)
+        return 2
     config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", timeout_graceful_shutdown=30)
     server = uvicorn.Server(config)
     host, port = sock.getsockname()[:2]

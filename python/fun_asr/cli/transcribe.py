@@ -40,7 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (default 0: all cores)")
     ap.add_argument("--max-new-tokens", type=int, default=512, help="decoding limit per segment (default 512)")
-    ap.add_argument("--segment-seconds", type=float, default=30.0, help="longest segment in seconds (default 30)")
+    ap.add_argument("--segment-seconds", "--max-segment-seconds", dest="segment_seconds", type=float, default=30.0,
+                    help="longest segment in seconds: the VAD's forced cut, or the pause splitter's limit (default 30)")
+    ap.add_argument("--vad", default="auto", choices=["auto", "fsmn", "none"],
+                    help="FunASR's FSMN-VAD in front of the recognizer: auto = when available (fetched with the "
+                         "default hub model; a local model uses it when already cached), fsmn = required, none = "
+                         "cut long audio at pauses (default auto)")
+    ap.add_argument("--vad-model", help="FSMN-VAD model: a .gguf, a FunASR fsmn-vad folder, or a hub repo id "
+                                        "(default funasr/fsmn-vad)")
     ap.add_argument("--no-repetition-guard", action="store_true", help="do not stop n-gram loops early")
     ap.add_argument("--batch-size", type=int, default=8,
                     help="segments decoded together across files (default 8; 1 = one by one)")
@@ -93,6 +100,8 @@ def check_options(args: argparse.Namespace) -> None:
         except ValueError:
             raise UsageError(f"--language {args.language}: not supported; accepted: {_language_names()}; "
                              "leave --language out for automatic") from None
+    if args.vad_model and args.vad == "none":
+        raise UsageError("--vad-model with --vad none: choose one")
     if args.files.count(STDIN) > 1:
         raise UsageError("'-' (standard input) can be given once")
     formats = list(FORMATS) if args.format == "all" else [args.format]
@@ -192,7 +201,8 @@ def _main(argv: list[str] | None) -> int:
     try:
         from fun_asr.session import Session
 
-        session = Session(args.model, device=args.device, threads=args.threads, progress=interactive)
+        session = Session(args.model, device=args.device, threads=args.threads, progress=interactive,
+                          vad=None if args.vad == "none" else args.vad, vad_model=args.vad_model)
     except Exception as exc:  # noqa: BLE001 - one clear line unless --verbose
         if args.verbose:
             raise

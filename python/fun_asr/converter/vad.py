@@ -203,8 +203,9 @@ def convert_vad(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, ove
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return ConversionReport(path=out, package_type="f32", tensor_count=len(tensors), file_bytes=out.stat().st_size,
-                            seconds=time.perf_counter() - start, type_counts={"f32": len(tensors)})
+    return ConversionReport(path=out, package_type="fsmn_vad, f32", tensor_count=len(tensors),
+                            file_bytes=out.stat().st_size, seconds=time.perf_counter() - start,
+                            type_counts={"f32": len(tensors)})
 
 
 def load_native(path: str | os.PathLike[str], threads: int = 1):  # noqa: ANN201 - (_core.VadModel, config dict)
