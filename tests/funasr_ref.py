@@ -203,3 +203,28 @@ def encoder_probs(model_dir: str | Path, feats: np.ndarray, chunk: int | None = 
         for i in range(0, feats.shape[0], step):
             outs.append(m.model.encoder(torch.from_numpy(feats[i: i + step])[None], cache=cache)[0].numpy())
     return np.concatenate(outs) if outs else np.zeros((0, 248), np.float32)
+
+
+def server_vad_segments(model_dir: str | Path, samples: np.ndarray, message_ms: int = 60,
+                        max_single_segment_time: int | None = None) -> list[list[int]]:
+    """FunASR 1.4.16's realtime server VAD (``DynamicStreamingVAD``) fed ``message_ms`` messages, then
+    ``finalize()`` and the server's tail fallback (``_finalize_server_session``): closed segments in ms."""
+    _import_funasr()
+    import torch
+    from funasr.models.fsmn_vad_streaming.dynamic_vad import DynamicStreamingVAD
+
+    model = automodel(str(model_dir), max_single_segment_time)
+    x = np.ascontiguousarray(samples, dtype=np.float32).reshape(-1)
+    step = 16 * message_ms
+    with _isolated():
+        vad = DynamicStreamingVAD(model)
+        out: list[list[int]] = []
+        for i in range(0, x.size, step):
+            out += [list(map(int, s)) for s in vad.feed(torch.from_numpy(x[i: i + step].copy()), is_final=False)]
+        duration = x.size * 1000 // 16000
+        tail = [[max(0, int(s[0])), min(duration, int(s[1]))] for s in (vad.finalize() or [])]
+        tail = [s for s in tail if s[1] > s[0]]
+        if not tail and vad.current_speech_start is not None:
+            tail = [[int(vad.current_speech_start), duration]]
+        out += tail
+    return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import queue
 import threading
@@ -20,7 +21,7 @@ from typing import Any
 
 import anyio
 import numpy as np
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.datastructures import UploadFile
@@ -29,6 +30,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fun_asr.audio import SAMPLE_RATE, AudioError, AudioInfo, decode_audio
 from fun_asr.formats import render
 from fun_asr.notices import FunAsrWarning
+from fun_asr.realtime import RealtimeLimits
+from fun_asr.realtime import handle as realtime_handle
 from fun_asr.session import Session, Transcription
 
 log = logging.getLogger("fun_asr.server")
@@ -127,13 +130,16 @@ class Batcher:
                 return
 
     def _run(self, batch: list[tuple[tuple, tuple[np.ndarray, str], Future]]) -> None:
-        language, itn, hotwords = batch[0][0]
+        # options: (language, itn, hotwords) for uploads; streams add (max_new_tokens, segment_seconds)
+        # and decode their VAD sentences without running the offline VAD again
+        language, itn, hotwords, *stream = batch[0][0]
+        max_new, seconds, vad = (stream[0], stream[1], False) if stream else (self.max_new_tokens,
+                                                                              self.segment_seconds, None)
         try:
             results = self.session.transcribe_batch(
                 [job[1][0] for job in batch], sample_rate=SAMPLE_RATE, language=language, itn=itn,
-                hotwords=list(hotwords), max_new_tokens=self.max_new_tokens, batch_size=len(batch),
-                segment_seconds=self.segment_seconds,
-                names=[job[1][1] for job in batch])
+                hotwords=list(hotwords), max_new_tokens=max_new, batch_size=len(batch),
+                segment_seconds=seconds, names=[job[1][1] for job in batch], vad=vad)
         except Exception as exc:  # noqa: BLE001 - handed to every waiting request
             for _, _, fut in batch:
                 fut.set_exception(exc)
@@ -150,7 +156,8 @@ def _decode(data: bytes, name: str) -> tuple[np.ndarray, AudioInfo]:
 
 
 def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0, max_concurrency: int = 8,
-               max_new_tokens: int = 512, segment_seconds: float = 30.0) -> FastAPI:
+               max_new_tokens: int = 512, segment_seconds: float = 30.0,
+               realtime: RealtimeLimits | None = None) -> FastAPI:
     session.options(max_new_tokens=max_new_tokens, segment_seconds=segment_seconds)  # checked once, at start
     batcher: Batcher | None = None
 
@@ -193,6 +200,21 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
     async def _internal(_req: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error")
         return _error(500, f"internal error: {exc}", None, None, "server_error")
+
+    limits = realtime or RealtimeLimits()
+    live = [0]  # streams connected now
+
+    @app.websocket("/{path:path}")
+    async def realtime_ws(ws: WebSocket, path: str) -> None:  # noqa: ARG001 - FunASR serves any path
+        """FunASR's realtime protocol on every path (ws://host:port/ as FunASR's clients connect)."""
+        if session.vad is None:
+            await ws.accept()
+            await ws.send_text(json.dumps({"event": "error", "error": "streaming needs the FSMN-VAD; start the "
+                                                                      "server with --vad fsmn (or --vad-model)"}))
+            await ws.close(code=1011)
+            return
+        assert batcher is not None
+        await realtime_handle(ws, session, batcher.submit, limits, live, max_new_tokens)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

@@ -111,6 +111,7 @@ class TranscribeOptions:
     segment_seconds: float = 30.0
     repetition_guard: bool = True
     ignore_eos: bool = False  # benchmarks only: always generate max_new_tokens
+    vad: bool = False  # segment with the Session's FSMN-VAD (else cut at pauses)
 
 
 def _read_metadata(path: Path) -> dict[str, Any]:
@@ -209,7 +210,7 @@ class Session:
 
     def options(self, language: str | None = None, itn: bool = True, hotwords: list[str] | str | None = None,
                 max_new_tokens: int = 512, segment_seconds: float = 30.0, repetition_guard: bool = True,
-                ignore_eos: bool = False) -> TranscribeOptions:
+                ignore_eos: bool = False, vad: bool | None = None) -> TranscribeOptions:
         """Checks transcription options once (ValueError/TypeError naming the option) and returns them."""
         if isinstance(hotwords, str):
             hotwords = [h.strip() for h in hotwords.split(",")]
@@ -226,8 +227,11 @@ class Session:
         if not 1.0 <= segment_seconds <= self.max_segment_seconds:
             raise ValueError(f"segment_seconds must be between 1 and {self.max_segment_seconds:.2f} "
                              f"(the encoder's position table), got {segment_seconds}")
+        if vad and self.vad is None:
+            raise ValueError("vad=True but this Session has no VAD model (Session(vad='fsmn', vad_model=...))")
+        use_vad = self.vad is not None if vad is None else bool(vad)
         return TranscribeOptions(self.normalize_language(language), bool(itn), words, max_new_tokens,
-                                 float(segment_seconds), bool(repetition_guard), bool(ignore_eos))
+                                 float(segment_seconds), bool(repetition_guard), bool(ignore_eos), use_vad)
 
     _options = options  # older name
 
@@ -241,24 +245,27 @@ class Session:
     def transcribe(self, audio: AudioInput, *, sample_rate: int | None = None, language: str | None = None,
                    itn: bool = True, hotwords: list[str] | str | None = None, max_new_tokens: int = 512,
                    segment_seconds: float = 30.0, repetition_guard: bool = True,
-                   progress: bool = False, ignore_eos: bool = False, batch_size: int = 8) -> Transcription:
+                   progress: bool = False, ignore_eos: bool = False, batch_size: int = 8,
+                   vad: bool | None = None) -> Transcription:
         """Transcribes one recording (path, bytes, binary file object, or array with ``sample_rate``).
 
         Its segments are decoded up to ``batch_size`` at a time (token for token the same as one by
-        one). Raises on audio that cannot be read. ``ignore_eos`` is for benchmarks only: decode exactly
+        one). ``vad``: False cuts at pauses even when the Session has a VAD (None: the Session's
+        choice). Raises on audio that cannot be read. ``ignore_eos`` is for benchmarks only: decode exactly
         ``max_new_tokens`` per segment.
         """
         check_audio_input(audio)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        opts = self.options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos)
+        opts = self.options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos,
+                            vad)
         return self._run([audio], sample_rate, opts, batch_size=batch_size, progress=progress, raise_errors=True)[0]
 
     def transcribe_batch(self, audios: list[AudioInput], *, sample_rate: int | None = None,
                          language: str | None = None, itn: bool = True, hotwords: list[str] | str | None = None,
                          max_new_tokens: int = 512, segment_seconds: float = 30.0, repetition_guard: bool = True,
                          batch_size: int = 8, progress: bool = False, ignore_eos: bool = False,
-                         names: list[str] | None = None) -> list[Transcription]:
+                         names: list[str] | None = None, vad: bool | None = None) -> list[Transcription]:
         """Transcribes several recordings with the same options, decoding up to ``batch_size``
         segments at once (one KV cache slot each: every decoding step reads the weights once for the
         whole batch). Results are in input order and token for token equal to ``transcribe``.
@@ -280,9 +287,26 @@ class Session:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if names is not None and (len(names) != len(audios) or not all(isinstance(n, str) for n in names)):
             raise ValueError(f"names must be {len(audios)} strings, one per recording")
-        opts = self.options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos)
+        opts = self.options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos,
+                            vad)
         return self._run(list(audios), sample_rate, opts, batch_size=batch_size, progress=progress,
                          raise_errors=False, names=names)
+
+    def stream(self, language: str | None = None, itn: bool = True, hotwords: list[str] | str | None = None, *,
+               max_new_tokens: int = 512, repetition_guard: bool = True, stream_options: Any = None,
+               decoder: Any = None) -> Any:
+        """A live stream (:class:`fun_asr.stream.Stream`): ``feed(pcm, sample_rate=16000)`` any chunk of
+        float32 or int16 audio, get ``partial`` and ``sentence`` events; ``close()`` flushes. FunASR
+        1.4.16's realtime-server semantics; needs the VAD. ``stream_options``: a
+        :class:`fun_asr.stream.StreamOptions`; ``decoder``: a replacement decode function (the server
+        shares one batched decoder between streams)."""
+        from fun_asr.stream import Stream, StreamOptions
+
+        opts = self.options(language, itn, hotwords, max_new_tokens, 30.0, repetition_guard)
+        # a partial never needs more tokens than a closed sentence (FunASR: 200 and 512)
+        sopts = stream_options or StreamOptions(max_new_tokens=max_new_tokens,
+                                                partial_max_new_tokens=min(200, max_new_tokens))
+        return Stream(self, opts, sopts, decoder)
 
     def _run(self, audios: list[AudioInput], sample_rate: int | None, opts: TranscribeOptions, batch_size: int,
              progress: bool, raise_errors: bool, names: list[str] | None = None) -> list[Transcription]:
@@ -354,7 +378,7 @@ class Session:
     def _segment(self, item: _Item, opts: TranscribeOptions) -> None:
         """Cuts a recording into the segments the recognizer hears: the VAD's speech segments (FunASR's
         pipeline) or, without a VAD, spans of at most segment_seconds cut at the quietest points."""
-        if self.vad is None:
+        if self.vad is None or not opts.vad:
             item.segmentation = "pauses"
             item.spans = split_points(item.samples, opts.segment_seconds)
         else:

@@ -650,7 +650,7 @@ class _Schedule:
         self.accumulated_ms = 0
         self.in_speech = False
 
-    def before_chunk(self, det: VadDetector) -> None:
+    def before_chunk(self, det: VadDetector, n_samples: int = 0) -> None:
         if not self.cfg.dynamic:
             return
         if det.in_speech or self.in_speech:
@@ -662,10 +662,44 @@ class _Schedule:
                 det.speech_noise_thres = self.cfg.dynamic_speech_noise_thres
                 break
 
-    def after_chunk(self, produced: bool) -> None:
-        if produced and self.cfg.dynamic:
+    def after_chunk(self, events: list[list[int]]) -> None:
+        if events and self.cfg.dynamic:
             self.accumulated_ms = 0
             self.in_speech = False
+
+
+class _ServerSchedule:
+    """FunASR 1.4.16's realtime server (``DynamicStreamingVAD``, ``dynamic_vad.py``): before every
+    chunk, the end silence follows how long the open sentence has lasted (audio end, this chunk
+    included, minus the sentence's start; 0 outside speech) through ``STREAMING_SILENCE_SCHEDULE``, and
+    ``speech_noise_thres`` is 0.5. FunASR applies it per received message; here per ``chunk_ms`` piece,
+    which is the same for 60 ms messages and makes the result independent of how audio is fed."""
+
+    def __init__(self, cfg: VadConfig, table: Sequence[tuple[float, int]] = STREAMING_SILENCE_SCHEDULE,
+                 speech_noise_thres: float = 0.5) -> None:
+        self.fs = cfg.frontend.fs
+        self.table = tuple(table)
+        self.thres = speech_noise_thres
+        self.samples = 0
+        self.speech_start_ms: int | None = None
+
+    def before_chunk(self, det: VadDetector, n_samples: int = 0) -> None:
+        self.samples += n_samples
+        acc = 0 if self.speech_start_ms is None else max(0, self.samples * 1000 // self.fs - self.speech_start_ms)
+        silence = self.table[-1][1]
+        for limit_ms, silence_ms in self.table:
+            if acc <= limit_ms:
+                silence = silence_ms
+                break
+        det.set_end_silence(silence)
+        det.speech_noise_thres = self.thres
+
+    def after_chunk(self, events: list[list[int]]) -> None:
+        for beg, end in events:
+            if beg >= 0 and end == -1:
+                self.speech_start_ms = beg
+            elif end >= 0:
+                self.speech_start_ms = None
 
 
 def _new_detector(cfg: VadConfig) -> VadDetector:
@@ -716,12 +750,17 @@ class VadStream:
     emitted once their LFR right context has arrived), the network with carried caches, the dynamic
     schedule (``chunk_ms`` per piece crossed in speech) and the detector. Returns FunASR's events."""
 
-    def __init__(self, vad: FsmnVad, chunk_ms: int = 60, cfg: VadConfig | None = None) -> None:
+    def __init__(self, vad: FsmnVad, chunk_ms: int = 60, cfg: VadConfig | None = None,
+                 schedule: str = "offline") -> None:
         self.vad = vad
         self.cfg = cfg or vad.cfg
         if chunk_ms <= 0:
             raise ValueError(f"chunk_ms must be > 0, got {chunk_ms}")
+        if schedule not in ("offline", "server"):
+            raise ValueError(f"schedule must be 'offline' (AutoModel.generate) or 'server' (realtime server), "
+                             f"got {schedule!r}")
         self.chunk_ms = chunk_ms
+        self.schedule = schedule
         self.reset()
 
     def reset(self) -> None:
@@ -739,7 +778,7 @@ class VadStream:
         self._emitted = 0  # VAD frames emitted
         self._cache = self.vad.new_cache()
         self._det = _new_detector(self.cfg)
-        self._sched = _Schedule(self.cfg, self.chunk_ms)
+        self._sched = _Schedule(self.cfg, self.chunk_ms) if self.schedule == "offline" else _ServerSchedule(self.cfg)
         self.frame_probs: list[np.ndarray] = []  # per piece, for tests/diagnostics (silence column)
 
     @property
@@ -788,7 +827,7 @@ class VadStream:
         for i in range(n):
             final = is_final and i == n - 1
             piece = audio[i * stride: (i + 1) * stride]
-            self._sched.before_chunk(self._det)
+            self._sched.before_chunk(self._det, piece.size)
             feats, dbs = self._frontend(piece, final)
             if feats.shape[0] == 0:
                 continue
@@ -796,7 +835,7 @@ class VadStream:
             self.frame_probs.append(probs)
             ev = self._det.accept(probs, dbs, is_final=final, streaming=True)
             events.extend(ev)
-            self._sched.after_chunk(bool(ev))
+            self._sched.after_chunk(ev)
         if is_final:
             self.reset()
         else:
@@ -916,8 +955,11 @@ class FsmnVad:
         dbs = frame_decibels(samples, fe=cfg.frontend)
         return detect_segments(probs, dbs, samples.size, cfg)
 
-    def stream(self, chunk_ms: int = 60, cfg: VadConfig | None = None, **overrides: Any) -> VadStream:
+    def stream(self, chunk_ms: int = 60, cfg: VadConfig | None = None, schedule: str = "offline",
+               **overrides: Any) -> VadStream:
+        """Streaming VAD: ``schedule="offline"`` as ``AutoModel.generate(cache=..., chunk_size=60)``,
+        ``"server"`` as FunASR's realtime server (``DynamicStreamingVAD``)."""
         cfg = cfg or self.cfg
         if overrides:
             cfg = dataclasses.replace(cfg, **overrides)
-        return VadStream(self, chunk_ms, cfg)
+        return VadStream(self, chunk_ms, cfg, schedule)

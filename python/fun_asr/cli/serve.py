@@ -21,6 +21,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to listen on (0.0.0.0 exposes the server to the network)")
     ap.add_argument("--port", type=int, default=8000, help="TCP port")
+    ap.add_argument("--ws-port", type=int, default=10095,
+                    help="also serve on FunASR's realtime port, so its WebSocket clients connect unchanged "
+                         "(ws://HOST:10095/; 0 = off; the main port serves WebSockets on every path too)")
+    ap.add_argument("--max-streams", type=int, default=16, help="concurrent realtime WebSocket streams")
+    ap.add_argument("--stream-idle-seconds", type=float, default=60.0,
+                    help="close a WebSocket that sends nothing for this long")
+    ap.add_argument("--stream-max-seconds", type=float, default=4 * 3600.0, help="longest audio per stream")
+    ap.add_argument("--stream-buffer-seconds", type=float, default=30.0,
+                    help="audio a stream may have waiting; frames past it get an error event")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all cores)")
     ap.add_argument("--max-upload-mb", type=float, default=100.0, help="largest accepted upload, in MB (413 above)")
@@ -42,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format=f"{PROG}: %(message)s")
     checks = (("--max-concurrency", args.max_concurrency, 1), ("--max-new-tokens", args.max_new_tokens, 1),
-              ("--threads", args.threads, 0))
+              ("--threads", args.threads, 0), ("--max-streams", args.max_streams, 1), ("--ws-port", args.ws_port, 0))
     for name, value, low in checks:
         if value < low:
             print(f"{PROG}: error: {name} must be {low} or more, got {value}", file=sys.stderr)
@@ -64,23 +73,36 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"{PROG}: error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
+    sockets = [sock]
+    if args.ws_port and args.ws_port != args.port:
+        try:
+            sockets.append(_bind(args.host, args.ws_port))
+        except OSError as exc:  # a second server, or FunASR's own: the main port still serves WebSockets
+            print(f"{PROG}: warning: FunASR's realtime port {args.ws_port} is busy ({exc.strerror or exc}); "
+                  f"WebSocket clients connect to port {args.port} instead", file=sys.stderr)
     from fun_asr.session import Session
 
     try:
         session = Session(args.model, device=args.device, threads=args.threads, progress=sys.stderr.isatty(),
                           vad=None if args.vad == "none" else args.vad, vad_model=args.vad_model)
     except Exception as exc:  # noqa: BLE001
-        sock.close()
+        for sk in sockets:
+            sk.close()
         if args.verbose:
             raise
         print(f"{PROG}: error: cannot load model {args.model}: {exc}", file=sys.stderr)
         return 1
+    from fun_asr.realtime import RealtimeLimits
+
     try:
+        limits = RealtimeLimits(args.max_streams, args.stream_idle_seconds, args.stream_max_seconds,
+                                args.stream_buffer_seconds)
         app = create_app(session, model_id=args.model_id, max_upload_mb=args.max_upload_mb,
                          max_concurrency=args.max_concurrency, max_new_tokens=args.max_new_tokens,
-                         segment_seconds=args.max_segment_seconds)
+                         segment_seconds=args.max_segment_seconds, realtime=limits)
     except ValueError as exc:
-        sock.close()
+        for sk in sockets:
+            sk.close()
         msg = str(exc).replace("segment_seconds", "--max-segment-seconds").replace("max_new_tokens",
                                                                                     "--max-new-tokens")
         print(f"{PROG}: error: {msg}", file=sys.stderr)
@@ -89,10 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     server = uvicorn.Server(config)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(f"{PROG}: {args.model_id} listening on http://{shown}:{port}/v1 ({session.model.info()['backend']})",
-          file=sys.stderr, flush=True)
+    ws = " and ".join(f"ws://{shown}:{sk.getsockname()[1]}/" for sk in sockets)
+    realtime = f"; realtime WebSocket {ws}" if session.vad is not None else "; no realtime WebSocket (no VAD)"
+    print(f"{PROG}: {args.model_id} listening on http://{shown}:{port}/v1 ({session.model.info()['backend']})"
+          f"{realtime}", file=sys.stderr, flush=True)
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=sockets)
     except KeyboardInterrupt:
         pass
     return 0

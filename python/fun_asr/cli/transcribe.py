@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-repetition-guard", action="store_true", help="do not stop n-gram loops early")
     ap.add_argument("--batch-size", type=int, default=8,
                     help="segments decoded together across files (default 8; 1 = one by one)")
+    ap.add_argument("--stream", action="store_true",
+                    help="real-time streaming: FILE is '-' (raw 16 kHz mono int16 PCM on stdin, e.g. from arecord) "
+                         "or an audio file; prints partial results and timed sentences (-f json: one event per line)")
+    ap.add_argument("--realtime", action="store_true", help="with --stream FILE: feed the file at real-time pace")
     ap.add_argument("--quiet", action="store_true", help="no progress, warnings or 'wrote' lines on stderr")
     ap.add_argument("--verbose", action="store_true", help="full tracebacks and logging")
     return ap
@@ -104,6 +108,15 @@ def check_options(args: argparse.Namespace) -> None:
         raise UsageError("--vad-model with --vad none: choose one")
     if args.files.count(STDIN) > 1:
         raise UsageError("'-' (standard input) can be given once")
+    if args.realtime and not args.stream:
+        raise UsageError("--realtime paces --stream FILE; add --stream")
+    if args.stream:
+        if len(args.files) != 1:
+            raise UsageError("--stream takes one input: '-' (raw 16 kHz int16 PCM on stdin) or one audio file")
+        if args.vad == "none":
+            raise UsageError("--stream needs the VAD (it closes the sentences); drop --vad none")
+        if args.format not in ("txt", "json") or args.output_dir:
+            raise UsageError("--stream prints to stdout: -f txt (lines) or -f json (one event per line), no -o")
     formats = list(FORMATS) if args.format == "all" else [args.format]
     if not args.output_dir:
         if args.format == "all":
@@ -217,6 +230,8 @@ def _main(argv: list[str] | None) -> int:
         _error(msg)
         return 2
 
+    if args.stream:
+        return _stream(session, args, language)
     out_dir = Path(args.output_dir) if args.output_dir else None
     names = output_names(args.files)
     several = len(args.files) > 1
@@ -242,6 +257,78 @@ def _main(argv: list[str] | None) -> int:
     if failed:
         print(f"{PROG}: {failed} of {len(args.files)} file(s) failed", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _clock(ms: int) -> str:
+    m, rest = divmod(int(ms), 60_000)
+    return f"{m:02d}:{rest / 1000:06.3f}"
+
+
+def _stream(session, args: argparse.Namespace, language: str | None) -> int:  # noqa: ANN001
+    """--stream: feed stdin PCM or a file to Session.stream(), print events as they come."""
+    import time
+
+    import numpy as np
+
+    from fun_asr.audio import SAMPLE_RATE, decode_audio
+
+    try:
+        stream = session.stream(language, not args.no_itn, args.hotwords, max_new_tokens=args.max_new_tokens,
+                                repetition_guard=not args.no_repetition_guard)
+    except ValueError as exc:
+        _error(str(exc))
+        return 2
+    as_json = args.format == "json"
+    tty = sys.stdout.isatty()
+    shown_partial = [False]
+
+    def show(events: list, final: bool = False) -> None:
+        for ev in events:
+            if as_json:
+                print(json.dumps(ev.to_dict(), ensure_ascii=False), flush=True)
+            elif ev.type == "sentence":
+                if shown_partial[0]:
+                    sys.stdout.write("\r\033[K")
+                    shown_partial[0] = False
+                print(f"[{_clock(ev.start)} --> {_clock(ev.end)}] {ev.text}", flush=True)
+            elif tty:
+                sys.stdout.write(f"\r\033[K… {ev.text[-(os.get_terminal_size().columns - 3):]}")
+                sys.stdout.flush()
+                shown_partial[0] = True
+        if final:
+            if shown_partial[0]:
+                sys.stdout.write("\r\033[K")
+            if as_json:
+                print(json.dumps({"type": "final", **stream.response(is_final=True), "latency_ms": stream.latency()},
+                                 ensure_ascii=False), flush=True)
+
+    step = SAMPLE_RATE // 10  # 100 ms
+    if args.files[0] == STDIN:
+        fd = sys.stdin.buffer.fileno()
+        left = b""
+        while True:
+            chunk = os.read(fd, 2 * step)
+            if not chunk:
+                break
+            data = left + chunk
+            cut = len(data) - len(data) % 2
+            left = data[cut:]
+            show(stream.feed(data[:cut]))
+    else:
+        try:
+            samples, _ = decode_audio(args.files[0])
+        except (OSError, ValueError) as exc:
+            _error(str(exc) if str(exc).startswith(args.files[0]) else f"{args.files[0]}: {exc}")
+            return 1
+        t0 = time.perf_counter()
+        for i in range(0, samples.size, step):
+            if args.realtime:
+                wait = t0 + i / SAMPLE_RATE - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
+            show(stream.feed(np.ascontiguousarray(samples[i : i + step])))
+    show(stream.close(), final=True)
+    return 0
 
 
 def _emit(result, shown: str, base: str, args: argparse.Namespace, out_dir: Path | None,  # noqa: ANN001

@@ -1,0 +1,199 @@
+"""FunASR's realtime WebSocket protocol (``funasr/bin/realtime_ws.py``, DESIGN §8) over ``Stream``.
+
+Client -> server: text ``START``, ``STOP``, ``HOTWORDS:a,b``, ``LANGUAGE:x`` (case-insensitive, as
+FunASR); binary frames of 16 kHz mono little-endian int16 PCM (after START). Server -> client:
+``{"event": "started" | "stopped" | "hotwords_set" | "language_set" | "error", ...}`` and results
+``{"sentences": [{"text", "start", "end"}], "partial", "partial_start_ms", "duration_ms", "is_final"}``
+(``sentences`` cumulative; the STOP result has ``is_final: true`` and an empty partial).
+
+Each connection's audio goes through a bounded queue (``buffer_seconds`` of audio): a client sending
+faster than the machine transcribes is served as fast as it can be; past the bound a frame is refused
+with an ``error`` event (nothing is silently dropped). Idle connections and streams longer than
+``max_seconds`` are closed with an ``error`` event; a disconnect frees everything. Decoding goes through
+the server's shared batched decoder, so concurrent streams share decoding passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import numpy as np
+
+from fun_asr.audio import SAMPLE_RATE, AudioError
+
+log = logging.getLogger("fun_asr.server")
+
+
+@dataclass(frozen=True)
+class RealtimeLimits:
+    max_streams: int = 16  # concurrent streams; more are refused with an error event
+    idle_seconds: float = 60.0  # no message for this long closes the connection
+    max_seconds: float = 4 * 3600.0  # audio per stream
+    buffer_seconds: float = 30.0  # audio waiting to be processed, per stream
+
+
+class _State:
+    def __init__(self) -> None:
+        self.language: str | None = None
+        self.hotwords: list[str] = []
+        self.stream: Any = None
+        self.active = False
+
+
+async def handle(ws: Any, session: Any, submit: Callable[[np.ndarray, tuple, str], Any], limits: RealtimeLimits,
+                 counter: list[int], max_new_tokens: int) -> None:
+    """One WebSocket connection (Starlette ``WebSocket``), FunASR's realtime protocol."""
+    from starlette.websockets import WebSocketDisconnect
+
+    await ws.accept()
+    if counter[0] >= limits.max_streams:
+        await ws.send_text(json.dumps({"event": "error", "error": f"too many concurrent streams (limit "
+                                       f"{limits.max_streams}); try again later"}))
+        await ws.close(code=1013)
+        return
+    counter[0] += 1
+    state = _State()
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+    queued = [0]  # bytes waiting
+    limit_bytes = int(limits.buffer_seconds * SAMPLE_RATE) * 2
+
+    async def send(obj: dict[str, Any]) -> None:
+        with contextlib.suppress(Exception):
+            await ws.send_text(json.dumps(obj, ensure_ascii=False))
+
+    def decoder(audio: np.ndarray, max_new: int) -> tuple[str, list[int]]:
+        seconds = min(session.max_segment_seconds, max(30.0, audio.size / SAMPLE_RATE + 1.0))
+        result = submit(audio, (state.language, True, tuple(state.hotwords), max_new, seconds), "stream").result()
+        return result.text, [t for s in result.segments for t in s.tokens]
+
+    def new_stream() -> Any:
+        from fun_asr.stream import StreamOptions
+
+        return session.stream(state.language, True, state.hotwords, max_new_tokens=max_new_tokens,
+                              stream_options=StreamOptions(max_new_tokens=max_new_tokens,
+                                                           partial_max_new_tokens=min(200, max_new_tokens)),
+                              decoder=decoder)
+
+    async def worker() -> None:
+        while True:
+            data = await queue.get()
+            try:
+                await process(data)
+            finally:
+                queue.task_done()
+
+    async def process(data: bytes | None) -> None:
+        if data is None:
+            return
+        queued[0] -= len(data)
+        stream = state.stream
+        if stream is None or stream.closed:
+            return
+        try:
+            events = await anyio.to_thread.run_sync(stream.feed, data)
+        except (AudioError, ValueError, RuntimeError) as exc:
+            await send({"event": "error", "error": str(exc)})
+            return
+        if events:
+            await send(stream.response(is_final=False))
+        if stream.duration_ms > limits.max_seconds * 1000:
+            await send({"event": "error", "error": f"stream longer than {limits.max_seconds:g} s; stopping"})
+            await finish()
+
+    async def finish() -> None:
+        stream, state.stream, state.active = state.stream, None, False
+        if stream is not None and stream.total_samples + stream._pending.size > 0:
+            await anyio.to_thread.run_sync(stream.close)
+            await send(stream.response(is_final=True))
+        await send({"event": "stopped"})
+
+    task = asyncio.create_task(worker())
+    try:
+        while True:
+            try:
+                msg = await asyncio.wait_for(ws.receive(), timeout=limits.idle_seconds)
+            except asyncio.TimeoutError:
+                await send({"event": "error", "error": f"idle for {limits.idle_seconds:g} s; closing"})
+                break
+            if msg.get("type") == "websocket.disconnect":
+                break
+            text, data = msg.get("text"), msg.get("bytes")
+            if text is not None:
+                if not await _command(text.strip(), state, session, send, new_stream, queue, finish):
+                    break
+            elif data is not None:
+                if not state.active:
+                    await send({"event": "error", "error": "audio before START: send the text message START first"})
+                elif len(data) % 2:
+                    await send({"event": "error", "error": f"binary frames must be 16 kHz mono int16 PCM (an even "
+                                                           f"number of bytes), got {len(data)} bytes"})
+                elif queued[0] + len(data) > limit_bytes:
+                    await send({"event": "error", "error": f"input buffer full ({limits.buffer_seconds:g} s of "
+                                                           "audio waiting): this frame was not accepted; send "
+                                                           "at real time or slower"})
+                else:
+                    queued[0] += len(data)
+                    await queue.put(data)
+    except WebSocketDisconnect:
+        pass
+    finally:
+        counter[0] -= 1
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        state.stream = None
+        with contextlib.suppress(Exception):
+            await ws.close()
+
+
+async def _command(cmd: str, state: _State, session: Any, send: Any, new_stream: Any, queue: asyncio.Queue,
+                   finish: Any) -> bool:
+    upper = cmd.upper()
+    if upper == "START":
+        await _drain(queue)
+        state.stream, state.active = new_stream(), True
+        await send({"event": "started"})
+    elif upper == "STOP":
+        await _drain(queue)
+        await finish()
+    elif upper.startswith("HOTWORDS:"):
+        words = [w.strip() for w in cmd[len("HOTWORDS:"):].split(",") if w.strip()]
+        state.hotwords = words
+        if state.stream is not None:
+            state.stream.opts = dataclasses.replace(state.stream.opts, hotwords=tuple(words))
+        await send({"event": "hotwords_set", "hotwords": words})
+    elif upper.startswith("LANGUAGE:"):
+        lang = cmd[len("LANGUAGE:"):].strip()
+        try:
+            code = session.normalize_language(lang or None)
+        except (ValueError, TypeError) as exc:
+            await send({"event": "error", "error": str(exc)})
+            return True
+        state.language = code
+        if state.stream is not None:
+            state.stream.opts = dataclasses.replace(state.stream.opts, language=code)
+        await send({"event": "language_set", "language": lang})
+    elif upper == "COMMIT":
+        await send({"event": "error", "error": "COMMIT requires client endpoint mode; this server ends "
+                                               "sentences itself (server endpoint mode)"})
+    else:
+        shown = cmd if len(cmd) <= 40 else cmd[:37] + "..."
+        await send({"event": "error", "error": f"unknown command {shown!r}: accepted START, STOP, HOTWORDS:a,b, "
+                                               "LANGUAGE:x, and binary 16 kHz int16 PCM frames"})
+    return True
+
+
+async def _drain(queue: asyncio.Queue) -> None:
+    """Waits until the audio queued so far has been processed (commands apply after earlier audio)."""
+    await queue.join()
+
+
+__all__ = ["RealtimeLimits", "handle"]

@@ -1,0 +1,320 @@
+"""Real-time streaming (``Session.stream()``): FunASR 1.4.16's realtime-server semantics (DESIGN §8).
+
+Audio arrives in chunks of any size. Every 60 ms of it goes through the streaming FSMN-VAD with the
+realtime server's end-silence schedule (``DynamicStreamingVAD``: 2000 ms of silence closes a sentence
+that has lasted up to 5 s, ... 100 ms once it passes 45 s); a sentence the VAD closes is decoded in
+full (``max_new_tokens`` 512, repetition guard) and reported once as a ``sentence`` event; while a
+sentence is open it is re-decoded for ``partial`` events — first once 480 ms have arrived (and the
+open sentence holds at least 480 ms), then every 960 ms — over at most its last 8 s with a 200-token
+cap. The text of a closed sentence is exactly what ``Session.transcribe`` gives for that piece of audio
+(the same decode). Times are integer milliseconds from the start of the stream.
+
+The decisions are made on the audio's own clock (every 60 ms step), never on how it was chunked, so
+feeding a file in pieces of 10 ms, 1 s or all at once gives the same sentences.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fun_asr.audio import SAMPLE_RATE, AudioError
+
+if TYPE_CHECKING:
+    from fun_asr.session import Session, TranscribeOptions
+
+# decode(samples, max_new_tokens) -> (text, tokens); the server plugs in its shared batched decoder
+Decoder = Callable[[np.ndarray, int], tuple[str, list[int]]]
+
+
+@dataclass
+class StreamEvent:
+    """``partial``: the open sentence's current text (it may still change), from ``start`` to the audio
+    so far (``end``); ``sentence``: a closed sentence, final, with its token ids."""
+
+    type: str  # "partial" | "sentence"
+    text: str
+    start: int  # ms from stream start
+    end: int  # ms
+    tokens: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"type": self.type, "text": self.text, "start": self.start, "end": self.end}
+        if self.type == "sentence":
+            d["tokens"] = list(self.tokens)
+        return d
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """FunASR 1.4.16 realtime-server constants (``RealtimeASRSession``), all overridable."""
+
+    first_partial_ms: int = 480  # first partial decode once this much audio arrived
+    partial_interval_ms: int = 960  # then every this much
+    partial_window_s: float = 8.0  # partials re-decode at most the open sentence's last 8 s
+    partial_max_new_tokens: int = 200
+    max_new_tokens: int = 512  # a closed sentence
+    min_sentence_ms: int = 100  # FunASR skips closed segments under 1600 samples
+    lookback_s: float = 5.0  # audio kept before the open sentence (the VAD reports starts late)
+    vad_chunk_ms: int = 60
+    max_sentence_s: float = 30.0  # the VAD's forced cut (max_single_segment_time)
+
+    def check(self) -> None:
+        for name in ("first_partial_ms", "partial_interval_ms", "partial_max_new_tokens", "max_new_tokens",
+                     "vad_chunk_ms"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if not self.partial_window_s > 0 or not self.max_sentence_s >= 1:
+            raise ValueError("partial_window_s must be > 0 and max_sentence_s >= 1")
+
+
+def _percentiles(values: list[float]) -> dict[str, float | int]:
+    if not values:
+        return {"count": 0}
+    a = np.asarray(values, dtype=np.float64)
+    return {"count": len(values), "p50": round(float(np.percentile(a, 50)), 1),
+            "p95": round(float(np.percentile(a, 95)), 1), "max": round(float(a.max()), 1)}
+
+
+class Stream:
+    """One live audio stream (see the module docstring). Not thread-safe: feed it from one thread."""
+
+    def __init__(self, session: Session, opts: TranscribeOptions, stream_opts: StreamOptions | None = None,
+                 decoder: Decoder | None = None) -> None:
+        if session.vad is None:
+            raise ValueError("streaming needs the FSMN-VAD: create the Session with vad='fsmn' (and vad_model=) "
+                             "or a hub model, which brings it")
+        self.session = session
+        self.opts = opts
+        self.sopts = stream_opts or StreamOptions()
+        self.sopts.check()
+        self._decode_fn = decoder or self._decode_local
+        import dataclasses
+
+        cfg = dataclasses.replace(session.vad.cfg, max_single_segment_ms=int(round(self.sopts.max_sentence_s * 1000)))
+        self._vad = session.vad.stream(self.sopts.vad_chunk_ms, cfg, schedule="server")
+        self._step = SAMPLE_RATE * self.sopts.vad_chunk_ms // 1000
+        self._pending = np.zeros(0, np.float32)  # < one VAD step, not yet processed
+        self._buf = np.zeros(0, np.float32)  # audio from absolute sample _buf_start on
+        self._buf_start = 0
+        self.total_samples = 0  # processed (VAD'd) samples
+        self._received = 0  # samples received (processed + pending)
+        self._rate: int | None = None
+        self._resampler: Any = None
+        self.speech_start: int | None = None  # ms, the open sentence's start (VAD)
+        self._last_decode = 0
+        self._first_decode_done = False
+        self.sentences: list[StreamEvent] = []
+        self.partial: StreamEvent | None = None
+        self.closed = False
+        self._arrivals: list[tuple[int, float]] = []  # (samples received after a feed, wall time it began)
+        self._sentence_delays: list[float] = []
+        self._first_partial_delays: list[float] = []
+        self._partial_seen_for: int | None = None
+
+    # -- input ---------------------------------------------------------------------------------------
+
+    def _to_16k(self, pcm: Any, sample_rate: int) -> np.ndarray:
+        if isinstance(pcm, bytes | bytearray | memoryview):
+            if len(pcm) % 2:
+                raise AudioError(f"PCM bytes must be 16-bit samples (an even byte count), got {len(pcm)} bytes")
+            x = np.frombuffer(bytes(pcm), dtype="<i2").astype(np.float32) / 32768.0
+        else:
+            a = np.asarray(pcm)
+            if a.ndim != 1:
+                raise AudioError(f"stream audio must be mono 1-D samples, got shape {a.shape}")
+            if a.dtype == np.int16:
+                x = a.astype(np.float32) / 32768.0
+            elif a.dtype in (np.float32, np.float64):
+                x = a.astype(np.float32, copy=False)
+            else:
+                raise AudioError(f"stream audio must be float32 or int16 samples, got {a.dtype}")
+        if not np.isfinite(x).all():
+            raise AudioError("stream audio contains NaN or infinite samples")
+        if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate < 1000:
+            raise AudioError(f"sample_rate must be an integer number of Hz (>= 1000), got {sample_rate!r}")
+        if self._rate is None:
+            self._rate = sample_rate
+            if sample_rate != SAMPLE_RATE:
+                import soxr
+
+                self._resampler = soxr.ResampleStream(sample_rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
+        elif sample_rate != self._rate:
+            raise AudioError(f"sample_rate changed from {self._rate} to {sample_rate} Hz within one stream")
+        if self._resampler is not None:
+            x = self._resampler.resample_chunk(x)
+        return np.ascontiguousarray(x, dtype=np.float32)
+
+    def feed(self, pcm: Any, sample_rate: int = SAMPLE_RATE) -> list[StreamEvent]:
+        """More audio: float32 in [-1, 1] or int16 samples (a numpy array), or raw little-endian int16
+        bytes. Returns the events it caused (``sentence`` and ``partial``), in order."""
+        if self.closed:
+            raise RuntimeError("the stream is closed")
+        t_in = time.perf_counter()
+        x = self._to_16k(pcm, sample_rate)
+        self._received += x.size
+        self._arrivals.append((self._received, t_in))
+        self._pending = np.concatenate([self._pending, x]) if self._pending.size else x
+        events: list[StreamEvent] = []
+        n = self._pending.size // self._step
+        for i in range(n):
+            events += self._process(self._pending[i * self._step : (i + 1) * self._step], final=False)
+        self._pending = self._pending[n * self._step :].copy()
+        return events
+
+    def close(self) -> list[StreamEvent]:
+        """End of audio: flushes the VAD (FunASR's finalize), decodes the open sentence, returns the
+        last events. Afterwards ``response(is_final=True)`` is the final result."""
+        if self.closed:
+            return []
+        if self._resampler is not None:
+            tail = self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+            if tail.size:
+                self._received += tail.size
+                self._pending = np.concatenate([self._pending, tail.astype(np.float32)])
+        events = self._process(self._pending, final=True)
+        self._pending = np.zeros(0, np.float32)
+        self.closed = True
+        self.partial = None
+        return events
+
+    # -- the realtime loop ---------------------------------------------------------------------------
+
+    @property
+    def duration_ms(self) -> int:
+        return self.total_samples * 1000 // SAMPLE_RATE
+
+    def _process(self, piece: np.ndarray, final: bool) -> list[StreamEvent]:
+        self._buf = np.concatenate([self._buf, piece]) if self._buf.size else piece.copy()
+        self.total_samples += piece.size
+        events: list[StreamEvent] = []
+        if final:  # DynamicStreamingVAD.finalize(): 10 ms of zeros with is_final
+            vad_events = self._vad.feed(np.concatenate([piece, np.zeros(SAMPLE_RATE // 100, np.float32)]),
+                                        is_final=True)
+        else:
+            vad_events = self._vad.feed(piece)
+        closed_any = False
+        for beg, end in vad_events:
+            if beg >= 0 and end == -1:
+                self.speech_start = beg
+                continue
+            start = beg if beg >= 0 else (self.speech_start if self.speech_start is not None else 0)
+            closed_any = True
+            events += self._close_sentence(start, end)
+            self.speech_start = None
+        if final:
+            if not closed_any and self.speech_start is not None:  # the server's tail fallback
+                events += self._close_sentence(self.speech_start, self.duration_ms)
+            self.speech_start = None
+            return events
+        if self._should_decode():
+            events += self._partial()
+        self._compact()
+        return events
+
+    def _should_decode(self) -> bool:
+        wait = self.sopts.partial_interval_ms if self._first_decode_done else self.sopts.first_partial_ms
+        return self.total_samples - self._last_decode >= wait * SAMPLE_RATE // 1000
+
+    def _slice(self, a: int, b: int) -> np.ndarray:
+        lo, hi = max(0, a - self._buf_start), min(self._buf.size, b - self._buf_start)
+        return self._buf[lo:hi] if hi > lo else np.zeros(0, np.float32)
+
+    def _close_sentence(self, start_ms: int, end_ms: int) -> list[StreamEvent]:
+        start_ms, end_ms = max(0, int(start_ms)), min(self.duration_ms, int(end_ms))
+        self.partial = None
+        self._partial_seen_for = None
+        audio = self._slice(start_ms * SAMPLE_RATE // 1000, end_ms * SAMPLE_RATE // 1000)
+        if end_ms <= start_ms or audio.size < self.sopts.min_sentence_ms * SAMPLE_RATE // 1000:
+            return []
+        text, tokens = self._decode_fn(audio, self.sopts.max_new_tokens)
+        if not text.strip():
+            return []
+        ev = StreamEvent("sentence", text, start_ms, end_ms, list(tokens))
+        self.sentences.append(ev)
+        self._sentence_delays.append(self._delay_ms(end_ms))
+        return [ev]
+
+    def _partial(self) -> list[StreamEvent]:
+        if self.total_samples < self.sopts.first_partial_ms * SAMPLE_RATE // 1000:
+            return []
+        if self.speech_start is None:
+            self._last_decode = self.total_samples
+            self.partial = None
+            return []
+        start = self.speech_start * SAMPLE_RATE // 1000
+        window = int(self.sopts.partial_window_s * SAMPLE_RATE)
+        start = max(start, self.total_samples - window, self._buf_start)
+        audio = self._slice(start, self.total_samples)
+        if audio.size < self.sopts.partial_interval_ms * SAMPLE_RATE // 2000:
+            return []  # under half an interval of speech: wait (FunASR's chunk_samples // 2)
+        text, _ = self._decode_fn(audio, self.sopts.partial_max_new_tokens)
+        self._last_decode = self.total_samples
+        start_ms = start * 1000 // SAMPLE_RATE
+        if not text.strip():
+            self.partial = None
+            return []
+        self._first_decode_done = True
+        self.partial = StreamEvent("partial", text, start_ms, self.duration_ms)
+        if self._partial_seen_for != self.speech_start:
+            self._partial_seen_for = self.speech_start
+            self._first_partial_delays.append(self._delay_ms(self.speech_start or 0))
+        return [self.partial]
+
+    def _compact(self) -> None:
+        if self.speech_start is not None:
+            keep = self.speech_start * SAMPLE_RATE // 1000
+        else:
+            keep = self.total_samples - int(self.sopts.lookback_s * SAMPLE_RATE)
+        keep = min(self.total_samples, max(self._buf_start, keep))
+        drop = keep - self._buf_start
+        if drop > 0:
+            self._buf = self._buf[drop:].copy()
+            self._buf_start = keep
+
+    def _decode_local(self, audio: np.ndarray, max_new_tokens: int) -> tuple[str, list[int]]:
+        o = self.opts
+        seconds = min(self.session.max_segment_seconds, max(o.segment_seconds, audio.size / SAMPLE_RATE + 1.0))
+        r = self.session.transcribe(audio, sample_rate=SAMPLE_RATE, language=o.language, itn=o.itn,
+                                    hotwords=list(o.hotwords), max_new_tokens=max_new_tokens,
+                                    segment_seconds=seconds, repetition_guard=o.repetition_guard, vad=False)
+        return r.text, [t for s in r.segments for t in s.tokens]
+
+    # -- results -------------------------------------------------------------------------------------
+
+    def _delay_ms(self, audio_ms: int) -> float:
+        """Wall time from when the audio at `audio_ms` arrived (its feed began) until now."""
+        need = audio_ms * SAMPLE_RATE // 1000
+        for received, t in self._arrivals:
+            if received >= need:
+                return (time.perf_counter() - t) * 1000.0
+        return 0.0
+
+    def response(self, is_final: bool = False) -> dict[str, Any]:
+        """FunASR's realtime result: every closed sentence so far, the open one's partial text."""
+        sentences = [{"text": s.text, "start": s.start, "end": s.end} for s in self.sentences]
+        if is_final:
+            return {"sentences": sentences, "partial": "", "partial_start_ms": 0, "duration_ms": self.duration_ms,
+                    "is_final": True}
+        if self.partial is not None:
+            start = self.partial.start
+        elif self.speech_start is not None:
+            start = self.speech_start
+        else:
+            start = self.duration_ms
+        return {"sentences": sentences, "partial": self.partial.text if self.partial else "",
+                "partial_start_ms": int(start), "duration_ms": self.duration_ms, "is_final": False}
+
+    def latency(self) -> dict[str, dict[str, float | int]]:
+        """Wall-clock delays (ms): sentence end arrived -> its sentence event; speech start arrived ->
+        the sentence's first partial. Meaningful when audio is fed at real time."""
+        return {"sentence_final": _percentiles(self._sentence_delays),
+                "first_partial": _percentiles(self._first_partial_delays)}
+
+
+__all__ = ["Stream", "StreamEvent", "StreamOptions"]

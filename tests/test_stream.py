@@ -1,0 +1,321 @@
+"""Real-time streaming: Session.stream(), FunASR's realtime WebSocket protocol, fun-asr-transcribe --stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+import fun_asr
+import funasr_ref
+from fun_asr.audio import AudioError
+from fun_asr.stream import StreamOptions
+
+pytestmark = pytest.mark.filterwarnings("ignore::fun_asr.notices.TruncatedOutputWarning")
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+SR = 16000
+MAX_NEW = 5
+OPTS = StreamOptions(max_new_tokens=MAX_NEW, partial_max_new_tokens=3)
+
+
+def _load(name: str) -> np.ndarray:
+    x, rate = sf.read(EXAMPLES / name, dtype="float32")
+    assert rate == SR
+    return x
+
+
+@pytest.fixture(scope="module")
+def conversation() -> np.ndarray:
+    """Silence, three utterances with 2.6-3 s pauses (the realtime server closes a short sentence after
+    2 s of silence), silence."""
+    rng = np.random.default_rng(5)
+    quiet = lambda s: (2e-4 * rng.standard_normal(int(s * SR))).astype(np.float32)  # noqa: E731
+    return np.concatenate([quiet(1.0), _load("en_hello.wav"), quiet(2.6), _load("zh_weather.wav"), quiet(3.0),
+                           _load("ja_hello.wav"), quiet(1.2)])
+
+
+@pytest.fixture(scope="module")
+def vad_dir() -> Path:
+    from vad_fixture import fsmn_vad_dir
+
+    return fsmn_vad_dir()
+
+
+@pytest.fixture(scope="module")
+def vad_gguf(vad_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from fun_asr.converter.vad import convert_vad
+
+    out = tmp_path_factory.mktemp("svad") / "vad.gguf"
+    convert_vad(vad_dir, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def session(tiny_gguf, vad_gguf: Path) -> fun_asr.Session:  # noqa: ANN001
+    return fun_asr.Session(tiny_gguf("f32"), device="cpu", vad="fsmn", vad_model=vad_gguf)
+
+
+def _run(session: fun_asr.Session, x: np.ndarray, chunk: int, **kw) -> tuple[list, object]:  # noqa: ANN003
+    st = session.stream(stream_options=OPTS, max_new_tokens=MAX_NEW, **kw)
+    events = []
+    for i in range(0, x.size, chunk):
+        events += st.feed(x[i : i + chunk])
+    events += st.close()
+    return events, st
+
+
+def _sentences(events: list) -> list[tuple]:
+    return [(e.text, e.start, e.end, tuple(e.tokens)) for e in events if e.type == "sentence"]
+
+
+@pytest.fixture(scope="module")
+def reference_run(session: fun_asr.Session, conversation: np.ndarray) -> tuple[list, object]:
+    return _run(session, conversation, 960)
+
+
+def test_sentences_do_not_depend_on_chunking(session: fun_asr.Session, conversation: np.ndarray,
+                                             reference_run: tuple) -> None:
+    events, st = reference_run
+    want = _sentences(events)
+    assert len(want) == 3, want
+    for chunk in (160, SR, conversation.size):  # 10 ms, 1 s, all at once
+        got, _ = _run(session, conversation, chunk)
+        assert _sentences(got) == want, chunk
+    final = st.response(is_final=True)
+    assert final["is_final"] and final["partial"] == "" and final["duration_ms"] == conversation.size * 1000 // SR
+    assert [(s["start"], s["end"]) for s in final["sentences"]] == [(w[1], w[2]) for w in want]
+
+
+def test_each_sentence_is_what_transcribe_gives_for_its_segment(session: fun_asr.Session, conversation: np.ndarray,
+                                                                reference_run: tuple) -> None:
+    events, _ = reference_run
+    for text, start, end, tokens in _sentences(events):
+        cut = conversation[start * 16 : end * 16]
+        r = session.transcribe(cut, sample_rate=SR, max_new_tokens=MAX_NEW, vad=False)
+        assert r.text == text and [t for s in r.segments for t in s.tokens] == list(tokens)
+
+
+def test_partials_come_first_and_on_schedule(reference_run: tuple, conversation: np.ndarray) -> None:
+    events, st = reference_run
+    sentences = [e for e in events if e.type == "sentence"]
+    for s in sentences:
+        before = [e for e in events[: events.index(s)] if e.type == "partial" and e.start >= s.start]
+        assert before, "every sentence was preceded by partials of it"
+        first = before[0]
+        assert first.end - s.start >= 480  # at least 480 ms of the sentence had arrived
+        assert all(e.end - e.start <= 8000 for e in before)  # at most the last 8 s
+        ends = [e.end for e in before]
+        assert all(b - a >= 960 for a, b in zip(ends, ends[1:], strict=False))  # then every 960 ms
+    lat = st.latency()
+    assert lat["sentence_final"]["count"] == len(sentences) and "p95" in lat["sentence_final"]
+    assert lat["first_partial"]["count"] == len(sentences)
+
+
+def test_input_forms_and_errors(session: fun_asr.Session, conversation: np.ndarray, reference_run: tuple) -> None:
+    pcm16 = (np.clip(conversation, -1, 1) * 32767).astype(np.int16)
+    want = _sentences(_run(session, pcm16.astype(np.float32) / 32768, 960)[0])  # the same samples, as floats
+    st = session.stream(stream_options=OPTS, max_new_tokens=MAX_NEW)
+    ev = []
+    for i in range(0, pcm16.size, 1600):
+        ev += st.feed(pcm16[i : i + 1600].tobytes())  # raw int16 bytes, as the WebSocket gets them
+    ev += st.close()
+    assert _sentences(ev) == want
+    import soxr
+
+    x8k = soxr.resample(conversation, SR, 8000).astype(np.float32)
+    st = session.stream(stream_options=OPTS, max_new_tokens=MAX_NEW)
+    ev = []
+    for i in range(0, x8k.size, 800):
+        ev += st.feed(x8k[i : i + 800], sample_rate=8000)
+    ev += st.close()
+    assert len(_sentences(ev)) == 3
+    st = session.stream(stream_options=OPTS)
+    with pytest.raises(AudioError, match="even byte count"):
+        st.feed(b"\x00\x01\x02")
+    with pytest.raises(AudioError, match="NaN"):
+        st.feed(np.array([0.0, np.nan], np.float32))
+    with pytest.raises(AudioError, match="mono 1-D"):
+        st.feed(np.zeros((2, 100), np.float32))
+    st.feed(np.zeros(1600, np.float32))
+    with pytest.raises(AudioError, match="sample_rate changed"):
+        st.feed(np.zeros(1600, np.float32), sample_rate=8000)
+    st.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        st.feed(np.zeros(10, np.float32))
+    with pytest.raises(ValueError, match="needs the FSMN-VAD"):
+        fun_asr.Session(session.path, device="cpu", vad=None).stream()
+
+
+@pytest.mark.skipif(not funasr_ref.funasr_available(), reason="funasr 1.4.16 not importable")
+def test_streaming_vad_matches_funasr_realtime_server(session: fun_asr.Session, vad_dir: Path,
+                                                      conversation: np.ndarray, reference_run: tuple) -> None:
+    ref = funasr_ref.server_vad_segments(vad_dir, conversation, 60, max_single_segment_time=30000)
+    ours = [(a, b) for _, a, b, _ in _sentences(reference_run[0])]
+    assert len(ours) == len(ref), (ours, ref)
+    assert max(max(abs(a - c), abs(b - d)) for (a, b), (c, d) in zip(ours, ref, strict=True)) <= 10, (ours, ref)
+
+
+# --- WebSocket ----------------------------------------------------------------------------------------
+
+websockets = pytest.importorskip("websockets")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ws_server(tiny_gguf, vad_gguf: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN001, ANN201
+    import requests
+
+    port = _free_port()
+    log = (tmp_path_factory.mktemp("wslog") / "server.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fun_asr.cli.serve", "-m", str(tiny_gguf("f32")), "--port", str(port), "--device",
+         "cpu", "--vad", "fsmn", "--vad-model", str(vad_gguf), "--max-new-tokens", str(MAX_NEW), "--ws-port", "0",
+         "--max-concurrency", "8"], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 120
+    while True:
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                break
+        except requests.RequestException:
+            pass
+        assert proc.poll() is None and time.time() < deadline, "server did not start"
+        time.sleep(0.3)
+    yield f"ws://127.0.0.1:{port}/"
+    proc.terminate()
+    proc.wait(timeout=60)
+    log.close()
+
+
+async def _client(url: str, audio: np.ndarray, extra: list | None = None) -> list[dict]:
+    pcm = (np.clip(audio, -1, 1) * 32767).astype(np.int16).tobytes()
+    got: list[dict] = []
+    async with websockets.connect(url, max_size=None) as ws:
+        for cmd in extra or []:
+            await ws.send(cmd)
+            got.append(json.loads(await ws.recv()))
+        await ws.send("START")
+        got.append(json.loads(await ws.recv()))
+
+        async def reader() -> None:
+            async for msg in ws:
+                got.append(json.loads(msg))
+                if got[-1].get("event") == "stopped":
+                    return
+
+        task = asyncio.create_task(reader())
+        for i in range(0, len(pcm), 1920 * 4):  # 240 ms frames
+            await ws.send(pcm[i : i + 1920 * 4])
+        await ws.send("STOP")
+        await asyncio.wait_for(task, 300)
+    return got
+
+
+def _as_pcm16(x: np.ndarray) -> np.ndarray:
+    return (np.clip(x, -1, 1) * 32767).astype(np.int16).astype(np.float32) / 32768
+
+
+def test_websocket_protocol(ws_server: str, session: fun_asr.Session, conversation: np.ndarray) -> None:
+    want = [(t, a, b) for t, a, b, _ in _sentences(_run(session, _as_pcm16(conversation), 960)[0])]
+    got = asyncio.run(_client(ws_server, conversation, ["LANGUAGE:", "HOTWORDS:"]))
+    assert got[0] == {"event": "language_set", "language": ""} and got[1] == {"event": "hotwords_set", "hotwords": []}
+    assert got[2] == {"event": "started"} and got[-1] == {"event": "stopped"}
+    results = [g for g in got if "sentences" in g]
+    final = results[-1]
+    assert final["is_final"] and final["partial"] == "" and not any(r["is_final"] for r in results[:-1])
+    assert [(s["text"], s["start"], s["end"]) for s in final["sentences"]] == want
+    assert any(r["partial"] for r in results[:-1])  # partials reached the client
+    durations = [r["duration_ms"] for r in results]
+    assert durations == sorted(durations)
+
+
+async def _errors(url: str) -> list[dict]:
+    out = []
+    async with websockets.connect(url) as ws:
+        await ws.send(b"\x00\x00")  # audio before START
+        out.append(json.loads(await ws.recv()))
+        await ws.send("DANCE")
+        out.append(json.loads(await ws.recv()))
+        await ws.send("LANGUAGE:klingon")
+        out.append(json.loads(await ws.recv()))
+        await ws.send("START")
+        out.append(json.loads(await ws.recv()))
+        await ws.send(b"\x00\x01\x02")  # not 16-bit PCM
+        out.append(json.loads(await ws.recv()))
+        await ws.send(np.zeros(SR, np.int16).tobytes())  # still usable
+        await ws.send("STOP")
+        while True:
+            out.append(json.loads(await ws.recv()))
+            if out[-1].get("event") == "stopped":
+                break
+    return out
+
+
+def test_websocket_errors_keep_the_connection(ws_server: str) -> None:
+    got = asyncio.run(_errors(ws_server + "any/path/works"))
+    assert got[0]["event"] == "error" and "START" in got[0]["error"]
+    assert got[1]["event"] == "error" and "unknown command 'DANCE'" in got[1]["error"]
+    assert got[2]["event"] == "error" and "klingon" in got[2]["error"]
+    assert got[3] == {"event": "started"}
+    assert got[4]["event"] == "error" and "int16 PCM" in got[4]["error"]
+    assert got[-2]["is_final"] and got[-2]["duration_ms"] == 1000 and got[-1] == {"event": "stopped"}
+
+
+def test_eight_concurrent_streams_unmixed(ws_server: str, session: fun_asr.Session, conversation: np.ndarray) -> None:
+    rng = np.random.default_rng(9)
+    clips = []
+    for k in range(8):
+        parts = [_load(n) for n in ("en_hello.wav", "zh_weather.wav", "ja_hello.wav")]
+        a, b = parts[k % 3], parts[(k + 1) % 3]
+        q = lambda s: (2e-4 * rng.standard_normal(int(s * SR))).astype(np.float32)  # noqa: E731
+        clips.append(np.concatenate([q(0.5 + 0.1 * k), a * (0.5 + 0.05 * k), q(2.8), b, q(1.0)]))
+    expected = []
+    for c in clips:
+        ev, _ = _run(session, _as_pcm16(c), 960)
+        expected.append([(t, a, b) for t, a, b, _ in _sentences(ev)])
+
+    async def many() -> list[list[dict]]:
+        return await asyncio.gather(*[_client(ws_server, c) for c in clips])
+
+    results = asyncio.run(many())
+    for got, want in zip(results, expected, strict=True):
+        final = [g for g in got if g.get("is_final")][-1]
+        assert [(s["text"], s["start"], s["end"]) for s in final["sentences"]] == want
+
+
+# --- CLI ----------------------------------------------------------------------------------------------
+
+def test_cli_stream_from_stdin_and_file(tiny_gguf, vad_gguf: Path, conversation: np.ndarray,  # noqa: ANN001
+                                        session: fun_asr.Session, tmp_path: Path) -> None:
+    want = [(t, a, b) for t, a, b, _ in _sentences(_run(session, _as_pcm16(conversation), 960)[0])]
+    pcm = (np.clip(conversation, -1, 1) * 32767).astype(np.int16).tobytes()
+    base = [sys.executable, "-m", "fun_asr.cli.transcribe", "--stream", "-m", str(tiny_gguf("f32")), "--device", "cpu",
+            "--vad-model", str(vad_gguf), "--max-new-tokens", str(MAX_NEW), "--quiet"]
+    r = subprocess.run([*base, "-", "-f", "json"], input=pcm, capture_output=True, timeout=600)
+    assert r.returncode == 0, r.stderr.decode()
+    lines = [json.loads(x) for x in r.stdout.decode().splitlines()]
+    assert lines[-1]["type"] == "final" and lines[-1]["is_final"] and "latency_ms" in lines[-1]
+    sentences = [x for x in lines if x["type"] == "sentence"]
+    assert [(s["text"], s["start"], s["end"]) for s in sentences] == [(t, a, b) for t, a, b in want]
+    clip = tmp_path / "talk.flac"
+    sf.write(clip, conversation, SR)
+    r = subprocess.run([*base, str(clip)], capture_output=True, timeout=600, env={**os.environ})
+    assert r.returncode == 0, r.stderr.decode()
+    out = r.stdout.decode().splitlines()
+    assert len(out) == 3 and out[0].startswith("[00:0") and " --> " in out[0]  # not a terminal: final lines only
+    r = subprocess.run([*base, "-", str(clip)], capture_output=True, timeout=60)
+    assert r.returncode == 2 and b"--stream takes one input" in r.stderr
