@@ -27,7 +27,21 @@ ACCEPTED = ("a path (str or os.PathLike), bytes, a binary file object (opened wi
 
 
 class AudioError(ValueError):
-    """The audio could not be read or is not usable (empty, non-finite, unknown rate)."""
+    """The audio could not be read or is not usable (empty, non-finite, unknown rate, over a limit)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a Session accepts (every limit gives a ValueError naming it; all configurable:
+    ``Session(limits=Limits(max_audio_seconds=...))``; the server has matching flags)."""
+
+    max_audio_seconds: float = 24 * 3600.0  # one recording (before resampling)
+    min_sample_rate: int = 1000
+    max_sample_rate: int = 384_000
+    max_channels: int = MAX_CHANNELS
+    max_hotwords: int = 200
+    max_hotword_chars: int = 100
+    max_new_tokens: int = 4096  # per segment; the decoder's context bounds it too
 
 
 @dataclass
@@ -92,7 +106,7 @@ def _wav_declared_frames(head: bytes, total_size: int) -> int | None:
 
 
 def _read(source: str | os.PathLike | bytes | bytearray | memoryview | BinaryIO,
-          name: str | None) -> tuple[np.ndarray, AudioInfo]:
+          name: str | None, max_seconds: float = float("inf")) -> tuple[np.ndarray, AudioInfo]:
     import soundfile as sf
 
     given = name
@@ -127,6 +141,9 @@ def _read(source: str | os.PathLike | bytes | bytearray | memoryview | BinaryIO,
         with sf.SoundFile(target) as f:
             rate, channels = int(f.samplerate), int(f.channels)
             declared = int(f.frames) if f.seekable() and 0 < f.frames < 2**62 else None
+            if rate > 0 and declared is not None and declared > max_seconds * rate:
+                raise AudioError(f"{name}: {declared / rate:.1f} s of audio; at most {max_seconds:g} s are accepted "
+                                 "(Limits.max_audio_seconds)")
             while True:
                 try:
                     block = f.read(_BLOCK_FRAMES, dtype="float32", always_2d=True)
@@ -138,6 +155,8 @@ def _read(source: str | os.PathLike | bytes | bytearray | memoryview | BinaryIO,
                 if len(block) == 0:
                     break
                 blocks.append(block)
+    except AudioError:
+        raise
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
         raise AudioError(
             f"{name}: cannot decode audio ({exc}); accepted: files libsndfile reads "
@@ -187,21 +206,26 @@ def _from_array(audio: np.ndarray, sample_rate: int | None, name: str) -> tuple[
 
 
 def decode_audio(audio: AudioInput, sample_rate: int | None = None,
-                 name: str | None = None) -> tuple[np.ndarray, AudioInfo]:
+                 name: str | None = None, limits: Limits | None = None) -> tuple[np.ndarray, AudioInfo]:
     """16 kHz mono float32 samples and what was found while reading them (`AudioInfo`).
     ``name`` replaces the recording's name in messages (default: its path, ``<array>``, ...)."""
+    lim = limits or Limits()
     check_audio_input(audio)
     if isinstance(audio, np.ndarray):
         x, info = _from_array(audio, sample_rate, name or "<array>")
     else:
         if sample_rate is not None:
             raise AudioError("sample_rate= is only for numpy arrays; files carry their own rate")
-        x, info = _read(audio, name)
+        x, info = _read(audio, name, lim.max_audio_seconds)
     name, rate = info.name, info.sample_rate
-    if rate <= 0:
-        raise AudioError(f"{name}: invalid sample rate {rate}")
-    if x.shape[1] > MAX_CHANNELS:
-        raise AudioError(f"{name}: {x.shape[1]} channels; at most {MAX_CHANNELS} are accepted")
+    if not lim.min_sample_rate <= rate <= lim.max_sample_rate:
+        raise AudioError(f"{name}: sample rate {rate} Hz is outside the accepted {lim.min_sample_rate}-"
+                         f"{lim.max_sample_rate} Hz")
+    if x.shape[1] > lim.max_channels:
+        raise AudioError(f"{name}: {x.shape[1]} channels; at most {lim.max_channels} are accepted")
+    if x.shape[0] > lim.max_audio_seconds * rate:
+        raise AudioError(f"{name}: {x.shape[0] / rate:.1f} s of audio; at most {lim.max_audio_seconds:g} s are "
+                         "accepted (Limits.max_audio_seconds)")
     if x.shape[0] == 0:
         extra = f" ({info.warnings[0]})" if info.warnings else ""
         raise AudioError(f"{name}: audio is empty (0 samples){extra}")

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import queue
 import threading
 import time
+import uuid
 import warnings
 from concurrent.futures import Future
 from typing import Any
@@ -35,6 +37,7 @@ from fun_asr.realtime import handle as realtime_handle
 from fun_asr.session import Session, Transcription
 
 log = logging.getLogger("fun_asr.server")
+access_log = logging.getLogger("fun_asr.access")
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 MODEL_ALIASES = ("fun-asr", "fun-asr-nano", "whisper-1")
@@ -132,6 +135,9 @@ class Batcher:
     def _run(self, batch: list[tuple[tuple, tuple[np.ndarray, str], Future]]) -> None:
         # options: (language, itn, hotwords) for uploads; streams add (max_new_tokens, segment_seconds)
         # and decode their VAD sentences without running the offline VAD again
+        batch = [job for job in batch if job[2].set_running_or_notify_cancel()]  # drop timed-out requests
+        if not batch:
+            return
         language, itn, hotwords, *stream = batch[0][0]
         max_new, seconds, vad = (stream[0], stream[1], False) if stream else (self.max_new_tokens,
                                                                               self.segment_seconds, None)
@@ -157,7 +163,9 @@ def _decode(data: bytes, name: str) -> tuple[np.ndarray, AudioInfo]:
 
 def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0, max_concurrency: int = 8,
                max_new_tokens: int = 512, segment_seconds: float = 30.0,
-               realtime: RealtimeLimits | None = None) -> FastAPI:
+               realtime: RealtimeLimits | None = None, api_key: str | None = None,
+               cors_origins: list[str] | None = None, request_timeout: float = 600.0,
+               max_queue: int = 256) -> FastAPI:
     session.options(max_new_tokens=max_new_tokens, segment_seconds=segment_seconds)  # checked once, at start
     batcher: Batcher | None = None
 
@@ -176,6 +184,37 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
     app = FastAPI(title="fun-asr", description="OpenAI-compatible speech-to-text with Fun-ASR-Nano", lifespan=lifespan)
     max_bytes = int(max_upload_mb * 1024 * 1024)
     created = int(time.time())
+    if cors_origins:  # none unless asked
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "X-Request-Id"])
+
+    def authorized(headers: Any) -> bool:
+        if not api_key:
+            return True
+        got = headers.get("authorization", "")
+        scheme, _, token = got.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+
+    @app.middleware("http")
+    async def access(request: Request, call_next: Any) -> Response:
+        """Request ids, the API key, and one structured access-log line per request (never the audio)."""
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex[:16]
+        request.state.rid = rid
+        t0 = time.perf_counter()
+        if request.url.path != "/health" and not authorized(request.headers):
+            response: Response = _error(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", None,
+                                        "invalid_api_key")
+        else:
+            response = await call_next(request)
+        response.headers["X-Request-Id"] = rid
+        access_log.info("%s", json.dumps({
+            "ts": round(time.time(), 3), "id": rid, "method": request.method, "path": request.url.path,
+            "status": response.status_code, "ms": round((time.perf_counter() - t0) * 1e3, 1),
+            "bytes_in": int(request.headers.get("content-length") or 0),
+            "client": request.client.host if request.client else None}))
+        return response
 
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, exc: ApiError) -> JSONResponse:
@@ -207,6 +246,11 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
     @app.websocket("/{path:path}")
     async def realtime_ws(ws: WebSocket, path: str) -> None:  # noqa: ARG001 - FunASR serves any path
         """FunASR's realtime protocol on every path (ws://host:port/ as FunASR's clients connect)."""
+        if not authorized(ws.headers):
+            access_log.info("%s", json.dumps({"ts": round(time.time(), 3), "method": "WEBSOCKET",
+                                              "path": ws.url.path, "status": 403, "reason": "api key"}))
+            await ws.close(code=1008)  # before accept: the upgrade is refused (HTTP 403)
+            return
         if session.vad is None:
             await ws.accept()
             await ws.send_text(json.dumps({"event": "error", "error": "streaming needs the FSMN-VAD; start the "
@@ -285,9 +329,16 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
         except AudioError as exc:
             raise ApiError(400, str(exc), "file", "invalid_audio") from None
         assert batcher is not None
+        if batcher.jobs.qsize() >= max_queue:
+            raise ApiError(429, f"server busy: {batcher.jobs.qsize()} requests are waiting (limit {max_queue}); "
+                                "retry later", None, "rate_limit_exceeded", "rate_limit_error")
         fut = batcher.submit(samples, (language, itn, tuple(hotwords)), name)
         try:
-            result: Transcription = await asyncio.wrap_future(fut)
+            result: Transcription = await asyncio.wait_for(asyncio.wrap_future(fut), timeout=request_timeout)
+        except asyncio.TimeoutError:
+            fut.cancel()
+            raise ApiError(504, f"the transcription took longer than {request_timeout:g} s", None, "timeout",
+                           "server_error") from None
         except ValueError as exc:
             raise ApiError(400, str(exc), None, "invalid_value") from None
         if info.truncated:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from fun_asr import _core
-from fun_asr.audio import SAMPLE_RATE, AudioError, AudioInput, check_audio_input, decode_audio
+from fun_asr.audio import SAMPLE_RATE, AudioError, AudioInput, Limits, check_audio_input, decode_audio
 from fun_asr.frontend import FrontendConfig, fake_token_len, fbank, features, lfr
 from fun_asr.hub import DEFAULT_REPO, resolve_model
 from fun_asr.model import load_model
@@ -157,7 +157,8 @@ class Session:
 
     def __init__(self, model: str | os.PathLike[str] = DEFAULT_REPO, device: str = "auto", threads: int = 0, *,
                  package_type: str | None = None, revision: str | None = None, progress: bool = True,
-                 vad: str | None = "auto", vad_model: str | os.PathLike[str] | None = None) -> None:
+                 vad: str | None = "auto", vad_model: str | os.PathLike[str] | None = None,
+                 limits: Limits | None = None) -> None:
         if vad not in ("auto", "fsmn", None, "none"):
             raise ValueError(f"vad must be 'auto', 'fsmn' or None, got {vad!r}")
         from_hub = not Path(model).expanduser().exists()
@@ -176,6 +177,8 @@ class Session:
         info = self.model.info()
         self.stop_ids: list[int] = list(info["decoder"]["eos_token_ids"])
         self.max_segment_seconds = info["encoder"]["max_frames"] * self.frontend.seconds_per_lfr_frame
+        self.context_length = int(info["decoder"]["max_positions"])
+        self.limits = limits or Limits()
         self._lock = threading.Lock()
         self.vad: FsmnVad | None = None
         if vad not in (None, "none"):
@@ -220,6 +223,13 @@ class Session:
         if hotwords is not None and not all(isinstance(h, str) for h in hotwords):
             raise TypeError("hotwords must be strings")
         words = tuple(h.strip() for h in (hotwords or []) if h and h.strip())
+        if len(words) > self.limits.max_hotwords:
+            raise ValueError(f"{len(words)} hotwords; at most {self.limits.max_hotwords} are accepted "
+                             "(Session(limits=Limits(max_hotwords=...)))")
+        long = [h for h in words if len(h) > self.limits.max_hotword_chars]
+        if long:
+            raise ValueError(f"hotword {long[0][:20]!r}... has {len(long[0])} characters; at most "
+                             f"{self.limits.max_hotword_chars} are accepted")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         if isinstance(segment_seconds, bool) or not isinstance(segment_seconds, int | float):
@@ -227,11 +237,27 @@ class Session:
         if not 1.0 <= segment_seconds <= self.max_segment_seconds:
             raise ValueError(f"segment_seconds must be between 1 and {self.max_segment_seconds:.2f} "
                              f"(the encoder's position table), got {segment_seconds}")
+        if max_new_tokens > self.limits.max_new_tokens:
+            raise ValueError(f"max_new_tokens must be at most {self.limits.max_new_tokens}, got {max_new_tokens}")
         if vad and self.vad is None:
             raise ValueError("vad=True but this Session has no VAD model (Session(vad='fsmn', vad_model=...))")
         use_vad = self.vad is not None if vad is None else bool(vad)
-        return TranscribeOptions(self.normalize_language(language), bool(itn), words, max_new_tokens,
+        opts = TranscribeOptions(self.normalize_language(language), bool(itn), words, max_new_tokens,
                                  float(segment_seconds), bool(repetition_guard), bool(ignore_eos), use_vad)
+        # The longest decoder input + max_new_tokens must fit the decoder's context: checked here, once,
+        # so that a long hotword list fails with a clear message instead of deep inside decoding.
+        before, after = self.prompt_ids(opts)
+        longest_vad = (self.vad.cfg.segment_limit_ms / 1000 + 0.02) if use_vad and self.vad is not None else 0.0
+        seconds = max(float(segment_seconds), longest_vad)
+        rows = fake_token_len(int(np.ceil(seconds / self.frontend.seconds_per_lfr_frame)),
+                              self.prompt.fake_token_halvings)
+        need = len(before) + rows + len(after) + max_new_tokens
+        if need > self.context_length:
+            raise ValueError(f"the prompt ({len(before) + len(after)} tokens with {len(words)} hotwords) + "
+                             f"{rows} audio rows for {seconds:g} s segments + max_new_tokens {max_new_tokens} = "
+                             f"{need} positions, over the decoder's context of {self.context_length}: use fewer "
+                             "hotwords, shorter segments or a smaller max_new_tokens")
+        return opts
 
     _options = options  # older name
 
@@ -317,7 +343,7 @@ class Session:
             t0 = time.perf_counter()
             item.source = names[item.index] if names else _source_name(audio, item.index, len(items))
             try:
-                item.samples, info = decode_audio(audio, sample_rate, item.source)
+                item.samples, info = decode_audio(audio, sample_rate, item.source, self.limits)
             except (AudioError, OSError) as exc:
                 if raise_errors:
                     raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
 import sys
 
@@ -43,6 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-segment-seconds", type=float, default=30.0,
                     help="longest segment: the VAD's forced cut, or the pause splitter's limit")
     ap.add_argument("--model-id", default="fun-asr-nano", help="the model id /v1/models reports and requests name")
+    ap.add_argument("--api-key", default=None,
+                    help="require 'Authorization: Bearer KEY' on every route but /health, WebSockets included "
+                         "(default: $FUN_ASR_API_KEY if set, else no key)")
+    ap.add_argument("--cors-origin", action="append", default=None, metavar="ORIGIN",
+                    help="allow browser requests from this origin (repeatable; default: no CORS)")
+    ap.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a transcription gets 504")
+    ap.add_argument("--max-queue", type=int, default=256, help="requests waiting before new ones get 429")
+    ap.add_argument("--max-audio-seconds", type=float, default=4 * 3600.0, help="longest accepted recording")
+    ap.add_argument("--no-access-log", action="store_true", help="no per-request JSON log lines on stderr")
     ap.add_argument("--verbose", action="store_true", help="log every request and full tracebacks")
     return ap
 
@@ -50,8 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format=f"{PROG}: %(message)s")
+    if not args.no_access_log:  # one JSON line per request on stderr, never the audio
+        access = logging.getLogger("fun_asr.access")
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        access.addHandler(handler)
+        access.setLevel(logging.INFO)
+        access.propagate = False
     checks = (("--max-concurrency", args.max_concurrency, 1), ("--max-new-tokens", args.max_new_tokens, 1),
-              ("--threads", args.threads, 0), ("--max-streams", args.max_streams, 1), ("--ws-port", args.ws_port, 0))
+              ("--threads", args.threads, 0), ("--max-streams", args.max_streams, 1), ("--ws-port", args.ws_port, 0),
+              ("--max-queue", args.max_queue, 1))
     for name, value, low in checks:
         if value < low:
             print(f"{PROG}: error: {name} must be {low} or more, got {value}", file=sys.stderr)
@@ -83,8 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     from fun_asr.session import Session
 
     try:
+        from fun_asr.audio import Limits
+
         session = Session(args.model, device=args.device, threads=args.threads, progress=sys.stderr.isatty(),
-                          vad=None if args.vad == "none" else args.vad, vad_model=args.vad_model)
+                          vad=None if args.vad == "none" else args.vad, vad_model=args.vad_model,
+                          limits=Limits(max_audio_seconds=args.max_audio_seconds))
     except Exception as exc:  # noqa: BLE001
         for sk in sockets:
             sk.close()
@@ -99,7 +120,10 @@ def main(argv: list[str] | None = None) -> int:
                                 args.stream_buffer_seconds)
         app = create_app(session, model_id=args.model_id, max_upload_mb=args.max_upload_mb,
                          max_concurrency=args.max_concurrency, max_new_tokens=args.max_new_tokens,
-                         segment_seconds=args.max_segment_seconds, realtime=limits)
+                         segment_seconds=args.max_segment_seconds, realtime=limits,
+                         api_key=args.api_key or os.environ.get("FUN_ASR_API_KEY") or None,
+                         cors_origins=args.cors_origin, request_timeout=args.request_timeout,
+                         max_queue=args.max_queue)
     except ValueError as exc:
         for sk in sockets:
             sk.close()
