@@ -261,6 +261,23 @@ py::dict model_info(const Model & m) {
     d["encoder"] = enc;
     d["adaptor"] = adp;
     d["decoder"] = dec;
+    py::dict ctc;
+    ctc["available"] = hp.ctc.present;
+    if (hp.ctc.present) {
+        ctc["reason"] = py::none();
+        ctc["d_model"] = hp.ctc.d_model;
+        ctc["proj"] = hp.ctc.proj;
+        ctc["n_heads"] = hp.ctc.n_heads;
+        ctc["ffn"] = hp.ctc.ffn;
+        ctc["n_layers"] = hp.ctc.n_layers;
+        ctc["vocab"] = hp.ctc.vocab;
+        ctc["blank_id"] = hp.ctc.blank_id;
+        ctc["eps"] = hp.ctc.eps;
+        ctc["frame_ms"] = hp.ctc.frame_ms;
+    } else {
+        ctc["reason"] = hp.ctc.unavailable;
+    }
+    d["ctc"] = ctc;
     d["tensor_types"] = m.tensor_types();
     d["backend"] = m.backend_name();
     d["device"] = m.device_description();
@@ -312,6 +329,41 @@ PYBIND11_MODULE(_core, m) {
                 return to_numpy(std::move(out), {T, self.hparams().adp.d_model});
             },
             py::arg("features"), "features float32[T, input_size] (LFR fbank) -> adaptor output float32[T, d_llm].")
+        .def(
+            "ctc_logprobs",
+            [](Model & self, const py::array & features) {
+                require_rows(features, self.hparams().enc.input_size, "features");
+                if (!self.has_ctc()) throw py::value_error("this model has no CTC head: " + self.hparams().ctc.unavailable);
+                const int64_t T = features.shape(0);
+                const float * p = static_cast<const float *>(features.data());
+                std::vector<float> out;
+                {
+                    py::gil_scoped_release release;
+                    out = self.ctc_logprobs(p, T);
+                }
+                return to_numpy(std::move(out), {T, self.hparams().ctc.vocab});
+            },
+            py::arg("features"),
+            "features float32[T, input_size] -> CTC log-probabilities float32[T, ctc_vocab] (one row per 60 ms "
+            "encoder frame). ValueError when the model has no CTC head (info()['ctc']['reason'] says why).")
+        .def(
+            "encode_ctc",
+            [](Model & self, const py::array & features) {
+                require_rows(features, self.hparams().enc.input_size, "features");
+                if (!self.has_ctc()) throw py::value_error("this model has no CTC head: " + self.hparams().ctc.unavailable);
+                const int64_t T = features.shape(0);
+                const float * p = static_cast<const float *>(features.data());
+                std::pair<std::vector<float>, std::vector<float>> out;
+                {
+                    py::gil_scoped_release release;
+                    out = self.encode_ctc(p, T);
+                }
+                return py::make_tuple(to_numpy(std::move(out.first), {T, self.hparams().adp.d_model}),
+                                      to_numpy(std::move(out.second), {T, self.hparams().ctc.vocab}));
+            },
+            py::arg("features"),
+            "encode() and ctc_logprobs() from one encoder pass: (adaptor output float32[T, d_llm], CTC "
+            "log-probabilities float32[T, ctc_vocab]).")
         .def(
             "debug_stages",
             [](Model & self, const py::array & features) {

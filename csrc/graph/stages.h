@@ -21,6 +21,10 @@ void sinusoid_positions(const HParams & hp, int64_t T, float * out);
 ggml_tensor * build_adaptor(const GraphCtx & g, const HParams & hp, const Weights & w, ggml_tensor * enc,
                             ggml_tensor * mask);
 
+// CTC head over the encoder output [enc.d_model, T] -> logits [ctc.vocab, T] (FunASR ctc_decoder + ctc_lo).
+ggml_tensor * build_ctc(const GraphCtx & g, const HParams & hp, const Weights & w, ggml_tensor * enc,
+                        ggml_tensor * mask);
+
 // Qwen3 decoder over n new positions of each of B sequences (x [d, n*B], sequence-major). The K/V
 // of the new positions are written into the cache rows `kv_rows` (row = slot * capacity + position
 // in the cache viewed as [head_dim * n_kv_heads, capacity * n_seq]); each sequence then attends over

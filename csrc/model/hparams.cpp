@@ -59,6 +59,10 @@ int64_t HParams::symbol(const std::string & name, int64_t layer) const {
     if (name == "dec_head") return dec.head_dim;
     if (name == "dec_ffn") return dec.ffn;
     if (name == "dec_vocab") return dec.vocab;
+    if (name == "ctc_d") return ctc.d_model;
+    if (name == "ctc_proj") return ctc.proj;
+    if (name == "ctc_ffn") return ctc.ffn;
+    if (name == "ctc_vocab") return ctc.vocab;
     // plain numbers in the table
     size_t pos = 0;
     const long long v = std::stoll(name, &pos);
@@ -106,8 +110,31 @@ HParams parse_hparams(const Metadata & m, const std::string & arch) {
     }
     d.eos_ids = std::get<std::vector<int64_t>>(eos);
 
+    // The CTC head is optional: present when the metadata describes it (the converter stores it only
+    // when every CTC tensor is there), otherwise `unavailable` says why.
+    auto & c = hp.ctc;
+    if (m.count(k + "ctc.block_count")) {
+        c.present = true;
+        c.d_model = get_int(m, k + "ctc.embedding_length");
+        c.proj = get_int(m, k + "ctc.projector_length");
+        c.n_heads = get_int(m, k + "ctc.attention.head_count");
+        c.ffn = get_int(m, k + "ctc.feed_forward_length");
+        c.n_layers = get_int(m, k + "ctc.block_count", 0);
+        c.vocab = get_int(m, k + "ctc.vocab_size");
+        c.blank_id = get_int(m, k + "ctc.blank_id", 0);
+        c.eps = get_float(m, k + "ctc.attention.layer_norm_epsilon");
+        if (m.count(k + "ctc.frame_ms")) c.frame_ms = get_int(m, k + "ctc.frame_ms");
+    } else {
+        auto it = m.find(k + "ctc.unavailable");
+        c.unavailable = it != m.end() && std::holds_alternative<std::string>(it->second)
+                            ? std::get<std::string>(it->second)
+                            : "the model has no CTC head (converted without one)";
+    }
+
     std::string problem;
-    if (e.d_model % e.n_heads) problem = "encoder embedding_length not divisible by head_count";
+    if (c.present && c.d_model % c.n_heads) problem = "ctc embedding_length not divisible by head_count";
+    else if (c.present && c.blank_id >= c.vocab) problem = "ctc blank_id outside the CTC vocabulary";
+    else if (e.d_model % e.n_heads) problem = "encoder embedding_length not divisible by head_count";
     else if (e.n_tp_layers >= e.n_layers) problem = "encoder tp_block_count must be < block_count";
     else if (e.fsmn_kernel % 2 == 0) problem = "encoder fsmn_kernel_size must be odd";
     else if (e.input_size % 2) problem = "encoder input_size must be even";

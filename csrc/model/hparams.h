@@ -38,10 +38,21 @@ struct DecoderHParams {
     std::vector<int64_t> eos_ids;
 };
 
+// FunASR's CTC head (ModelScope checkpoints only): linear -> ReLU -> linear, pre-LN transformer
+// blocks over the encoder output, then the CTC output layer (log-softmax over vocab).
+struct CtcHParams {
+    bool present = false;
+    std::string unavailable;  // why there is no CTC head (when !present)
+    int64_t d_model = 0, proj = 0, n_heads = 0, ffn = 0, n_layers = 0, vocab = 0, blank_id = 0;
+    float eps = 1e-12f;
+    int64_t frame_ms = 60;
+};
+
 struct HParams {
     EncoderHParams enc;
     AdaptorHParams adp;
     DecoderHParams dec;
+    CtcHParams ctc;
 
     // Value of a shape symbol of the tensor table (model_specs) for `layer` (-1: not in a layer).
     int64_t symbol(const std::string & name, int64_t layer) const;

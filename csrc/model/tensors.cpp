@@ -42,6 +42,11 @@ std::vector<ExpectedTensor> expected_tensors(const HParams & hp) {
     expand(out, hp, "decoder", -1);
     if (!hp.dec.tie_embeddings) expand(out, hp, "decoder_untied", -1);
     for (int64_t i = 0; i < hp.dec.n_layers; ++i) expand(out, hp, "decoder_layer", i);
+    if (hp.ctc.present) {
+        expand(out, hp, "ctc", -1);
+        for (int64_t i = 0; i < hp.ctc.n_layers; ++i) expand(out, hp, "ctc_layer", i);
+        expand(out, hp, "ctc_output", -1);
+    }
     return out;
 }
 
@@ -99,6 +104,14 @@ Weights bind_weights(ggml_context * ctx, const HParams & hp) {
         l.up = need(ctx, p + ".ffn_up.weight");
         l.down = need(ctx, p + ".ffn_down.weight");
         w.dec.push_back(l);
+    }
+    if (hp.ctc.present) {
+        w.ctc_proj1 = {need(ctx, "ctc.proj1.weight"), need(ctx, "ctc.proj1.bias")};
+        w.ctc_proj2 = {need(ctx, "ctc.proj2.weight"), need(ctx, "ctc.proj2.bias")};
+        for (int64_t i = 0; i < hp.ctc.n_layers; ++i) {
+            w.ctc.push_back(bind_sanm(ctx, "ctc.blk." + std::to_string(i), false, false));
+        }
+        w.ctc_out = {need(ctx, "ctc.output.weight"), need(ctx, "ctc.output.bias")};
     }
     return w;
 }

@@ -22,7 +22,7 @@ struct TableEntry {
 
 struct ExpectedTensor {
     std::string name;         // GGUF name
-    std::string kind;         // matrix | embedding | norm | bias | fsmn
+    std::string kind;         // matrix | embedding | output | norm | bias | fsmn
     std::vector<int64_t> ne;  // ggml order (innermost first)
 };
 
@@ -65,6 +65,10 @@ struct Weights {
     ggml_tensor * output = nullptr;            // lm_head (== tok_embd when tied)
     ggml_tensor * output_norm = nullptr;       // model.language_model.norm
     std::vector<Qwen3Layer> dec;
+    // FunASR CTC head (only when hp.ctc.present): ctc_decoder.linear{1,2}, its blocks, ctc.ctc_lo.
+    Linear ctc_proj1, ctc_proj2;
+    std::vector<SanmLayer> ctc;
+    Linear ctc_out;
 };
 
 // Binds the struct fields to the tensors of `ctx` by GGUF name; throws if one is missing.

@@ -1,6 +1,8 @@
 #include "runtime/model.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <thread>
 
@@ -136,7 +138,8 @@ std::vector<float> read_tensor(ggml_tensor * t) {
 
 }  // namespace
 
-ggml_tensor * Model::run_encoder(GraphScope & g, const StageCallback & on_stage, const float * features, int64_t T) {
+std::pair<ggml_tensor *, ggml_tensor *> Model::run_encoder(GraphScope & g, const StageCallback & on_stage,
+                                                           const float * features, int64_t T, bool adaptor, bool ctc) {
     check_features(T);
     new_graph(g);
     GraphCtx gc{g.ctx, on_stage};
@@ -144,22 +147,27 @@ ggml_tensor * Model::run_encoder(GraphScope & g, const StageCallback & on_stage,
     ggml_tensor * pe = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, hp_.enc.input_size, T);
     ggml_set_input(feats);
     ggml_set_input(pe);
-    ggml_tensor * out = build_adaptor(gc, hp_, weights_->w, build_encoder(gc, hp_, weights_->w, feats, pe, nullptr), nullptr);
-    ggml_set_output(out);
-    ggml_build_forward_expand(g.gf, out);
+    ggml_tensor * enc = build_encoder(gc, hp_, weights_->w, feats, pe, nullptr);
+    ggml_tensor * adp = adaptor ? build_adaptor(gc, hp_, weights_->w, enc, nullptr) : nullptr;
+    ggml_tensor * logits = ctc ? build_ctc(gc, hp_, weights_->w, enc, nullptr) : nullptr;
+    for (ggml_tensor * out : {adp, logits}) {
+        if (!out) continue;
+        ggml_set_output(out);
+        ggml_build_forward_expand(g.gf, out);
+    }
     alloc_graph(g.gf);
     std::vector<float> pos(static_cast<size_t>(T * hp_.enc.input_size));
     sinusoid_positions(hp_, T, pos.data());
     ggml_backend_tensor_set(feats, features, 0, ggml_nbytes(feats));
     ggml_backend_tensor_set(pe, pos.data(), 0, ggml_nbytes(pe));
     compute_graph(g.gf);
-    return out;
+    return {adp, logits};
 }
 
 std::vector<float> Model::encode(const float * features, int64_t T) {
     std::lock_guard<std::mutex> lock(mutex_);
     GraphScope g;
-    return read_tensor(run_encoder(g, {}, features, T));
+    return read_tensor(run_encoder(g, {}, features, T, true, false).first);
 }
 
 std::map<std::string, Stage> Model::debug_stages(const float * features, int64_t T) {
@@ -169,7 +177,7 @@ std::map<std::string, Stage> Model::debug_stages(const float * features, int64_t
     run_encoder(g, [&](ggml_tensor * t, const std::string & name) {
         ggml_set_output(t);  // keep it: the allocator must not reuse its memory
         stages.emplace_back(name, t);
-    }, features, T);
+    }, features, T, true, hp_.ctc.present);
     std::map<std::string, Stage> result;
     for (auto & [name, t] : stages) {
         Stage s;
@@ -178,6 +186,53 @@ std::map<std::string, Stage> Model::debug_stages(const float * features, int64_t
         result[name] = std::move(s);
     }
     return result;
+}
+
+void Model::require_ctc() const {
+    if (!hp_.ctc.present) throw std::logic_error("this model has no CTC head: " + hp_.ctc.unavailable);
+}
+
+void Model::log_softmax_rows(std::vector<float> & x, int64_t T) const {
+    const int64_t V = hp_.ctc.vocab;
+    auto work = [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+            float * row = x.data() + t * V;
+            float mx = -std::numeric_limits<float>::infinity();
+            for (int64_t v = 0; v < V; ++v) mx = std::max(mx, row[v]);
+            double sum = 0.0;
+            for (int64_t v = 0; v < V; ++v) sum += static_cast<double>(std::exp(row[v] - mx));
+            const float lse = static_cast<float>(std::log(sum));
+            for (int64_t v = 0; v < V; ++v) row[v] = (row[v] - mx) - lse;
+        }
+    };
+    const int64_t n = std::max<int64_t>(1, std::min<int64_t>(threads_, T));
+    std::vector<std::thread> pool;
+    const int64_t per = (T + n - 1) / n;
+    for (int64_t k = 1; k < n; ++k) {
+        const int64_t a = k * per, b = std::min(T, a + per);
+        if (a < b) pool.emplace_back(work, a, b);
+    }
+    work(0, std::min(T, per));
+    for (auto & th : pool) th.join();
+}
+
+std::vector<float> Model::ctc_logprobs(const float * features, int64_t T) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    require_ctc();
+    GraphScope g;
+    std::vector<float> out = read_tensor(run_encoder(g, {}, features, T, false, true).second);
+    log_softmax_rows(out, T);
+    return out;
+}
+
+std::pair<std::vector<float>, std::vector<float>> Model::encode_ctc(const float * features, int64_t T) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    require_ctc();
+    GraphScope g;
+    auto [adp, logits] = run_encoder(g, {}, features, T, true, true);
+    std::pair<std::vector<float>, std::vector<float>> out{read_tensor(adp), read_tensor(logits)};
+    log_softmax_rows(out.second, T);
+    return out;
 }
 
 void Model::check_token(int64_t id) const {

@@ -50,8 +50,17 @@ public:
 
     // features: row-major [T, input_size] -> adaptor output row-major [T, adp.d_model]
     std::vector<float> encode(const float * features, int64_t T);
-    // Every named stage output (enc.in, enc.blk.{i}.out, enc.out, adp.proj.out, adp.blk.{i}.out, adp.out).
+    // Every named stage output (enc.in, enc.blk.{i}.out, enc.out, adp.proj.out, adp.blk.{i}.out, adp.out;
+    // with a CTC head also ctc.proj.out, ctc.blk.{i}.out, ctc.dec.out, ctc.logits).
     std::map<std::string, Stage> debug_stages(const float * features, int64_t T);
+
+    // The CTC head (FunASR/ModelScope checkpoints with every CTC tensor): present or why not.
+    bool has_ctc() const { return hp_.ctc.present; }
+    // features [T, input_size] -> CTC log-probabilities row-major [T, ctc.vocab] (one row per 60 ms
+    // encoder frame; log-softmax over the CTC vocabulary). Throws std::logic_error without a CTC head.
+    std::vector<float> ctc_logprobs(const float * features, int64_t T);
+    // Both in one encoder pass: adaptor output [T, adp.d_model] and CTC log-probabilities [T, ctc.vocab].
+    std::pair<std::vector<float>, std::vector<float>> encode_ctc(const float * features, int64_t T);
     // token embeddings row-major [n, dec.d_model]
     std::vector<float> embed(const std::vector<int32_t> & ids);
     // Resets the cache, runs embeddings [n, d]; returns the last position's logits [vocab].
@@ -100,8 +109,13 @@ private:
         ~GraphScope();
     };
     void new_graph(GraphScope & g);
-    // Builds, allocates and computes the encoder + adaptor graph; returns the adaptor output.
-    ggml_tensor * run_encoder(GraphScope & g, const StageCallback & on_stage, const float * features, int64_t T);
+    // Builds, allocates and computes the encoder graph with the adaptor and/or the CTC head on top;
+    // returns {adaptor output or null, CTC logits or null}.
+    std::pair<ggml_tensor *, ggml_tensor *> run_encoder(GraphScope & g, const StageCallback & on_stage,
+                                                        const float * features, int64_t T, bool adaptor, bool ctc);
+    void require_ctc() const;
+    // Stable log-softmax of CTC logits [T, vocab] in place (torch's formula: x - max - log(sum(exp(x - max)))).
+    void log_softmax_rows(std::vector<float> & logits, int64_t T) const;
     void alloc_graph(ggml_cgraph * gf);
     void compute_graph(ggml_cgraph * gf);
 

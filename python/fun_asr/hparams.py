@@ -80,10 +80,27 @@ class DecoderParams:
 
 
 @dataclass(frozen=True)
+class CtcParams:
+    """FunASR's CTC head (ModelScope checkpoints): ctc_decoder (linear d_enc -> proj, ReLU, linear -> d_model,
+    then n_layers pre-LN transformer blocks with FFN ``ffn``) and ctc.ctc_lo (d_model -> vocab)."""
+
+    d_model: int
+    proj: int
+    n_heads: int
+    ffn: int
+    n_layers: int
+    vocab: int
+    blank_id: int
+    eps: float
+    frame_ms: int = 60
+
+
+@dataclass(frozen=True)
 class HParams:
     encoder: EncoderParams
     adaptor: AdaptorParams
     decoder: DecoderParams
+    ctc: CtcParams | None = None  # only FunASR checkpoints with a complete CTC head
 
     def symbols(self, layer: int | None = None) -> dict[str, int]:
         """Values of the shape symbols used in the tensor table (model_specs)."""
@@ -102,6 +119,8 @@ class HParams:
             "dec_head": d.head_dim,
             "dec_ffn": d.ffn,
             "dec_vocab": d.vocab,
+            **({"ctc_d": self.ctc.d_model, "ctc_proj": self.ctc.proj, "ctc_ffn": self.ctc.ffn,
+                "ctc_vocab": self.ctc.vocab} if self.ctc is not None else {}),
         }
 
     def to_dict(self) -> dict[str, Any]:

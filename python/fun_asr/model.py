@@ -1,15 +1,16 @@
-"""Loading a model for inference: a GGUF file, or an HF checkpoint directory without conversion."""
+"""Loading a model for inference: a GGUF file, or a checkpoint folder (HF or FunASR layout) without conversion."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from fun_asr import _core
-from fun_asr.checkpoint import Checkpoint
 from fun_asr.converter.writer import ARCH, check_tensors, gguf_metadata
+from fun_asr.funasr_checkpoint import open_checkpoint
 from fun_asr.tensor_names import tensor_table
 
 _STORED = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
@@ -18,9 +19,10 @@ _STORED = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 def load_model(path: str | os.PathLike[str], device: str = "cpu", threads: int = 0) -> _core.Model:
     """Loads a Fun-ASR-Nano model for inference.
 
-    ``path`` is a GGUF file made by ``fun-asr-convert`` or a Hugging Face checkpoint directory
-    (config.json + model*.safetensors + tokenizer.json). ``device``: ``cpu``, ``cuda``, ``cuda:N`` or
-    ``auto``; ``threads``: CPU threads, 0 = all cores.
+    ``path`` is a GGUF file made by ``fun-asr-convert``, a Hugging Face checkpoint directory
+    (config.json + model*.safetensors + tokenizer.json) or a FunASR/ModelScope folder (model.pt +
+    config.yaml + Qwen3-0.6B/; its CTC head is loaded when complete: ``info()["ctc"]``).
+    ``device``: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``; ``threads``: CPU threads, 0 = all cores.
     """
     p = Path(path)
     if not p.exists():
@@ -30,8 +32,33 @@ def load_model(path: str | os.PathLike[str], device: str = "cpu", threads: int =
     return _core.load_gguf(str(p), device=device, threads=threads)
 
 
+def model_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The GGUF-style metadata of a GGUF file or a checkpoint folder (HF or FunASR layout), as plain
+    Python values: what a Session needs (tokenizer.huggingface.json, fun_asr_nano.prompt,
+    fun_asr_nano.model_spec, fun_asr_nano.language_table, fun_asr_nano.ctc.*)."""
+    p = Path(path)
+    if p.is_dir():
+        ckpt = open_checkpoint(p)
+        try:
+            return gguf_metadata(ckpt, ckpt.hparams)
+        finally:
+            ckpt.close()
+    import gguf
+
+    reader = gguf.GGUFReader(p)
+    out: dict[str, Any] = {}
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            out[key] = f.contents()
+        except Exception:  # noqa: BLE001 - an unusual field type is left out
+            continue
+    return out
+
+
 def _load_checkpoint(path: Path, device: str, threads: int) -> _core.Model:
-    ckpt = Checkpoint.open(path)
+    ckpt = open_checkpoint(path)
     hp = ckpt.hparams
     entries = tensor_table(hp)
     check_tensors(ckpt, entries)

@@ -19,9 +19,11 @@ class TensorEntry:
     hf: str
     gguf: str
     shape: tuple[int, ...]  # torch order: [out, in]
-    kind: str  # matrix | embedding | norm | bias | fsmn
-    stack: str  # enc | adp | dec
+    kind: str  # matrix | embedding | output | norm | bias | fsmn
+    stack: str  # enc | adp | dec | ctc
     layer: int | None
+    funasr: str = ""  # name in a FunASR model.pt ({enc}/{enc_norm} still to resolve, see funasr_checkpoint)
+    funasr_part: str | None = None  # "k/n": rows k of n of a fused tensor (linear_q_k_v)
 
 
 def _expand(group: list[dict], stack: str, layers: range | tuple[int, ...] | list[int],
@@ -39,13 +41,16 @@ def _expand(group: list[dict], stack: str, layers: range | tuple[int, ...] | lis
                     kind=e["kind"],
                     stack=stack,
                     layer=None if "{i}" not in e["gguf"] else i,
+                    funasr=e.get("funasr", "").replace("{i}", str(i)),
+                    funasr_part=e.get("funasr_part"),
                 )
             )
     return out
 
 
 def tensor_table(hp: HParams) -> list[TensorEntry]:
-    """Every tensor a checkpoint of this config holds, in file order (encoder, adaptor, decoder)."""
+    """Every tensor a checkpoint of this config holds, in file order (encoder, adaptor, decoder, and the
+    CTC head when ``hp.ctc`` is set)."""
     t = load_spec()["tensors"]
     e, a, d = hp.encoder, hp.adaptor, hp.decoder
     entries: list[TensorEntry] = []
@@ -59,6 +64,10 @@ def tensor_table(hp: HParams) -> list[TensorEntry]:
     if not d.tie_embeddings:
         entries += _expand(t["decoder_untied"], "dec", [None], hp)  # type: ignore[list-item]
     entries += _expand(t["decoder_layer"], "dec", range(d.n_layers), hp)
+    if hp.ctc is not None:
+        entries += _expand(t["ctc"], "ctc", [None], hp)  # type: ignore[list-item]
+        entries += _expand(t["ctc_layer"], "ctc", range(hp.ctc.n_layers), hp)
+        entries += _expand(t["ctc_output"], "ctc", [None], hp)  # type: ignore[list-item]
     for entry in entries:
         assert len(entry.gguf) <= MAX_NAME_LEN, entry.gguf
     return entries

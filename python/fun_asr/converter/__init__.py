@@ -1,9 +1,12 @@
-"""HF safetensors checkpoint -> one self-contained GGUF (F32, F16, Q8_0, Q4_K_M)."""
+"""Fun-ASR-Nano checkpoint (HF safetensors or FunASR/ModelScope model.pt) -> one self-contained GGUF
+(F32, F16, Q8_0, Q4_K_M); FunASR FSMN-VAD folder -> an fsmn_vad GGUF."""
 
 from __future__ import annotations
 
 from fun_asr.converter.inspect import format_inspection, inspect_gguf
 from fun_asr.converter.plan import PACKAGE_TYPES
 from fun_asr.converter.writer import ConversionReport, convert
+from fun_asr.funasr_checkpoint import detect_layout, layout_description
 
-__all__ = ["PACKAGE_TYPES", "ConversionReport", "convert", "format_inspection", "inspect_gguf"]
+__all__ = ["PACKAGE_TYPES", "ConversionReport", "convert", "detect_layout", "format_inspection", "inspect_gguf",
+           "layout_description"]

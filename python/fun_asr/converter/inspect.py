@@ -50,6 +50,9 @@ def inspect_gguf(path: str | Path) -> dict[str, Any]:
         "tensor_type_bytes": dict(type_bytes),
         "metadata_keys": sorted(meta),
         "metadata": meta,
+        "layout": meta.get("fun_asr_nano.source.layout"),
+        "ctc": "fun_asr_nano.ctc.block_count" in meta,
+        "ctc_unavailable": meta.get("fun_asr_nano.ctc.unavailable"),
     }
 
 
@@ -77,6 +80,11 @@ def format_inspection(info: dict[str, Any]) -> str:
     ]
     for name, count in sorted(info["tensor_types"].items()):
         lines.append(f"  {name:<6} {count:5d} tensors  {info['tensor_type_bytes'][name] / 1e6:10.1f} MB")
+    if info.get("layout"):
+        lines.append(f"source layout {info['layout']}")
+    if info.get("architecture") == "fun_asr_nano":
+        lines.append("CTC head      " + ("yes (token timestamps)" if info.get("ctc")
+                                         else f"no: {info.get('ctc_unavailable') or 'not recorded'}"))
     lines.append(f"metadata keys ({len(info['metadata_keys'])}):")
     for key in info["metadata_keys"]:
         v = info["metadata"][key]

@@ -2,10 +2,10 @@
 
 - norms, biases and the FSMN kernel: always F32;
 - f32 / f16 / q8_0: every matrix (and the embedding) takes that type;
-- q4_k_m: Q4_K, with Q6_K for the token embedding / output and for the attn_v and ffn_down
-  matrices of the layers llama.cpp's ``use_more_bits`` rule picks (first and last eighth of a
-  stack, and every third layer between), applied to each stack (encoder, adaptor, decoder) with
-  that stack's layer count;
+- q4_k_m: Q4_K, with Q6_K for the token embedding / output (and the CTC output layer) and for the
+  attn_v and ffn_down matrices of the layers llama.cpp's ``use_more_bits`` rule picks (first and last
+  eighth of a stack, and every third layer between), applied to each stack (encoder, adaptor,
+  decoder, CTC head) with that stack's layer count;
 - a matrix whose row length is not a multiple of its type's block size (the 560-wide layer-0
   q/k/v in Q8_0/Q4_K) falls back to F16, and the fallback is reported.
 """
@@ -48,7 +48,8 @@ def check_package_type(package: str) -> str:
 
 
 def _layers_in_stack(hp: HParams, stack: str) -> int:
-    return {"enc": hp.encoder.n_layers, "adp": hp.adaptor.n_layers, "dec": hp.decoder.n_layers}[stack]
+    return {"enc": hp.encoder.n_layers, "adp": hp.adaptor.n_layers, "dec": hp.decoder.n_layers,
+            "ctc": hp.ctc.n_layers if hp.ctc is not None else 0}[stack]
 
 
 def place(entry: TensorEntry, package: str, hp: HParams) -> Placement:
@@ -57,7 +58,7 @@ def place(entry: TensorEntry, package: str, hp: HParams) -> Placement:
         return Placement(entry, "f32", "f32")
     if package in ("f16", "q8_0"):
         wanted = package
-    elif entry.kind == "embedding":
+    elif entry.kind in ("embedding", "output"):
         wanted = "q6_k"
     elif entry.layer is not None and entry.gguf.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(
         entry.layer, _layers_in_stack(hp, entry.stack)

@@ -22,6 +22,7 @@ import numpy as np
 from fun_asr import _core
 from fun_asr.checkpoint import Checkpoint, CheckpointError
 from fun_asr.converter.plan import FILE_TYPE, Placement, check_package_type, place
+from fun_asr.funasr_checkpoint import HF_NO_CTC, FunasrCheckpoint, detect_layout, language_table, open_checkpoint
 from fun_asr.hparams import HParams
 from fun_asr.spec import FAMILY, load_spec, spec_text
 from fun_asr.tensor_names import TensorEntry, tensor_table
@@ -38,6 +39,9 @@ class ConversionReport:
     seconds: float
     type_counts: dict[str, int] = field(default_factory=dict)
     fallbacks: list[tuple[str, str, str]] = field(default_factory=list)  # (tensor, wanted, used)
+    layout: str = "hf"  # hf | funasr | fsmn_vad: the layout that was read
+    ctc: bool = False  # the CTC head (timestamps) was stored
+    ctc_unavailable: str | None = None  # why not, when it was not
 
     def summary(self) -> str:
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(self.type_counts.items()))
@@ -45,6 +49,9 @@ class ConversionReport:
             f"wrote {self.path} ({self.file_bytes / 1e6:.1f} MB, {self.tensor_count} tensors, "
             f"{self.package_type}) in {self.seconds:.1f} s — {counts}"
         ]
+        if self.layout != "fsmn_vad":
+            lines.append("  CTC head stored: word timestamps available" if self.ctc
+                         else f"  no CTC head: {self.ctc_unavailable}")
         for name, wanted, used in self.fallbacks:
             lines.append(f"  fallback: {name} {wanted} -> {used} (row length not a multiple of the {wanted} block)")
         return "\n".join(lines)
@@ -54,7 +61,7 @@ def _ggml_type(name: str) -> gguf.GGMLQuantizationType:
     return gguf.GGMLQuantizationType[name.upper()]
 
 
-def check_tensors(ckpt: Checkpoint, entries: list[TensorEntry]) -> None:
+def check_tensors(ckpt: Checkpoint | FunasrCheckpoint, entries: list[TensorEntry]) -> None:
     """Every table entry present with its shape, and nothing else; errors name the tensor."""
     expected = {e.hf: e for e in entries}
     missing = [n for n in expected if n not in ckpt.tensors]
@@ -81,12 +88,15 @@ def check_tensors(ckpt: Checkpoint, entries: list[TensorEntry]) -> None:
             )
 
 
-def gguf_metadata(ckpt: Checkpoint, hp: HParams, package: str | None = None,
+def gguf_metadata(ckpt: Checkpoint | FunasrCheckpoint, hp: HParams, package: str | None = None,
                   repo_id: str | None = None, revision: str | None = None) -> dict[str, Any]:
     """Every GGUF metadata key of DESIGN §3 for this checkpoint, as plain Python values.
 
-    The GGUF writer stores ints as uint32, floats as float32, lists as int arrays; loading an HF
+    The GGUF writer stores ints as uint32, floats as float32, lists as int arrays; loading a checkpoint
     directory directly hands the same dict to the native loader, so both paths read one set of keys.
+    Both layouts (HF, FunASR) give the same keys; a FunASR checkpoint with its CTC head adds
+    ``fun_asr_nano.ctc.*`` (dimensions, blank id, and the CTC tokenizer ``ctc.tokenizer.*``), one without
+    says why in ``fun_asr_nano.ctc.unavailable``.
     """
     spec = load_spec()
     e, a, d = hp.encoder, hp.adaptor, hp.decoder
@@ -102,7 +112,10 @@ def gguf_metadata(ckpt: Checkpoint, hp: HParams, package: str | None = None,
     if package is not None:
         meta["general.file_type"] = FILE_TYPE[package]
     repo_id, revision = repo_id or ckpt.repo_id, revision or ckpt.revision
-    if repo_id:
+    if repo_id and repo_id.startswith("modelscope:"):
+        meta["general.source.modelscope.repository"] = repo_id.split(":", 1)[1]
+        meta["general.source.url"] = f"https://modelscope.cn/models/{repo_id.split(':', 1)[1]}"
+    elif repo_id:
         meta["general.source.huggingface.repository"] = repo_id
         meta["general.source.url"] = f"https://huggingface.co/{repo_id}"
     if revision:
@@ -137,10 +150,31 @@ def gguf_metadata(ckpt: Checkpoint, hp: HParams, package: str | None = None,
         k + "decoder.rope.freq_base": float(d.rope_theta),
         k + "decoder.tie_word_embeddings": d.tie_embeddings,
         k + "decoder.eos_token_ids": ckpt.eos_token_ids(),
-        k + "prompt": json.dumps(spec["prompt"], ensure_ascii=False),
+        k + "prompt": json.dumps(getattr(ckpt, "prompt", None) or spec["prompt"], ensure_ascii=False),
         k + "model_spec": spec_text(),
         k + "source.config_json": json.dumps(ckpt.config, ensure_ascii=False),
+        k + "source.layout": getattr(ckpt, "layout", "hf"),
+        k + "language_table": getattr(ckpt, "language_table", None)
+        or language_table(spec, [repo_id or "", str(ckpt.path)], ckpt.config),
     })
+    if hp.ctc is not None:
+        c = hp.ctc
+        meta.update({
+            k + "ctc.embedding_length": c.d_model,
+            k + "ctc.projector_length": c.proj,
+            k + "ctc.attention.head_count": c.n_heads,
+            k + "ctc.feed_forward_length": c.ffn,
+            k + "ctc.block_count": c.n_layers,
+            k + "ctc.vocab_size": c.vocab,
+            k + "ctc.blank_id": c.blank_id,
+            k + "ctc.attention.layer_norm_epsilon": float(c.eps),
+            k + "ctc.frame_ms": c.frame_ms,
+        })
+    else:
+        meta[k + "ctc.unavailable"] = getattr(ckpt, "ctc_unavailable", None) or HF_NO_CTC
+    extra = getattr(ckpt, "extra_metadata", None)
+    if extra is not None:
+        meta.update(extra())
     for key, value in (
         ("source.preprocessor_config_json", ckpt.preprocessor_config),
         ("source.generation_config_json", ckpt.generation_config),
@@ -229,7 +263,14 @@ def _umask() -> int:
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str = "q8_0", *,
             progress: bool = True, threads: int = 0, repo_id: str | None = None,
             revision: str | None = None, overwrite: bool = False) -> ConversionReport:
-    """Converts a Fun-ASR-Nano HF checkpoint directory into one GGUF file.
+    """Converts a Fun-ASR-Nano checkpoint folder into one GGUF file.
+
+    ``src`` is a Hugging Face folder (config.json + safetensors) or a FunASR/ModelScope folder
+    (model.pt + config.yaml + Qwen3-0.6B/); :func:`fun_asr.funasr_checkpoint.detect_layout` tells which,
+    and ``ConversionReport.layout`` records it. Identical weights give identical tensors in both
+    layouts; a FunASR folder with its complete CTC head also stores the CTC tensors and tokenizer
+    (``ConversionReport.ctc``). A FunASR FSMN-VAD folder is converted by
+    :func:`fun_asr.converter.vad.convert_vad` (``type`` does not apply: it stays F32).
 
     ``type`` is the package type: ``f32``, ``f16``, ``q8_0`` or ``q4_k_m``. ``repo_id`` and
     ``revision`` are recorded in the metadata (guessed from a huggingface_hub cache path if not
@@ -242,7 +283,14 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
     start = time.perf_counter()
     out = Path(dst)
     check_output(out, Path(src), overwrite)
-    ckpt = Checkpoint.open(src)
+    layout = detect_layout(src)
+    if layout == "fsmn_vad":
+        from fun_asr.converter.vad import convert_vad
+
+        report = convert_vad(src, dst, overwrite=overwrite, repo_id=repo_id, revision=revision)
+        report.layout = "fsmn_vad"
+        return report
+    ckpt = open_checkpoint(src)
     hp = ckpt.hparams
     placements = [place(entry, package, hp) for entry in tensor_table(hp)]
     check_tensors(ckpt, [p.entry for p in placements])
@@ -304,6 +352,9 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
         seconds=time.perf_counter() - start,
         type_counts=counts,
         fallbacks=[(p.entry.gguf, p.wanted, p.type) for p in placements if p.fell_back],
+        layout=layout,
+        ctc=hp.ctc is not None,
+        ctc_unavailable=None if hp.ctc is not None else (getattr(ckpt, "ctc_unavailable", None) or HF_NO_CTC),
     )
 
 
