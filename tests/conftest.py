@@ -52,3 +52,18 @@ def tiny_gguf(tiny_f32: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa
         return cache[package]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def nano(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The FunASR-layout checkpoint, the same weights in the HF layout, and their F32 GGUFs."""
+    from fun_asr import convert
+    from make_funasr_checkpoint import make_funasr_checkpoint  # needs funasr 1.4.16 (test reference stack)
+
+    root = tmp_path_factory.mktemp("funasr")
+    ms = make_funasr_checkpoint(root / "Fun-ASR-Nano-2512", seed=0, hf_copy=root / "hf")
+    out = {"ms": ms, "hf": root / "hf", "root": root}
+    for name in ("ms", "hf"):
+        out[f"{name}-f32"] = root / f"{name}-f32.gguf"
+        convert(out[name], out[f"{name}-f32"], "f32", progress=False)
+    return out

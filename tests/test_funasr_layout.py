@@ -28,21 +28,6 @@ CLIPS = {"zh": ROOT / "examples" / "zh_weather.wav", "en": ROOT / "examples" / "
 MAX_NEW = 16  # FunASR's max_length; short texts keep the CTC alignment feasible on a few seconds of audio
 
 
-@pytest.fixture(scope="session")
-def nano(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The FunASR-layout checkpoint, the same weights in the HF layout, and their F32 GGUFs."""
-    from fun_asr import convert
-    from make_funasr_checkpoint import make_funasr_checkpoint
-
-    root = tmp_path_factory.mktemp("funasr")
-    ms = make_funasr_checkpoint(root / "Fun-ASR-Nano-2512", seed=0, hf_copy=root / "hf")
-    out = {"ms": ms, "hf": root / "hf", "root": root}
-    for name in ("ms", "hf"):
-        out[f"{name}-f32"] = root / f"{name}-f32.gguf"
-        convert(out[name], out[f"{name}-f32"], "f32", progress=False)
-    return out
-
-
 def _gguf_tensors(path: Path) -> dict[str, tuple[str, bytes]]:
     import gguf
 

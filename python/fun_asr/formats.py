@@ -33,22 +33,32 @@ def _cues(t: Transcription) -> list[Segment]:
     return [s for s in t.segments if s.text.strip()]
 
 
-def to_srt(t: Transcription) -> str:
+def _timed(t: Transcription, words: bool) -> list[tuple[float, float, str]]:
+    """(start, end, text) cues: segments, or with ``words`` each word (CTC token) that has text."""
+    if words and t.words is not None:
+        return [(w["start"], w["end"], w["word"].strip()) for w in t.words if w["word"].strip()]
+    return [(s.start, s.end, s.text) for s in _cues(t)]
+
+
+def to_srt(t: Transcription, words: bool = False) -> str:
     blocks = []
-    for i, s in enumerate(_cues(t), 1):
-        blocks.append(f"{i}\n{_stamp(s.start, ',')} --> {_stamp(s.end, ',')}\n{s.text}\n")
+    for i, (a, b, text) in enumerate(_timed(t, words), 1):
+        blocks.append(f"{i}\n{_stamp(a, ',')} --> {_stamp(b, ',')}\n{text}\n")
     return "\n".join(blocks)
 
 
-def to_vtt(t: Transcription) -> str:
+def to_vtt(t: Transcription, words: bool = False) -> str:
     lines = ["WEBVTT", ""]
-    for s in _cues(t):
-        lines += [f"{_stamp(s.start, '.')} --> {_stamp(s.end, '.')}", s.text, ""]
+    for a, b, text in _timed(t, words):
+        lines += [f"{_stamp(a, '.')} --> {_stamp(b, '.')}", text, ""]
     return "\n".join(lines)
 
 
-def render(t: Transcription, fmt: str) -> str:
+def render(t: Transcription, fmt: str, words: bool = False) -> str:
+    """``words``: srt/vtt with one cue per word (CTC token) when the transcription has word times."""
+    if fmt in ("srt", "vtt"):
+        return (to_srt if fmt == "srt" else to_vtt)(t, words)
     try:
-        return {"txt": to_txt, "json": to_json, "srt": to_srt, "vtt": to_vtt}[fmt](t)
+        return {"txt": to_txt, "json": to_json}[fmt](t)
     except KeyError:
         raise ValueError(f"unknown format {fmt!r}: accepted {', '.join(FORMATS)}") from None

@@ -109,10 +109,12 @@ def resolve_model(model: str | os.PathLike[str], package_type: str, revision: st
     if path.exists():
         return path
     name = str(model)
+    if name.startswith(MODELSCOPE):
+        return _resolve_modelscope(name[len(MODELSCOPE):], package_type, revision, progress)
     if not _REPO_ID.match(name):
         raise FileNotFoundError(
-            f"{name}: not a file, not a folder, and not a Hugging Face repo id (owner/name); give a .gguf file, "
-            f"a checkpoint folder, or e.g. {DEFAULT_REPO}"
+            f"{name}: not a file, not a folder, and not a Hugging Face repo id (owner/name) or "
+            f"modelscope:owner/name; give a .gguf file, a checkpoint folder, or e.g. {DEFAULT_REPO}"
         )
     if revision is None and name == DEFAULT_REPO:
         revision = DEFAULT_REVISION
@@ -126,6 +128,60 @@ def resolve_model(model: str | os.PathLike[str], package_type: str, revision: st
         # overwrite: another process converting the same snapshot at once writes the same bytes
         report = convert(snapshot, out, package_type, progress=progress, repo_id=name, revision=commit,
                          overwrite=True)
+        log.info("%s", report.summary())
+    return out
+
+
+MODELSCOPE = "modelscope:"
+# What a ModelScope Fun-ASR-Nano snapshot needs (FunASR layout: model.pt + config.yaml + the LLM folder,
+# the CTC vocabulary); the VAD files for its VAD repo.
+MODELSCOPE_FILES = ["model.pt", "config.yaml", "configuration.json", "*.tiktoken", "*.json", "*.txt", "*.model",
+                    "Qwen3-0.6B/*", "*/config.json", "*/tokenizer*", "*/vocab.json", "*/merges.txt",
+                    "*/generation_config.json", "am.mvn"]
+MODELSCOPE_VAD_REPO = "iic/speech_fsmn_vad_zh-cn-16k-common-pytorch"
+
+
+def _modelscope_snapshot(repo: str, revision: str | None, files: list[str]) -> Path:
+    """The local ModelScope snapshot of `repo` (the `modelscope` library's own cache and download)."""
+    if not _REPO_ID.match(repo):
+        raise FileNotFoundError(f"modelscope:{repo}: not a ModelScope repo id (owner/name)")
+    try:
+        from modelscope import snapshot_download
+    except ImportError:
+        raise FileNotFoundError(f"modelscope:{repo} needs the ModelScope client: pip install 'fun-asr[modelscope]'"
+                                ) from None
+    try:
+        try:
+            folder = snapshot_download(repo, revision=revision, allow_patterns=files)
+        except TypeError:  # older clients: no allow_patterns
+            folder = snapshot_download(repo, revision=revision)
+    except Exception as exc:  # noqa: BLE001 - the client raises many types (network, auth, 404)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise FileNotFoundError(f"cannot fetch modelscope:{repo}@{revision or 'master'}: {first}") from None
+    return Path(folder).resolve()
+
+
+def _snapshot_tag(folder: Path, revision: str | None) -> str:
+    """A short tag for a snapshot's converted GGUF: its revision, else a digest of its files' names and sizes
+    (a new release changes it, so a stale conversion is never reused)."""
+    import hashlib
+
+    h = hashlib.sha256((revision or "").encode())
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(folder)}:{f.stat().st_size};".encode())
+    return h.hexdigest()[:12]
+
+
+def _resolve_modelscope(repo: str, package_type: str, revision: str | None, progress: bool) -> Path:
+    snapshot = _modelscope_snapshot(repo, revision, MODELSCOPE_FILES)
+    out = cache_dir() / "models" / f"modelscope--{repo.replace('/', '--')}--{_snapshot_tag(snapshot, revision)}-" \
+                                   f"{package_type}.gguf"
+    if not out.is_file():
+        from fun_asr.converter import convert
+
+        log.info("converting modelscope:%s to %s (%s), once", repo, out, package_type)
+        report = convert(snapshot, out, package_type, progress=progress, repo_id=MODELSCOPE + repo,
+                         revision=revision, overwrite=True)
         log.info("%s", report.summary())
     return out
 
@@ -148,6 +204,18 @@ def resolve_vad(model: str | os.PathLike[str] | None = None, *, download: bool =
     if model is not None and Path(model).expanduser().exists():
         return Path(model).expanduser()
     name = str(model or DEFAULT_VAD_REPO)
+    if name.startswith(MODELSCOPE):
+        if not download:
+            return None
+        repo = name[len(MODELSCOPE):]
+        snapshot = _modelscope_snapshot(repo, None, VAD_FILES)
+        out = cache_dir() / "models" / f"modelscope--{repo.replace('/', '--')}--{_snapshot_tag(snapshot, None)}" \
+                                       "-fsmn_vad.gguf"
+        if not out.is_file():
+            from fun_asr.converter.vad import convert_vad
+
+            convert_vad(snapshot, out, overwrite=True, repo_id=name)
+        return out
     if not _REPO_ID.match(name):
         raise FileNotFoundError(f"{name}: no such VAD model (a .gguf file, a FunASR fsmn-vad folder, or a hub repo "
                                 f"id such as {DEFAULT_VAD_REPO})")

@@ -71,7 +71,8 @@ async def handle(ws: Any, session: Any, submit: Callable[[np.ndarray, tuple, str
 
     def decoder(audio: np.ndarray, max_new: int) -> tuple[str, list[int]]:
         seconds = min(session.max_segment_seconds, max(30.0, audio.size / SAMPLE_RATE + 1.0))
-        result = submit(audio, (state.language, True, tuple(state.hotwords), max_new, seconds), "stream").result()
+        result = submit(audio, (state.language, True, tuple(state.hotwords), max_new, seconds, False, False),
+                        "stream").result()
         return result.text, [t for s in result.segments for t in s.tokens]
 
     def new_stream() -> Any:

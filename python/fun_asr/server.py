@@ -68,8 +68,11 @@ def _bool(value: str | None, name: str, default: bool) -> bool:
     raise ApiError(400, f"{name} must be true or false, got {value!r}", name, "invalid_value")
 
 
-def verbose_json(t: Transcription) -> dict[str, Any]:
+def verbose_json(t: Transcription, words: bool = False) -> dict[str, Any]:
     lang = t.detected_language  # the requested language, else inferred from the text's script
+    extra: dict[str, Any] = {}
+    if words:  # timestamp_granularities=["word"]: OpenAI's words list (empty without a CTC head)
+        extra["words"] = [{"word": w["word"], "start": w["start"], "end": w["end"]} for w in (t.words or [])]
     return {
         "task": "transcribe",
         "language": LANGUAGE_NAMES.get(lang or "", lang or "unknown"),
@@ -86,6 +89,7 @@ def verbose_json(t: Transcription) -> dict[str, Any]:
             for i, s in enumerate(t.segments)
         ],
         "timings": t.timings,
+        **extra,
     }
 
 
@@ -133,19 +137,18 @@ class Batcher:
                 return
 
     def _run(self, batch: list[tuple[tuple, tuple[np.ndarray, str], Future]]) -> None:
-        # options: (language, itn, hotwords) for uploads; streams add (max_new_tokens, segment_seconds)
-        # and decode their VAD sentences without running the offline VAD again
+        # options: (language, itn, hotwords, max_new_tokens, segment_seconds, vad, word_timestamps); None =
+        # the server's setting. Streams decode their VAD sentences without running the offline VAD again.
         batch = [job for job in batch if job[2].set_running_or_notify_cancel()]  # drop timed-out requests
         if not batch:
             return
-        language, itn, hotwords, *stream = batch[0][0]
-        max_new, seconds, vad = (stream[0], stream[1], False) if stream else (self.max_new_tokens,
-                                                                              self.segment_seconds, None)
+        language, itn, hotwords, max_new, seconds, vad, words = batch[0][0]
         try:
             results = self.session.transcribe_batch(
                 [job[1][0] for job in batch], sample_rate=SAMPLE_RATE, language=language, itn=itn,
-                hotwords=list(hotwords), max_new_tokens=max_new, batch_size=len(batch),
-                segment_seconds=seconds, names=[job[1][1] for job in batch], vad=vad)
+                hotwords=list(hotwords), max_new_tokens=max_new or self.max_new_tokens, batch_size=len(batch),
+                segment_seconds=seconds or self.segment_seconds, names=[job[1][1] for job in batch], vad=vad,
+                word_timestamps=words)
         except Exception as exc:  # noqa: BLE001 - handed to every waiting request
             for _, _, fut in batch:
                 fut.set_exception(exc)
@@ -317,6 +320,13 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
         hotwords = [h.strip() for h in (field("hotwords") or "").split(",") if h.strip()]
         hotwords += [h.strip() for h in (field("prompt") or "").split(",") if h.strip()]
         itn = _bool(field("itn"), "itn", True)
+        granularities = [g for key in ("timestamp_granularities[]", "timestamp_granularities")
+                         for g in form.getlist(key) if isinstance(g, str)]
+        bad = [g for g in granularities if g not in ("word", "segment")]
+        if bad:
+            raise ApiError(400, f"unsupported timestamp_granularities {bad[0]!r}: accepted word, segment",
+                           "timestamp_granularities", "invalid_value")
+        words = "word" in granularities
         language = field("language")
         try:
             session.normalize_language(language)
@@ -332,7 +342,7 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
         if batcher.jobs.qsize() >= max_queue:
             raise ApiError(429, f"server busy: {batcher.jobs.qsize()} requests are waiting (limit {max_queue}); "
                                 "retry later", None, "rate_limit_exceeded", "rate_limit_error")
-        fut = batcher.submit(samples, (language, itn, tuple(hotwords)), name)
+        fut = batcher.submit(samples, (language, itn, tuple(hotwords), None, None, None, words), name)
         try:
             result: Transcription = await asyncio.wait_for(asyncio.wrap_future(fut), timeout=request_timeout)
         except asyncio.TimeoutError:
@@ -351,7 +361,7 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
             return JSONResponse({"text": result.text, "truncated": result.truncated,
                                  "input_truncated": result.input_truncated})
         if fmt == "verbose_json":
-            return JSONResponse(verbose_json(result))
+            return JSONResponse(verbose_json(result, words))
         media = {"text": "text/plain", "srt": "application/x-subrip", "vtt": "text/vtt"}[fmt]
         body = render(result, "txt" if fmt == "text" else fmt)
         return PlainTextResponse(body, media_type=f"{media}; charset=utf-8")

@@ -20,7 +20,7 @@ from fun_asr import _core
 from fun_asr.audio import SAMPLE_RATE, AudioError, AudioInput, Limits, check_audio_input, decode_audio
 from fun_asr.frontend import FrontendConfig, fake_token_len, fbank, features, lfr
 from fun_asr.hub import DEFAULT_REPO, resolve_model
-from fun_asr.model import load_model
+from fun_asr.model import load_model, model_metadata
 from fun_asr.notices import InputWarning, RecordingFailedWarning, RepetitionWarning, TruncatedOutputWarning
 from fun_asr.prompt import PromptSpec, prompt_text
 from fun_asr.segment import split_points
@@ -39,6 +39,7 @@ class Segment:
     stop_reason: str  # eos | max_new_tokens | repetition
     truncated: bool  # hit max_new_tokens: the text may be cut
     repetition: bool  # the repetition guard stopped an n-gram loop
+    words: list[dict[str, Any]] | None = None  # word_timestamps: [{"word", "start", "end", "score"}] (s)
 
 
 @dataclass
@@ -77,6 +78,13 @@ class Transcription:
         return any(s.truncated for s in self.segments)
 
     @property
+    def words(self) -> list[dict[str, Any]] | None:
+        """Every segment's word (CTC token) timestamps in order, or None when none were computed."""
+        if all(s.words is None for s in self.segments):
+            return None
+        return [w for s in self.segments for w in (s.words or [])]
+
+    @property
     def detected_language(self) -> str | None:
         """The requested language, else one inferred from the script of the text (kana: ja, hangul:
         ko, other CJK: zh, Latin letters: en); Fun-ASR-Nano has no language-ID output of its own."""
@@ -112,21 +120,7 @@ class TranscribeOptions:
     repetition_guard: bool = True
     ignore_eos: bool = False  # benchmarks only: always generate max_new_tokens
     vad: bool = False  # segment with the Session's FSMN-VAD (else cut at pauses)
-
-
-def _read_metadata(path: Path) -> dict[str, Any]:
-    """The GGUF-style metadata of a GGUF file or a checkpoint folder."""
-    if path.is_dir():
-        from fun_asr.checkpoint import Checkpoint
-        from fun_asr.converter.writer import gguf_metadata
-
-        ckpt = Checkpoint.open(path)
-        return gguf_metadata(ckpt, ckpt.hparams)
-    import gguf
-
-    reader = gguf.GGUFReader(path)
-    keys = ("tokenizer.huggingface.json", "fun_asr_nano.prompt", "fun_asr_nano.model_spec")
-    return {k: reader.fields[k].contents() for k in keys if k in reader.fields}
+    word_timestamps: bool = False  # CTC forced alignment (checkpoints with the CTC head only)
 
 
 def _default_package(device: str) -> str:
@@ -162,10 +156,11 @@ class Session:
         if vad not in ("auto", "fsmn", None, "none"):
             raise ValueError(f"vad must be 'auto', 'fsmn' or None, got {vad!r}")
         from_hub = not Path(model).expanduser().exists()
+        self._model_arg = model
         path = resolve_model(model, package_type or _default_package(device), revision, progress)
         self.path = path
         self.model = load_model(path, device=device, threads=threads)
-        meta = _read_metadata(path)
+        meta = model_metadata(path)
         missing = [k for k in ("tokenizer.huggingface.json", "fun_asr_nano.prompt", "fun_asr_nano.model_spec")
                    if k not in meta]
         if missing:
@@ -173,6 +168,11 @@ class Session:
         self.tokenizer = TextTokenizer(meta["tokenizer.huggingface.json"])
         self.prompt = PromptSpec.from_dict(json.loads(meta["fun_asr_nano.prompt"]))
         self.spec = json.loads(meta["fun_asr_nano.model_spec"])
+        from fun_asr.funasr_checkpoint import languages_for
+
+        # Fun-ASR-Nano or Fun-ASR-MLT-Nano (31 languages): the checkpoint says which table applies
+        self.language_table = str(meta.get("fun_asr_nano.language_table") or "nano")
+        self.spec["languages"] = languages_for(self.spec, self.language_table)
         self.frontend = FrontendConfig.from_spec(self.spec)
         info = self.model.info()
         self.stop_ids: list[int] = list(info["decoder"]["eos_token_ids"])
@@ -180,14 +180,21 @@ class Session:
         self.context_length = int(info["decoder"]["max_positions"])
         self.limits = limits or Limits()
         self._lock = threading.Lock()
+        from fun_asr.ctc import CtcAligner
+
+        self.aligner = CtcAligner.from_model(self.model, meta)  # None: no CTC head, no word timestamps
+        self.ctc_reason = None if self.aligner else str(self.model.info()["ctc"].get("reason") or "no CTC head")
+        self._told_no_ctc = False
         self.vad: FsmnVad | None = None
         if vad not in (None, "none"):
             self.vad = self._load_vad(vad, vad_model, from_hub, progress)
 
     def _load_vad(self, mode: str, vad_model: str | os.PathLike[str] | None, from_hub: bool,
                   progress: bool) -> FsmnVad | None:
-        from fun_asr.hub import resolve_vad
+        from fun_asr.hub import MODELSCOPE, MODELSCOPE_VAD_REPO, resolve_vad
 
+        if vad_model is None and from_hub and str(self._model_arg).startswith(MODELSCOPE):
+            vad_model = MODELSCOPE + MODELSCOPE_VAD_REPO  # a ModelScope model brings ModelScope's VAD
         try:
             path = resolve_vad(vad_model, download=mode == "fsmn" or from_hub or vad_model is not None,
                                progress=progress)
@@ -213,7 +220,8 @@ class Session:
 
     def options(self, language: str | None = None, itn: bool = True, hotwords: list[str] | str | None = None,
                 max_new_tokens: int = 512, segment_seconds: float = 30.0, repetition_guard: bool = True,
-                ignore_eos: bool = False, vad: bool | None = None) -> TranscribeOptions:
+                ignore_eos: bool = False, vad: bool | None = None,
+                word_timestamps: bool = False) -> TranscribeOptions:
         """Checks transcription options once (ValueError/TypeError naming the option) and returns them."""
         if isinstance(hotwords, str):
             hotwords = [h.strip() for h in hotwords.split(",")]
@@ -243,7 +251,8 @@ class Session:
             raise ValueError("vad=True but this Session has no VAD model (Session(vad='fsmn', vad_model=...))")
         use_vad = self.vad is not None if vad is None else bool(vad)
         opts = TranscribeOptions(self.normalize_language(language), bool(itn), words, max_new_tokens,
-                                 float(segment_seconds), bool(repetition_guard), bool(ignore_eos), use_vad)
+                                 float(segment_seconds), bool(repetition_guard), bool(ignore_eos), use_vad,
+                                 bool(word_timestamps))
         # The longest decoder input + max_new_tokens must fit the decoder's context: checked here, once,
         # so that a long hotword list fails with a clear message instead of deep inside decoding.
         before, after = self.prompt_ids(opts)
@@ -272,26 +281,29 @@ class Session:
                    itn: bool = True, hotwords: list[str] | str | None = None, max_new_tokens: int = 512,
                    segment_seconds: float = 30.0, repetition_guard: bool = True,
                    progress: bool = False, ignore_eos: bool = False, batch_size: int = 8,
-                   vad: bool | None = None) -> Transcription:
+                   vad: bool | None = None, word_timestamps: bool = False) -> Transcription:
         """Transcribes one recording (path, bytes, binary file object, or array with ``sample_rate``).
 
         Its segments are decoded up to ``batch_size`` at a time (token for token the same as one by
         one). ``vad``: False cuts at pauses even when the Session has a VAD (None: the Session's
-        choice). Raises on audio that cannot be read. ``ignore_eos`` is for benchmarks only: decode exactly
-        ``max_new_tokens`` per segment.
+        choice). ``word_timestamps``: per-token start/end from the checkpoint's CTC head by FunASR's
+        forced alignment (the ModelScope checkpoint has it; the Hugging Face one does not: then segment
+        times only, said once). Raises on audio that cannot be read. ``ignore_eos`` is for benchmarks
+        only: decode exactly ``max_new_tokens`` per segment.
         """
         check_audio_input(audio)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         opts = self.options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos,
-                            vad)
+                            vad, word_timestamps)
         return self._run([audio], sample_rate, opts, batch_size=batch_size, progress=progress, raise_errors=True)[0]
 
     def transcribe_batch(self, audios: list[AudioInput], *, sample_rate: int | None = None,
                          language: str | None = None, itn: bool = True, hotwords: list[str] | str | None = None,
                          max_new_tokens: int = 512, segment_seconds: float = 30.0, repetition_guard: bool = True,
                          batch_size: int = 8, progress: bool = False, ignore_eos: bool = False,
-                         names: list[str] | None = None, vad: bool | None = None) -> list[Transcription]:
+                         names: list[str] | None = None, vad: bool | None = None,
+                         word_timestamps: bool = False) -> list[Transcription]:
         """Transcribes several recordings with the same options, decoding up to ``batch_size``
         segments at once (one KV cache slot each: every decoding step reads the weights once for the
         whole batch). Results are in input order and token for token equal to ``transcribe``.
@@ -314,7 +326,7 @@ class Session:
         if names is not None and (len(names) != len(audios) or not all(isinstance(n, str) for n in names)):
             raise ValueError(f"names must be {len(audios)} strings, one per recording")
         opts = self.options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos,
-                            vad)
+                            vad, word_timestamps)
         return self._run(list(audios), sample_rate, opts, batch_size=batch_size, progress=progress,
                          raise_errors=False, names=names)
 
@@ -384,6 +396,8 @@ class Session:
                                                                          self.prompt.fake_token_halvings)]
                         item.timings["encode_ms"] += (time.perf_counter() - t0) * 1e3
                         jobs.append((item, si, np.ascontiguousarray(np.concatenate([prefix, rows, suffix]))))
+                        if opts.word_timestamps and self.aligner is not None:
+                            item.feats[si] = feats
                 except (ValueError, RuntimeError, MemoryError) as exc:
                     if raise_errors:
                         raise
@@ -391,15 +405,39 @@ class Session:
                 bar.update(1)
             bar.close()
             self._decode([j for j in jobs if j[0].error is None], opts, batch_size, progress, raise_errors)
+            if opts.word_timestamps:
+                self._align(items)
 
         options = {"language": opts.language, "itn": opts.itn, "hotwords": list(opts.hotwords),
                    "max_new_tokens": opts.max_new_tokens, "segment_seconds": opts.segment_seconds,
                    "repetition_guard": opts.repetition_guard}
+        if opts.word_timestamps:
+            options["word_timestamps"] = True if self.aligner is not None else f"unavailable: {self.ctc_reason}"
         total_ms = (time.perf_counter() - t_start) * 1e3
         results = []
         for item in items:  # a loop, not a comprehension: warnings point at the caller (stacklevel)
             results.append(self._result(item, opts, options, total_ms if len(items) == 1 else None))
         return results
+
+    def _align(self, items: list[_Item]) -> None:
+        """Word (CTC token) timestamps of every decoded segment: FunASR 1.4.16's forced alignment of the
+        LLM's text on the CTC head's posteriors (a second encoder pass per segment, so nothing large is
+        kept while decoding). Without a CTC head: segment times only, and it says so once."""
+        if self.aligner is None:
+            if not self._told_no_ctc:
+                self._told_no_ctc = True
+                log.warning("word timestamps unavailable: %s; segment-level times only (the ModelScope "
+                            "checkpoint has the CTC head, the Hugging Face one does not)", self.ctc_reason)
+            return
+        for item in items:
+            t0 = time.perf_counter()
+            for si, feats in item.feats.items():
+                seg = item.segments[si]
+                raw = self.tokenizer.decode([t for t in seg.tokens if t not in self.stop_ids])  # not stripped
+                times = self.aligner.words(self.model, feats, raw, offset_ms=int(round(seg.start * 1000)))
+                seg.words = [{"word": t.text, "start": t.start, "end": t.end, "score": t.score} for t in times]
+            item.feats.clear()
+            item.timings["align_ms"] = item.timings.get("align_ms", 0.0) + (time.perf_counter() - t0) * 1e3
 
     def _segment(self, item: _Item, opts: TranscribeOptions) -> None:
         """Cuts a recording into the segments the recognizer hears: the VAD's speech segments (FunASR's
@@ -531,6 +569,7 @@ class _Item:
         self.segments: list[Segment] = []
         self.spans: list[tuple[int, int]] = []
         self.fbank: np.ndarray | None = None  # the whole recording's fbank frames (VAD path)
+        self.feats: dict[int, np.ndarray] = {}  # segment -> LFR features, kept for word timestamps
         self.segmentation: str | None = None
         self.warnings: list[str] = []
         self.input_truncated = False

@@ -12,7 +12,8 @@ from fun_asr.converter import PACKAGE_TYPES, convert, format_inspection, inspect
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="fun-asr-convert",
-        description="Convert a Fun-ASR-Nano Hugging Face checkpoint directory, or a FunASR FSMN-VAD folder "
+        description="Convert a Fun-ASR-Nano checkpoint folder (Hugging Face layout: config.json + safetensors; "
+                    "or FunASR/ModelScope layout: model.pt + config.yaml + Qwen3-0.6B/), or a FunASR FSMN-VAD folder "
                     "(model.pt, config.yaml, am.mvn), into one GGUF file.",
     )
     ap.add_argument("src", help="checkpoint directory (config.json, model*.safetensors, tokenizer.json), "
@@ -38,16 +39,12 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(format_inspection(info))
             return 0
-        from fun_asr.converter.vad import convert_vad, is_vad_folder
+        from fun_asr.converter import detect_layout, layout_description
 
-        if is_vad_folder(args.src):
-            out = args.output or f"{args.src.rstrip('/')}-fsmn_vad.gguf"
-            print(f"read {args.src}: FunASR FSMN-VAD folder (model.pt, config.yaml, am.mvn); weights stay F32")
-            report = convert_vad(args.src, out, overwrite=args.force, repo_id=args.repo_id, revision=args.revision)
-            print(report.summary())
-            return 0
-        out = args.output or f"{args.src.rstrip('/')}-{args.type}.gguf"
-        print(f"read {args.src}: Hugging Face Fun-ASR-Nano checkpoint (config.json, safetensors, tokenizer.json)")
+        layout = detect_layout(args.src)
+        print(f"read {args.src}: {layout_description(layout)}")
+        suffix = "fsmn_vad" if layout == "fsmn_vad" else args.type
+        out = args.output or f"{args.src.rstrip('/')}-{suffix}.gguf"
         report = convert(args.src, out, args.type, progress=not args.quiet and sys.stderr.isatty(),
                          threads=args.threads, repo_id=args.repo_id, revision=args.revision, overwrite=args.force)
         print(report.summary())

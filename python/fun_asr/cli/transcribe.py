@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--vad-model", help="FSMN-VAD model: a .gguf, a FunASR fsmn-vad folder, or a hub repo id "
                                         "(default funasr/fsmn-vad)")
     ap.add_argument("--no-repetition-guard", action="store_true", help="do not stop n-gram loops early")
+    ap.add_argument("--word-timestamps", action="store_true",
+                    help="per-word (CTC token) times from the checkpoint's CTC head, as FunASR: in json, and srt/vtt "
+                         "get one cue per word (the ModelScope checkpoint has the head; the Hugging Face one does not)")
     ap.add_argument("--batch-size", type=int, default=8,
                     help="segments decoded together across files (default 8; 1 = one by one)")
     ap.add_argument("--stream", action="store_true",
@@ -96,14 +99,21 @@ def check_options(args: argparse.Namespace) -> None:
     if args.threads < 0:
         raise UsageError(f"--threads must be 0 (all cores) or more, got {args.threads}")
     if args.language is not None:
+        from fun_asr.funasr_checkpoint import languages_for
         from fun_asr.session import normalize_language
         from fun_asr.spec import load_spec
 
-        try:
-            normalize_language(load_spec(), args.language)
-        except ValueError:
-            raise UsageError(f"--language {args.language}: not supported; accepted: {_language_names()}; "
-                             "leave --language out for automatic") from None
+        spec = load_spec()
+        known = False
+        for variant in spec.get("language_tables", {}).get("variants", {"nano": {}}):
+            try:
+                normalize_language({"languages": languages_for(spec, variant)}, args.language)
+                known = True
+            except ValueError:
+                pass
+        if not known:  # no model knows it; whether this model does is checked once it is loaded
+            raise UsageError(f"--language {args.language}: not supported; accepted: {_language_names()} "
+                             "(Fun-ASR-MLT-Nano: 31 languages); leave --language out for automatic")
     if args.vad_model and args.vad == "none":
         raise UsageError("--vad-model with --vad none: choose one")
     if args.files.count(STDIN) > 1:
@@ -244,6 +254,7 @@ def _main(argv: list[str] | None) -> int:
             inputs, language=language, itn=not args.no_itn, hotwords=args.hotwords,
             max_new_tokens=args.max_new_tokens, segment_seconds=args.segment_seconds,
             repetition_guard=not args.no_repetition_guard, batch_size=step, progress=interactive,
+            word_timestamps=args.word_timestamps,
         )
         for i, (name, result) in enumerate(zip(group, results, strict=True)):
             shown = "<stdin>" if name == STDIN else name
@@ -340,7 +351,7 @@ def _emit(result, shown: str, base: str, args: argparse.Namespace, out_dir: Path
             text = json.dumps(d, ensure_ascii=False) + "\n" if several else json.dumps(d, ensure_ascii=False,
                                                                                      indent=2) + "\n"
         else:
-            text = render(result, fmt)
+            text = render(result, fmt, words=args.word_timestamps)
             if several and fmt == "txt":
                 text = f"{shown}: {text}"
         sys.stdout.write(text)
@@ -352,7 +363,7 @@ def _emit(result, shown: str, base: str, args: argparse.Namespace, out_dir: Path
         if fmt == "json":
             text = json.dumps({"input": shown, **result.to_dict()}, ensure_ascii=False, indent=2) + "\n"
         else:
-            text = render(result, fmt)
+            text = render(result, fmt, words=args.word_timestamps)
         path.write_text(text, "utf-8")
         written.append(str(path))
     if not args.quiet:

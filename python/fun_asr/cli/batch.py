@@ -1,0 +1,160 @@
+"""fun-asr-batch: a corpus -> a folder of JSONL shards + summary.json, resumable, locally or on Ray."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import warnings
+
+from fun_asr.hub import DEFAULT_REPO
+
+PROG = "fun-asr-batch"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog=PROG,
+        description="Transcribe a corpus into a folder of JSONL shards (one object per recording) and summary.json. "
+                    "Rerunning the same command skips what is done, so a stopped job resumes.",
+        epilog="Inputs: directories (searched recursively), globs ('data/**/*.flac'), lists of paths (.txt/.lst), "
+               "JSONL or CSV/TSV manifests (id, audio, optional text, language, hotwords), Kaldi wav.scp (a 'text' "
+               "file beside it gives the references). Local paths or fsspec URLs (s3://, gs://, https://, ...).")
+    ap.add_argument("inputs", nargs="+", metavar="INPUT", help="what to transcribe (see below)")
+    ap.add_argument("-o", "--output-dir", required=True, help="result folder (created if missing; a rerun resumes)")
+    ap.add_argument("-m", "--model", default=DEFAULT_REPO,
+                    help=f"GGUF file, checkpoint folder or hub repo id (default {DEFAULT_REPO}, fetched and "
+                         "converted once); with --ray it must exist at this path on every node, or be a hub id")
+    ap.add_argument("--language", help="zh, en, ja (or chinese/english/japanese, 中文/英文/日文); leave it out for "
+                                       "automatic; a manifest's per-item 'language' overrides it")
+    ap.add_argument("--no-itn", action="store_true", help="no inverse text normalization")
+    ap.add_argument("--hotwords", help="comma-separated words to favour; a manifest's per-item 'hotwords' override")
+    ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads of the local engine (default 0: all cores)")
+    ap.add_argument("--max-new-tokens", type=int, default=512, help="decoding limit per segment (default 512)")
+    ap.add_argument("--segment-seconds", "--max-segment-seconds", dest="segment_seconds", type=float, default=30.0,
+                    help="longest segment in seconds: the VAD's forced cut, or the pause splitter's limit (default 30)")
+    ap.add_argument("--vad", default="auto", choices=["auto", "fsmn", "none"],
+                    help="FunASR's FSMN-VAD in front of the recognizer (default auto: when available)")
+    ap.add_argument("--vad-model", help="FSMN-VAD model: a .gguf, a FunASR fsmn-vad folder, or a hub repo id")
+    ap.add_argument("--no-repetition-guard", action="store_true", help="do not stop n-gram loops early")
+    ap.add_argument("--batch-size", type=int, default=8,
+                    help="recordings per batch, and segments decoded together (default 8)")
+    ap.add_argument("--reference", metavar="TEXT",
+                    help="reference transcripts: a Kaldi text file ('<id> <text>') or JSONL (id, text); WER/CER go "
+                         "into each record, summary.json and eval.tsv")
+    ap.add_argument("--input-format", default="auto", choices=["auto", "dir", "glob", "list", "jsonl", "csv", "scp",
+                                                              "audio"],
+                    help="what the inputs are (default auto: from their names)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="local engine: audio reader threads (default min(4, CPUs))")
+    ap.add_argument("--shard-size", type=int, default=1000, help="records per shard file (default 1000)")
+    ap.add_argument("--retry-failed", action="store_true", help="transcribe again the recordings that failed before")
+    ray = ap.add_argument_group("Ray engine (pip install 'fun-asr[ray]')")
+    ray.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                     help="run on Ray: without ADDRESS, RAY_ADDRESS or a new local cluster; 'auto' = the cluster "
+                          "started on this machine with 'ray start'; or host:port, ray://host:10001")
+    ray.add_argument("--actors", type=int, default=None,
+                     help="Sessions (model copies) in the actor pool (default: cluster CPUs / threads per actor, "
+                          "or one per GPU with --device cuda)")
+    ray.add_argument("--threads-per-actor", type=int, default=None,
+                     help="CPU threads of each actor's Session (default: a node's CPUs - 1, at most 4)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar or messages on stderr")
+    ap.add_argument("--verbose", action="store_true", help="full tracebacks and logging")
+    return ap
+
+
+def _error(msg: str) -> None:
+    print(f"{PROG}: error: {msg}", file=sys.stderr)
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    if args.batch_size < 1:
+        return f"--batch-size must be 1 or more, got {args.batch_size}"
+    if args.max_new_tokens < 1:
+        return f"--max-new-tokens must be 1 or more, got {args.max_new_tokens}"
+    if not args.segment_seconds >= 1.0:
+        return f"--segment-seconds must be at least 1, got {args.segment_seconds:g}"
+    if args.threads < 0:
+        return f"--threads must be 0 (all cores) or more, got {args.threads}"
+    if args.workers is not None and args.workers < 1:
+        return f"--workers must be 1 or more, got {args.workers}"
+    if args.shard_size < 1:
+        return f"--shard-size must be 1 or more, got {args.shard_size}"
+    if args.vad_model and args.vad == "none":
+        return "--vad-model with --vad none: choose one"
+    if args.ray is None and (args.actors is not None or args.threads_per_actor is not None):
+        return "--actors and --threads-per-actor are for the Ray engine: add --ray [ADDRESS]"
+    if args.actors is not None and args.actors < 1:
+        return f"--actors must be 1 or more, got {args.actors}"
+    if args.threads_per_actor is not None and args.threads_per_actor < 1:
+        return f"--threads-per-actor must be 1 or more, got {args.threads_per_actor}"
+    if args.language is not None:
+        from fun_asr.session import normalize_language
+        from fun_asr.spec import load_spec
+
+        try:
+            normalize_language(load_spec(), args.language)
+        except ValueError as exc:
+            return f"--language {args.language}: {exc}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format=f"{PROG}: %(message)s")
+    problem = _check(args)
+    if problem:
+        _error(problem)
+        return 2
+    if args.quiet:
+        warnings.simplefilter("ignore")
+    from fun_asr.batch import BatchError, run
+
+    interactive = sys.stderr.isatty() and not args.quiet
+    ray = None if args.ray is None else (args.ray or True)
+    try:
+        summary = run(args.inputs, args.output_dir, model=args.model, device=args.device, threads=args.threads,
+                      vad=None if args.vad == "none" else args.vad, vad_model=args.vad_model, language=args.language,
+                      itn=not args.no_itn, hotwords=args.hotwords, max_new_tokens=args.max_new_tokens,
+                      segment_seconds=args.segment_seconds, repetition_guard=not args.no_repetition_guard,
+                      batch_size=args.batch_size, reference=args.reference, input_format=args.input_format,
+                      workers=args.workers, shard_size=args.shard_size, retry_failed=args.retry_failed, ray=ray,
+                      actors=args.actors, threads_per_actor=args.threads_per_actor, progress=interactive)
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+    except BatchError as exc:
+        _error(str(exc))
+        return 2
+    except Exception as exc:  # noqa: BLE001 - one clear line unless --verbose
+        if args.verbose:
+            raise
+        msg = str(exc).replace("segment_seconds", "--segment-seconds").replace("max_new_tokens", "--max-new-tokens")
+        _error(f"{type(exc).__name__}: {msg}" if not isinstance(exc, ValueError | OSError) else msg)
+        return 1
+    if not args.quiet:
+        print(_describe(summary, args.output_dir), file=sys.stderr)
+    return 0
+
+
+def _describe(summary: dict, out: str) -> str:
+    run = summary["last_run"]
+    lines = [f"{PROG}: {run['processed']} transcribed ({run['failed']} failed), {run['skipped']} already done; "
+             f"{run['audio_seconds'] / 3600:.3f} h of audio in {run['wall_seconds']:.1f} s (RTFx {run['rtfx']:.1f})",
+             f"{PROG}: {summary['results']} results ({summary['failed']} failed, {summary['pending']} pending) in "
+             f"{os.path.join(out, 'summary.json')}"]
+    ev = summary.get("evaluation")
+    if ev:
+        wer = "n/a" if ev["wer"] is None else f"{100 * ev['wer']:.2f}%"
+        cer = "n/a" if ev["cer"] is None else f"{100 * ev['cer']:.2f}%"
+        lines.append(f"{PROG}: WER {wer}, CER {cer} on {ev['items']} items (per item: "
+                     f"{os.path.join(out, ev['table'])})")
+    return "\n".join(lines)
+
+
+__all__ = ["build_parser", "main"]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""fun-asr-eval: WER/CER of one transcript set against another (references, or another model's run)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+PROG = "fun-asr-eval"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog=PROG,
+        description="Score transcripts against references with FunASR-style normalisation (punctuation removed, "
+                    "full-width -> half-width, lower case; CJK scored per character, other text per word).",
+        epilog="HYP and REF are each a fun-asr-batch output folder, a JSONL file (id, text per line) or a Kaldi text "
+               "file ('<id> <text>'). E.g. a Q4_K_M run against an F16 run: fun-asr-eval out-q4 out-f16")
+    ap.add_argument("hypothesis", metavar="HYP", help="the transcripts to score")
+    ap.add_argument("reference", metavar="REF", help="the references (or the run to compare with)")
+    ap.add_argument("--table", metavar="FILE", help="write the per-item table (TSV) to FILE")
+    ap.add_argument("--worst", type=int, default=0, metavar="N", help="print the N items with the most errors")
+    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from fun_asr.batch import BatchError
+    from fun_asr.evaluate import TextSourceError, compare
+
+    try:
+        report = compare(args.hypothesis, args.reference)
+    except (TextSourceError, BatchError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    if not report.items:
+        print(f"{PROG}: error: no id is in both {args.hypothesis} and {args.reference} ({len(report.missing)} "
+              f"references, {len(report.extra)} hypotheses)", file=sys.stderr)
+        return 1
+    if args.table:
+        report.write_table(args.table)
+    if args.json:
+        print(json.dumps({"hypothesis": args.hypothesis, "reference": args.reference, **report.summary()},
+                         ensure_ascii=False, indent=2))
+    else:
+        print(report.describe())
+    if args.worst > 0:
+        worst = sorted(report.items, key=lambda it: (-it.score.word_errors, it.id))[: args.worst]
+        for it in worst:
+            wer = "n/a" if it.score.wer is None else f"{100 * it.score.wer:.1f}%"
+            print(f"{it.id}\tWER {wer}\tREF {it.reference}\tHYP {it.hypothesis}" + (f"\tERROR {it.error}" if it.error
+                                                                                     else ""))
+    if report.missing:
+        print(f"{PROG}: {len(report.missing)} reference ids have no hypothesis (not scored), e.g. "
+              f"{', '.join(report.missing[:5])}", file=sys.stderr)
+    return 0
+
+
+__all__ = ["build_parser", "main"]
+
+if __name__ == "__main__":
+    sys.exit(main())
