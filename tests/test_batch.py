@@ -92,3 +92,30 @@ def test_batch_errors(tiny_gguf) -> None:  # noqa: ANN001
                                            max_new_tokens=2)
     assert ok.ok and ok.error is None and ok.duration == 0.1
     assert not bad.ok and bad.error == "input 1 <array>: audio is empty (0 samples)" and bad.empty_reason == "error"
+
+
+def test_prefix_kv_reuse_gives_the_same_tokens(tiny_gguf) -> None:  # noqa: ANN001
+    session = fun_asr.Session(tiny_gguf("f32"), device="cpu", vad=None)
+    clips = [EXAMPLES / "en_hello.wav", EXAMPLES / "zh_weather.wav", EXAMPLES / "ja_hello.wav"]
+    kw = dict(max_new_tokens=24, repetition_guard=False)
+    with_cache = [r.segments[0].tokens for r in session.transcribe_batch(clips, **kw)]
+    assert session.model.prefix_len > 0 and session.model.last_generation()["prefix_reused"] > 0
+    session.prefix_cache = False
+    without = [r.segments[0].tokens for r in session.transcribe_batch(clips, **kw)]
+    assert session.model.prefix_len == 0 and session.model.last_generation()["prefix_reused"] == 0
+    assert with_cache == without
+    # other options: a new prefix (hotwords change the instruction), still the same tokens as a full prefill
+    session.prefix_cache = True
+    a = session.transcribe(clips[0], hotwords=["alpha", "beta"], **kw).segments[0].tokens
+    session.prefix_cache = False
+    assert session.transcribe(clips[0], hotwords=["alpha", "beta"], **kw).segments[0].tokens == a
+    # the cached rows must match exactly: a different prompt is prefilled in full
+    model = session.model
+    emb = np.ascontiguousarray(model.embed([151644, 8, 9, 10, 11, 12]))
+    model.set_prefix(emb[:3])
+    other = emb.copy()
+    other[1] += 1.0
+    model.generate_batch([other], 4, STOP)
+    assert model.last_generation()["prefix_reused"] == 0
+    model.generate_batch([emb], 4, STOP)
+    assert model.last_generation()["prefix_reused"] == 3

@@ -479,6 +479,20 @@ PYBIND11_MODULE(_core, m) {
             "on_step(tokens_so_far, active) is called after the prefill and after every step; an exception it "
             "raises (or Ctrl-C) aborts the generation.")
         .def(
+            "set_prefix",
+            [](Model & self, const py::array & embeddings) {
+                require_rows(embeddings, self.hparams().dec.d_model, "embeddings");
+                const float * p = static_cast<const float *>(embeddings.data());
+                const int64_t n = embeddings.shape(0);
+                py::gil_scoped_release release;
+                self.set_prefix(p, n);
+            },
+            py::arg("embeddings"),
+            "Computes the K/V of these prompt rows once; generate_batch reuses them for every prompt that starts "
+            "with exactly these rows (the same logits, less prefill).")
+        .def("clear_prefix", &Model::clear_prefix, "Forget the prefix set by set_prefix().")
+        .def_property_readonly("prefix_len", &Model::prefix_len, "Rows of the cached prefix (0 = none).")
+        .def(
             "last_generation",
             [](const Model & self) {
                 const auto s = self.last_generation();
@@ -488,6 +502,7 @@ PYBIND11_MODULE(_core, m) {
                 d["decode_ms"] = s.decode_ms;
                 d["prompt_tokens"] = s.prompt_tokens;
                 d["new_tokens"] = s.new_tokens;
+                d["prefix_reused"] = s.prefix_reused;
                 return d;
             },
             "Stop reason (eos, max_new_tokens, repetition) and timings of the last generate().")

@@ -133,6 +133,38 @@ std::vector<int32_t> Model::generate(const float * embeddings, int64_t n, int64_
     return all[0].tokens;
 }
 
+bool Model::prefix_matches(const float * embeddings, int64_t n) const {
+    const int64_t P = prefix_len();
+    return P > 0 && n > P && std::equal(prefix_rows_.begin(), prefix_rows_.end(), embeddings);
+}
+
+void Model::clear_prefix() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    prefix_rows_.clear();
+    prefix_k_.clear();
+    prefix_v_.clear();
+}
+
+void Model::set_prefix(const float * embeddings, int64_t n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (n <= 0) throw std::invalid_argument("prefix embeddings are empty: need at least one row");
+    const auto & d = hp_.dec;
+    if (n >= d.max_positions) throw std::invalid_argument("prefix longer than the decoder's context");
+    n_past_ = 0;
+    kv_.reserve(d, ggml_backend_get_default_buffer_type(backend_), n, 0, 1);
+    run_decoder(embeddings, nullptr, n, 0, {0});
+    prefix_k_.assign(kv_.k().size(), {});
+    prefix_v_.assign(kv_.v().size(), {});
+    for (size_t l = 0; l < kv_.k().size(); ++l) {
+        const size_t bytes = static_cast<size_t>(n) * kv_.k()[l]->nb[2];  // nb[2]: one position's K (all heads)
+        prefix_k_[l].resize(bytes);
+        prefix_v_[l].resize(bytes);
+        ggml_backend_tensor_get(kv_.k()[l], prefix_k_[l].data(), 0, bytes);
+        ggml_backend_tensor_get(kv_.v()[l], prefix_v_[l].data(), 0, bytes);
+    }
+    prefix_rows_.assign(embeddings, embeddings + n * d.d_model);
+}
+
 std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<const float *, int64_t>> & prompts,
                                                     int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
                                                     bool repetition_guard, const StepCallback & on_step) {
@@ -159,9 +191,21 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
     std::vector<Generated> out(static_cast<size_t>(B));
     std::vector<int32_t> next(static_cast<size_t>(B));
     std::vector<int64_t> past(static_cast<size_t>(B));
+    const int64_t P = prefix_len();
     for (int64_t b = 0; b < B; ++b) {  // prefill each sequence into its own slot
         const auto & p = prompts[static_cast<size_t>(b)];
-        const std::vector<float> logits = run_decoder(p.first, nullptr, p.second, b, {0});
+        int64_t done = 0;
+        if (P > 0 && prefix_matches(p.first, p.second)) {  // the cached prefix K/V instead of recomputing them
+            for (size_t l = 0; l < kv_.k().size(); ++l) {  // positions 0..P-1 of slot b (nb[3]: slot stride)
+                ggml_backend_tensor_set(kv_.k()[l], prefix_k_[l].data(), static_cast<size_t>(b) * kv_.k()[l]->nb[3],
+                                        prefix_k_[l].size());
+                ggml_backend_tensor_set(kv_.v()[l], prefix_v_[l].data(), static_cast<size_t>(b) * kv_.v()[l]->nb[3],
+                                        prefix_v_[l].size());
+            }
+            done = P;
+            last_.prefix_reused += P;
+        }
+        const std::vector<float> logits = run_decoder(p.first + done * d.d_model, nullptr, p.second - done, b, {done});
         next[static_cast<size_t>(b)] = argmax(logits.data(), d.vocab);
         past[static_cast<size_t>(b)] = p.second;
         last_.prompt_tokens += p.second;

@@ -86,10 +86,21 @@ public:
                                           int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
                                           bool repetition_guard = false, const StepCallback & on_step = nullptr);
 
+    // Prefix KV reuse: the prompt's first rows (system prompt + instruction) are the same for every
+    // segment. set_prefix computes their K/V once (positions 0..n-1) and keeps them; generate_batch
+    // then copies them into each slot for every prompt that starts with exactly these rows, and
+    // prefills only the rest. Prompts that do not start with them are prefilled in full.
+    void set_prefix(const float * embeddings, int64_t n);
+    int64_t prefix_len() const {
+        return hp_.dec.d_model > 0 ? static_cast<int64_t>(prefix_rows_.size()) / hp_.dec.d_model : 0;
+    }
+    void clear_prefix();
+
     struct GenerationStats {
         std::string stop_reason;  // "eos", "max_new_tokens", "repetition"
         double prefill_ms = 0, decode_ms = 0;
         int64_t prompt_tokens = 0, new_tokens = 0;
+        int64_t prefix_reused = 0;  // prompt positions whose K/V came from the prefix cache
     };
     GenerationStats last_generation() const { return last_; }
 
@@ -129,6 +140,9 @@ private:
     KvCache kv_;
     int64_t n_past_ = 0;
     GenerationStats last_;
+    std::vector<float> prefix_rows_;                 // the prefix embeddings [n, d]
+    std::vector<std::vector<uint8_t>> prefix_k_, prefix_v_;  // per layer: K/V rows of positions 0..n-1
+    bool prefix_matches(const float * embeddings, int64_t n) const;
     int threads_ = 1;
     bool flash_attn_ = true;
     std::mutex mutex_;

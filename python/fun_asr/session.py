@@ -180,6 +180,8 @@ class Session:
         self.context_length = int(info["decoder"]["max_positions"])
         self.limits = limits or Limits()
         self._lock = threading.Lock()
+        self.prefix_cache = True  # reuse the prompt prefix's K/V across segments (token for token the same)
+        self._prefix_ids: tuple[int, ...] = ()
         from fun_asr.ctc import CtcAligner
 
         self.aligner = CtcAligner.from_model(self.model, meta)  # None: no CTC head, no word timestamps
@@ -380,6 +382,13 @@ class Session:
         with self._lock:
             prefix = self.model.embed(before)
             suffix = self.model.embed(after)
+            if self.prefix_cache and tuple(before) != self._prefix_ids:
+                # the system prompt + instruction: K/V computed once, reused by every segment's prefill
+                self.model.set_prefix(prefix)
+                self._prefix_ids = tuple(before)
+            elif not self.prefix_cache and self._prefix_ids:
+                self.model.clear_prefix()
+                self._prefix_ids = ()
             todo = [(item, si) for item in items if item.error is None for si in range(len(item.segments))]
             bar = _bar(progress and len(todo) > 1, len(todo), "encoding", "seg")
             for item, si in todo:

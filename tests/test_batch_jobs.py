@@ -1,0 +1,445 @@
+"""Issue 15: corpus jobs (fun-asr-batch). The local engine and the Ray engine (in-process and a
+`ray start` cluster joined by address) give Session.transcribe's output token for token, broken
+files are recorded, a job killed with SIGKILL resumes with every id exactly once, and every input
+format (directory, glob, list, JSONL/CSV manifest, Kaldi wav.scp + text, fsspec URLs) is read."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+import fun_asr
+from fun_asr import batch
+
+# Four tokens per segment keep these tests fast: the max_new_tokens warnings are expected.
+pytestmark = pytest.mark.filterwarnings("ignore::fun_asr.notices.TruncatedOutputWarning")
+
+TOKENS = 4
+FORMATS = [("wav", 8000, "PCM_16"), ("flac", 16000, "PCM_16"), ("ogg", 44100, "VORBIS"), ("wav", 44100, "FLOAT"),
+           ("flac", 8000, "PCM_24"), ("ogg", 16000, "VORBIS")]
+BROKEN = ("broken/header.wav", "broken/empty.flac")
+
+
+def _signal(rng: np.random.Generator, seconds: float, rate: int) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    f0 = rng.uniform(120, 400)
+    x = 0.3 * np.sin(2 * np.pi * f0 * t * (1 + 0.2 * np.sin(2 * np.pi * 0.7 * t)))
+    x += 0.05 * rng.standard_normal(len(t))
+    x *= (0.6 + 0.4 * np.sin(2 * np.pi * rng.uniform(1, 4) * t)) ** 2  # syllable-like loudness
+    return x.astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """24 recordings: 22 of 0.5-8 s in wav/flac/ogg at 8/16/44.1 kHz (some in a sub-folder, one
+    stereo), and 2 broken files."""
+    root = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(15)
+    lengths = np.concatenate([[0.5, 8.0], rng.uniform(0.5, 4.0, 20)])
+    for i, seconds in enumerate(lengths):
+        ext, rate, subtype = FORMATS[i % len(FORMATS)]
+        path = root / ("sub" if i % 4 == 3 else "") / f"utt{i:02d}.{ext}"
+        path.parent.mkdir(exist_ok=True)
+        x = _signal(rng, float(seconds), rate)
+        if i == 5:
+            x = np.stack([x, 0.5 * x], axis=1)
+        sf.write(path, x, rate, subtype=subtype)
+    (root / "broken").mkdir()
+    (root / BROKEN[0]).write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt this is not audio" * 3)
+    (root / BROKEN[1]).write_bytes(b"")
+    return root
+
+
+@pytest.fixture(scope="module")
+def model(tiny_gguf) -> Path:  # noqa: ANN001
+    return tiny_gguf("q8_0")
+
+
+@pytest.fixture(scope="module")
+def session(model: Path) -> fun_asr.Session:
+    return fun_asr.Session(model, device="cpu", vad=None)
+
+
+def _good_files(corpus: Path) -> dict[str, Path]:
+    return {str(p.relative_to(corpus).with_suffix("").as_posix()): p for p in sorted(corpus.rglob("*.*"))
+            if "broken" not in p.parts}
+
+
+@pytest.fixture(scope="module")
+def expected(corpus: Path, session: fun_asr.Session) -> dict[str, tuple[str, list[list[int]]]]:
+    """Session.transcribe, one file at a time: id -> (text, token ids per segment)."""
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for key, path in _good_files(corpus).items():
+            r = session.transcribe(path, max_new_tokens=TOKENS)
+            out[key] = (r.text, [s.tokens for s in r.segments])
+    assert len(out) == 22
+    return out
+
+
+def _lines(out: Path) -> list[dict]:
+    return [json.loads(line) for shard in sorted(out.glob("shard-*.jsonl")) for line in shard.read_text().splitlines()]
+
+
+def _check(out: Path, expected: dict, broken: int = 2) -> list[dict]:
+    """Every id exactly once; the good ones equal to Session.transcribe; the broken ones with an error."""
+    recs = _lines(out)
+    ids = [r["id"] for r in recs]
+    assert len(ids) == len(set(ids)), "an id was written twice"
+    by_id = {r["id"]: r for r in recs}
+    assert set(by_id) == set(expected) | {b.rsplit(".", 1)[0] for b in BROKEN[:broken]}
+    for key, (text, tokens) in expected.items():
+        rec = by_id[key]
+        assert rec["error"] is None, rec["error"]
+        assert rec["text"] == text, key
+        assert [s["tokens"] for s in rec["segments"]] == tokens, key
+    for b in BROKEN[:broken]:
+        rec = by_id[b.rsplit(".", 1)[0]]
+        assert rec["error"] and b in rec["error"] and rec["text"] == "" and rec["empty_reason"] == "error"
+    return recs
+
+
+# --- local engine ------------------------------------------------------------------------------
+
+def test_local_engine_matches_transcribe(corpus: Path, session: fun_asr.Session, expected: dict,
+                                         tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    summary = batch.run([corpus], out, session=session, max_new_tokens=TOKENS, batch_size=4, shard_size=10, workers=2)
+    recs = _check(out, expected)
+    assert len(list(out.glob("shard-*.jsonl"))) == 2  # a new shard once one holds 10: batches of 4 -> 12 + 12
+    rec = next(r for r in recs if r["id"] == "utt00")
+    assert rec["audio"] == str(corpus / "utt00.wav") and rec["duration"] == 0.5
+    assert {"text", "segments", "duration", "timings", "error", "warnings", "options"} <= rec.keys()
+    assert rec["timings"]["load_ms"] > 0 and rec["options"]["max_new_tokens"] == TOKENS
+    assert summary["results"] == 24 and summary["failed"] == 2 and summary["ok"] == 22 and summary["pending"] == 0
+    assert summary["last_run"]["processed"] == 24 and summary["last_run"]["engine"] == "local"
+    assert abs(summary["audio_seconds"] - sum(r["duration"] for r in recs)) < 1e-2
+    assert json.loads((out / "summary.json").read_text()) == summary
+    # a rerun has nothing left to do and writes nothing
+    again = batch.run([corpus], out, session=session, max_new_tokens=TOKENS, batch_size=4)
+    assert again["last_run"]["processed"] == 0 and again["last_run"]["skipped"] == 24
+    assert len(_lines(out)) == 24
+    # --retry-failed transcribes the failed ones again (still failing), each id still once
+    again = batch.run([corpus], out, session=session, max_new_tokens=TOKENS, retry_failed=True)
+    assert again["last_run"]["processed"] == 2
+    _check(out, expected)
+
+
+def _cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fun_asr.cli.batch", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_sigkill_midway_then_resume(corpus: Path, model: Path, expected: dict, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = [str(corpus), "-o", str(out), "-m", str(model), "--device", "cpu", "--vad", "none",
+            "--max-new-tokens", str(TOKENS), "--batch-size", "2", "--quiet"]
+    proc = subprocess.Popen([sys.executable, "-m", "fun_asr.cli.batch", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            shards = list(out.glob("shard-*.jsonl"))
+            if shards and shards[0].read_bytes().count(b"\n") >= 1:  # the first batch is on disk
+                break
+            time.sleep(0.005)
+        assert proc.poll() is None, f"the job ended before it could be killed: {proc.communicate()}"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(30)
+    assert proc.returncode == -signal.SIGKILL
+    assert not (out / "summary.json").exists()
+    first = _lines(out)
+    assert 2 <= len(first) < 24
+    # a write torn by the crash: the last record cut in the middle of its line
+    shard = sorted(out.glob("shard-*.jsonl"))[-1]
+    data = shard.read_bytes()
+    lines = data.splitlines(keepends=True)
+    torn_id = json.loads(lines[-1])["id"]
+    shard.write_bytes(b"".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+    r = _cli(*args)
+    assert r.returncode == 0, r.stderr
+    recs = _check(out, expected)
+    assert torn_id in {x["id"] for x in recs}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["results"] == 24 and summary["last_run"]["skipped"] == len(first) - 1
+    assert summary["last_run"]["processed"] == 24 - len(first) + 1
+    # the finished job: a rerun reports everything done
+    r = _cli(*args[:-1])
+    assert r.returncode == 0 and "0 transcribed (0 failed), 24 already done" in r.stderr, r.stderr
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+def test_manifests_with_per_item_options(corpus: Path, session: fun_asr.Session, tmp_path: Path) -> None:
+    files = sorted(_good_files(corpus).values())[:6]
+    per_item = [{"language": "en"}, {"hotwords": ["FunASR", "ggml"]}, {}, {"language": "zh"}, {"language": "en"},
+                {"hotwords": "Ray"}]
+    rows = []
+    for i, (path, extra) in enumerate(zip(files, per_item, strict=True)):
+        rows.append({"id": f"item{i}", "audio": os.path.relpath(path, tmp_path), "text": f"reference {i}", **extra})
+    rows.append({"id": "bad-language", "audio": str(files[0]), "language": "klingon"})
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    calls: list[tuple] = []
+    real = session.transcribe_batch
+
+    def spy(audios: list, **kw: object) -> list:
+        calls.append((len(audios), kw["language"], tuple(kw["hotwords"])))
+        return real(audios, **kw)
+
+    session.transcribe_batch = spy  # type: ignore[method-assign]
+    try:
+        summary = batch.run([manifest], tmp_path / "out", session=session, max_new_tokens=TOKENS, batch_size=8,
+                            language="ja", hotwords="base")
+    finally:
+        del session.transcribe_batch
+    # one call per option set, never mixed: en x2, zh, (ja, base) default, and two hotword sets
+    assert sorted(calls, key=str) == sorted([(2, "en", ("base",)), (1, "zh", ("base",)), (1, "ja", ("base",)),
+                                            (1, "ja", ("FunASR", "ggml")), (1, "ja", ("Ray",))], key=str)
+    recs = {r["id"]: r for r in _lines(tmp_path / "out")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i, (path, extra) in enumerate(zip(files, per_item, strict=True)):
+            want = session.transcribe(path, max_new_tokens=TOKENS, language=extra.get("language", "ja"),
+                                      hotwords=extra.get("hotwords", "base"))
+            rec = recs[f"item{i}"]
+            assert rec["text"] == want.text and [s["tokens"] for s in rec["segments"]] == [s.tokens for s in
+                                                                                           want.segments]
+            assert rec["options"]["language"] == extra.get("language", "ja")
+            assert rec["reference"] == f"reference {i}" and rec["wer"] is not None and "cer" in rec
+    assert "unsupported language 'klingon'" in recs["bad-language"]["error"]
+    assert summary["failed"] == 1 and summary["evaluation"]["items"] == 6
+    table = (tmp_path / "out" / "eval.tsv").read_text().splitlines()
+    assert table[0].startswith("id\twer\tcer") and len(table) == 7
+
+
+def test_truncated_input_and_a_failing_batch(corpus: Path, session: fun_asr.Session, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the reader found (a truncated file) reaches the record as with Session.transcribe; a batch
+    that fails as a whole is retried one recording at a time, and only the bad one is recorded failed."""
+    files = sorted(_good_files(corpus).values())[:3]
+    data = (corpus / "utt00.wav").read_bytes()
+    cut = tmp_path / "in" / "cut.wav"
+    cut.parent.mkdir()
+    cut.write_bytes(data[: len(data) * 2 // 3])  # the header promises more than the file holds
+    for f in files:
+        shutil.copy(f, cut.parent / f.name)
+    real = session.transcribe_batch
+
+    def flaky(audios: list, **kw: object) -> list:
+        if len(audios) > 1 or kw["names"] == [str(cut.parent / files[1].name)]:
+            raise RuntimeError("simulated failure")
+        return real(audios, **kw)
+
+    monkeypatch.setattr(session, "transcribe_batch", flaky)
+    summary = batch.run([cut.parent], tmp_path / "out", session=session, max_new_tokens=TOKENS)
+    monkeypatch.undo()
+    recs = batch.read_results(tmp_path / "out")
+    assert summary["failed"] == 1 and recs[files[1].stem]["error"].endswith("simulated failure")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = session.transcribe(cut, max_new_tokens=TOKENS)
+    rec = recs["cut"]
+    assert rec["input_truncated"] and want.input_truncated
+    assert rec["warnings"] == want.warnings and "file is truncated" in rec["warnings"][0]
+    assert rec["text"] == want.text and [s["tokens"] for s in rec["segments"]] == [s.tokens for s in want.segments]
+    assert recs[files[0].stem]["error"] is None and recs[files[2].stem]["error"] is None
+
+
+def test_input_formats(corpus: Path, session: fun_asr.Session, expected: dict, tmp_path: Path) -> None:
+    files = _good_files(corpus)
+    keys = sorted(files)[:4]
+
+    by_name = {p.name: k for k, p in files.items()}
+
+    def run(*inputs: str | Path, name: str, **kw: object) -> dict[str, dict]:
+        out = tmp_path / name
+        batch.run(list(inputs), out, session=session, max_new_tokens=TOKENS, **kw)
+        recs = batch.read_results(out)
+        for rec in recs.values():  # every transcribed file as Session.transcribe gives it
+            key = by_name.get(rec["audio"].rsplit("/", 1)[-1])
+            if rec["error"] is None and key is not None and rec["options"]["language"] is None:
+                assert rec["text"] == expected[key][0] and [s["tokens"] for s in rec["segments"]] == expected[key][1]
+        return recs
+
+    # a Kaldi wav.scp (+ the text beside it), with a piped entry
+    kaldi = tmp_path / "kaldi"
+    kaldi.mkdir()
+    kid = [f"spk1-{k.replace('/', '-')}" for k in keys]
+    (kaldi / "wav.scp").write_text("".join(f"{i} {files[k]}\n" for i, k in zip(kid, keys, strict=True))
+                                   + "spk1-pipe sox a.wav -t wav - |\n")
+    (kaldi / "text").write_text(f"{kid[0]} 你好，世界！\n{kid[1]} Hello World\n")
+    recs = run(kaldi / "wav.scp", name="scp")
+    assert len(recs) == 5 and "piped wav.scp entries" in recs["spk1-pipe"]["error"]
+    assert recs[kid[0]]["reference"] == "你好，世界！" and "reference" not in recs[kid[2]]
+    summary = json.loads((tmp_path / "scp" / "summary.json").read_text())
+    assert summary["evaluation"]["items"] == 2 and summary["evaluation"]["ref_words"] == 4 + 2
+    # a CSV manifest, ids from the file names where the id column is empty; a --reference file
+    csv = tmp_path / "m.csv"
+    csv.write_text("id,audio,language\n" + f"a,{files[keys[0]]},en\n" + f",{files[keys[1]]},\n")
+    ref = tmp_path / "ref.txt"
+    ref.write_text("a hello\n")
+    recs = run(csv, name="csv", reference=ref)
+    assert set(recs) == {"a", Path(keys[1]).name} and recs["a"]["reference"] == "hello"
+    # a list of paths (relative to the list's folder) and a glob
+    lst = corpus / "list.txt"
+    lst.write_text("# two files\n" + "".join(f"{files[k].relative_to(corpus)}\n" for k in keys[:2]))
+    try:
+        recs = run(lst, str(corpus / "sub" / "*.ogg"), name="list")
+    finally:
+        lst.unlink()
+    assert set(recs) == {Path(k).name for k in keys[:2]} | {p.stem for p in (corpus / "sub").glob("*.ogg")}
+    # an fsspec URL: file:// and memory:// folders (read through fsspec)
+    import fsspec
+
+    mem = fsspec.filesystem("memory")
+    for k in keys:
+        mem.pipe(f"/fun-asr-test/{k}{files[k].suffix}", files[k].read_bytes())
+    recs = run(f"file://{corpus / 'sub'}", "memory://fun-asr-test", name="urls", input_format="auto")
+    assert {r["audio"].split("://")[0] for r in recs.values()} == {"file", "memory"}
+    assert all(r["error"] is None for r in recs.values())
+    # duplicate ids are refused before any work; so is a busy output folder
+    with pytest.raises(batch.BatchError, match="appears twice"):
+        batch.collect_items([files[keys[0]], files[keys[0]]])
+    with pytest.raises(batch.BatchError, match="no such file"):
+        batch.collect_items([tmp_path / "missing.jsonl"])
+
+
+def test_cli_usage_errors(tmp_path: Path) -> None:
+    r = _cli(str(tmp_path), "-o", str(tmp_path / "o"), "--actors", "2")
+    assert r.returncode == 2 and "--actors and --threads-per-actor are for the Ray engine" in r.stderr
+    r = _cli(str(tmp_path), "-o", str(tmp_path / "o"), "--language", "xx")
+    assert r.returncode == 2 and "unsupported language" in r.stderr
+    r = _cli(str(tmp_path / "nothing.jsonl"), "-o", str(tmp_path / "o"), "-m", "x")
+    assert r.returncode == 2 and "no such file" in r.stderr
+
+
+# --- Ray engine --------------------------------------------------------------------------------
+
+def _short_tmp() -> str:
+    return tempfile.mkdtemp(prefix="fa-ray-", dir="/tmp")  # Ray's socket paths must stay short
+
+
+def _ray_env() -> dict[str, str]:
+    """Keeps a test cluster on the loopback interface (Ray otherwise swaps 127.0.0.1 for the machine's
+    address: RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 is its own switch for single-machine use) and gives
+    it a token of its own (Ray's token authentication; nothing read from or written to ~/.ray)."""
+    return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
+            "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def test_ray_in_process(corpus: Path, model: Path, expected: dict, tmp_path: Path,
+                        monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in _ray_env().items():
+        monkeypatch.setenv(k, v)
+    ray = pytest.importorskip("ray")
+    from ray._private import ray_constants
+
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)  # read when Ray was imported: set it here too
+    temp = _short_tmp()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=temp, _node_ip_address="127.0.0.1")
+    assert ray.util.get_node_ip_address() == "127.0.0.1"
+    try:
+        out = tmp_path / "ray"
+        summary = batch.run([corpus], out, model=model, device="cpu", vad=None, max_new_tokens=TOKENS, batch_size=4,
+                            ray=True, actors=1, threads_per_actor=1)
+        _check(out, expected)
+        assert summary["last_run"]["engine"] == "ray" and summary["last_run"]["actors"] == 1
+        # resume on Ray from a folder half written by the local engine: same format, each id once
+        half = tmp_path / "half"
+        half.mkdir()
+        lines = (out / "shard-00000.jsonl").read_text().splitlines(keepends=True)
+        (half / "shard-00000.jsonl").write_text("".join(lines[:10]))
+        summary = batch.run([corpus], half, model=model, device="cpu", vad=None, max_new_tokens=TOKENS, batch_size=4,
+                            ray=True, actors=1, threads_per_actor=1)
+        assert summary["last_run"]["skipped"] == 10 and summary["last_run"]["processed"] == 14
+        _check(half, expected)
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def test_ray_cluster_by_address(corpus: Path, model: Path, expected: dict, tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    port = _free_port()
+    temp = _short_tmp()
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    env = {**os.environ, **_ray_env()}
+    head = subprocess.Popen([ray_bin, "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+                             "--port", str(port), "--num-cpus", "2", "--include-dashboard", "false",
+                             "--temp-dir", temp, "--disable-usage-stats"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # the GCS answers on its port
+            assert head.poll() is None, head.communicate()[0].decode(errors="replace")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        out = tmp_path / "cluster"
+        r = _cli(str(corpus), "-o", str(out), "-m", str(model), "--device", "cpu", "--vad", "none",
+                 "--max-new-tokens", str(TOKENS), "--batch-size", "4", "--ray", f"127.0.0.1:{port}",
+                 "--actors", "1", "--threads-per-actor", "1", env=env)
+        assert r.returncode == 0, r.stderr
+        assert "Connecting to existing Ray cluster at address: 127.0.0.1:" in r.stderr
+        _check(out, expected)
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["last_run"]["engine"] == "ray" and summary["last_run"]["address"] == f"127.0.0.1:{port}"
+        assert summary["last_run"]["nodes"] == 1
+    finally:
+        procs = [head.pid, *_descendants(head.pid)]
+        try:
+            os.killpg(head.pid, signal.SIGTERM)  # the group this test started: `ray start --block` and its daemons
+        except ProcessLookupError:
+            pass
+        try:
+            head.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait(10)
+        for pid in procs:  # anything of ours that left the group
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(temp, ignore_errors=True)
