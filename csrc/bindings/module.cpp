@@ -478,6 +478,23 @@ PYBIND11_MODULE(_core, m) {
             "for all). Returns [(tokens, stop_reason)] in input order; tokens equal one-by-one generate(). "
             "on_step(tokens_so_far, active) is called after the prefill and after every step; an exception it "
             "raises (or Ctrl-C) aborts the generation.")
+        .def_property("profiling", &Model::profiling, &Model::set_profiling,
+                      "Per-node timing (also FUN_ASR_PROFILE=1): every node computed alone and timed.")
+        .def(
+            "profile",
+            [](const Model & self) {
+                py::dict d;
+                for (const auto & [key, e] : self.profile()) {
+                    py::dict v;
+                    v["count"] = e.count;
+                    v["ms"] = e.ms;
+                    v["flops"] = e.flops;
+                    d[py::str(key)] = v;
+                }
+                return d;
+            },
+            "{'stage/op': {'count', 'ms', 'flops'}} accumulated while profiling (matmul FLOPs; ms per node).")
+        .def("reset_profile", &Model::reset_profile, "Clear the accumulated profile.")
         .def(
             "set_prefix",
             [](Model & self, const py::array & embeddings) {

@@ -1,5 +1,6 @@
 #include "model/hparams.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace fun_asr {
@@ -20,6 +21,10 @@ int64_t get_int(const Metadata & m, const std::string & key, int64_t minimum) {
         throw std::runtime_error("model metadata key '" + key + "' must be an integer");
     }
     const int64_t x = std::get<int64_t>(v);
+    if (x > kMaxHParam) {
+        throw std::runtime_error("model metadata key '" + key + "' = " + std::to_string(x) + " is implausibly large (at most " +
+                                 std::to_string(kMaxHParam) + ")");
+    }
     if (x < minimum) {
         throw std::runtime_error("model metadata key '" + key + "' = " + std::to_string(x) +
                                  " must be >= " + std::to_string(minimum));
@@ -132,7 +137,12 @@ HParams parse_hparams(const Metadata & m, const std::string & arch) {
     }
 
     std::string problem;
-    if (c.present && c.d_model % c.n_heads) problem = "ctc embedding_length not divisible by head_count";
+    // layer counts bound the tensor table that is built before any tensor is checked
+    const int64_t most_layers = std::max({e.n_layers, a.n_layers, d.n_layers, c.n_layers});
+    if (most_layers > kMaxLayers) {
+        problem = "a block_count of " + std::to_string(most_layers) + " is implausible (at most " +
+                  std::to_string(kMaxLayers) + ")";
+    } else if (c.present && c.d_model % c.n_heads) problem = "ctc embedding_length not divisible by head_count";
     else if (c.present && c.blank_id >= c.vocab) problem = "ctc blank_id outside the CTC vocabulary";
     else if (e.d_model % e.n_heads) problem = "encoder embedding_length not divisible by head_count";
     else if (e.n_tp_layers >= e.n_layers) problem = "encoder tp_block_count must be < block_count";

@@ -58,7 +58,12 @@ struct HParams {
     int64_t symbol(const std::string & name, int64_t layer) const;
 };
 
-// An integer metadata value >= minimum; std::runtime_error naming the key otherwise.
+// Plausibility bounds on what a model file declares (every dimension, every layer count): far above any real
+// model, low enough that nothing sized from them can overflow or exhaust memory before the tensors are checked.
+constexpr int64_t kMaxHParam = int64_t(1) << 24;
+constexpr int64_t kMaxLayers = 4096;
+
+// An integer metadata value in [minimum, kMaxHParam]; std::runtime_error naming the key otherwise.
 int64_t get_int(const Metadata & m, const std::string & key, int64_t minimum = 1);
 
 // Reads and validates; throws std::runtime_error naming the missing/invalid key.

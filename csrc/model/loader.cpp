@@ -3,6 +3,7 @@
 #include "runtime/backend.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -74,6 +75,8 @@ MappedFile::~MappedFile() {
 
 namespace {
 
+constexpr size_t kMaxMetaArray = 1 << 16;  // longer metadata arrays are not materialized (none is read)
+
 MetaValue read_kv(const gguf_context * g, int64_t id, const std::string & key) {
     switch (gguf_get_kv_type(g, id)) {
         case GGUF_TYPE_UINT8: return static_cast<int64_t>(gguf_get_val_u8(g, id));
@@ -91,6 +94,7 @@ MetaValue read_kv(const gguf_context * g, int64_t id, const std::string & key) {
         case GGUF_TYPE_ARRAY: {
             const auto at = gguf_get_arr_type(g, id);
             const size_t n = gguf_get_arr_n(g, id);
+            if (n > kMaxMetaArray) return std::string("<array>");  // not used by the loader (token lists ...)
             std::vector<int64_t> v;
             const void * d = at == GGUF_TYPE_STRING ? nullptr : gguf_get_arr_data(g, id);
             for (size_t i = 0; i < n; ++i) {
@@ -108,12 +112,134 @@ MetaValue read_kv(const gguf_context * g, int64_t id, const std::string & key) {
     }
 }
 
+// A bounds-checked walk over a GGUF header (magic, counts, every key/value, every tensor record) before
+// ggml parses it. ggml's parser trusts a few things that a hostile file controls and then aborts or divides
+// by zero: a zero dimension (`INT64_MAX / ne[1]` in gguf.cpp), a `general.alignment` that is not a uint32
+// (GGML_ASSERT in gguf_get_val_u32). This walk refuses those with a std::runtime_error naming the problem,
+// and refuses anything else malformed the same way (the reads below never go past `size`).
+class HeaderWalk {
+public:
+    HeaderWalk(const uint8_t * data, size_t size, const std::string & path) : p_(data), size_(size), path_(path) {}
+
+    void check() {
+        if (size_ < 4 || std::memcmp(p_, "GGUF", 4) != 0) fail("bad magic (not a GGUF file)");
+        pos_ = 4;
+        const uint32_t version = u32();
+        if (version < 2 || version > 3) fail("GGUF version " + std::to_string(version) + " is not supported (2 or 3)");
+        const uint64_t n_tensors = u64();
+        const uint64_t n_kv = u64();
+        // every record takes at least 8 (tensors: 8 + 4 + 4 + 8) bytes, so counts beyond that cannot fit
+        if (n_tensors > size_ / 24 || n_kv > size_ / 12) {
+            fail("header declares " + std::to_string(n_tensors) + " tensors and " + std::to_string(n_kv) +
+                 " metadata keys, more than a file of " + std::to_string(size_) + " bytes can hold");
+        }
+        for (uint64_t i = 0; i < n_kv; ++i) {
+            const std::string key = str("metadata key");
+            uint32_t type = u32();
+            uint64_t n = 1;
+            const bool array = type == GGUF_TYPE_ARRAY;
+            if (array) {
+                type = u32();
+                n = u64();
+                if (type == GGUF_TYPE_ARRAY) fail("metadata key '" + key + "' is an array of arrays");
+            }
+            if (type >= GGUF_TYPE_COUNT) fail("metadata key '" + key + "' has unknown type " + std::to_string(type));
+            if (key == GGUF_KEY_GENERAL_ALIGNMENT) {
+                if (array || type != GGUF_TYPE_UINT32) fail("general.alignment must be a uint32");
+                const uint32_t a = u32();
+                if (a == 0 || (a & (a - 1)) != 0) fail("general.alignment " + std::to_string(a) + " is not a power of 2");
+                continue;
+            }
+            if (type == GGUF_TYPE_STRING) {
+                for (uint64_t j = 0; j < n; ++j) skip(u64(), "string value of '" + key + "'");
+            } else {
+                const size_t each = value_size(type);
+                if (each == 0 || n > (size_ - pos_) / each) fail("metadata key '" + key + "' runs past the end of the file");
+                pos_ += static_cast<size_t>(n) * each;
+            }
+        }
+        for (uint64_t i = 0; i < n_tensors; ++i) {
+            const std::string name = str("tensor name");
+            if (name.empty() || name.size() >= GGML_MAX_NAME) {
+                fail("tensor name '" + name.substr(0, 80) + "' is empty or longer than " +
+                     std::to_string(GGML_MAX_NAME - 1) + " bytes");
+            }
+            const uint32_t n_dims = u32();
+            if (n_dims < 1 || n_dims > GGML_MAX_DIMS) {
+                fail("tensor '" + name + "' has " + std::to_string(n_dims) + " dimensions (accepted: 1 to " +
+                     std::to_string(GGML_MAX_DIMS) + ")");
+            }
+            int64_t numel = 1;
+            for (uint32_t d = 0; d < n_dims; ++d) {
+                const int64_t ne = static_cast<int64_t>(u64());
+                if (ne <= 0) fail("tensor '" + name + "' dimension " + std::to_string(d) + " is " + std::to_string(ne) + " (must be > 0)");
+                if (ne > INT64_MAX / numel) fail("tensor '" + name + "' has more elements than fit in 64 bits");
+                numel *= ne;
+            }
+            const uint32_t type = u32();
+            if (type >= GGML_TYPE_COUNT || ggml_blck_size(static_cast<ggml_type>(type)) <= 0 ||
+                ggml_type_size(static_cast<ggml_type>(type)) == 0) {
+                fail("tensor '" + name + "' has unknown ggml type id " + std::to_string(type));
+            }
+            u64();  // offset: checked against the file size once ggml has computed the data section
+        }
+    }
+
+private:
+    static size_t value_size(uint32_t type) {  // bytes of one value of a fixed-size GGUF type, 0 otherwise
+        switch (type) {
+            case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_BOOL: return 1;
+            case GGUF_TYPE_UINT16: case GGUF_TYPE_INT16: return 2;
+            case GGUF_TYPE_UINT32: case GGUF_TYPE_INT32: case GGUF_TYPE_FLOAT32: return 4;
+            case GGUF_TYPE_UINT64: case GGUF_TYPE_INT64: case GGUF_TYPE_FLOAT64: return 8;
+            default: return 0;
+        }
+    }
+    [[noreturn]] void fail(const std::string & why) const {
+        throw std::runtime_error(path_ + ": not a valid GGUF file: " + why);
+    }
+    void need(size_t n) const {
+        if (n > size_ - pos_) fail("truncated header (needs " + std::to_string(n) + " more bytes at offset " + std::to_string(pos_) + ")");
+    }
+    uint32_t u32() {
+        need(4);
+        uint32_t v;
+        std::memcpy(&v, p_ + pos_, 4);
+        pos_ += 4;
+        return v;
+    }
+    uint64_t u64() {
+        need(8);
+        uint64_t v;
+        std::memcpy(&v, p_ + pos_, 8);
+        pos_ += 8;
+        return v;
+    }
+    void skip(uint64_t n, const std::string & what) {
+        if (n > size_ - pos_) fail(what + " runs past the end of the file");
+        pos_ += static_cast<size_t>(n);
+    }
+    std::string str(const char * what) {
+        const uint64_t n = u64();
+        if (n > size_ - pos_) fail(std::string(what) + " runs past the end of the file");
+        std::string s(reinterpret_cast<const char *>(p_ + pos_), static_cast<size_t>(n));
+        pos_ += static_cast<size_t>(n);
+        return s;
+    }
+
+    const uint8_t * p_;
+    size_t size_;
+    size_t pos_ = 0;
+    const std::string & path_;
+};
+
 }  // namespace
 
 ModelSource read_gguf(const std::string & path) {
     ModelSource src;
     src.origin = path;
     src.file = std::make_shared<MappedFile>(path);
+    HeaderWalk(src.file->data(), src.file->size(), path).check();
     ggml_context * meta_ctx = nullptr;
     gguf_init_params params{/*no_alloc=*/true, /*ctx=*/&meta_ctx};
     take_ggml_error();  // drop anything older than this call
@@ -151,12 +277,15 @@ ModelSource read_gguf(const std::string & path) {
         t.type = meta->type;
         for (int d = 0; d < ggml_n_dims(meta); ++d) t.ne.push_back(meta->ne[d]);
         t.nbytes = ggml_nbytes(meta);
-        const size_t off = data_offset + gguf_get_tensor_offset(g, i);
-        if (off + t.nbytes > file_size) {
-            throw std::runtime_error(path + ": truncated: tensor '" + t.name + "' ends at byte " +
-                                     std::to_string(off + t.nbytes) + " but the file has " +
-                                     std::to_string(file_size));
+        // data_offset + offset + nbytes <= file_size, without letting a sum wrap around
+        const size_t rel = gguf_get_tensor_offset(g, i);
+        if (data_offset > file_size || rel > file_size - data_offset || t.nbytes > file_size - data_offset - rel) {
+            throw std::runtime_error(path + ": truncated or corrupt: tensor '" + t.name + "' (" +
+                                     std::to_string(t.nbytes) + " bytes at offset " + std::to_string(rel) +
+                                     " of the data section at byte " + std::to_string(data_offset) +
+                                     ") lies past the end of the file (" + std::to_string(file_size) + " bytes)");
         }
+        const size_t off = data_offset + rel;
         t.data = src.file->data() + off;
         src.tensors.push_back(std::move(t));
     }

@@ -48,6 +48,7 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
                                     "context of " + std::to_string(d.max_positions));
     }
     if (n_kv > kv_.capacity() || slot0 + B > kv_.n_seq()) throw std::logic_error("KV cache too small");
+    stage_ = n > 1 ? "prefill" : "decode";
 
     GraphScope g;
     new_graph(g);

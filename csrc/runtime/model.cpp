@@ -1,5 +1,8 @@
 #include "runtime/model.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -76,6 +79,41 @@ Model::Model(const ModelSource & src, const std::string & device, int threads) {
     sched_ = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()), kGraphSize, false, true);
     if (!sched_) throw std::runtime_error("cannot create the ggml scheduler");
     graph_meta_.resize(ggml_tensor_overhead() * kGraphSize + ggml_graph_overhead_custom(kGraphSize, false));
+    const char * prof = std::getenv("FUN_ASR_PROFILE");
+    if (prof != nullptr && prof[0] != '\0' && std::strcmp(prof, "0") != 0) set_profiling(true);
+}
+
+void Model::set_profiling(bool on) {
+    profiling_ = on;
+    ggml_backend_sched_set_eval_callback(sched_, on ? &Model::eval_callback : nullptr, on ? this : nullptr);
+}
+
+bool Model::eval_callback(ggml_tensor * t, bool ask, void * user) {
+    auto * self = static_cast<Model *>(user);
+    const auto now = std::chrono::steady_clock::now();
+    if (ask) {  // the scheduler computes up to this node, then calls again with ask=false
+        self->node_t0_ = now;
+        return true;
+    }
+    // key: graph stage (encode / prefill / decode) / op [/ weight kind for matmuls, e.g. attn_q, ffn_up]
+    std::string key = self->stage_ + "/" + ggml_op_desc(t);
+    if (t->op == GGML_OP_MUL_MAT && t->src[0] != nullptr) {
+        std::string w = ggml_get_name(t->src[0]);
+        const auto blk = w.find("blk.");
+        if (blk != std::string::npos) {
+            const auto dot = w.find('.', blk + 4);
+            w = w.substr(0, blk) + (dot == std::string::npos ? "" : w.substr(dot + 1));
+        }
+        if (w.size() > 7 && w.compare(w.size() - 7, 7, ".weight") == 0) w.resize(w.size() - 7);
+        if (!w.empty() && w.rfind("node_", 0) != 0 && w.rfind("leaf_", 0) != 0) key += "/" + w;
+    }
+    ProfileEntry & e = self->profile_[key];
+    e.count += 1;
+    e.ms += std::chrono::duration<double, std::milli>(now - self->node_t0_).count();
+    if (t->op == GGML_OP_MUL_MAT) {
+        e.flops += 2.0 * static_cast<double>(t->src[0]->ne[0]) * static_cast<double>(ggml_nelements(t));
+    }
+    return true;
 }
 
 Model::~Model() {
@@ -141,6 +179,7 @@ std::vector<float> read_tensor(ggml_tensor * t) {
 std::pair<ggml_tensor *, ggml_tensor *> Model::run_encoder(GraphScope & g, const StageCallback & on_stage,
                                                            const float * features, int64_t T, bool adaptor, bool ctc) {
     check_features(T);
+    stage_ = "encode";
     new_graph(g);
     GraphCtx gc{g.ctx, on_stage};
     ggml_tensor * feats = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, hp_.enc.input_size, T);

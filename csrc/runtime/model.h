@@ -4,6 +4,7 @@
 // threads, but calls run one at a time (the KV cache is part of the model).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -104,6 +105,18 @@ public:
     };
     GenerationStats last_generation() const { return last_; }
 
+    // Per-node profile (FUN_ASR_PROFILE=1 at load, or set_profiling(true)): every graph node is
+    // computed on its own and timed; totals per "stage/op" key (stage = the node name's first part:
+    // enc, adp, blk/dec, ...), with matmul FLOPs. Profiling itself slows the run (no fusion across nodes).
+    struct ProfileEntry {
+        int64_t count = 0;
+        double ms = 0, flops = 0;
+    };
+    void set_profiling(bool on);
+    bool profiling() const { return profiling_; }
+    std::map<std::string, ProfileEntry> profile() const { return profile_; }
+    void reset_profile() { profile_.clear(); }
+
 private:
     void check_features(int64_t T) const;
     void check_token(int64_t id) const;
@@ -145,6 +158,11 @@ private:
     bool prefix_matches(const float * embeddings, int64_t n) const;
     int threads_ = 1;
     bool flash_attn_ = true;
+    bool profiling_ = false;
+    std::map<std::string, ProfileEntry> profile_;
+    std::string stage_ = "other";  // the graph being computed, for the profile
+    std::chrono::steady_clock::time_point node_t0_;
+    static bool eval_callback(ggml_tensor * t, bool ask, void * user);
     std::mutex mutex_;
 };
 
