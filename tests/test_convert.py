@@ -264,3 +264,16 @@ def test_missing_shard(tiny_bf16: Path, tmp_path: Path) -> None:
 def test_unknown_package_type(tiny_f32: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="accepted types are f32, f16, q8_0, q4_k_m"):
         convert(tiny_f32, tmp_path / "x.gguf", "q5_k")
+
+
+def test_encoder_type_option(tiny_f32: Path, tmp_path: Path) -> None:
+    out = tmp_path / "mixed.gguf"
+    r = subprocess.run([sys.executable, "-m", "fun_asr.cli.convert", str(tiny_f32), "-o", str(out), "--type", "q4_k_m",
+                        "--encoder-type", "f16", "--quiet"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(out).tensors}
+    assert types["enc.blk.1.attn_q.weight"] == "F16" and types["enc.blk.1.ffn_up.weight"] == "F16"
+    assert types["blk.0.attn_q.weight"] == "Q4_K" and types["adp.blk.0.attn_q.weight"] == "Q4_K"
+    assert types["enc.blk.1.attn_norm.weight"] == "F32"
+    with pytest.raises(ValueError, match="unknown encoder type"):
+        convert(tiny_f32, tmp_path / "x.gguf", "q8_0", progress=False, encoder_type="q3")

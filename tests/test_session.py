@@ -225,7 +225,8 @@ def test_cli_every_format(tiny_gguf, tmp_path: Path) -> None:  # noqa: ANN001
                          "truncated", "input_truncated", "empty_reason", "error", "segmentation", "warnings",
                          "segments", "timings", "options"}
     assert data["truncated"] and data["warnings"] and not data["input_truncated"] and data["error"] is None
-    assert set(data["segments"][0]) == {"start", "end", "text", "tokens", "stop_reason", "truncated", "repetition"}
+    assert set(data["segments"][0]) == {"start", "end", "text", "tokens", "stop_reason", "truncated", "repetition",
+                                        "words"}
     assert data["options"] == {"language": "en", "itn": False, "hotwords": ["fun", "asr"], "max_new_tokens": 6,
                                "segment_seconds": 30.0, "repetition_guard": False}
     assert len(data["segments"][0]["tokens"]) == 6 and data["segments"][0]["truncated"]

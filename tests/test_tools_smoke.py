@@ -18,3 +18,27 @@ def test_bench_smoke(tmp_path: Path) -> None:
     needles = ("| transformers | 5 |", "| q8_0 | 5 |", "bandwidth limit", "matmul", "Peak RSS", "Batching", "best case")
     for needle in needles:
         assert needle in table, needle
+
+
+def test_bench_stream_smoke(tiny_gguf, tmp_path: Path) -> None:  # noqa: ANN001
+    from vad_fixture import fsmn_vad_dir
+
+    out = tmp_path / "stream.md"
+    r = subprocess.run([sys.executable, str(TOOLS / "bench_stream.py"), "--model", str(tiny_gguf("q8_0")),
+                        "--vad-model", str(fsmn_vad_dir()), "--streams", "2", "--seconds", "8", "--max-new-tokens", "3",
+                        "--threads", "1", "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = out.read_text()
+    assert "| tiny-q8_0.gguf | 2 |" in table and "final p95 ms" in table
+
+
+def test_bench_vad_smoke(tmp_path: Path) -> None:
+    from vad_fixture import fsmn_vad_dir
+
+    out = tmp_path / "vad.md"
+    r = subprocess.run([sys.executable, str(TOOLS / "bench.py"), "--vad-only", "--vad-model", str(fsmn_vad_dir()),
+                        "--repeats", "1", "--vad-seconds", "60", "--out", str(out)], capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = out.read_text()
+    assert "**VAD alone**" in table and "× real time" in table

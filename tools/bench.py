@@ -211,13 +211,12 @@ def speech_with_pauses(seconds: float, seed: int = 0) -> np.ndarray:
     return (x + 0.003 * rng.standard_normal(x.size)).astype(np.float32)
 
 
-def vad_bench(vad_model: str, pipeline_model: str | None, out: Path, repeats: int) -> None:
+def vad_bench(vad_model: str, pipeline_model: str | None, out: Path, repeats: int, seconds: float = 600.0) -> None:
     """FSMN-VAD on a 10-minute clip, one thread, side by side: native, numpy reference, FunASR torch."""
     from fun_asr.frontend import fbank
     from fun_asr.hub import resolve_vad
     from fun_asr.vad import FsmnVad, detect_segments, frame_decibels
 
-    seconds = 600.0
     x = speech_with_pauses(seconds)
     path = resolve_vad(vad_model)
     native = FsmnVad.load(path, threads=1)
@@ -303,11 +302,13 @@ def main() -> None:
     ap.add_argument("--vad-only", action="store_true", help="only the FSMN-VAD benchmark (docs/vad_benchmarks.md)")
     ap.add_argument("--vad-model", default=None, help="FSMN-VAD: FunASR folder, .gguf or hub id (funasr/fsmn-vad)")
     ap.add_argument("--pipeline-model", default=None, help="with --vad-only: a GGUF to time the whole pipeline with")
+    ap.add_argument("--vad-seconds", type=float, default=600.0, help="with --vad-only: clip length (default 600)")
     args = ap.parse_args()
     if args.vad_only:
         default_out = str(ROOT / "docs" / "benchmarks.md")
         out = Path(args.out) if args.out != default_out else ROOT / "docs" / "vad_benchmarks.md"
-        vad_bench(args.vad_model or "funasr/fsmn-vad", args.pipeline_model, out, max(1, args.repeats))
+        vad_bench(args.vad_model or "funasr/fsmn-vad", args.pipeline_model, out, max(1, args.repeats),
+                  args.vad_seconds)
         return
     threads = args.threads or os.cpu_count() or 1
     work = Path(args.work)

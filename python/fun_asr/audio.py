@@ -19,6 +19,7 @@ import numpy as np
 
 SAMPLE_RATE = 16000
 MAX_CHANNELS = 32  # more "channels" than this means the array's axes are the other way round
+MAX_SAMPLE = 1e6  # |sample| above this is garbage, not audio (int16-scaled float files stay under 32768)
 _BLOCK_FRAMES = 1 << 16  # small enough that a decoder error near a cut keeps what came before
 
 AudioInput = str | os.PathLike | bytes | bytearray | memoryview | BinaryIO | np.ndarray
@@ -136,6 +137,7 @@ def _read(source: str | os.PathLike | bytes | bytearray | memoryview | BinaryIO,
         head, total, target = data[: 1 << 16], len(data), io.BytesIO(data)
     wav_frames = _wav_declared_frames(head, total)
     blocks: list[np.ndarray] = []
+    decoded = 0
     error: str | None = None
     try:
         with sf.SoundFile(target) as f:
@@ -155,6 +157,10 @@ def _read(source: str | os.PathLike | bytes | bytearray | memoryview | BinaryIO,
                 if len(block) == 0:
                     break
                 blocks.append(block)
+                decoded += len(block)
+                if decoded > max_seconds * rate:  # no header length (a stream, or one that lies): stop here
+                    raise AudioError(f"{name}: more than {max_seconds:g} s of audio; at most {max_seconds:g} s are "
+                                     "accepted (Limits.max_audio_seconds)")
     except AudioError:
         raise
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
@@ -231,6 +237,10 @@ def decode_audio(audio: AudioInput, sample_rate: int | None = None,
         raise AudioError(f"{name}: audio is empty (0 samples){extra}")
     if not np.isfinite(x).all():
         raise AudioError(f"{name}: audio contains NaN or infinite samples")
+    peak = float(np.abs(x).max())
+    if peak > MAX_SAMPLE:  # float files can hold anything; beyond this the fbank's power overflows float32
+        raise AudioError(f"{name}: samples reach {peak:.3g}; float audio must be in [-1, 1] (magnitudes over "
+                         f"{MAX_SAMPLE:g} are refused)")
     mono = x.mean(axis=1) if x.shape[1] > 1 else x[:, 0]
     if rate != SAMPLE_RATE:
         import soxr

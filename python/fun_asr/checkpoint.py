@@ -12,6 +12,7 @@ is checked against the file size so that a truncated file is reported by tensor 
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
 from collections.abc import Iterator
@@ -61,16 +62,20 @@ def _read_safetensors_header(path: Path) -> dict[str, _TensorRef]:
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        try:
-            dtype, shape, (begin, end) = info["dtype"], tuple(int(s) for s in info["shape"]), info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"{path}: malformed header entry for tensor {name!r}") from None
-        if dtype not in _DTYPES:
+        def ints(v: Any) -> bool:  # a list of non-negative JSON integers
+            return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+
+        if not (isinstance(info, dict) and ints(info.get("shape")) and ints(info.get("data_offsets"))
+                and len(info["data_offsets"]) == 2):
+            raise CheckpointError(f"{path}: malformed header entry for tensor {name!r} (needs dtype, shape and "
+                                  "data_offsets, with non-negative integers)")
+        dtype, shape, (begin, end) = info.get("dtype"), tuple(info["shape"]), info["data_offsets"]
+        if not isinstance(dtype, str) or dtype not in _DTYPES:
             raise CheckpointError(
-                f"{path}: tensor {name!r} has dtype {dtype}; accepted: {', '.join(_DTYPES)}"
+                f"{path}: tensor {name!r} has dtype {dtype!r}; accepted: {', '.join(_DTYPES)}"
             )
-        expected = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype][1]
-        if end - begin != expected or begin < 0:
+        expected = math.prod(shape) * _DTYPES[dtype][1]
+        if end - begin != expected:
             raise CheckpointError(
                 f"{path}: tensor {name!r} spans {end - begin} bytes but {dtype}{list(shape)} needs {expected}"
             )

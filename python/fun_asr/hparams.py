@@ -137,7 +137,8 @@ def _pick(cfg: dict[str, Any], where: str, *names: str, default: Any = ...) -> A
 
 
 def _int(value: Any, where: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or (
+            isinstance(value, float) and not value.is_integer()):  # also inf and nan
         raise ConfigError(f"config.json: {where} must be an integer, got {value!r}")
     if int(value) < minimum:
         raise ConfigError(f"config.json: {where} must be >= {minimum}, got {value}")
@@ -202,6 +203,8 @@ def parse_hparams(config: dict[str, Any]) -> HParams:
     tc = _section(config, "text_config", "llm_conf")
     w = "text_config"
     rope = tc.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise ConfigError(f"config.json: text_config.rope_parameters must be an object, got {rope!r:.60}")
     theta = rope.get("rope_theta", tc.get("rope_theta"))
     if theta is None:
         raise ConfigError("config.json: text_config has no rope_parameters.rope_theta / rope_theta")
@@ -243,7 +246,7 @@ def parse_hparams(config: dict[str, Any]) -> HParams:
             f"config.json: adaptor_config.encoder_dim {ac['encoder_dim']} != audio_config.hidden_size "
             f"{encoder.d_model}"
         )
-    if int(ac.get("downsample_rate", 1)) != 1:
+    if _int(ac.get("downsample_rate", 1), f"{w}.downsample_rate") != 1:
         raise ConfigError(
             f"config.json: adaptor_config.downsample_rate {ac['downsample_rate']} is not supported; "
             "accepted: 1 (the Fun-ASR-Nano layout)"
@@ -254,9 +257,21 @@ def parse_hparams(config: dict[str, Any]) -> HParams:
     return hp
 
 
+# Plausibility bounds (the native loader has the same): far above any real model, low enough that the tensor
+# table and everything sized from a config stay small before a single tensor has been checked.
+MAX_DIM = 1 << 24
+MAX_LAYERS = 4096
+
+
 def _validate(hp: HParams) -> None:
     e, a, d = hp.encoder, hp.adaptor, hp.decoder
     problems = []
+    for section, params in (("audio_config", e), ("adaptor_config", a), ("text_config", d)):
+        for name, value in vars(params).items():
+            if isinstance(value, int) and not isinstance(value, bool):
+                bound = MAX_LAYERS if name in ("n_layers", "n_tp_layers") else MAX_DIM
+                if value > bound:
+                    problems.append(f"{section} {name} = {value} is implausibly large (at most {bound})")
     if e.d_model % e.n_heads:
         problems.append(f"audio_config.hidden_size {e.d_model} is not divisible by num_attention_heads {e.n_heads}")
     if e.n_tp_layers >= e.n_layers:

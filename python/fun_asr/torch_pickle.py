@@ -27,6 +27,7 @@ import math
 import pickle
 import tarfile
 import zipfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,12 @@ __all__ = ["ModelFileError", "TorchTensor", "load_state_dict", "read_pickle", "i
 
 class ModelFileError(ValueError):
     """The file is not a checkpoint this reader accepts (not a zip checkpoint, forbidden global, bad tensor)."""
+
+
+# what zipfile raises on a damaged archive or member (bad CRC or header, unsupported compression or
+# encryption, a truncated deflate stream)
+_ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError, EOFError, ValueError,
+               zlib.error, OSError)  # OSError: a seek to a negative offset that a corrupt header gives
 
 
 # torch storage class name -> (dtype name, numpy dtype of one stored element, little-endian)
@@ -138,7 +145,7 @@ class _Archive:
         self.path = path
         try:
             self._zip = zipfile.ZipFile(path)
-        except zipfile.BadZipFile:
+        except _ZIP_ERRORS:
             raise _not_zip_error(path) from None
         pkls = [n for n in self._zip.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
         if len(pkls) != 1:
@@ -149,14 +156,23 @@ class _Archive:
         bo = self.prefix + "byteorder"
         self.big_endian = False
         if bo in self._zip.namelist():
-            order = self._zip.read(bo).decode("ascii", "replace").strip()
+            order = self._read(bo).decode("ascii", "replace").strip()
             if order not in ("little", "big"):
                 raise ModelFileError(f"{path}: unknown byteorder record {order!r}; accepted: 'little', 'big'")
             self.big_endian = order == "big"
         self._arrays: dict[str, np.ndarray] = {}
 
+    def _read(self, name: str, nbytes: int = -1) -> bytes:
+        """A member's bytes (the first ``nbytes``); a damaged member is a ModelFileError, not a zip error."""
+        try:
+            with self._zip.open(name) as f:
+                return f.read(nbytes)
+        except _ZIP_ERRORS as exc:
+            raise ModelFileError(f"{self.path}: {name} cannot be read from the zip archive ({type(exc).__name__}: "
+                                 f"{exc})") from None
+
     def read_pickle_bytes(self) -> bytes:
-        return self._zip.read(self.prefix + "data.pkl")
+        return self._read(self.prefix + "data.pkl")
 
     def storage_array(self, key: str, np_dtype: str, numel: int) -> np.ndarray:
         """1-D read-only array of ``numel`` elements of storage ``key`` (memory-mapped when possible)."""
@@ -177,10 +193,13 @@ class _Archive:
         if numel == 0:
             arr = np.zeros(0, dt)
         elif info.compress_type == zipfile.ZIP_STORED:
-            arr = np.memmap(self.path, dtype=dt, mode="r", offset=self._data_offset(info), shape=(numel,))
+            offset = self._data_offset(info)
+            try:
+                arr = np.memmap(self.path, dtype=dt, mode="r", offset=offset, shape=(numel,))
+            except (ValueError, OSError) as exc:  # the member's data lies (partly) outside the file
+                raise ModelFileError(f"{self.path}: storage {key!r} cannot be mapped ({exc})") from None
         else:
-            with self._zip.open(info) as f:
-                arr = np.frombuffer(f.read(nbytes), dtype=dt)
+            arr = np.frombuffer(self._read(info.filename, nbytes), dtype=dt)
         if self.big_endian and dt.itemsize > 1:
             arr = arr.byteswap()
         arr.flags.writeable = False
@@ -189,6 +208,8 @@ class _Archive:
 
     def _data_offset(self, info: zipfile.ZipInfo) -> int:
         with open(self.path, "rb") as f:
+            if info.header_offset < 0:
+                raise ModelFileError(f"{self.path}: corrupt zip directory entry for {info.filename}")
             f.seek(info.header_offset)
             header = f.read(30)
         if len(header) != 30 or header[:4] != b"PK\x03\x04":
@@ -385,6 +406,22 @@ class _RestrictedUnpickler(pickle.Unpickler):
         return st
 
 
+_PUT_OPS = ("PUT", "BINPUT", "LONG_BINPUT")
+
+
+def _check_memo(data: bytes, path: Path) -> None:
+    """Refuses memo indices a pickle of this size cannot need. CPython's unpickler sizes its memo table by the
+    largest index it is asked to store, so one LONG_BINPUT 2**31 in a 400-byte file asks for 16 GB; pickle.dump
+    numbers the memo 0, 1, 2 ... so every honest index is below the number of opcodes."""
+    import pickletools
+
+    limit = len(data)
+    for op, arg, pos in pickletools.genops(data):
+        if op.name in _PUT_OPS and not (isinstance(arg, int) and 0 <= arg <= limit):
+            raise ModelFileError(f"{path}: data.pkl stores memo entry {arg} at byte {pos}, beyond anything a "
+                                 f"{limit}-byte pickle needs; refused")
+
+
 def read_pickle(path: str | Path) -> Any:
     """The unpickled object tree of a zip-format checkpoint; tensors are lazy :class:`TorchTensor` objects."""
     path = Path(path)
@@ -392,23 +429,37 @@ def read_pickle(path: str | Path) -> Any:
         raise ModelFileError(f"{path}: no such file")
     archive = _Archive(path)
     try:
-        return _RestrictedUnpickler(archive.read_pickle_bytes(), archive).load()
+        data = archive.read_pickle_bytes()
+        _check_memo(data, path)
+        return _RestrictedUnpickler(data, archive).load()
     except ModelFileError:
         raise
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError) as e:
         raise ModelFileError(f"{path}: data.pkl could not be read: {type(e).__name__}: {e}") from None
 
 
+MAX_DEPTH = 256  # nesting of dicts/lists in a checkpoint (a state_dict needs 1-3; a reference cycle never ends)
+
+
 def iter_tensors(tree: Any, prefix: str = "") -> Iterator[tuple[str, TorchTensor]]:
-    """(dotted name, tensor) for every tensor in nested dicts/lists of ``tree``."""
-    if isinstance(tree, TorchTensor):
-        yield prefix, tree
-    elif isinstance(tree, dict):
-        for k, v in tree.items():
-            yield from iter_tensors(v, f"{prefix}.{k}" if prefix else str(k))
-    elif isinstance(tree, (list, tuple)):
-        for i, v in enumerate(tree):
-            yield from iter_tensors(v, f"{prefix}.{i}" if prefix else str(i))
+    """(dotted name, tensor) for every tensor in nested dicts/lists of ``tree``, depth first. ModelFileError when
+    the containers nest deeper than MAX_DEPTH (a pickle can build a list that contains itself)."""
+    stack: list[tuple[str, Any, int]] = [(prefix, tree, 0)]
+    while stack:
+        name, node, depth = stack.pop()
+        if isinstance(node, TorchTensor):
+            yield name, node
+            continue
+        if isinstance(node, dict):
+            items = [(str(k), v) for k, v in node.items()]
+        elif isinstance(node, (list, tuple)):
+            items = [(str(i), v) for i, v in enumerate(node)]
+        else:
+            continue
+        if depth >= MAX_DEPTH:
+            raise ModelFileError(f"checkpoint nests containers deeper than {MAX_DEPTH} levels at {name!r:.200} "
+                                 "(or holds a reference cycle); refused")
+        stack.extend((f"{name}.{k}" if name else k, v, depth + 1) for k, v in reversed(items))
 
 
 def load_state_dict(path: str | Path) -> dict[str, np.ndarray]:

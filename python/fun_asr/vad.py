@@ -71,6 +71,38 @@ class VadFrontendConfig:
         return int(self.frame_shift * self.fs / 1000)
 
 
+_MAX_FRONTEND = {"fs": 384_000, "n_mels": 1024, "frame_length": 1000, "frame_shift": 1000, "lfr_m": 64, "lfr_n": 64}
+
+
+def _typed_section(cls: type, conf: Mapping[str, Any], section: str, skip: set[str] = frozenset()) -> dict[str, Any]:
+    """The known keys of ``conf[section]``, each of its field's type (int, float, bool, str), with a ValueError
+    naming the key otherwise; unknown keys are ignored (as FunASR does)."""
+    values = conf.get(section) or {}
+    if not isinstance(values, Mapping):
+        raise ValueError(f"config.yaml {section} must be a mapping, got {type(values).__name__}")
+    defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.name not in skip}
+    out: dict[str, Any] = {}
+    for k, v in values.items():
+        if k not in defaults:
+            continue
+        d = defaults[k]
+        if isinstance(d, bool) or isinstance(v, bool):
+            ok = isinstance(v, bool) and isinstance(d, bool) or (isinstance(d, bool) and v in (0, 1))
+        elif isinstance(d, int) or (d is None and k.endswith("_ms")):
+            ok = isinstance(v, int) or (v is None and k.endswith("_ms"))  # our *_ms options take None
+        elif isinstance(d, float):
+            ok = isinstance(v, int | float) and math.isfinite(v)
+        elif isinstance(d, str):
+            ok = isinstance(v, str)
+        else:
+            ok = True  # tuples (sil_pdf_ids, silence_schedule): checked by the caller
+        if not ok:
+            raise ValueError(f"config.yaml {section}.{k} must be {type(d).__name__ if d is not None else 'an int'}, "
+                             f"got {v!r:.60}")
+        out[k] = v
+    return out
+
+
 @dataclass(frozen=True)
 class VadConfig:
     """FunASR's ``VADXOptions`` (names and defaults of funasr 1.4.16; config.yaml ``model_conf`` overrides
@@ -133,13 +165,27 @@ class VadConfig:
     @classmethod
     def from_dict(cls, conf: Mapping[str, Any], **overrides: Any) -> VadConfig:
         """From a parsed config.yaml (``model_conf`` and ``frontend_conf`` sections); unknown keys are ignored."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"frontend"}
-        kw: dict[str, Any] = {}
-        for k, v in dict(conf.get("model_conf") or {}).items():
-            if k in names:
-                kw[k] = tuple(int(x) for x in v) if k == "sil_pdf_ids" else v
-        fnames = {f.name for f in dataclasses.fields(VadFrontendConfig)}
-        fkw = {k: v for k, v in dict(conf.get("frontend_conf") or {}).items() if k in fnames}
+        if not isinstance(conf, Mapping):
+            raise ValueError(f"VAD config must be a mapping (config.yaml), got {type(conf).__name__}")
+        kw = _typed_section(cls, conf, "model_conf", skip={"frontend"})
+        if "sil_pdf_ids" in kw:
+            ids = kw["sil_pdf_ids"]
+            if not isinstance(ids, list | tuple) or not ids or not all(
+                    isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 4096 for x in ids):
+                raise ValueError(f"config.yaml model_conf.sil_pdf_ids must be a list of class ids, got {ids!r:.80}")
+            kw["sil_pdf_ids"] = tuple(ids)
+        if "silence_schedule" in kw:
+            rows = kw["silence_schedule"]
+            if not isinstance(rows, list | tuple) or not rows or not all(
+                    isinstance(r, list | tuple) and len(r) == 2 and all(
+                        isinstance(x, int | float) and not isinstance(x, bool) for x in r) for r in rows):
+                raise ValueError(f"config.yaml model_conf.silence_schedule must be [[ms, silence_ms], ...], got "
+                                 f"{rows!r:.80}")
+            kw["silence_schedule"] = tuple((float(a), int(b)) for a, b in rows)
+        fkw = _typed_section(VadFrontendConfig, conf, "frontend_conf")
+        for k in ("fs", "n_mels", "frame_length", "frame_shift", "lfr_m", "lfr_n"):
+            if k in fkw and not 0 < fkw[k] <= _MAX_FRONTEND[k]:
+                raise ValueError(f"config.yaml frontend_conf.{k} = {fkw[k]} is outside 1..{_MAX_FRONTEND[k]}")
         kw["frontend"] = VadFrontendConfig(**fkw)
         kw.update(overrides)
         cfg = cls(**kw)

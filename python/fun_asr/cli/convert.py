@@ -20,6 +20,9 @@ def main(argv: list[str] | None = None) -> int:
                     "or with --inspect a .gguf file")
     ap.add_argument("-o", "--output", help="output .gguf path (default: SRC-TYPE.gguf beside SRC)")
     ap.add_argument("-t", "--type", default="q8_0", choices=PACKAGE_TYPES, help="package type (default q8_0)")
+    ap.add_argument("--encoder-type", default=None, choices=["f32", "f16", "q8_0", "q4_k", "q6_k"],
+                    help="store the audio encoder's matrices in this type instead of the package's (e.g. f16 in a "
+                         "q4_k_m package: the encoder is compute-bound; see docs/performance.md)")
     ap.add_argument("--force", action="store_true",
                     help="replace an existing output file (never an input, a device or anything inside SRC)")
     ap.add_argument("--inspect", action="store_true", help="describe a GGUF file instead of converting")
@@ -46,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         suffix = "fsmn_vad" if layout == "fsmn_vad" else args.type
         out = args.output or f"{args.src.rstrip('/')}-{suffix}.gguf"
         report = convert(args.src, out, args.type, progress=not args.quiet and sys.stderr.isatty(),
-                         threads=args.threads, repo_id=args.repo_id, revision=args.revision, overwrite=args.force)
+                         threads=args.threads, repo_id=args.repo_id, revision=args.revision, overwrite=args.force,
+                         encoder_type=args.encoder_type)
         print(report.summary())
         return 0
     except BrokenPipeError:  # e.g. `--inspect FILE | head`

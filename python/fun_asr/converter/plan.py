@@ -52,10 +52,21 @@ def _layers_in_stack(hp: HParams, stack: str) -> int:
             "ctc": hp.ctc.n_layers if hp.ctc is not None else 0}[stack]
 
 
-def place(entry: TensorEntry, package: str, hp: HParams) -> Placement:
+ENCODER_TYPES = ("f32", "f16", "q8_0", "q4_k", "q6_k")
+
+
+def place(entry: TensorEntry, package: str, hp: HParams, encoder_type: str | None = None) -> Placement:
+    """``encoder_type``: another type for the audio encoder's matrices than the package's (e.g. an F16
+    encoder in a Q4_K_M package: the encoder is compute-bound, the decoder bandwidth-bound)."""
     package = check_package_type(package)
     if entry.kind in ("norm", "bias", "fsmn") or package == "f32":
         return Placement(entry, "f32", "f32")
+    if encoder_type is not None and entry.stack == "enc" and entry.kind == "matrix":
+        if encoder_type not in ENCODER_TYPES:
+            raise ValueError(f"unknown encoder type {encoder_type!r}: accepted {', '.join(ENCODER_TYPES)}")
+        wanted = encoder_type
+        used = wanted if entry.shape[-1] % _core.block_size(wanted) == 0 else "f16"
+        return Placement(entry, used, wanted)
     if package in ("f16", "q8_0"):
         wanted = package
     elif entry.kind in ("embedding", "output"):

@@ -223,8 +223,11 @@ def load_native(path: str | os.PathLike[str], threads: int = 1):  # noqa: ANN201
 
     try:
         model = _core.load_vad_gguf(str(p), threads=threads)
-        reader = gguf.GGUFReader(p)
-        conf = json.loads(reader.fields[f"{ARCH}.config_json"].contents())
-    except (RuntimeError, KeyError, ValueError) as exc:
+        field = gguf.GGUFReader(p).fields.get(f"{ARCH}.config_json")
+        text = field.contents() if field is not None else None
+        conf = json.loads(text) if isinstance(text, str) else None
+    except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
         raise VadModelError(f"{p}: not a usable fsmn_vad GGUF ({exc})") from None
+    if not isinstance(conf, dict):
+        raise VadModelError(f"{p}: not a usable fsmn_vad GGUF (no {ARCH}.config_json object: the model's config.yaml)")
     return model, conf

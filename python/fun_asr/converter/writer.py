@@ -262,7 +262,8 @@ def _umask() -> int:
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str = "q8_0", *,
             progress: bool = True, threads: int = 0, repo_id: str | None = None,
-            revision: str | None = None, overwrite: bool = False) -> ConversionReport:
+            revision: str | None = None, overwrite: bool = False,
+            encoder_type: str | None = None) -> ConversionReport:
     """Converts a Fun-ASR-Nano checkpoint folder into one GGUF file.
 
     ``src`` is a Hugging Face folder (config.json + safetensors) or a FunASR/ModelScope folder
@@ -292,7 +293,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
         return report
     ckpt = open_checkpoint(src)
     hp = ckpt.hparams
-    placements = [place(entry, package, hp) for entry in tensor_table(hp)]
+    placements = [place(entry, package, hp, encoder_type) for entry in tensor_table(hp)]
     check_tensors(ckpt, [p.entry for p in placements])
 
     try:
