@@ -299,6 +299,7 @@ def main() -> None:
     ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "fun-asr-bench"))
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     ap.add_argument("--smoke", action="store_true", help="tiny model, one repeat, short clip (CI)")
+    ap.add_argument("--profile", action="store_true", help="add a per-node profile per type (where time goes)")
     ap.add_argument("--vad-only", action="store_true", help="only the FSMN-VAD benchmark (docs/vad_benchmarks.md)")
     ap.add_argument("--vad-model", default=None, help="FSMN-VAD: FunASR folder, .gguf or hub id (funasr/fsmn-vad)")
     ap.add_argument("--pipeline-model", default=None, help="with --vad-only: a GGUF to time the whole pipeline with")
@@ -461,11 +462,39 @@ def main() -> None:
     for engine in ["transformers", *types]:
         lines.append(f"| {engine} | {rss[engine]:.0f} |")
         console.append(f"{engine:12s} peak RSS {rss[engine]:.0f} MB")
+    if args.profile:
+        lines += profile_section(sessions, clips[ten], args.tokens)
     print("\n".join(console))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n", "utf-8")
     print(f"wrote {out}")
+
+
+def profile_section(sessions: dict[str, fun_asr.Session], samples: np.ndarray, tokens: int) -> list[str]:
+    """Per-node profile (one extra run per type, every node computed and timed on its own): where the
+    time goes per stage, and the matmul GFLOP/s per weight kind."""
+    lines = ["", "## Per-node profile (`--profile`: one run per type, nodes timed one by one)", ""]
+    for p, s in sessions.items():
+        s.model.profiling = True
+        s.model.reset_profile()
+        run_ours(s, samples, tokens)
+        prof = s.model.profile()
+        s.model.profiling = False
+        stages: dict[str, float] = {}
+        for key, v in prof.items():
+            stages[key.split("/")[0]] = stages.get(key.split("/")[0], 0.0) + v["ms"]
+        total = sum(stages.values()) or 1.0
+        lines += [f"### {p}", "", "| stage | ms | share |", "|---|---|---|"]
+        for k, v in sorted(stages.items(), key=lambda kv: -kv[1]):
+            lines.append(f"| {k} | {v:.0f} | {100 * v / total:.0f} % |")
+        lines += ["", "| stage/op[/weight] | nodes | ms | GFLOP/s |", "|---|---|---|---|"]
+        for key, v in sorted(prof.items(), key=lambda kv: -kv[1]["ms"])[:15]:
+            rate = f"{v['flops'] / v['ms'] / 1e6:.1f}" if v["flops"] and v["ms"] else "–"
+            lines.append(f"| {key} | {v['count']} | {v['ms']:.1f} | {rate} |")
+        lines.append("")
+        print("\n".join(lines[-20:]))
+    return lines
 
 
 if __name__ == "__main__":
