@@ -12,11 +12,11 @@ TOOLS = Path(__file__).resolve().parents[1] / "tools"
 def test_bench_smoke(tmp_path: Path) -> None:
     out = tmp_path / "bench.md"
     r = subprocess.run([sys.executable, str(TOOLS / "bench.py"), "--smoke", "--work", str(tmp_path / "w"),
-                        "--out", str(out), "--profile"], capture_output=True, text=True, timeout=900)
+                        "--out", str(out), "--profile", "--wer"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     table = out.read_text()
-    needles = ("Per-node profile", "encode/", "| transformers | 5 |", "| q8_0 | 5 |", "bandwidth limit", "matmul",
-               "Peak RSS", "Batching", "best case")
+    needles = ("Per-node profile", "encode/", "WER per type", "| transformers | 5 |", "| q8_0 | 5 |",
+               "bandwidth limit", "matmul", "Peak RSS", "Batching", "best case")
     for needle in needles:
         assert needle in table, needle
 

@@ -300,6 +300,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     ap.add_argument("--smoke", action="store_true", help="tiny model, one repeat, short clip (CI)")
     ap.add_argument("--profile", action="store_true", help="add a per-node profile per type (where time goes)")
+    ap.add_argument("--wer", action="store_true",
+                    help="add the held-out WER per package type of the tiny model trained here "
+                         "(tests/data/tiny_trained)")
     ap.add_argument("--vad-only", action="store_true", help="only the FSMN-VAD benchmark (docs/vad_benchmarks.md)")
     ap.add_argument("--vad-model", default=None, help="FSMN-VAD: FunASR folder, .gguf or hub id (funasr/fsmn-vad)")
     ap.add_argument("--pipeline-model", default=None, help="with --vad-only: a GGUF to time the whole pipeline with")
@@ -464,11 +467,41 @@ def main() -> None:
         console.append(f"{engine:12s} peak RSS {rss[engine]:.0f} MB")
     if args.profile:
         lines += profile_section(sessions, clips[ten], args.tokens)
+    if args.wer:
+        lines += wer_section(types, work, threads)
     print("\n".join(console))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n", "utf-8")
     print(f"wrote {out}")
+
+
+def wer_section(types: list[str], work: Path, threads: int) -> list[str]:
+    """Accuracy next to speed: the trained tiny model's held-out WER in every package type (random
+    weights cannot say whether a quantization keeps accuracy)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import trained_model
+
+    if not (trained_model.ARTIFACT / "manifest.json").is_file():
+        return ["", "## WER per type", "", "(tests/data/tiny_trained is missing: no WER)"]
+    ckpt = trained_model.trained_checkpoint(work / "trained-ckpt")
+    clips = trained_model.heldout_audio()
+    refs = [text for _, text in clips]
+    lines = ["", "## WER per type (the tiny model trained here, held-out clips)", "",
+             f"{len(clips)} held-out clips, {sum(len(trained_model.normalize_text(r)) for r in refs)} words "
+             "(docs/trained_model.md).", "", "| type | WER | vs f32 |", "|---|---|---|"]
+    base = None
+    for package in ["f32", *[t for t in types if t != "f32"]]:
+        path = work / f"trained-{package}.gguf"
+        if not path.is_file():
+            fun_asr.convert(ckpt, path, package, progress=False)
+        s = fun_asr.Session(path, device="cpu", threads=threads, vad=None, progress=False)
+        hyps = [r.text for r in s.transcribe_batch([x for x, _ in clips], sample_rate=RATE, language="en")]
+        w = trained_model.wer(refs, hyps)
+        base = w if base is None else base
+        lines.append(f"| {package} | {100 * w:.2f} % | {100 * (w - base):+.2f} points |")
+    print("\n".join(lines))
+    return lines
 
 
 def profile_section(sessions: dict[str, fun_asr.Session], samples: np.ndarray, tokens: int) -> list[str]:
