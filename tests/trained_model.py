@@ -1,0 +1,187 @@
+"""The tiny Fun-ASR-Nano trained here (tools/train_tiny.py): rebuild it, and its held-out clips.
+
+Everything here needs numpy, soundfile and safetensors only (no torch, no espeak-ng):
+
+- ``trained_checkpoint(dest)`` rebuilds the full Hugging Face layout checkpoint (config.json,
+  model.safetensors, tokenizer.json, ...) from the committed artifact in ``tests/data/tiny_trained``:
+  the non-embedding weights (matrices stored as F16, written back as F32), the trained rows of the
+  token embedding, and the untrained rows regenerated from a fixed seed.
+- ``heldout_clips(dest)`` writes the held-out clips (16 kHz int16 WAV) and returns their transcripts.
+  The committed FLACs hold the clean espeak-ng speech; the light noise is added here from a seed,
+  exactly as in training (``add_noise``).
+- ``three_utterances_clip(dest)`` joins three held-out clips with silences (for VAD + ASR tests).
+- ``wer`` is the word error rate used in docs/trained_model.md.
+
+tools/train_tiny.py imports the recipe functions from here, so training and tests share them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+ARTIFACT = Path(__file__).resolve().parent / "data" / "tiny_trained"
+SAMPLE_RATE = 16000
+WORDS = ("zero one two three four five six seven eight nine "
+         "yes no up down left right stop go on off").split()
+# What the checkpoint folder holds besides model.safetensors and tokenizer.json (copied as they are).
+PLAIN_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "chat_template.jinja",
+               "preprocessor_config.json")
+QWEN_FIRST_SPECIAL_ID = 151643
+EMBEDDING_KEY = "model.language_model.embed_tokens.weight"
+
+
+# --- the shared recipe ---------------------------------------------------------------------------
+
+def embedding_base(vocab: int, dim: int, seed: int, std: float) -> np.ndarray:
+    """The token embedding before training: N(0, std^2) float32 from numpy's PCG64 with `seed`.
+    Training only changes the rows of the tokens it uses; the others stay exactly these values."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((vocab, dim), dtype=np.float32) * np.float32(std)
+
+
+def add_noise(clean: np.ndarray, snr_db: float, seed: int) -> np.ndarray:
+    """Clean int16 speech -> int16 speech with white noise at `snr_db` below the speech RMS.
+    The RMS is taken over samples louder than 1 % of the peak (the speech, not the silences)."""
+    x = clean.astype(np.float64)
+    peak = np.abs(x).max() if x.size else 0.0
+    loud = x[np.abs(x) > 0.01 * peak] if peak > 0 else x
+    rms = float(np.sqrt(np.mean(loud**2))) if loud.size else 0.0
+    rng = np.random.default_rng(seed)
+    noisy = x + rng.standard_normal(x.shape[0]) * rms * 10.0 ** (-snr_db / 20.0)
+    return np.clip(np.round(noisy), -32768, 32767).astype(np.int16)
+
+
+def normalize_text(text: str) -> list[str]:
+    """Lower case, punctuation removed, split on white space."""
+    return re.sub(r"[^\w\s']", " ", text.lower()).split()
+
+
+def edit_distance(ref: list[str], hyp: list[str]) -> int:
+    d = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, d[0] = d[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r != h))
+    return d[len(hyp)]
+
+
+def wer(refs: list[str], hyps: list[str]) -> float:
+    """Word edit distance summed over the set / reference words in the set (case and punctuation normalised)."""
+    errors = sum(edit_distance(normalize_text(r), normalize_text(h)) for r, h in zip(refs, hyps, strict=True))
+    words = sum(len(normalize_text(r)) for r in refs)
+    return errors / max(words, 1)
+
+
+# --- rebuilding the checkpoint ------------------------------------------------------------------
+
+def manifest(artifact: Path = ARTIFACT) -> dict:
+    return json.loads((artifact / "manifest.json").read_text("utf-8"))
+
+
+def full_tokenizer_json(base_json: str) -> str:
+    """tokenizer.base.json -> tokenizer.json: the vocabulary padded with unreachable filler entries up
+    to Qwen's first special id, so the added special tokens keep Qwen's ids (151643 ...)."""
+    data = json.loads(base_json)
+    vocab = data["model"]["vocab"]
+    for i in range(len(vocab), QWEN_FIRST_SPECIAL_ID):
+        vocab[f"\u2400filler{i}"] = i
+    return json.dumps(data, ensure_ascii=False)
+
+
+def trained_checkpoint(dest: Path, artifact: Path = ARTIFACT) -> Path:
+    """Writes the trained checkpoint (HF layout, F32 safetensors) into `dest` and returns `dest`."""
+    from safetensors.numpy import load_file, save_file
+
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    man = manifest(artifact)
+    stored = load_file(str(artifact / "weights.safetensors"))
+    emb = man["embedding"]
+    table = embedding_base(emb["vocab"], emb["dim"], emb["seed"], emb["std"])
+    ids = stored.pop("trained_rows.ids").astype(np.int64)
+    table[ids] = stored.pop("trained_rows.weight").astype(np.float32)
+    tensors = {name: np.ascontiguousarray(t.astype(np.float32)) for name, t in stored.items()}
+    tensors[EMBEDDING_KEY] = table
+    save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    for name in PLAIN_FILES:
+        shutil.copyfile(artifact / name, dest / name)
+    (dest / "tokenizer.json").write_text(full_tokenizer_json((artifact / "tokenizer.base.json").read_text("utf-8")),
+                                         "utf-8")
+    return dest
+
+
+# --- held-out audio -----------------------------------------------------------------------------
+
+def _write_wav(path: Path, samples: np.ndarray) -> None:
+    import soundfile as sf
+
+    sf.write(str(path), samples, SAMPLE_RATE, subtype="PCM_16")
+
+
+def heldout_clean(artifact: Path = ARTIFACT) -> list[tuple[np.ndarray, dict]]:
+    """(clean int16 samples, manifest entry) for every held-out clip."""
+    import soundfile as sf
+
+    out = []
+    for entry in manifest(artifact)["heldout"]:
+        data, rate = sf.read(str(artifact / "heldout" / entry["file"]), dtype="int16")
+        if rate != SAMPLE_RATE:
+            raise ValueError(f"{entry['file']}: {rate} Hz, expected {SAMPLE_RATE}")
+        out.append((data, entry))
+    return out
+
+
+def heldout_audio(artifact: Path = ARTIFACT) -> list[tuple[np.ndarray, str]]:
+    """(noisy int16 samples, transcript) for every held-out clip, in manifest order."""
+    return [(add_noise(clean, e["snr_db"], e["noise_seed"]), e["text"]) for clean, e in heldout_clean(artifact)]
+
+
+def heldout_clips(dest: Path, artifact: Path = ARTIFACT) -> list[tuple[Path, str]]:
+    """Writes the held-out clips as 16 kHz int16 WAV files into `dest`: [(path, transcript), ...]."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    for (samples, text), entry in zip(heldout_audio(artifact), manifest(artifact)["heldout"], strict=True):
+        path = dest / (Path(entry["file"]).stem + ".wav")
+        _write_wav(path, samples)
+        out.append((path, text))
+    return out
+
+
+def three_utterances_clip(dest: Path, picks: tuple[int, int, int] = (3, 17, 29),
+                          silences: tuple[float, float, float, float] = (1.0, 1.6, 1.8, 1.2),
+                          artifact: Path = ARTIFACT) -> tuple[Path, list[str]]:
+    """Silence, utterance, silence, utterance, silence, utterance, silence, as one 16 kHz WAV.
+
+    The utterances are held-out clips `picks` (clean speech with their leading/trailing pauses);
+    the silences (seconds) carry light white noise (seeded). Returns (path, words in order).
+    The utterance spans in seconds (start and end of each clip's audio in the file) are written
+    next to it as ``three_utterances.json``: {"words": [...], "utterances": [{"text", "start", "end"}]}."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    clean = heldout_clean(artifact)
+    rng = np.random.default_rng(1234)
+    parts: list[np.ndarray] = []
+    spans = []
+    t = 0
+    for k, sil in enumerate(silences):
+        n = int(round(sil * SAMPLE_RATE))
+        parts.append(np.zeros(n, np.int16))
+        t += n
+        if k < len(picks):
+            samples, entry = clean[picks[k]]
+            parts.append(samples)
+            spans.append({"text": entry["text"], "start": t / SAMPLE_RATE, "end": (t + len(samples)) / SAMPLE_RATE})
+            t += len(samples)
+    joined = np.concatenate(parts)
+    noisy = add_noise(joined, 30.0, int(rng.integers(1 << 31)))
+    path = dest / "three_utterances.wav"
+    _write_wav(path, noisy)
+    words = [w for s in spans for w in s["text"].split()]
+    (dest / "three_utterances.json").write_text(json.dumps({"words": words, "utterances": spans}, indent=1), "utf-8")
+    return path, words
