@@ -1,6 +1,7 @@
 #include "model/hparams.h"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 
 namespace fun_asr {
@@ -22,8 +23,8 @@ int64_t get_int(const Metadata & m, const std::string & key, int64_t minimum) {
     }
     const int64_t x = std::get<int64_t>(v);
     if (x > kMaxHParam) {
-        throw std::runtime_error("model metadata key '" + key + "' = " + std::to_string(x) + " is implausibly large (at most " +
-                                 std::to_string(kMaxHParam) + ")");
+        throw std::runtime_error("model metadata key '" + key + "' = " + std::to_string(x) +
+                                 " is implausibly large (at most " + std::to_string(kMaxHParam) + ")");
     }
     if (x < minimum) {
         throw std::runtime_error("model metadata key '" + key + "' = " + std::to_string(x) +
@@ -44,7 +45,9 @@ float get_float(const Metadata & m, const std::string & key) {
     } else {
         throw std::runtime_error("model metadata key '" + key + "' must be a number");
     }
-    if (!(x > 0)) throw std::runtime_error("model metadata key '" + key + "' must be > 0");
+    if (!(x > 0) || !(x <= std::numeric_limits<float>::max())) {  // also NaN and infinities
+        throw std::runtime_error("model metadata key '" + key + "' must be a finite number > 0");
+    }
     return static_cast<float>(x);
 }
 

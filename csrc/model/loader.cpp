@@ -114,9 +114,9 @@ MetaValue read_kv(const gguf_context * g, int64_t id, const std::string & key) {
 
 // A bounds-checked walk over a GGUF header (magic, counts, every key/value, every tensor record) before
 // ggml parses it. ggml's parser trusts a few things that a hostile file controls and then aborts or divides
-// by zero: a zero dimension (`INT64_MAX / ne[1]` in gguf.cpp), a `general.alignment` that is not a uint32
-// (GGML_ASSERT in gguf_get_val_u32). This walk refuses those with a std::runtime_error naming the problem,
-// and refuses anything else malformed the same way (the reads below never go past `size`).
+// by zero: a zero dimension (`INT64_MAX / ne[1]` in gguf.cpp), an empty key (GGML_ASSERT in gguf_kv), a
+// `general.alignment` that is not a uint32 (GGML_ASSERT in gguf_get_val_u32). This walk refuses those with a
+// std::runtime_error naming the problem, and anything else malformed the same way (no read goes past `size`).
 class HeaderWalk {
 public:
     HeaderWalk(const uint8_t * data, size_t size, const std::string & path) : p_(data), size_(size), path_(path) {}
@@ -135,6 +135,7 @@ public:
         }
         for (uint64_t i = 0; i < n_kv; ++i) {
             const std::string key = str("metadata key");
+            if (key.empty()) fail("metadata key " + std::to_string(i) + " is empty");  // a GGML_ASSERT in gguf.cpp
             uint32_t type = u32();
             uint64_t n = 1;
             const bool array = type == GGUF_TYPE_ARRAY;
@@ -147,14 +148,18 @@ public:
             if (key == GGUF_KEY_GENERAL_ALIGNMENT) {
                 if (array || type != GGUF_TYPE_UINT32) fail("general.alignment must be a uint32");
                 const uint32_t a = u32();
-                if (a == 0 || (a & (a - 1)) != 0) fail("general.alignment " + std::to_string(a) + " is not a power of 2");
+                if (a == 0 || (a & (a - 1)) != 0) {
+                    fail("general.alignment " + std::to_string(a) + " is not a power of 2");
+                }
                 continue;
             }
             if (type == GGUF_TYPE_STRING) {
                 for (uint64_t j = 0; j < n; ++j) skip(u64(), "string value of '" + key + "'");
             } else {
                 const size_t each = value_size(type);
-                if (each == 0 || n > (size_ - pos_) / each) fail("metadata key '" + key + "' runs past the end of the file");
+                if (each == 0 || n > (size_ - pos_) / each) {
+                    fail("metadata key '" + key + "' runs past the end of the file");
+                }
                 pos_ += static_cast<size_t>(n) * each;
             }
         }
@@ -172,7 +177,10 @@ public:
             int64_t numel = 1;
             for (uint32_t d = 0; d < n_dims; ++d) {
                 const int64_t ne = static_cast<int64_t>(u64());
-                if (ne <= 0) fail("tensor '" + name + "' dimension " + std::to_string(d) + " is " + std::to_string(ne) + " (must be > 0)");
+                if (ne <= 0) {
+                    fail("tensor '" + name + "' dimension " + std::to_string(d) + " is " + std::to_string(ne) +
+                         " (must be > 0)");
+                }
                 if (ne > INT64_MAX / numel) fail("tensor '" + name + "' has more elements than fit in 64 bits");
                 numel *= ne;
             }
@@ -199,7 +207,9 @@ private:
         throw std::runtime_error(path_ + ": not a valid GGUF file: " + why);
     }
     void need(size_t n) const {
-        if (n > size_ - pos_) fail("truncated header (needs " + std::to_string(n) + " more bytes at offset " + std::to_string(pos_) + ")");
+        if (n > size_ - pos_) {
+            fail("truncated header (needs " + std::to_string(n) + " more bytes at offset " + std::to_string(pos_) + ")");
+        }
     }
     uint32_t u32() {
         need(4);

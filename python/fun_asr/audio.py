@@ -164,8 +164,9 @@ def _read(source: str | os.PathLike | bytes | bytearray | memoryview | BinaryIO,
     except AudioError:
         raise
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
+        why = str(exc).replace(repr(target), "the data")  # not "<_io.BytesIO object at 0x7f...>"
         raise AudioError(
-            f"{name}: cannot decode audio ({exc}); accepted: files libsndfile reads "
+            f"{name}: cannot decode audio ({why}); accepted: files libsndfile reads "
             f"(wav, flac, ogg/vorbis/opus, mp3, aiff, ...)"
         ) from None
     x = np.concatenate(blocks) if blocks else np.zeros((0, channels), np.float32)

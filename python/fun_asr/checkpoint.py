@@ -133,7 +133,8 @@ class Checkpoint:
         if single.is_file():
             tensors = _read_safetensors_header(single)
         elif index.is_file():
-            weight_map = _read_json(index).get("weight_map")
+            doc = _read_json(index)
+            weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
             if not isinstance(weight_map, dict) or not weight_map:
                 raise CheckpointError(f"{index}: no weight_map")
             for shard in sorted(set(weight_map.values())):
@@ -161,11 +162,17 @@ class Checkpoint:
         if (root / "chat_template.jinja").is_file():
             chat_template = (root / "chat_template.jinja").read_text("utf-8")
         elif (root / "chat_template.json").is_file():
-            chat_template = _read_json(root / "chat_template.json").get("chat_template")
+            doc = _read_json(root / "chat_template.json")
+            chat_template = doc.get("chat_template") if isinstance(doc, dict) else None
+            if not isinstance(chat_template, str | None):
+                raise CheckpointError(f"{root / 'chat_template.json'}: chat_template must be a string")
 
         def optional(name: str) -> dict[str, Any] | None:
             p = root / name
-            return _read_json(p) if p.is_file() else None
+            doc = _read_json(p) if p.is_file() else None
+            if doc is not None and not isinstance(doc, dict):
+                raise CheckpointError(f"{p}: must hold a JSON object, got {type(doc).__name__}")
+            return doc
 
         tok_cfg = optional("tokenizer_config.json")
         if chat_template is None and tok_cfg and isinstance(tok_cfg.get("chat_template"), str):
@@ -188,8 +195,10 @@ class Checkpoint:
     def eos_token_ids(self) -> list[int]:
         """Stop ids: generation_config.json first, then the text config."""
         for source in (self.generation_config or {}, self.config.get("text_config", {}), self.config):
-            ids = source.get("eos_token_id")
+            ids = source.get("eos_token_id") if isinstance(source, dict) else None
             if ids is not None:
+                if not isinstance(ids, int | list):
+                    raise CheckpointError(f"{self.path}: eos_token_id must be an integer or a list, got {ids!r:.60}")
                 ids = [ids] if isinstance(ids, int) else list(ids)
                 bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < self.hparams.decoder.vocab]
                 if bad:

@@ -112,9 +112,16 @@ async def handle(ws: Any, session: Any, submit: Callable[[np.ndarray, tuple, str
     async def finish() -> None:
         stream, state.stream, state.active = state.stream, None, False
         if stream is not None and stream.total_samples + stream._pending.size > 0:
-            await anyio.to_thread.run_sync(stream.close)
-            await send(stream.response(is_final=True))
+            try:
+                await anyio.to_thread.run_sync(stream.close)
+                await send(stream.response(is_final=True))
+            except (AudioError, ValueError, RuntimeError) as exc:  # the last sentence could not be decoded
+                await send({"event": "error", "error": str(exc)})
         await send({"event": "stopped"})
+
+    def check(language: str | None, hotwords: list[str]) -> None:
+        """ValueError/TypeError unless a stream with these options can be opened (the Session's limits)."""
+        session.options(language, True, hotwords, max_new_tokens, 30.0)
 
     task = asyncio.create_task(worker())
     try:
@@ -128,7 +135,7 @@ async def handle(ws: Any, session: Any, submit: Callable[[np.ndarray, tuple, str
                 break
             text, data = msg.get("text"), msg.get("bytes")
             if text is not None:
-                if not await _command(text.strip(), state, session, send, new_stream, queue, finish):
+                if not await _command(text.strip(), state, session, send, new_stream, queue, finish, check):
                     break
             elif data is not None:
                 if not state.active:
@@ -156,17 +163,27 @@ async def handle(ws: Any, session: Any, submit: Callable[[np.ndarray, tuple, str
 
 
 async def _command(cmd: str, state: _State, session: Any, send: Any, new_stream: Any, queue: asyncio.Queue,
-                   finish: Any) -> bool:
+                   finish: Any, check: Any) -> bool:
     upper = cmd.upper()
     if upper == "START":
         await _drain(queue)
-        state.stream, state.active = new_stream(), True
+        try:
+            stream = new_stream()
+        except (ValueError, TypeError) as exc:  # options over the Session's limits
+            await send({"event": "error", "error": str(exc)})
+            return True
+        state.stream, state.active = stream, True
         await send({"event": "started"})
     elif upper == "STOP":
         await _drain(queue)
         await finish()
     elif upper.startswith("HOTWORDS:"):
         words = [w.strip() for w in cmd[len("HOTWORDS:"):].split(",") if w.strip()]
+        try:
+            check(state.language, words)  # the Session's hotword limits, before they reach a stream
+        except (ValueError, TypeError) as exc:
+            await send({"event": "error", "error": str(exc)})
+            return True
         state.hotwords = words
         if state.stream is not None:
             state.stream.opts = dataclasses.replace(state.stream.opts, hotwords=tuple(words))
@@ -175,6 +192,7 @@ async def _command(cmd: str, state: _State, session: Any, send: Any, new_stream:
         lang = cmd[len("LANGUAGE:"):].strip()
         try:
             code = session.normalize_language(lang or None)
+            check(code, state.hotwords)
         except (ValueError, TypeError) as exc:
             await send({"event": "error", "error": str(exc)})
             return True

@@ -434,7 +434,8 @@ def read_pickle(path: str | Path) -> Any:
         return _RestrictedUnpickler(data, archive).load()
     except ModelFileError:
         raise
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError) as e:
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError,
+            OverflowError) as e:  # OverflowError: a FRAME or LONG length beyond what the platform can hold
         raise ModelFileError(f"{path}: data.pkl could not be read: {type(e).__name__}: {e}") from None
 
 
