@@ -319,3 +319,59 @@ def test_cli_stream_from_stdin_and_file(tiny_gguf, vad_gguf: Path, conversation:
     assert len(out) == 3 and out[0].startswith("[00:0") and " --> " in out[0]  # not a terminal: final lines only
     r = subprocess.run([*base, "-", str(clip)], capture_output=True, timeout=60)
     assert r.returncode == 2 and b"--stream takes one input" in r.stderr
+
+
+class _BrokenStream:
+    """A stream whose feed fails with an error the handler does not expect."""
+
+    closed = False
+    total_samples = 0
+
+    def __init__(self) -> None:
+        self._pending = np.zeros(0, np.float32)
+
+    def feed(self, data: bytes) -> list:
+        raise KeyError("boom")
+
+
+class _FakeSession:
+    def stream(self, *args: object, **kwargs: object) -> _BrokenStream:
+        return _BrokenStream()
+
+    def options(self, *args: object) -> None:
+        return None
+
+
+class _FakeWebSocket:
+    def __init__(self, messages: list[dict]) -> None:
+        self.incoming = list(messages)
+        self.sent: list[dict] = []
+
+    async def accept(self) -> None:
+        return None
+
+    async def receive(self) -> dict:
+        await asyncio.sleep(0.05)  # let the worker run between messages
+        return self.incoming.pop(0) if self.incoming else {"type": "websocket.disconnect", "code": 1000}
+
+    async def send_text(self, data: str) -> None:
+        self.sent.append(json.loads(data))
+
+    async def close(self, code: int = 1000) -> None:
+        return None
+
+
+def test_unexpected_stream_failure_is_reported_and_stop_still_answers() -> None:
+    from fun_asr.realtime import RealtimeLimits, handle
+
+    ws = _FakeWebSocket([{"type": "websocket.receive", "text": "START"},
+                         {"type": "websocket.receive", "bytes": b"\x00\x00" * 160},
+                         {"type": "websocket.receive", "bytes": b"\x00\x00" * 160},
+                         {"type": "websocket.receive", "text": "STOP"}])
+    counter = [0]
+    asyncio.run(asyncio.wait_for(handle(ws, _FakeSession(), lambda *a: None, RealtimeLimits(), counter, 8), 30))
+    events = [m.get("event") for m in ws.sent]
+    assert events[0] == "started" and events[-1] == "stopped", ws.sent
+    errors = [m["error"] for m in ws.sent if m.get("event") == "error"]
+    assert len(errors) == 2 and all("internal error: KeyError" in e for e in errors)
+    assert counter == [0]

@@ -88,6 +88,9 @@ async def handle(ws: Any, session: Any, submit: Callable[[np.ndarray, tuple, str
             data = await queue.get()
             try:
                 await process(data)
+            except Exception as exc:  # an unexpected failure must not kill the worker (STOP waits on the queue)
+                log.exception("realtime stream: %s", exc)
+                await send({"event": "error", "error": f"internal error: {type(exc).__name__}: {exc}"})
             finally:
                 queue.task_done()
 
