@@ -1,0 +1,158 @@
+"""A model that hears: the tiny Fun-ASR-Nano trained by tools/train_tiny.py (tests/data/tiny_trained),
+rebuilt without torch, converted with fun_asr.convert, transcribing held-out espeak-ng clips.
+
+WER bounds (issue 18): F32 <= 5 %, F16 and Q8_0 within +1 point of F32, Q4_K_M within +5 points.
+The measured numbers are in docs/trained_model.md.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+import fun_asr
+from trained_model import (
+    ARTIFACT,
+    EMBEDDING_KEY,
+    embedding_base,
+    heldout_clips,
+    manifest,
+    normalize_text,
+    three_utterances_clip,
+    trained_checkpoint,
+    wer,
+)
+
+TYPES = ["f32", "f16", "q8_0", "q4_k_m"]
+F32_MAX_WER = 0.05
+MAX_EXTRA = {"f32": 0.0, "f16": 0.01, "q8_0": 0.01, "q4_k_m": 0.05}
+CLI_CLIPS = (0, 1, 2, 3)  # held-out clips the CLI must get word for word (every type gets them right)
+
+
+@pytest.fixture(scope="session")
+def trained_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return trained_checkpoint(tmp_path_factory.mktemp("trained") / "tiny-trained")
+
+
+@pytest.fixture(scope="session")
+def trained_gguf(trained_ckpt: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """trained_gguf("q8_0") -> the converted package (converted once per type)."""
+    cache: dict[str, Path] = {}
+    root = tmp_path_factory.mktemp("trained-gguf")
+
+    def get(package: str) -> Path:
+        if package not in cache:
+            cache[package] = root / f"tiny-trained-{package}.gguf"
+            fun_asr.convert(trained_ckpt, cache[package], package, progress=False)
+        return cache[package]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def heldout(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, str]]:
+    return heldout_clips(tmp_path_factory.mktemp("heldout"))
+
+
+@pytest.fixture(scope="session")
+def transcripts(trained_gguf, heldout: list[tuple[Path, str]]):  # noqa: ANN001, ANN201
+    """transcripts("q8_0") -> the Session's text for every held-out clip (computed once per type)."""
+    cache: dict[str, list[str]] = {}
+
+    def get(package: str) -> list[str]:
+        if package not in cache:
+            s = fun_asr.Session(trained_gguf(package), device="cpu")
+            res = s.transcribe_batch([str(p) for p, _ in heldout], batch_size=16)
+            cache[package] = [r.text for r in res]
+        return cache[package]
+
+    return get
+
+
+def test_artifact_is_small_and_rebuilds_exactly(trained_ckpt: Path) -> None:
+    from safetensors.numpy import load_file
+
+    size = sum(p.stat().st_size for p in ARTIFACT.rglob("*") if p.is_file())
+    assert size <= 10_000_000, f"tests/data/tiny_trained is {size / 1e6:.2f} MB"
+    man = manifest()
+    emb = man["embedding"]
+    tensors = load_file(str(trained_ckpt / "model.safetensors"))
+    table = tensors[EMBEDDING_KEY]
+    assert table.shape == (emb["vocab"], emb["dim"]) and table.dtype == np.float32
+    # the untrained rows are the seeded ones, bit for bit (numpy's PCG64 stream)
+    base = embedding_base(emb["vocab"], emb["dim"], emb["seed"], emb["std"])
+    ids = load_file(str(ARTIFACT / "weights.safetensors"))["trained_rows.ids"]
+    keep = np.ones(emb["vocab"], bool)
+    keep[ids] = False
+    assert np.array_equal(table[keep], base[keep])
+    import hashlib
+
+    assert hashlib.sha256(table.tobytes()).hexdigest() == emb["sha256"]
+    assert sum(t.size for k, t in tensors.items() if k != EMBEDDING_KEY) == man["parameters"]["non_embedding"]
+    config = json.loads((trained_ckpt / "config.json").read_text())
+    assert config["text_config"]["vocab_size"] == 151936
+
+
+def test_session_on_checkpoint_folder_hears(trained_ckpt: Path, heldout: list[tuple[Path, str]]) -> None:
+    s = fun_asr.Session(trained_ckpt, device="cpu")
+    path, text = heldout[0]
+    r = s.transcribe(str(path))
+    assert normalize_text(r.text) == normalize_text(text)
+    assert r.segments[0].stop_reason == "eos"
+
+
+@pytest.mark.parametrize("package", TYPES)
+def test_heldout_wer(package: str, transcripts, heldout: list[tuple[Path, str]]) -> None:  # noqa: ANN001
+    refs = [t for _, t in heldout]
+    f32 = wer(refs, transcripts("f32"))
+    got = wer(refs, transcripts(package))
+    wrong = [(r, h) for r, h in zip(refs, transcripts(package), strict=True) if normalize_text(r) != normalize_text(h)]
+    assert f32 <= F32_MAX_WER, f"F32 held-out WER {f32:.3f}; wrong: {wrong}"
+    assert got <= f32 + MAX_EXTRA[package] + 1e-9, f"{package} WER {got:.3f} vs F32 {f32:.3f}; wrong: {wrong}"
+
+
+def test_language_and_itn_prompts_hear(trained_gguf, heldout: list[tuple[Path, str]]) -> None:  # noqa: ANN001
+    """The model was also trained with language=en and itn=False prompts (FunASR's other instructions)."""
+    s = fun_asr.Session(trained_gguf("q8_0"), device="cpu")
+    clips = heldout[:20]
+    res = s.transcribe_batch([str(p) for p, _ in clips], language="en", itn=False, batch_size=16)
+    assert wer([t for _, t in clips], [r.text for r in res]) <= 0.1
+
+
+def test_cli_transcribes_heldout(trained_gguf, heldout: list[tuple[Path, str]], tmp_path: Path) -> None:  # noqa: ANN001
+    clips = [heldout[i] for i in CLI_CLIPS]
+    out = subprocess.run(
+        [sys.executable, "-m", "fun_asr.cli.transcribe", "-m", str(trained_gguf("q8_0")), "--device", "cpu",
+         "-f", "json", "-o", str(tmp_path), "--quiet", *[str(p) for p, _ in clips]],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    for path, text in clips:
+        doc = json.loads((tmp_path / (path.stem + ".json")).read_text())
+        assert normalize_text(doc["text"]) == normalize_text(text), (path.name, doc["text"], text)
+    txt = subprocess.run(
+        [sys.executable, "-m", "fun_asr.cli.transcribe", "-m", str(trained_gguf("q8_0")), "--device", "cpu",
+         "--quiet", str(clips[0][0])],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert txt.returncode == 0, txt.stderr
+    assert normalize_text(txt.stdout) == normalize_text(clips[0][1])
+
+
+def test_three_utterances_clip(tmp_path: Path) -> None:
+    path, words = three_utterances_clip(tmp_path)
+    x, rate = sf.read(str(path), dtype="float32")
+    info = json.loads((tmp_path / "three_utterances.json").read_text())
+    assert rate == 16000 and len(info["utterances"]) == 3 and words == info["words"]
+    spans = [(u["start"], u["end"]) for u in info["utterances"]]
+    assert all(a < b <= c for (a, b), (c, _) in zip(spans, spans[1:], strict=False))
+    assert spans[-1][1] < len(x) / rate
+    # the silences between the utterances are quiet (light noise only), the utterances are not
+    gap = x[int(spans[0][1] * rate) + 1600 : int(spans[1][0] * rate)]
+    assert np.sqrt(np.mean(gap**2)) < 0.01
