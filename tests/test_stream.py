@@ -96,6 +96,27 @@ def test_sentences_do_not_depend_on_chunking(session: fun_asr.Session, conversat
     assert [(s["start"], s["end"]) for s in final["sentences"]] == [(w[1], w[2]) for w in want]
 
 
+def test_stale_partials_are_skipped_when_audio_arrives_in_bulk(session: fun_asr.Session,
+                                                               conversation: np.ndarray) -> None:
+    """A feed that carries many 60 ms steps (a client ahead of real time, or audio that queued up while a
+    decode ran) decodes at most one partial, for its newest audio; sentences are unchanged."""
+    st = session.stream(stream_options=OPTS, max_new_tokens=MAX_NEW)
+    calls = []
+    real = st._decode_fn
+    st._decode_fn = lambda audio, n: (calls.append(n), real(audio, n))[1]
+    per_feed = []
+    for i in range(0, conversation.size, 2 * SR):  # 2 s per feed: two partials due in each
+        before = len(calls)
+        events = st.feed(conversation[i : i + 2 * SR])
+        partial_decodes = sum(1 for n in calls[before:] if n == OPTS.partial_max_new_tokens)
+        per_feed.append(partial_decodes)
+        assert sum(e.type == "partial" for e in events) <= 1
+    st.close()
+    assert max(per_feed) == 1 and sum(per_feed) >= 2, per_feed
+    lat = st.latency()
+    assert lat["sentence_close"]["count"] == len(st.sentences) == 3
+
+
 def test_each_sentence_is_what_transcribe_gives_for_its_segment(session: fun_asr.Session, conversation: np.ndarray,
                                                                 reference_run: tuple) -> None:
     events, _ = reference_run

@@ -61,7 +61,7 @@ async def handle(ws: Any, session: Any, submit: Callable[[np.ndarray, tuple, str
         return
     counter[0] += 1
     state = _State()
-    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+    queue: asyncio.Queue[bytes] = asyncio.Queue()
     queued = [0]  # bytes waiting
     limit_bytes = int(limits.buffer_seconds * SAMPLE_RATE) * 2
 
@@ -86,13 +86,20 @@ async def handle(ws: Any, session: Any, submit: Callable[[np.ndarray, tuple, str
     async def worker() -> None:
         while True:
             data = await queue.get()
+            more = 0
+            # audio that queued up while the last decode ran is fed in one piece, so that the stream
+            # decodes one partial for the newest audio instead of one per stale frame (catches up)
+            while data is not None and not queue.empty():
+                data += queue.get_nowait()
+                more += 1
             try:
                 await process(data)
             except Exception as exc:  # an unexpected failure must not kill the worker (STOP waits on the queue)
                 log.exception("realtime stream: %s", exc)
                 await send({"event": "error", "error": f"internal error: {type(exc).__name__}: {exc}"})
             finally:
-                queue.task_done()
+                for _ in range(more + 1):
+                    queue.task_done()
 
     async def process(data: bytes | None) -> None:
         if data is None:

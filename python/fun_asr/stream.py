@@ -113,7 +113,8 @@ class Stream:
         self.partial: StreamEvent | None = None
         self.closed = False
         self._arrivals: list[tuple[int, float]] = []  # (samples received after a feed, wall time it began)
-        self._sentence_delays: list[float] = []
+        self._sentence_delays: list[float] = []  # speech end arrived -> sentence event (VAD end silence included)
+        self._close_delays: list[float] = []  # the audio that closed the sentence arrived -> sentence event
         self._first_partial_delays: list[float] = []
         self._partial_seen_for: int | None = None
 
@@ -162,8 +163,9 @@ class Stream:
         self._pending = np.concatenate([self._pending, x]) if self._pending.size else x
         events: list[StreamEvent] = []
         n = self._pending.size // self._step
-        for i in range(n):
-            events += self._process(self._pending[i * self._step : (i + 1) * self._step], final=False)
+        for i in range(n):  # a partial only for the newest audio: one that is already stale is not decoded
+            events += self._process(self._pending[i * self._step : (i + 1) * self._step], final=False,
+                                    partial_ok=i == n - 1)
         self._pending = self._pending[n * self._step :].copy()
         return events
 
@@ -189,7 +191,7 @@ class Stream:
     def duration_ms(self) -> int:
         return self.total_samples * 1000 // SAMPLE_RATE
 
-    def _process(self, piece: np.ndarray, final: bool) -> list[StreamEvent]:
+    def _process(self, piece: np.ndarray, final: bool, partial_ok: bool = True) -> list[StreamEvent]:
         self._buf = np.concatenate([self._buf, piece]) if self._buf.size else piece.copy()
         self.total_samples += piece.size
         events: list[StreamEvent] = []
@@ -212,7 +214,7 @@ class Stream:
                 events += self._close_sentence(self.speech_start, self.duration_ms)
             self.speech_start = None
             return events
-        if self._should_decode():
+        if partial_ok and self._should_decode():
             events += self._partial()
         self._compact()
         return events
@@ -238,6 +240,7 @@ class Stream:
         ev = StreamEvent("sentence", text, start_ms, end_ms, list(tokens))
         self.sentences.append(ev)
         self._sentence_delays.append(self._delay_ms(end_ms))
+        self._close_delays.append(self._delay_ms(self.duration_ms))
         return [ev]
 
     def _partial(self) -> list[StreamEvent]:
@@ -311,9 +314,13 @@ class Stream:
                 "partial_start_ms": int(start), "duration_ms": self.duration_ms, "is_final": False}
 
     def latency(self) -> dict[str, dict[str, float | int]]:
-        """Wall-clock delays (ms): sentence end arrived -> its sentence event; speech start arrived ->
-        the sentence's first partial. Meaningful when audio is fed at real time."""
+        """Wall-clock delays (ms), meaningful when audio is fed at real time: ``sentence_final``, the
+        sentence's speech end arrived -> its sentence event (includes the VAD's end silence, up to 2 s
+        for a short sentence under FunASR's schedule); ``sentence_close``, the audio on which the VAD
+        closed the sentence arrived -> its sentence event (the decoding delay); ``first_partial``, speech
+        start arrived -> the sentence's first partial."""
         return {"sentence_final": _percentiles(self._sentence_delays),
+                "sentence_close": _percentiles(self._close_delays),
                 "first_partial": _percentiles(self._first_partial_delays)}
 
 
