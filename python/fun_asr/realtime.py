@@ -85,25 +85,21 @@ async def handle(ws: Any, session: Any, submit: Callable[[np.ndarray, tuple, str
 
     async def worker() -> None:
         while True:
-            data = await queue.get()
-            more = 0
+            frames = [await queue.get()]
             # audio that queued up while the last decode ran is fed in one piece, so that the stream
             # decodes one partial for the newest audio instead of one per stale frame (catches up)
-            while data is not None and not queue.empty():
-                data += queue.get_nowait()
-                more += 1
+            while not queue.empty():
+                frames.append(queue.get_nowait())
             try:
-                await process(data)
+                await process(b"".join(frames))
             except Exception as exc:  # an unexpected failure must not kill the worker (STOP waits on the queue)
                 log.exception("realtime stream: %s", exc)
                 await send({"event": "error", "error": f"internal error: {type(exc).__name__}: {exc}"})
             finally:
-                for _ in range(more + 1):
+                for _ in frames:
                     queue.task_done()
 
-    async def process(data: bytes | None) -> None:
-        if data is None:
-            return
+    async def process(data: bytes) -> None:
         queued[0] -= len(data)
         stream = state.stream
         if stream is None or stream.closed:
