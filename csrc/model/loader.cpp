@@ -211,20 +211,15 @@ private:
             fail("truncated header (needs " + std::to_string(n) + " more bytes at offset " + std::to_string(pos_) + ")");
         }
     }
-    uint32_t u32() {
-        need(4);
-        uint32_t v;
-        std::memcpy(&v, p_ + pos_, 4);
-        pos_ += 4;
+    template <typename T> T read() {
+        need(sizeof(T));
+        T v;
+        std::memcpy(&v, p_ + pos_, sizeof(T));
+        pos_ += sizeof(T);
         return v;
     }
-    uint64_t u64() {
-        need(8);
-        uint64_t v;
-        std::memcpy(&v, p_ + pos_, 8);
-        pos_ += 8;
-        return v;
-    }
+    uint32_t u32() { return read<uint32_t>(); }
+    uint64_t u64() { return read<uint64_t>(); }
     void skip(uint64_t n, const std::string & what) {
         if (n > size_ - pos_) fail(what + " runs past the end of the file");
         pos_ += static_cast<size_t>(n);

@@ -223,16 +223,20 @@ class Checkpoint:
 
     def float32(self, name: str) -> np.ndarray:
         """The tensor as a new C-contiguous float32 array (BF16/F16 widened exactly)."""
-        a = self.raw(name)
-        if self.tensors[name].dtype == "BF16":
-            return (a.astype(np.uint32) << 16).view(np.float32)
-        return np.ascontiguousarray(a, dtype=np.float32)
+        return to_float32(self.raw(name), self.tensors[name].dtype == "BF16")
 
     def names(self) -> Iterator[str]:
         return iter(self.tensors)
 
     def close(self) -> None:
         self._maps.clear()
+
+
+def to_float32(raw: np.ndarray, bf16: bool) -> np.ndarray:
+    """A stored array as C-contiguous float32: BF16 (its bits held as uint16) widened exactly, F16/F32 cast."""
+    if bf16:
+        return (raw.astype(np.uint32) << 16).view(np.float32)
+    return np.ascontiguousarray(raw, dtype=np.float32)
 
 
 def _hub_origin(root: Path) -> tuple[str | None, str | None]:

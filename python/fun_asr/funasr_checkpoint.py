@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from fun_asr.checkpoint import Checkpoint, CheckpointError
+from fun_asr.checkpoint import Checkpoint, CheckpointError, to_float32
 from fun_asr.hparams import ConfigError, CtcParams, HParams, parse_hparams
 from fun_asr.spec import load_spec
 from fun_asr.tensor_names import TensorEntry, tensor_table
@@ -483,10 +483,7 @@ class FunasrCheckpoint:
         return self.tensors[name].dtype
 
     def float32(self, name: str) -> np.ndarray:
-        a = self.raw(name)
-        if self.tensors[name].dtype == "BF16":
-            return (a.astype(np.uint32) << 16).view(np.float32)
-        return np.ascontiguousarray(a, dtype=np.float32)
+        return to_float32(self.raw(name), self.tensors[name].dtype == "BF16")
 
     def names(self):  # noqa: ANN201 - Iterator[str]
         return iter(self.tensors)
