@@ -14,6 +14,7 @@
 
 #include "model/loader.h"
 #include "runtime/backend.h"
+#include "kernels/q8_0_matvec.h"
 #include "runtime/bench.h"
 #include "runtime/model.h"
 #include "runtime/quantize.h"
@@ -607,13 +608,35 @@ PYBIND11_MODULE(_core, m) {
 
     m.def("bench_matmul",
           [](const std::string & type, int64_t n, int64_t k, int64_t m, const std::string & device, int threads,
-             int repeats) {
+             int repeats, bool kernels) {
               py::gil_scoped_release release;
-              return fun_asr::bench_matmul(type, n, k, m, device, threads, repeats);
+              return fun_asr::bench_matmul(type, n, k, m, device, threads, repeats, kernels);
           },
           py::arg("type"), py::arg("n"), py::arg("k"), py::arg("m"), py::kw_only(), py::arg("device") = "cpu",
-          py::arg("threads") = 0, py::arg("repeats") = 5,
-          "Median ms of ggml mul_mat: weights [n, k] of `type` times float32 activations [m, k] (benchmarks).");
+          py::arg("threads") = 0, py::arg("repeats") = 5, py::arg("kernels") = false,
+          "Median ms of a mul_mat: weights [n, k] of `type` times float32 activations [m, k] (benchmarks); "
+          "kernels=True goes through the model graph's helper (fun-asr's small-batch kernels where they apply).");
+
+    m.def("eval_matmul",
+          [](const std::string & type, py::array_t<float, py::array::c_style | py::array::forcecast> w,
+             py::array_t<float, py::array::c_style | py::array::forcecast> x, int threads, bool kernels) {
+              if (w.ndim() != 2 || x.ndim() != 2 || w.shape(1) != x.shape(1)) {
+                  throw std::invalid_argument("eval_matmul: w must be [n, k] and x [m, k] float32 arrays");
+              }
+              const int64_t n = w.shape(0), k = w.shape(1), m = x.shape(0);
+              std::vector<float> y;
+              {
+                  py::gil_scoped_release release;
+                  y = fun_asr::eval_matmul(type, w.data(), n, k, x.data(), m, threads, kernels);
+              }
+              return to_numpy(std::move(y), {static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(n)});
+          },
+          py::arg("type"), py::arg("w"), py::arg("x"), py::kw_only(), py::arg("threads") = 1,
+          py::arg("kernels") = true,
+          "x [m, k] times w [n, k]^T with w quantized to `type`, on the CPU: y [m, n] (kernel tests).");
+
+    m.def("q8_0_matvec_isa", &fun_asr::q8_0_matvec_isa,
+          "Instruction set of fun-asr's Q8_0 decode kernel on this CPU ('avx512vnni', 'avx2'; '' = ggml's mul_mat).");
 
     m.def("quantized_row_bytes",
           [](const std::string & t, int64_t cols) {

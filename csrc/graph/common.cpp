@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "kernels/q8_0_matvec.h"
+
 namespace fun_asr {
 
 ggml_tensor * layer_norm(ggml_context * ctx, ggml_tensor * x, const Norm & n, float eps) {
@@ -14,8 +16,12 @@ ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, flo
     return ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), w);
 }
 
+ggml_tensor * mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
+    return q8_0_matvec_supported(w, x) ? q8_0_matvec(ctx, w, x) : ggml_mul_mat(ctx, w, x);
+}
+
 ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l) {
-    x = ggml_mul_mat(ctx, l.w, x);
+    x = mul_mat(ctx, l.w, x);
     return l.b ? ggml_add(ctx, x, l.b) : x;
 }
 

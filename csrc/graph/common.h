@@ -25,6 +25,9 @@ struct GraphCtx {
 
 ggml_tensor * layer_norm(ggml_context * ctx, ggml_tensor * x, const Norm & n, float eps);
 ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, float eps);
+// ggml_mul_mat(w, x), or for a few columns times a plain Q8_0 matrix in host memory the
+// bandwidth-bound kernel in kernels/q8_0_matvec (same arithmetic per element).
+ggml_tensor * mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
 ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l);
 
 // Bidirectional multi-head attention over [d, T] q/k/v (heads of head_dim); mask may be null.

@@ -20,7 +20,7 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         ggml_tensor * h = rms_norm(ctx, x, l.attn_norm, d.rms_eps);
 
         auto head_proj = [&](ggml_tensor * W, int64_t n_heads, ggml_tensor * norm) {
-            ggml_tensor * t = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, W, h), hd, n_heads, n * B);
+            ggml_tensor * t = ggml_reshape_3d(ctx, mul_mat(ctx, W, h), hd, n_heads, n * B);
             if (norm) {
                 t = rms_norm(ctx, t, norm, d.rms_eps);
                 t = ggml_rope_ext(ctx, t, in.positions, nullptr, static_cast<int>(hd), GGML_ROPE_TYPE_NEOX, 0,
@@ -55,11 +55,11 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
             att = ggml_cont(ctx, ggml_permute(ctx, ggml_mul_mat(ctx, V, kq), 0, 2, 1, 3));            // [hd, Hq, n, B]
         }
         att = ggml_reshape_2d(ctx, att, hd * d.n_heads, n * B);
-        x = ggml_add(ctx, x, ggml_mul_mat(ctx, l.o, att));
+        x = ggml_add(ctx, x, mul_mat(ctx, l.o, att));
 
         h = rms_norm(ctx, x, l.ffn_norm, d.rms_eps);
-        ggml_tensor * ffn = ggml_mul(ctx, ggml_silu(ctx, ggml_mul_mat(ctx, l.gate, h)), ggml_mul_mat(ctx, l.up, h));
-        x = ggml_add(ctx, x, ggml_mul_mat(ctx, l.down, ffn));
+        ggml_tensor * ffn = ggml_mul(ctx, ggml_silu(ctx, mul_mat(ctx, l.gate, h)), mul_mat(ctx, l.up, h));
+        x = ggml_add(ctx, x, mul_mat(ctx, l.down, ffn));
         g.name(x, "dec.blk." + std::to_string(il) + ".out");
     }
     x = rms_norm(ctx, x, w.output_norm, d.rms_eps);
@@ -67,7 +67,7 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         x = ggml_view_2d(ctx, x, x->ne[0], B, static_cast<size_t>(n) * x->nb[1], static_cast<size_t>(n - 1) * x->nb[1]);
         x = ggml_cont(ctx, x);
     }
-    ggml_tensor * logits = ggml_mul_mat(ctx, w.output, x);
+    ggml_tensor * logits = mul_mat(ctx, w.output, x);
     g.name(logits, "dec.logits");
     return logits;
 }

@@ -5,69 +5,122 @@
 #include <random>
 #include <stdexcept>
 #include <thread>
-#include <vector>
 
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "graph/common.h"
 #include "model/loader.h"
 #include "runtime/quantize.h"
 
 namespace fun_asr {
 
-double bench_matmul(const std::string & type_name, int64_t n, int64_t k, int64_t m, const std::string & device,
-                    int threads, int repeats) {
-    const ggml_type type = parse_tensor_type(type_name);
-    if (n <= 0 || k <= 0 || m <= 0 || repeats <= 0) throw std::invalid_argument("bench_matmul: sizes must be > 0");
-    ggml_backend_t backend = device == "cpu" ? ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr)
-                                             : ggml_backend_init_best();
-    if (!backend) throw std::runtime_error("bench_matmul: no backend");
-    if (ggml_backend_is_cpu(backend)) {
-        ggml_backend_cpu_set_n_threads(backend, threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
-    }
-    ggml_init_params ip{ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true};
-    ggml_context * ctx = ggml_init(ip);
-    ggml_tensor * w = ggml_new_tensor_2d(ctx, type, k, n);
-    ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, m);
-    ggml_tensor * y = ggml_mul_mat(ctx, w, x);
-    ggml_cgraph * gf = ggml_new_graph(ctx);
-    ggml_build_forward_expand(gf, y);
-    // Same placement as the model loader: repackable weights go to the CPU's repack buffer type.
-    ggml_backend_buffer_t wbuf = nullptr;
-    ggml_backend_buffer_type_t rb = ggml_backend_is_cpu(backend) ? repack_buft_for(ggml_backend_get_device(backend), w)
-                                                                  : nullptr;
-    if (rb) {
-        wbuf = ggml_backend_buft_alloc_buffer(rb, ggml_backend_buft_get_alloc_size(rb, w));
-        ggml_tallocr ta = ggml_tallocr_new(wbuf);
-        ggml_tallocr_alloc(&ta, w);
-    }
-    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
+namespace {
 
-    std::mt19937 rng(1);
-    std::normal_distribution<float> dist(0.0f, 1.0f);
-    std::vector<float> wf(static_cast<size_t>(n * k)), xf(static_cast<size_t>(k * m));
-    for (auto & v : wf) v = dist(rng);
-    for (auto & v : xf) v = dist(rng);
-    std::vector<uint8_t> wq(quantized_size(type, n, k));
-    quantize_rows(type, wf.data(), wq.data(), n, k);
-    ggml_backend_tensor_set(w, wq.data(), 0, wq.size());
-    ggml_backend_tensor_set(x, xf.data(), 0, xf.size() * sizeof(float));
+// One product W [k, n] (quantized to `type`, placed like the model loader places weights) times
+// X [k, m] f32 on a backend, through ggml_mul_mat or (with_kernels) the graph's mul_mat helper.
+class MatmulRun {
+public:
+    MatmulRun(const std::string & type_name, int64_t n, int64_t k, int64_t m, const std::string & device, int threads,
+              bool with_kernels, const float * wf, const float * xf) {
+        const ggml_type type = parse_tensor_type(type_name);
+        if (n <= 0 || k <= 0 || m <= 0) throw std::invalid_argument("matmul: sizes must be > 0");
+        if (k % ggml_blck_size(type) != 0) {
+            throw std::invalid_argument("matmul: k must be a multiple of " + std::to_string(ggml_blck_size(type)) +
+                                        " for " + type_name);
+        }
+        backend_ = device == "cpu" ? ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr)
+                                   : ggml_backend_init_best();
+        if (!backend_) throw std::runtime_error("matmul: no backend");
+        if (ggml_backend_is_cpu(backend_)) {
+            ggml_backend_cpu_set_n_threads(backend_,
+                                           threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
+        }
+        ggml_init_params ip{ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true};
+        ctx_ = ggml_init(ip);
+        w_ = ggml_new_tensor_2d(ctx_, type, k, n);
+        x_ = ggml_new_tensor_2d(ctx_, GGML_TYPE_F32, k, m);
+        // Same placement as the model loader: repackable weights go to the CPU's repack buffer type.
+        ggml_backend_buffer_type_t rb = ggml_backend_is_cpu(backend_)
+                                            ? repack_buft_for(ggml_backend_get_device(backend_), w_) : nullptr;
+        if (rb) {
+            wbuf_ = ggml_backend_buft_alloc_buffer(rb, ggml_backend_buft_get_alloc_size(rb, w_));
+            ggml_tallocr ta = ggml_tallocr_new(wbuf_);
+            ggml_tallocr_alloc(&ta, w_);
+        }
+        buf_ = ggml_backend_alloc_ctx_tensors(ctx_, backend_);  // x_ (and w_ when not repacked)
+        std::vector<float> wr, xr;
+        if (!wf || !xf) {
+            std::mt19937 rng(1);
+            std::normal_distribution<float> dist(0.0f, 1.0f);
+            wr.resize(static_cast<size_t>(n * k));
+            xr.resize(static_cast<size_t>(k * m));
+            for (auto & v : wr) v = dist(rng);
+            for (auto & v : xr) v = dist(rng);
+            wf = wr.data();
+            xf = xr.data();
+        }
+        std::vector<uint8_t> wq(quantized_size(type, n, k));
+        quantize_rows(type, wf, wq.data(), n, k);
+        ggml_backend_tensor_set(w_, wq.data(), 0, wq.size());
+        ggml_backend_tensor_set(x_, xf, 0, static_cast<size_t>(k * m) * sizeof(float));
+        // Built after the weights have their buffer: the kernel choice looks at where they live.
+        y_ = with_kernels ? mul_mat(ctx_, w_, x_) : ggml_mul_mat(ctx_, w_, x_);
+        gf_ = ggml_new_graph(ctx_);
+        ggml_build_forward_expand(gf_, y_);
+        ybuf_ = ggml_backend_alloc_ctx_tensors(ctx_, backend_);
+    }
+    ~MatmulRun() {
+        if (ybuf_) ggml_backend_buffer_free(ybuf_);
+        if (buf_) ggml_backend_buffer_free(buf_);
+        if (wbuf_) ggml_backend_buffer_free(wbuf_);
+        if (ctx_) ggml_free(ctx_);
+        if (backend_) ggml_backend_free(backend_);
+    }
+    MatmulRun(const MatmulRun &) = delete;
+    MatmulRun & operator=(const MatmulRun &) = delete;
 
-    ggml_backend_graph_compute(backend, gf);  // warm-up
-    std::vector<double> ms;
-    for (int r = 0; r < repeats; ++r) {
+    double compute_ms() {
         const auto t0 = std::chrono::steady_clock::now();
-        ggml_backend_graph_compute(backend, gf);
-        ggml_backend_synchronize(backend);
-        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        ggml_backend_graph_compute(backend_, gf_);
+        ggml_backend_synchronize(backend_);
+        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
-    ggml_backend_buffer_free(buf);
-    if (wbuf) ggml_backend_buffer_free(wbuf);
-    ggml_free(ctx);
-    ggml_backend_free(backend);
+    std::vector<float> result() const {
+        std::vector<float> y(static_cast<size_t>(ggml_nelements(y_)));
+        ggml_backend_tensor_get(y_, y.data(), 0, y.size() * sizeof(float));
+        return y;
+    }
+
+private:
+    ggml_backend_t backend_ = nullptr;
+    ggml_context * ctx_ = nullptr;
+    ggml_tensor * w_ = nullptr;
+    ggml_tensor * x_ = nullptr;
+    ggml_tensor * y_ = nullptr;
+    ggml_cgraph * gf_ = nullptr;
+    ggml_backend_buffer_t buf_ = nullptr, wbuf_ = nullptr, ybuf_ = nullptr;
+};
+
+}  // namespace
+
+double bench_matmul(const std::string & type_name, int64_t n, int64_t k, int64_t m, const std::string & device,
+                    int threads, int repeats, bool with_kernels) {
+    if (repeats <= 0) throw std::invalid_argument("bench_matmul: repeats must be > 0");
+    MatmulRun run(type_name, n, k, m, device, threads, with_kernels, nullptr, nullptr);
+    run.compute_ms();  // warm-up
+    std::vector<double> ms;
+    for (int r = 0; r < repeats; ++r) ms.push_back(run.compute_ms());
     std::sort(ms.begin(), ms.end());
     return ms[ms.size() / 2];
+}
+
+std::vector<float> eval_matmul(const std::string & type, const float * w, int64_t n, int64_t k, const float * x,
+                               int64_t m, int threads, bool with_kernels) {
+    MatmulRun run(type, n, k, m, "cpu", threads, with_kernels, w, x);
+    run.compute_ms();
+    return run.result();
 }
 
 }  // namespace fun_asr

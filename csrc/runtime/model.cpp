@@ -11,6 +11,7 @@
 
 #include "ggml-cpu.h"
 #include "graph/stages.h"
+#include "kernels/q8_0_matvec.h"
 
 namespace fun_asr {
 
@@ -96,8 +97,9 @@ bool Model::eval_callback(ggml_tensor * t, bool ask, void * user) {
         return true;
     }
     // key: graph stage (encode / prefill / decode) / op [/ weight kind for matmuls, e.g. attn_q, ffn_up]
-    std::string key = self->stage_ + "/" + ggml_op_desc(t);
-    if (t->op == GGML_OP_MUL_MAT && t->src[0] != nullptr) {
+    const bool matmul = t->op == GGML_OP_MUL_MAT || is_q8_0_matvec(t);
+    std::string key = self->stage_ + "/" + (matmul ? "MUL_MAT" : ggml_op_desc(t));
+    if (matmul && t->src[0] != nullptr) {
         std::string w = ggml_get_name(t->src[0]);
         const auto blk = w.find("blk.");
         if (blk != std::string::npos) {
@@ -110,7 +112,7 @@ bool Model::eval_callback(ggml_tensor * t, bool ask, void * user) {
     ProfileEntry & e = self->profile_[key];
     e.count += 1;
     e.ms += std::chrono::duration<double, std::milli>(now - self->node_t0_).count();
-    if (t->op == GGML_OP_MUL_MAT) {
+    if (matmul) {
         e.flops += 2.0 * static_cast<double>(t->src[0]->ne[0]) * static_cast<double>(ggml_nelements(t));
     }
     return true;

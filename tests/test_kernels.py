@@ -1,0 +1,92 @@
+"""fun-asr's own CPU kernels against ggml's mul_mat on the same quantized weights.
+
+The Q8_0 decode kernel (csrc/kernels/q8_0_matvec) must give bit for bit what ggml_mul_mat gives:
+then batched and one-by-one decoding stay token-identical whichever path a step takes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fun_asr import _core
+
+needs_kernel = pytest.mark.skipif(_core.q8_0_matvec_isa() == "", reason="no x86 AVX2 CPU: the kernel is not used here")
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("rows", "k", "cols"),
+    [
+        (64, 1024, 1),  # decoder-like, whole 8-block groups
+        (67, 256, 3),  # rows not a multiple of the 4-row tile
+        (5, 800, 8),  # 25 blocks: a tail after the 8-block groups; the most columns the kernel takes
+        (130, 96, 1),  # 3 blocks: only the tail loop
+        (9, 3072, 2),
+        (3, 32, 1),  # one block, fewer rows than a tile
+    ],
+)
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_q8_0_matvec_is_bitwise_ggml(rows: int, k: int, cols: int, threads: int) -> None:
+    rng = np.random.default_rng(rows * 7 + k + cols)
+    w = rng.standard_normal((rows, k)).astype(np.float32)
+    x = rng.standard_normal((cols, k)).astype(np.float32)
+    x[0, :32] = 0.0  # an all-zero activation block (scale 0)
+    ours = _core.eval_matmul("q8_0", w, x, threads=threads, kernels=True)
+    ggml = _core.eval_matmul("q8_0", w, x, threads=threads, kernels=False)
+    assert ours.shape == (cols, rows)
+    np.testing.assert_array_equal(ours, ggml)
+    exact = x.astype(np.float64) @ w.T.astype(np.float64)
+    assert np.abs(ours - exact).max() <= 0.02 * np.abs(exact).max()  # Q8_0 weights and activations
+
+
+@needs_kernel
+def test_more_columns_than_the_kernel_takes_still_match() -> None:
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((40, 256)).astype(np.float32)
+    x = rng.standard_normal((9, 256)).astype(np.float32)  # 9 > 8: ggml's path, same numbers
+    one_by_one = np.stack([_core.eval_matmul("q8_0", w, x[i : i + 1], kernels=True)[0] for i in range(9)])
+    np.testing.assert_array_equal(_core.eval_matmul("q8_0", w, x, kernels=True), one_by_one)
+
+
+def test_kernel_isa_is_reported() -> None:
+    assert _core.q8_0_matvec_isa() in {"", "avx2", "avx512vnni"}
+
+
+def test_eval_matmul_rejects_bad_shapes() -> None:
+    with pytest.raises(ValueError, match="w must be"):
+        _core.eval_matmul("q8_0", np.zeros((4, 64), np.float32), np.zeros((1, 32), np.float32))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        _core.eval_matmul("q8_0", np.zeros((4, 48), np.float32), np.zeros((1, 48), np.float32))
+
+
+@needs_kernel
+def test_avx2_code_path_is_bitwise_ggml_too() -> None:
+    """The AVX2 copy of the kernel (what AVX2-only CPUs run), forced on this CPU in a subprocess."""
+    code = (
+        "import numpy as np; from fun_asr import _core\n"
+        "assert _core.q8_0_matvec_isa() == 'avx2', _core.q8_0_matvec_isa()\n"
+        "rng = np.random.default_rng(5)\n"
+        "for rows, k, cols in [(67, 256, 3), (5, 800, 8), (130, 96, 1)]:\n"
+        "    w = rng.standard_normal((rows, k)).astype(np.float32)\n"
+        "    x = rng.standard_normal((cols, k)).astype(np.float32)\n"
+        "    for t in (1, 2):\n"
+        "        a = _core.eval_matmul('q8_0', w, x, threads=t, kernels=True)\n"
+        "        b = _core.eval_matmul('q8_0', w, x, threads=t, kernels=False)\n"
+        "        assert np.array_equal(a, b), (rows, k, cols, t, np.abs(a - b).max())\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "FUN_ASR_Q8_MATVEC": "avx2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_kernel_can_be_turned_off() -> None:
+    code = "from fun_asr import _core; print(repr(_core.q8_0_matvec_isa()))"
+    env = {**os.environ, "FUN_ASR_Q8_MATVEC": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "''", out.stderr
