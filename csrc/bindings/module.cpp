@@ -14,7 +14,7 @@
 
 #include "model/loader.h"
 #include "runtime/backend.h"
-#include "kernels/q8_0_matvec.h"
+#include "kernels/matvec.h"
 #include "runtime/bench.h"
 #include "runtime/model.h"
 #include "runtime/quantize.h"
@@ -635,8 +635,9 @@ PYBIND11_MODULE(_core, m) {
           py::arg("kernels") = true,
           "x [m, k] times w [n, k]^T with w quantized to `type`, on the CPU: y [m, n] (kernel tests).");
 
-    m.def("q8_0_matvec_isa", &fun_asr::q8_0_matvec_isa,
-          "Instruction set of fun-asr's Q8_0 decode kernel on this CPU ('avx512vnni', 'avx2'; '' = ggml's mul_mat).");
+    m.def("matvec_isa", &fun_asr::matvec_isa,
+          "Instruction set of fun-asr's decode mat-vec kernels (Q8_0, Q6_K) on this CPU: 'avx512vnni', 'avx2', "
+          "or '' (none: ggml's mul_mat everywhere; also with FUN_ASR_MATVEC=0).");
 
     m.def("quantized_row_bytes",
           [](const std::string & t, int64_t cols) {

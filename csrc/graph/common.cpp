@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "kernels/q8_0_matvec.h"
+#include "kernels/matvec.h"
 
 namespace fun_asr {
 
@@ -17,7 +17,7 @@ ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, flo
 }
 
 ggml_tensor * mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
-    return q8_0_matvec_supported(w, x) ? q8_0_matvec(ctx, w, x) : ggml_mul_mat(ctx, w, x);
+    return matvec_supported(w, x) ? matvec(ctx, w, x) : ggml_mul_mat(ctx, w, x);
 }
 
 ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l) {

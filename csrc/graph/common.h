@@ -25,8 +25,8 @@ struct GraphCtx {
 
 ggml_tensor * layer_norm(ggml_context * ctx, ggml_tensor * x, const Norm & n, float eps);
 ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, float eps);
-// ggml_mul_mat(w, x), or for a few columns times a plain Q8_0 matrix in host memory the
-// bandwidth-bound kernel in kernels/q8_0_matvec (same arithmetic per element).
+// ggml_mul_mat(w, x), or for a few columns times a plain Q8_0/Q6_K matrix in host memory the
+// bandwidth-bound kernels in kernels/matvec (ggml's arithmetic per element).
 ggml_tensor * mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
 ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l);
 

@@ -11,7 +11,7 @@
 
 #include "ggml-cpu.h"
 #include "graph/stages.h"
-#include "kernels/q8_0_matvec.h"
+#include "kernels/matvec.h"
 
 namespace fun_asr {
 
@@ -97,7 +97,7 @@ bool Model::eval_callback(ggml_tensor * t, bool ask, void * user) {
         return true;
     }
     // key: graph stage (encode / prefill / decode) / op [/ weight kind for matmuls, e.g. attn_q, ffn_up]
-    const bool matmul = t->op == GGML_OP_MUL_MAT || is_q8_0_matvec(t);
+    const bool matmul = t->op == GGML_OP_MUL_MAT || is_matvec(t);
     std::string key = self->stage_ + "/" + (matmul ? "MUL_MAT" : ggml_op_desc(t));
     if (matmul && t->src[0] != nullptr) {
         std::string w = ggml_get_name(t->src[0]);

@@ -1,0 +1,189 @@
+#include "kernels/matvec.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define FUN_ASR_MATVEC_X86 1
+#include <immintrin.h>
+#else
+#define FUN_ASR_MATVEC_X86 0
+#endif
+
+namespace fun_asr {
+namespace {
+
+constexpr int64_t kQ8Block = 32;    // QK8_0
+constexpr size_t kQ8Bytes = 34;     // block_q8_0: fp16 d + 32 int8
+constexpr int64_t kSuperBlock = 256;  // QK_K
+constexpr size_t kQ6KBytes = 210;   // block_q6_K: ql[128] qh[64] scales[16] fp16 d
+constexpr size_t kQ8KBytes = 292;   // block_q8_K: float d, int8 qs[256], int16 bsums[16]
+constexpr int64_t kMaxCols = 8;
+
+// Rows [r0, r1) of a weight matrix (stride ws bytes) times n prepared activation columns.
+using RowsFn = void (*)(const uint8_t * w, size_t ws, int64_t r0, int64_t r1, const void * act, const float * scales,
+                        int64_t n, int64_t nb, float * y, int64_t ys);
+
+struct Kernels {
+    RowsFn q8_0 = nullptr;
+    RowsFn q6_k = nullptr;
+    const char * name = "";
+};
+
+#if FUN_ASR_MATVEC_X86
+// Each ISA's copy of the kernels is compiled in its own target region; only these functions carry
+// the wider instruction sets, and they run only after the CPU check in pick().
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+namespace avx2 {
+#define FUN_ASR_VNNI 0
+#include "kernels/matvec_q8_0.inc"
+#include "kernels/matvec_q6_k.inc"
+#undef FUN_ASR_VNNI
+}  // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))), \
+                             apply_to = function)
+#else
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")
+#endif
+namespace vnni {
+#define FUN_ASR_VNNI 1
+#include "kernels/matvec_q8_0.inc"
+#include "kernels/matvec_q6_k.inc"
+#undef FUN_ASR_VNNI
+}  // namespace vnni
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+Kernels pick(const std::string & want) {
+    __builtin_cpu_init();
+    const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c");
+    const bool has_vnni = has_avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512f");
+    if (has_vnni && want != "avx2") return {vnni::q8_0_rows_x_cols, vnni::q6_k_rows_x_cols, "avx512vnni"};
+    if (has_avx2) return {avx2::q8_0_rows_x_cols, avx2::q6_k_rows_x_cols, "avx2"};
+    return {};
+}
+#else
+Kernels pick(const std::string &) { return {}; }
+#endif
+
+const Kernels & kernels() {
+    static const Kernels chosen = [] {
+        const char * env = std::getenv("FUN_ASR_MATVEC");
+        const std::string want = env ? env : "";
+        if (want == "0") return Kernels{};
+        return pick(want);
+    }();
+    return chosen;
+}
+
+RowsFn kernel_for(ggml_type t) {
+    switch (t) {
+        case GGML_TYPE_Q8_0: return kernels().q8_0;
+        case GGML_TYPE_Q6_K: return kernels().q6_k;
+        default: return nullptr;
+    }
+}
+
+int64_t block_of(ggml_type t) { return t == GGML_TYPE_Q8_0 ? kQ8Block : kSuperBlock; }
+
+// The activation, quantized the way ggml's own path quantizes it for this weight type.
+struct Activation {
+    std::vector<uint8_t> blocks;  // Q8_0: scratch for one column; Q6_K: the Q8_K blocks of every column
+    std::vector<int8_t> quants;   // Q8_0: k int8 per column, contiguous
+    std::vector<float> scales;    // Q8_0: k / 32 floats per column
+    const void * data() const { return quants.empty() ? static_cast<const void *>(blocks.data()) : quants.data(); }
+};
+
+// n columns of k floats (column c at x + c * xs floats).
+void quantize_cols(ggml_type wtype, const float * x, int64_t xs, int64_t n, int64_t k, Activation & a) {
+    if (wtype == GGML_TYPE_Q8_0) {
+        // ggml's Q8_0 routine (so the integer dot products are exactly ggml's), then the blocks split
+        // into contiguous int8 quants and float scales.
+        const int64_t nb = k / kQ8Block;
+        a.blocks.resize(static_cast<size_t>(nb) * kQ8Bytes);
+        a.quants.resize(static_cast<size_t>(n * k));
+        a.scales.resize(static_cast<size_t>(n * nb));
+        const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
+        for (int64_t c = 0; c < n; ++c) {
+            from_float(x + c * xs, a.blocks.data(), k);
+            for (int64_t b = 0; b < nb; ++b) {
+                const uint8_t * blk = a.blocks.data() + static_cast<size_t>(b) * kQ8Bytes;
+                uint16_t h;
+                std::memcpy(&h, blk, sizeof h);
+                a.scales[static_cast<size_t>(c * nb + b)] = ggml_fp16_to_fp32(h);
+                std::memcpy(a.quants.data() + c * k + b * kQ8Block, blk + 2, kQ8Block);
+            }
+        }
+    } else {  // Q6_K: ggml's Q8_K activation blocks as they are
+        const int64_t nb = k / kSuperBlock;
+        a.quants.clear();
+        a.blocks.resize(static_cast<size_t>(n * nb) * kQ8KBytes);
+        const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_K)->from_float;
+        for (int64_t c = 0; c < n; ++c) from_float(x + c * xs, a.blocks.data() + static_cast<size_t>(c * nb) * kQ8KBytes, k);
+    }
+}
+
+void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
+    const ggml_tensor * w = dst->src[0];
+    const ggml_tensor * x = dst->src[1];
+    const int64_t k = w->ne[0], rows = w->ne[1], n = x->ne[1];
+    thread_local Activation act;
+    // Every thread quantizes the (small) activation itself: no barrier needed inside the op.
+    quantize_cols(w->type, static_cast<const float *>(x->data), static_cast<int64_t>(x->nb[1] / sizeof(float)), n, k,
+                  act);
+    // Contiguous row ranges, multiples of 16 rows (whole cache lines of output).
+    const int64_t per = ((rows + nth - 1) / nth + 15) / 16 * 16;
+    const int64_t r0 = std::min<int64_t>(rows, per * ith), r1 = std::min<int64_t>(rows, r0 + per);
+    if (r0 >= r1) return;
+    kernel_for(w->type)(static_cast<const uint8_t *>(w->data), w->nb[1], r0, r1, act.data(), act.scales.data(), n,
+                        k / block_of(w->type), static_cast<float *>(dst->data),
+                        static_cast<int64_t>(dst->nb[1] / sizeof(float)));
+}
+
+}  // namespace
+
+const char * matvec_isa() { return kernels().name; }
+
+int64_t matvec_max_cols() { return kMaxCols; }
+
+bool matvec_supported(const ggml_tensor * w, const ggml_tensor * x) {
+    if (!w || !x || !kernel_for(w->type) || x->type != GGML_TYPE_F32) return false;
+    if (!w->buffer || !ggml_backend_buffer_is_host(w->buffer) || w->extra != nullptr) return false;  // repacked: ggml's
+    if (!ggml_is_contiguous(w) || w->ne[2] != 1 || w->ne[3] != 1 || w->ne[0] % block_of(w->type) != 0) return false;
+    if (x->ne[0] != w->ne[0] || x->ne[2] != 1 || x->ne[3] != 1 || x->nb[0] != sizeof(float)) return false;
+    return x->ne[1] >= 1 && x->ne[1] <= kMaxCols;
+}
+
+ggml_tensor * matvec(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
+    ggml_tensor * args[2] = {w, x};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, args, 2, run, GGML_N_TASKS_MAX, nullptr);
+}
+
+bool is_matvec(const ggml_tensor * t) {
+    // The graph builders may rename the node (the logits are "dec.logits"), so it is recognised by
+    // what it computes: the only custom op with a kernel-typed matrix as its first source.
+    return t && t->op == GGML_OP_CUSTOM && t->src[0] && t->src[1] && kernel_for(t->src[0]->type) &&
+           t->ne[0] == t->src[0]->ne[1] && t->ne[1] == t->src[1]->ne[1];
+}
+
+}  // namespace fun_asr
