@@ -8,6 +8,7 @@ The measured numbers are in docs/trained_model.md.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -156,3 +157,38 @@ def test_three_utterances_clip(tmp_path: Path) -> None:
     # the silences between the utterances are quiet (light noise only), the utterances are not
     gap = x[int(spans[0][1] * rate) + 1600 : int(spans[1][0] * rate)]
     assert np.sqrt(np.mean(gap**2)) < 0.01
+
+
+_TOKENS_CODE = (
+    "import json, sys, fun_asr\n"
+    "s = fun_asr.Session(sys.argv[1], device='cpu', vad=None, threads=2)\n"
+    "s.model.profiling = True\n"
+    "out = [list(s.transcribe(p).segments[0].tokens) for p in sys.argv[2:]]\n"
+    "kinds = sorted({k for k in s.model.profile() if k.startswith('decode/')})\n"
+    "print(json.dumps({'tokens': out, 'kinds': kinds}))\n"
+)
+
+
+@pytest.mark.skipif(fun_asr._core.matvec_isa() == "", reason="no decode kernels on this CPU")
+@pytest.mark.parametrize("package", ["q8_0", "q4_k_m"])
+def test_decode_kernels_give_the_same_tokens(package: str, trained_gguf, heldout: list[tuple[Path, str]]) -> None:  # noqa: ANN001
+    """fun-asr's decode mat-vec kernels (csrc/kernels/matvec) against ggml's mul_mat everywhere
+    (FUN_ASR_MATVEC=0): same tokens on held-out clips, and the kernels really ran (the profile's
+    MATVEC nodes)."""
+    clips = [str(p) for p, _ in heldout[:8]]
+
+    def run(env_value: str | None) -> dict:
+        env = {k: v for k, v in os.environ.items() if k != "FUN_ASR_MATVEC"}
+        if env_value is not None:
+            env["FUN_ASR_MATVEC"] = env_value
+        out = subprocess.run([sys.executable, "-c", _TOKENS_CODE, str(trained_gguf(package)), *clips], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    ours, ggml = run(None), run("0")
+    assert any("/MATVEC/" in k for k in ours["kinds"]), ours["kinds"]
+    assert not any("/MATVEC/" in k for k in ggml["kinds"]), ggml["kinds"]
+    if package == "q4_k_m" and fun_asr._core.matvec_isa() == "avx512vnni":  # the repacked Q4_K kernel ran too
+        assert "decode/MATVEC/attn_q" in ours["kinds"], ours["kinds"]
+    assert ours["tokens"] == ggml["tokens"]

@@ -16,6 +16,7 @@
 #define FUN_ASR_MATVEC_X86 0
 #endif
 
+
 namespace fun_asr {
 namespace {
 
@@ -33,8 +34,11 @@ using RowsFn = void (*)(const uint8_t * w, size_t ws, int64_t r0, int64_t r1, co
 struct Kernels {
     RowsFn q8_0 = nullptr;
     RowsFn q6_k = nullptr;
+    RowsFn q4_k_x8 = nullptr;  // Q4_K in ggml's CPU_REPACK layout
     const char * name = "";
 };
+
+
 
 #if FUN_ASR_MATVEC_X86
 // Each ISA's copy of the kernels is compiled in its own target region; only these functions carry
@@ -64,6 +68,7 @@ namespace vnni {
 #define FUN_ASR_VNNI 1
 #include "kernels/matvec_q8_0.inc"
 #include "kernels/matvec_q6_k.inc"
+#include "kernels/matvec_q4_k_x8.inc"
 #undef FUN_ASR_VNNI
 }  // namespace vnni
 #if defined(__clang__)
@@ -78,8 +83,11 @@ Kernels pick(const std::string & want) {
                           __builtin_cpu_supports("f16c");
     const bool has_vnni = has_avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512f");
-    if (has_vnni && want != "avx2") return {vnni::q8_0_rows_x_cols, vnni::q6_k_rows_x_cols, "avx512vnni"};
-    if (has_avx2) return {avx2::q8_0_rows_x_cols, avx2::q6_k_rows_x_cols, "avx2"};
+    if (has_vnni && want != "avx2") {
+        return {vnni::q8_0_rows_x_cols, vnni::q6_k_rows_x_cols, vnni::q4_k_x8_rows_x_cols, "avx512vnni"};
+    }
+    // AVX2 only: repacked Q4_K stays with ggml's own GEMV.
+    if (has_avx2) return {avx2::q8_0_rows_x_cols, avx2::q6_k_rows_x_cols, nullptr, "avx2"};
     return {};
 }
 #else
@@ -96,8 +104,19 @@ const Kernels & kernels() {
     return chosen;
 }
 
-RowsFn kernel_for(ggml_type t) {
-    switch (t) {
+bool is_repacked(const ggml_tensor * w) {
+    return w->buffer && std::strcmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(w->buffer)), "CPU_REPACK") == 0;
+}
+
+// The kernel for a weight as it is stored (type and layout), or null.
+RowsFn kernel_for(const ggml_tensor * w) {
+    if (!w->buffer) return nullptr;
+    if (is_repacked(w)) {  // CPU memory, but not reported as host memory (the layout is ggml's own)
+        // ggml repacks Q4_K as 8 interleaved rows on AVX2 CPUs when the row count allows it.
+        return w->type == GGML_TYPE_Q4_K && w->ne[1] % 8 == 0 && w->extra != nullptr ? kernels().q4_k_x8 : nullptr;
+    }
+    if (!ggml_backend_buffer_is_host(w->buffer) || w->extra != nullptr) return nullptr;  // GPU, or another extra type
+    switch (w->type) {
         case GGML_TYPE_Q8_0: return kernels().q8_0;
         case GGML_TYPE_Q6_K: return kernels().q6_k;
         default: return nullptr;
@@ -134,7 +153,7 @@ void quantize_cols(ggml_type wtype, const float * x, int64_t xs, int64_t n, int6
                 std::memcpy(a.quants.data() + c * k + b * kQ8Block, blk + 2, kQ8Block);
             }
         }
-    } else {  // Q6_K: ggml's Q8_K activation blocks as they are
+    } else {  // Q6_K, Q4_K: ggml's Q8_K activation blocks as they are
         const int64_t nb = k / kSuperBlock;
         a.quants.clear();
         a.blocks.resize(static_cast<size_t>(n * nb) * kQ8KBytes);
@@ -152,10 +171,10 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     quantize_cols(w->type, static_cast<const float *>(x->data), static_cast<int64_t>(x->nb[1] / sizeof(float)), n, k,
                   act);
     // Contiguous row ranges, multiples of 16 rows (whole cache lines of output).
-    const int64_t per = ((rows + nth - 1) / nth + 15) / 16 * 16;
+    const int64_t per = ((rows + nth - 1) / nth + 15) / 16 * 16;  // also whole 8-row groups (repacked Q4_K)
     const int64_t r0 = std::min<int64_t>(rows, per * ith), r1 = std::min<int64_t>(rows, r0 + per);
     if (r0 >= r1) return;
-    kernel_for(w->type)(static_cast<const uint8_t *>(w->data), w->nb[1], r0, r1, act.data(), act.scales.data(), n,
+    kernel_for(w)(static_cast<const uint8_t *>(w->data), w->nb[1], r0, r1, act.data(), act.scales.data(), n,
                         k / block_of(w->type), static_cast<float *>(dst->data),
                         static_cast<int64_t>(dst->nb[1] / sizeof(float)));
 }
@@ -167,11 +186,13 @@ const char * matvec_isa() { return kernels().name; }
 int64_t matvec_max_cols() { return kMaxCols; }
 
 bool matvec_supported(const ggml_tensor * w, const ggml_tensor * x) {
-    if (!w || !x || !kernel_for(w->type) || x->type != GGML_TYPE_F32) return false;
-    if (!w->buffer || !ggml_backend_buffer_is_host(w->buffer) || w->extra != nullptr) return false;  // repacked: ggml's
+    if (!w || !x || !kernel_for(w) || x->type != GGML_TYPE_F32) return false;
     if (!ggml_is_contiguous(w) || w->ne[2] != 1 || w->ne[3] != 1 || w->ne[0] % block_of(w->type) != 0) return false;
     if (x->ne[0] != w->ne[0] || x->ne[2] != 1 || x->ne[3] != 1 || x->nb[0] != sizeof(float)) return false;
-    return x->ne[1] >= 1 && x->ne[1] <= kMaxCols;
+    // Repacked Q4_K: only where ggml itself would take its GEMV (fewer than 4 columns), so that
+    // results stay exactly ggml's whichever path a step takes.
+    const int64_t max_cols = is_repacked(w) ? 3 : kMaxCols;
+    return x->ne[1] >= 1 && x->ne[1] <= max_cols;
 }
 
 ggml_tensor * matvec(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
@@ -182,7 +203,7 @@ ggml_tensor * matvec(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
 bool is_matvec(const ggml_tensor * t) {
     // The graph builders may rename the node (the logits are "dec.logits"), so it is recognised by
     // what it computes: the only custom op with a kernel-typed matrix as its first source.
-    return t && t->op == GGML_OP_CUSTOM && t->src[0] && t->src[1] && kernel_for(t->src[0]->type) &&
+    return t && t->op == GGML_OP_CUSTOM && t->src[0] && t->src[1] && kernel_for(t->src[0]) &&
            t->ne[0] == t->src[0]->ne[1] && t->ne[1] == t->src[1]->ne[1];
 }
 

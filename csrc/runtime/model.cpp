@@ -97,8 +97,10 @@ bool Model::eval_callback(ggml_tensor * t, bool ask, void * user) {
         return true;
     }
     // key: graph stage (encode / prefill / decode) / op [/ weight kind for matmuls, e.g. attn_q, ffn_up]
-    const bool matmul = t->op == GGML_OP_MUL_MAT || is_matvec(t);
-    std::string key = self->stage_ + "/" + (matmul ? "MUL_MAT" : ggml_op_desc(t));
+    // fun-asr's decode kernels show as MATVEC (a MUL_MAT by another path), with the same weight kinds.
+    const bool kernel = is_matvec(t);
+    const bool matmul = t->op == GGML_OP_MUL_MAT || kernel;
+    std::string key = self->stage_ + "/" + (kernel ? "MATVEC" : ggml_op_desc(t));
     if (matmul && t->src[0] != nullptr) {
         std::string w = ggml_get_name(t->src[0]);
         const auto blk = w.find("blk.");
@@ -150,6 +152,12 @@ void Model::new_graph(GraphScope & g) {
 
 void Model::alloc_graph(ggml_cgraph * gf) {
     ggml_backend_sched_reset(sched_);
+    // Our mat-vec kernels are custom ops; when their weight lives in ggml's CPU_REPACK buffer the
+    // scheduler asks that buffer type, which only knows MUL_MAT, so the node is placed by hand.
+    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
+        ggml_tensor * node = ggml_graph_node(gf, i);
+        if (is_matvec(node)) ggml_backend_sched_set_tensor_backend(sched_, node, cpu_backend_);
+    }
     if (!ggml_backend_sched_alloc_graph(sched_, gf)) throw std::runtime_error("cannot allocate the compute graph");
 }
 
