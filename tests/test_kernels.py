@@ -120,3 +120,38 @@ def test_q4_k_repacked_matvec_matches_ggml(rows: int, k: int, cols: int, threads
     ggml = _core.eval_matmul("q4_k", w, x, threads=threads, kernels=False)
     assert np.abs(ours - ggml).max() <= 1e-6 * np.abs(ggml).max()
     assert not np.array_equal(ours, _core.eval_matmul("q4_k", w, x * 1.01, threads=threads, kernels=True))
+
+
+needs_amx = pytest.mark.skipif(not _core.amx_available(), reason="no Intel AMX on this CPU/OS")
+
+
+@needs_amx
+@pytest.mark.parametrize(("rows", "k", "cols"), [(64, 1024, 16), (32, 512, 167), (16, 2048, 17), (2048, 512, 40)])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_amx_gemm_matches_ggml(rows: int, k: int, cols: int, threads: int) -> None:
+    """The encoder's AMX Q8_0 GEMM: ggml's integer terms and scales, summed in another order."""
+    rng = np.random.default_rng(rows + k + cols)
+    w = rng.standard_normal((rows, k)).astype(np.float32)
+    x = rng.standard_normal((cols, k)).astype(np.float32)
+    x[3, :64] = 0.0
+    ours = _core.eval_matmul("q8_0", w, x, threads=threads, kernels=True)
+    ggml = _core.eval_matmul("q8_0", w, x, threads=threads, kernels=False)
+    assert ours.shape == (cols, rows)
+    assert np.abs(ours - ggml).max() <= 1e-6 * np.abs(ggml).max()
+    assert not np.array_equal(ours, ggml) or rows * cols < 64  # really another path (sums differ in the last bits)
+
+
+@needs_amx
+def test_amx_gemm_leaves_unsupported_shapes_to_ggml() -> None:
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((40, 256)).astype(np.float32)  # 40 rows: not whole 16-row tiles
+    x = rng.standard_normal((20, 256)).astype(np.float32)
+    np.testing.assert_array_equal(_core.eval_matmul("q8_0", w, x, kernels=True),
+                                  _core.eval_matmul("q8_0", w, x, kernels=False))
+
+
+def test_amx_can_be_turned_off() -> None:
+    code = "from fun_asr import _core; print(_core.amx_available())"
+    env = {**os.environ, "FUN_ASR_AMX": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr

@@ -164,7 +164,7 @@ _TOKENS_CODE = (
     "s = fun_asr.Session(sys.argv[1], device='cpu', vad=None, threads=2)\n"
     "s.model.profiling = True\n"
     "out = [list(s.transcribe(p).segments[0].tokens) for p in sys.argv[2:]]\n"
-    "kinds = sorted({k for k in s.model.profile() if k.startswith('decode/')})\n"
+    "kinds = sorted(s.model.profile())\n"
     "print(json.dumps({'tokens': out, 'kinds': kinds}))\n"
 )
 
@@ -173,14 +173,14 @@ _TOKENS_CODE = (
 @pytest.mark.parametrize("package", ["q8_0", "q4_k_m"])
 def test_decode_kernels_give_the_same_tokens(package: str, trained_gguf, heldout: list[tuple[Path, str]]) -> None:  # noqa: ANN001
     """fun-asr's decode mat-vec kernels (csrc/kernels/matvec) against ggml's mul_mat everywhere
-    (FUN_ASR_MATVEC=0): same tokens on held-out clips, and the kernels really ran (the profile's
-    MATVEC nodes)."""
+    (FUN_ASR_MATVEC=0), and the encoder's AMX GEMM against ggml's (FUN_ASR_AMX=0): same tokens on
+    held-out clips, and the kernels really ran (the profile's MATVEC / GEMM_AMX nodes)."""
     clips = [str(p) for p, _ in heldout[:8]]
 
-    def run(env_value: str | None) -> dict:
-        env = {k: v for k, v in os.environ.items() if k != "FUN_ASR_MATVEC"}
+    def run(env_value: str | None, name: str = "FUN_ASR_MATVEC") -> dict:
+        env = {k: v for k, v in os.environ.items() if k not in ("FUN_ASR_MATVEC", "FUN_ASR_AMX")}
         if env_value is not None:
-            env["FUN_ASR_MATVEC"] = env_value
+            env[name] = env_value
         out = subprocess.run([sys.executable, "-c", _TOKENS_CODE, str(trained_gguf(package)), *clips], env=env,
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr
@@ -192,3 +192,8 @@ def test_decode_kernels_give_the_same_tokens(package: str, trained_gguf, heldout
     if package == "q4_k_m" and fun_asr._core.matvec_isa() == "avx512vnni":  # the repacked Q4_K kernel ran too
         assert "decode/MATVEC/attn_q" in ours["kinds"], ours["kinds"]
     assert ours["tokens"] == ggml["tokens"]
+    if package == "q8_0" and fun_asr._core.amx_available():  # the encoder's AMX GEMM against ggml's
+        assert any(k.startswith("encode/GEMM_AMX/") for k in ours["kinds"]), ours["kinds"]
+        no_amx = run("0", "FUN_ASR_AMX")
+        assert not any("GEMM_AMX" in k for k in no_amx["kinds"]), no_amx["kinds"]
+        assert ours["tokens"] == no_amx["tokens"]

@@ -14,6 +14,7 @@
 
 #include "model/loader.h"
 #include "runtime/backend.h"
+#include "kernels/gemm_amx.h"
 #include "kernels/matvec.h"
 #include "runtime/bench.h"
 #include "runtime/model.h"
@@ -633,7 +634,11 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("type"), py::arg("w"), py::arg("x"), py::kw_only(), py::arg("threads") = 1,
           py::arg("kernels") = true,
-          "x [m, k] times w [n, k]^T with w quantized to `type`, on the CPU: y [m, n] (kernel tests).");
+          "x [m, k] times w [n, k]^T with w quantized to `type`, on the CPU: y [m, n] (kernel tests); "
+          "kernels=True takes the path the audio stages take (AMX GEMM, decode mat-vec kernels where they apply).");
+
+    m.def("amx_available", &fun_asr::amx_available,
+          "Whether the encoder's Q8_0 products run on Intel AMX here (CPU + OS support; FUN_ASR_AMX=0 turns it off).");
 
     m.def("matvec_isa", &fun_asr::matvec_isa,
           "Instruction set of fun-asr's decode mat-vec kernels (Q8_0, Q6_K) on this CPU: 'avx512vnni', 'avx2', "

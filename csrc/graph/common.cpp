@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "kernels/gemm_amx.h"
 #include "kernels/matvec.h"
 
 namespace fun_asr {
@@ -20,8 +21,12 @@ ggml_tensor * mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
     return matvec_supported(w, x) ? matvec(ctx, w, x) : ggml_mul_mat(ctx, w, x);
 }
 
+ggml_tensor * mul_mat_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
+    return amx_gemm_supported(w, x) ? amx_gemm(ctx, w, x) : mul_mat(ctx, w, x);
+}
+
 ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l) {
-    x = mul_mat(ctx, l.w, x);
+    x = mul_mat_frames(ctx, l.w, x);
     return l.b ? ggml_add(ctx, x, l.b) : x;
 }
 

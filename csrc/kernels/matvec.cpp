@@ -204,7 +204,7 @@ bool is_matvec(const ggml_tensor * t) {
     // The graph builders may rename the node (the logits are "dec.logits"), so it is recognised by
     // what it computes: the only custom op with a kernel-typed matrix as its first source.
     return t && t->op == GGML_OP_CUSTOM && t->src[0] && t->src[1] && kernel_for(t->src[0]) &&
-           t->ne[0] == t->src[0]->ne[1] && t->ne[1] == t->src[1]->ne[1];
+           t->src[1]->ne[1] <= kMaxCols && t->ne[0] == t->src[0]->ne[1] && t->ne[1] == t->src[1]->ne[1];
 }
 
 }  // namespace fun_asr

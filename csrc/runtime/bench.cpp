@@ -66,7 +66,7 @@ public:
         ggml_backend_tensor_set(w_, wq.data(), 0, wq.size());
         ggml_backend_tensor_set(x_, xf, 0, static_cast<size_t>(k * m) * sizeof(float));
         // Built after the weights have their buffer: the kernel choice looks at where they live.
-        y_ = with_kernels ? mul_mat(ctx_, w_, x_) : ggml_mul_mat(ctx_, w_, x_);
+        y_ = with_kernels ? mul_mat_frames(ctx_, w_, x_) : ggml_mul_mat(ctx_, w_, x_);
         gf_ = ggml_new_graph(ctx_);
         ggml_build_forward_expand(gf_, y_);
         ybuf_ = ggml_backend_alloc_ctx_tensors(ctx_, backend_);

@@ -11,6 +11,7 @@
 
 #include "ggml-cpu.h"
 #include "graph/stages.h"
+#include "kernels/gemm_amx.h"
 #include "kernels/matvec.h"
 
 namespace fun_asr {
@@ -97,10 +98,10 @@ bool Model::eval_callback(ggml_tensor * t, bool ask, void * user) {
         return true;
     }
     // key: graph stage (encode / prefill / decode) / op [/ weight kind for matmuls, e.g. attn_q, ffn_up]
-    // fun-asr's decode kernels show as MATVEC (a MUL_MAT by another path), with the same weight kinds.
-    const bool kernel = is_matvec(t);
-    const bool matmul = t->op == GGML_OP_MUL_MAT || kernel;
-    std::string key = self->stage_ + "/" + (kernel ? "MATVEC" : ggml_op_desc(t));
+    // fun-asr's kernels show as MATVEC (decode) and GEMM_AMX (encoder): MUL_MATs by another path.
+    const bool amx = is_amx_gemm(t), kernel = is_matvec(t);
+    const bool matmul = t->op == GGML_OP_MUL_MAT || kernel || amx;
+    std::string key = self->stage_ + "/" + (amx ? "GEMM_AMX" : kernel ? "MATVEC" : ggml_op_desc(t));
     if (matmul && t->src[0] != nullptr) {
         std::string w = ggml_get_name(t->src[0]);
         const auto blk = w.find("blk.");
@@ -156,7 +157,7 @@ void Model::alloc_graph(ggml_cgraph * gf) {
     // scheduler asks that buffer type, which only knows MUL_MAT, so the node is placed by hand.
     for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
         ggml_tensor * node = ggml_graph_node(gf, i);
-        if (is_matvec(node)) ggml_backend_sched_set_tensor_backend(sched_, node, cpu_backend_);
+        if (is_matvec(node) || is_amx_gemm(node)) ggml_backend_sched_set_tensor_backend(sched_, node, cpu_backend_);
     }
     if (!ggml_backend_sched_alloc_graph(sched_, gf)) throw std::runtime_error("cannot allocate the compute graph");
 }

@@ -1,0 +1,197 @@
+#include "kernels/gemm_amx.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#define FUN_ASR_AMX_BUILD 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define FUN_ASR_AMX_BUILD 0
+#endif
+
+namespace fun_asr {
+namespace {
+
+constexpr int64_t kBlock = 32;    // QK8_0
+constexpr size_t kBlockBytes = 34;
+constexpr int kTile = 16;         // rows and columns per tile
+constexpr size_t kBTileBytes = 512;  // one block (32 k) x 16 columns, VNNI layout: 8 rows of 64 bytes
+
+// The activation of one op, as every thread prepares it (small next to the weights).
+struct Prepared {
+    std::vector<int8_t> b;   // [column tile][block] 512-byte B tiles
+    std::vector<float> dx;   // [block][padded column] scales (0 for padding columns)
+    std::vector<uint8_t> scratch;
+};
+
+void prepare(const float * x, int64_t xs, int64_t m, int64_t k, Prepared & p) {
+    const int64_t nb = k / kBlock, mp = (m + kTile - 1) / kTile * kTile, nct = mp / kTile;
+    p.b.assign(static_cast<size_t>(nct * nb) * kBTileBytes, 0);
+    p.dx.assign(static_cast<size_t>(nb * mp), 0.0f);
+    p.scratch.resize(static_cast<size_t>(nb) * kBlockBytes);
+    const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
+    for (int64_t c = 0; c < m; ++c) {
+        from_float(x + c * xs, p.scratch.data(), k);  // ggml's own Q8_0 quantization of the column
+        const int64_t ct = c / kTile, j = c % kTile;
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t * blk = p.scratch.data() + static_cast<size_t>(b) * kBlockBytes;
+            uint16_t h;
+            std::memcpy(&h, blk, sizeof h);
+            p.dx[static_cast<size_t>(b * mp + c)] = ggml_fp16_to_fp32(h);
+            int8_t * t = p.b.data() + static_cast<size_t>(ct * nb + b) * kBTileBytes;
+            for (int kk = 0; kk < kBlock; ++kk) {
+                t[(kk / 4) * 64 + j * 4 + kk % 4] = static_cast<int8_t>(blk[2 + kk]);
+            }
+        }
+    }
+}
+
+#if FUN_ASR_AMX_BUILD
+struct TileConfig {
+    uint8_t palette_id;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed));
+
+bool request_amx() {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("f16c") || !__builtin_cpu_supports("fma")) {
+        return false;
+    }
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    const bool amx_tile = (d >> 24) & 1, amx_int8 = (d >> 25) & 1;
+    if (!amx_tile || !amx_int8) return false;
+    // Linux hands out the 8 KiB tile state only on request (ARCH_REQ_XCOMP_PERM, XTILEDATA).
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,amx-tile,amx-int8"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,amx-tile,amx-int8")
+#endif
+
+// Rows [t0 * 16, t1 * 16) of W (Q8_0, rb bytes per row) times every prepared column -> y.
+static void amx_rows(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const Prepared & p, int64_t m, int64_t nb,
+                     float * y, int64_t ys) {
+    TileConfig cfg;
+    std::memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    cfg.rows[0] = kTile; cfg.colsb[0] = 64;  // C: 16 x 16 int32
+    cfg.rows[1] = kTile; cfg.colsb[1] = 32;  // A: 16 rows x one block of quants
+    cfg.rows[2] = 8;     cfg.colsb[2] = 64;  // B: 32 k x 16 columns, 4 k per int32
+    _tile_loadconfig(&cfg);
+    const int64_t mp = (m + kTile - 1) / kTile * kTile, nct = mp / kTile;
+    alignas(64) int32_t cbuf[kTile * kTile];
+    alignas(64) float out[kTile][kTile];
+    float * dw = static_cast<float *>(__builtin_alloca(sizeof(float) * static_cast<size_t>(kTile * nb)));
+    for (int64_t t = t0; t < t1; ++t) {
+        const uint8_t * wt = w + static_cast<size_t>(t * kTile) * rb;
+        for (int i = 0; i < kTile; ++i) {
+            for (int64_t b = 0; b < nb; ++b) {
+                uint16_t h;
+                std::memcpy(&h, wt + static_cast<size_t>(i) * rb + static_cast<size_t>(b) * kBlockBytes, sizeof h);
+                dw[i * nb + b] = _cvtsh_ss(h);
+            }
+        }
+        for (int64_t ct = 0; ct < nct; ++ct) {
+            __m512 acc[kTile];
+            for (int i = 0; i < kTile; ++i) acc[i] = _mm512_setzero_ps();
+            for (int64_t b = 0; b < nb; ++b) {
+                _tile_zero(0);
+                _tile_loadd(1, wt + static_cast<size_t>(b) * kBlockBytes + 2, static_cast<long>(rb));
+                _tile_loadd(2, p.b.data() + static_cast<size_t>(ct * nb + b) * kBTileBytes, 64);
+                _tile_dpbssd(0, 1, 2);
+                _tile_stored(0, cbuf, 64);
+                const __m512 dxv = _mm512_loadu_ps(p.dx.data() + b * mp + ct * kTile);
+                for (int i = 0; i < kTile; ++i) {
+                    const __m512 s = _mm512_mul_ps(_mm512_set1_ps(dw[i * nb + b]), dxv);
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + i * kTile)), s, acc[i]);
+                }
+            }
+            for (int i = 0; i < kTile; ++i) _mm512_store_ps(out[i], acc[i]);
+            const int64_t cols = std::min<int64_t>(kTile, m - ct * kTile);
+            for (int64_t j = 0; j < cols; ++j) {
+                float * dst = y + (ct * kTile + j) * ys + t * kTile;
+                for (int i = 0; i < kTile; ++i) dst[i] = out[i][j];
+            }
+        }
+    }
+    _tile_release();
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif  // FUN_ASR_AMX_BUILD
+
+void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
+#if FUN_ASR_AMX_BUILD
+    const ggml_tensor * w = dst->src[0];
+    const ggml_tensor * x = dst->src[1];
+    const int64_t k = w->ne[0], rows = w->ne[1], m = x->ne[1];
+    const int64_t tiles = rows / kTile, per = (tiles + nth - 1) / nth;
+    const int64_t t0 = std::min<int64_t>(tiles, per * ith), t1 = std::min<int64_t>(tiles, t0 + per);
+    if (t0 >= t1) return;
+    thread_local Prepared p;
+    prepare(static_cast<const float *>(x->data), static_cast<int64_t>(x->nb[1] / sizeof(float)), m, k, p);
+    amx_rows(static_cast<const uint8_t *>(w->data), w->nb[1], t0, t1, p, m, k / kBlock, static_cast<float *>(dst->data),
+             static_cast<int64_t>(dst->nb[1] / sizeof(float)));
+#else
+    (void)dst; (void)ith; (void)nth;
+#endif
+}
+
+}  // namespace
+
+bool amx_available() {
+#if FUN_ASR_AMX_BUILD
+    static const bool ok = [] {
+        const char * env = std::getenv("FUN_ASR_AMX");
+        if (env && std::string(env) == "0") return false;
+        return request_amx();
+    }();
+    return ok;
+#else
+    return false;
+#endif
+}
+
+bool amx_gemm_supported(const ggml_tensor * w, const ggml_tensor * x) {
+    if (!w || !x || w->type != GGML_TYPE_Q8_0 || x->type != GGML_TYPE_F32 || !amx_available()) return false;
+    if (!w->buffer || !ggml_backend_buffer_is_host(w->buffer) || w->extra != nullptr) return false;
+    if (!ggml_is_contiguous(w) || w->ne[2] != 1 || w->ne[3] != 1) return false;
+    if (w->ne[1] % kTile != 0 || w->ne[0] % kBlock != 0) return false;
+    if (x->ne[0] != w->ne[0] || x->ne[2] != 1 || x->ne[3] != 1 || x->nb[0] != sizeof(float)) return false;
+    return x->ne[1] >= kTile;
+}
+
+ggml_tensor * amx_gemm(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
+    ggml_tensor * args[2] = {w, x};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, args, 2, run, GGML_N_TASKS_MAX, nullptr);
+}
+
+bool is_amx_gemm(const ggml_tensor * t) {
+    return t && t->op == GGML_OP_CUSTOM && t->src[0] && t->src[1] && t->src[0]->type == GGML_TYPE_Q8_0 &&
+           t->src[1]->ne[1] >= kTile && t->ne[0] == t->src[0]->ne[1] && amx_available();
+}
+
+}  // namespace fun_asr

@@ -1,0 +1,36 @@
+// Q8_0 x F32 matrix products on Intel AMX (tile int8 multiply-add), for the audio encoder.
+//
+// The encoder multiplies every weight by all ~17 frames per second of audio: a GEMM that ggml 0.15.3
+// runs through llamafile's AVX-512 tiles (~90 GFLOP/s per core here), while ggml's own AMX path
+// crashed on our shapes (see model/loader.cpp). AMX does a 16 x 16 x 32 int8 block in one
+// instruction, so this kernel reads the Q8_0 weights in place (a tile row is 32 quants of one
+// block; the tile stride is the row size), multiplies them with the activations quantized by
+// ggml's own Q8_0 routine (16 columns per tile, VNNI layout), and applies the per-block scales
+// d_w * d_x in float with AVX-512 - per element the same terms as ggml's path, summed in another
+// order (rounding-level differences, not bit for bit).
+//
+// Used by the encoder / adaptor / CTC linear layers only (graph/common.cpp linear()); the decoder
+// keeps ggml's GEMM and our mat-vec kernels, whose results are bit for bit equal to each other, so
+// batched and one-by-one decoding stay token-identical. FUN_ASR_AMX=0 turns it off.
+#pragma once
+
+#include <cstdint>
+
+#include "ggml.h"
+
+namespace fun_asr {
+
+// Whether this CPU and OS run AMX int8 (and FUN_ASR_AMX is not 0).
+bool amx_available();
+
+// Whether w x x goes through the AMX kernel: w plain Q8_0 in host memory, contiguous 2-D, rows a
+// multiple of 16; x F32 [w->ne[0], m] with m >= 16 columns.
+bool amx_gemm_supported(const ggml_tensor * w, const ggml_tensor * x);
+
+// ggml_mul_mat(ctx, w, x) on AMX (caller checked amx_gemm_supported): F32 [w->ne[1], m].
+ggml_tensor * amx_gemm(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
+
+// Whether a graph node is this kernel's op.
+bool is_amx_gemm(const ggml_tensor * t);
+
+}  // namespace fun_asr
