@@ -50,8 +50,8 @@ def _bitwise(wtype: str, rows: int, k: int, cols: int, threads: int) -> None:
     w = rng.standard_normal((rows, k)).astype(np.float32)
     x = rng.standard_normal((cols, k)).astype(np.float32)
     x[0, :32] = 0.0  # an all-zero activation block (scale 0)
-    ours = _core.eval_matmul(wtype, w, x, threads=threads, kernels=True)
-    ggml = _core.eval_matmul(wtype, w, x, threads=threads, kernels=False)
+    ours = _core.eval_matmul(wtype, w, x, threads=threads, path="decode")
+    ggml = _core.eval_matmul(wtype, w, x, threads=threads, path="ggml")
     assert ours.shape == (cols, rows)
     np.testing.assert_array_equal(ours, ggml)
     exact = x.astype(np.float64) @ w.T.astype(np.float64)
@@ -63,8 +63,8 @@ def test_more_columns_than_the_kernel_takes_still_match() -> None:
     rng = np.random.default_rng(1)
     w = rng.standard_normal((40, 256)).astype(np.float32)
     x = rng.standard_normal((9, 256)).astype(np.float32)  # 9 > 8: ggml's path, same numbers
-    one_by_one = np.stack([_core.eval_matmul("q8_0", w, x[i : i + 1], kernels=True)[0] for i in range(9)])
-    np.testing.assert_array_equal(_core.eval_matmul("q8_0", w, x, kernels=True), one_by_one)
+    one_by_one = np.stack([_core.eval_matmul("q8_0", w, x[i : i + 1], path="decode")[0] for i in range(9)])
+    np.testing.assert_array_equal(_core.eval_matmul("q8_0", w, x, path="decode"), one_by_one)
 
 
 def test_kernel_isa_is_reported() -> None:
@@ -90,8 +90,8 @@ def test_avx2_code_path_is_bitwise_ggml_too() -> None:
         "    w = rng.standard_normal((rows, k)).astype(np.float32)\n"
         "    x = rng.standard_normal((cols, k)).astype(np.float32)\n"
         "    for t in (1, 2):\n"
-        "        a = _core.eval_matmul(wt, w, x, threads=t, kernels=True)\n"
-        "        b = _core.eval_matmul(wt, w, x, threads=t, kernels=False)\n"
+        "        a = _core.eval_matmul(wt, w, x, threads=t, path='decode')\n"
+        "        b = _core.eval_matmul(wt, w, x, threads=t, path='ggml')\n"
         "        assert np.array_equal(a, b), (wt, rows, k, cols, t, np.abs(a - b).max())\n"
         "print('ok')\n"
     )
@@ -116,38 +116,52 @@ def test_q4_k_repacked_matvec_matches_ggml(rows: int, k: int, cols: int, threads
     rng = np.random.default_rng(rows + k + cols)
     w = rng.standard_normal((rows, k)).astype(np.float32)
     x = rng.standard_normal((cols, k)).astype(np.float32)
-    ours = _core.eval_matmul("q4_k", w, x, threads=threads, kernels=True)
-    ggml = _core.eval_matmul("q4_k", w, x, threads=threads, kernels=False)
+    ours = _core.eval_matmul("q4_k", w, x, threads=threads, path="decode")
+    ggml = _core.eval_matmul("q4_k", w, x, threads=threads, path="ggml")
     assert np.abs(ours - ggml).max() <= 1e-6 * np.abs(ggml).max()
-    assert not np.array_equal(ours, _core.eval_matmul("q4_k", w, x * 1.01, threads=threads, kernels=True))
+    assert not np.array_equal(ours, _core.eval_matmul("q4_k", w, x * 1.01, threads=threads, path="decode"))
 
 
 needs_amx = pytest.mark.skipif(not _core.amx_available(), reason="no Intel AMX on this CPU/OS")
 
 
 @needs_amx
-@pytest.mark.parametrize(("rows", "k", "cols"), [(64, 1024, 16), (32, 512, 167), (16, 2048, 17), (2048, 512, 40)])
+@pytest.mark.parametrize(("rows", "k", "cols"),
+                         [(64, 1024, 16), (32, 512, 167), (16, 2048, 17), (2048, 512, 40), (48, 256, 1), (16, 96, 5)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_amx_gemm_matches_ggml(rows: int, k: int, cols: int, threads: int) -> None:
     """The encoder's AMX Q8_0 GEMM: ggml's integer terms and scales, summed in another order."""
     rng = np.random.default_rng(rows + k + cols)
     w = rng.standard_normal((rows, k)).astype(np.float32)
     x = rng.standard_normal((cols, k)).astype(np.float32)
-    x[3, :64] = 0.0
-    ours = _core.eval_matmul("q8_0", w, x, threads=threads, kernels=True)
-    ggml = _core.eval_matmul("q8_0", w, x, threads=threads, kernels=False)
+    x[min(3, cols - 1), :64] = 0.0
+    ours = _core.eval_matmul("q8_0", w, x, threads=threads, path="frames")
+    ggml = _core.eval_matmul("q8_0", w, x, threads=threads, path="ggml")
     assert ours.shape == (cols, rows)
     assert np.abs(ours - ggml).max() <= 1e-6 * np.abs(ggml).max()
-    assert not np.array_equal(ours, ggml) or rows * cols < 64  # really another path (sums differ in the last bits)
+    assert not np.array_equal(ours, ggml) or rows * cols < 400  # really another path (sums differ in the last bits)
+
+
+@needs_amx
+def test_amx_columns_do_not_depend_on_their_neighbours() -> None:
+    """A prefill's numbers must be the same alone or in a batch: each column of the AMX GEMM is
+    computed the same way whatever the other columns and their count."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((64, 512)).astype(np.float32)
+    x = rng.standard_normal((37, 512)).astype(np.float32)
+    together = _core.eval_matmul("q8_0", w, x, threads=2, path="frames")
+    for lo, hi in [(0, 1), (5, 9), (16, 37), (30, 37)]:
+        np.testing.assert_array_equal(_core.eval_matmul("q8_0", w, x[lo:hi], threads=2, path="frames"), together[lo:hi])
 
 
 @needs_amx
 def test_amx_gemm_leaves_unsupported_shapes_to_ggml() -> None:
+    """Rows that are not whole 16-row tiles: ggml's GEMM, bit for bit."""
     rng = np.random.default_rng(2)
     w = rng.standard_normal((40, 256)).astype(np.float32)  # 40 rows: not whole 16-row tiles
     x = rng.standard_normal((20, 256)).astype(np.float32)
-    np.testing.assert_array_equal(_core.eval_matmul("q8_0", w, x, kernels=True),
-                                  _core.eval_matmul("q8_0", w, x, kernels=False))
+    np.testing.assert_array_equal(_core.eval_matmul("q8_0", w, x, path="frames"),
+                                  _core.eval_matmul("q8_0", w, x, path="ggml"))
 
 
 def test_amx_can_be_turned_off() -> None:

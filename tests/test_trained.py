@@ -197,3 +197,14 @@ def test_decode_kernels_give_the_same_tokens(package: str, trained_gguf, heldout
         no_amx = run("0", "FUN_ASR_AMX")
         assert not any("GEMM_AMX" in k for k in no_amx["kinds"]), no_amx["kinds"]
         assert ours["tokens"] == no_amx["tokens"]
+
+
+@pytest.mark.parametrize("package", ["q8_0", "q4_k_m"])
+def test_batch_equals_one_by_one_on_the_trained_model(package: str, trained_gguf, heldout: list[tuple[Path, str]]) -> None:  # noqa: ANN001
+    """transcribe_batch gives transcribe's tokens with every kernel this CPU runs (AMX prefill, decode
+    mat-vecs): clips of different lengths, so prefills of different sizes share a batch."""
+    s = fun_asr.Session(trained_gguf(package), device="cpu", vad=None, threads=2)
+    clips = [str(p) for p, _ in heldout[:10]]
+    single = [list(s.transcribe(c).segments[0].tokens) for c in clips]
+    batched = [list(r.segments[0].tokens) for r in s.transcribe_batch(clips, batch_size=8)]
+    assert batched == single

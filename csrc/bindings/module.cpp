@@ -607,35 +607,45 @@ PYBIND11_MODULE(_core, m) {
           py::arg("device") = "cpu", py::arg("threads") = 0, py::arg("origin") = "<tensors>",
           "Load a model from GGUF-style metadata and (name, type, ne, buffer) tensors (used for HF directories).");
 
+    auto matmul_path = [](const std::string & p) {
+        if (p == "ggml") return fun_asr::MatmulPath::ggml;
+        if (p == "decode") return fun_asr::MatmulPath::decode;
+        if (p == "frames") return fun_asr::MatmulPath::frames;
+        throw std::invalid_argument("path must be 'ggml', 'decode' or 'frames', got '" + p + "'");
+    };
     m.def("bench_matmul",
-          [](const std::string & type, int64_t n, int64_t k, int64_t m, const std::string & device, int threads,
-             int repeats, bool kernels) {
+          [matmul_path](const std::string & type, int64_t n, int64_t k, int64_t m, const std::string & device,
+                        int threads, int repeats, const std::string & path) {
+              const auto mp = matmul_path(path);
               py::gil_scoped_release release;
-              return fun_asr::bench_matmul(type, n, k, m, device, threads, repeats, kernels);
+              return fun_asr::bench_matmul(type, n, k, m, device, threads, repeats, mp);
           },
           py::arg("type"), py::arg("n"), py::arg("k"), py::arg("m"), py::kw_only(), py::arg("device") = "cpu",
-          py::arg("threads") = 0, py::arg("repeats") = 5, py::arg("kernels") = false,
-          "Median ms of a mul_mat: weights [n, k] of `type` times float32 activations [m, k] (benchmarks); "
-          "kernels=True goes through the model graph's helper (fun-asr's small-batch kernels where they apply).");
+          py::arg("threads") = 0, py::arg("repeats") = 5, py::arg("path") = "ggml",
+          "Median ms of a mul_mat: weights [n, k] of `type` times float32 activations [m, k] (benchmarks). "
+          "path: 'ggml' (ggml_mul_mat), 'decode' (the decode-step path: fun-asr's mat-vec kernels where they "
+          "apply), 'frames' (the encoder/prefill path: AMX where it applies).");
 
     m.def("eval_matmul",
-          [](const std::string & type, py::array_t<float, py::array::c_style | py::array::forcecast> w,
-             py::array_t<float, py::array::c_style | py::array::forcecast> x, int threads, bool kernels) {
+          [matmul_path](const std::string & type, py::array_t<float, py::array::c_style | py::array::forcecast> w,
+                        py::array_t<float, py::array::c_style | py::array::forcecast> x, int threads,
+                        const std::string & path) {
               if (w.ndim() != 2 || x.ndim() != 2 || w.shape(1) != x.shape(1)) {
                   throw std::invalid_argument("eval_matmul: w must be [n, k] and x [m, k] float32 arrays");
               }
+              const auto mp = matmul_path(path);
               const int64_t n = w.shape(0), k = w.shape(1), m = x.shape(0);
               std::vector<float> y;
               {
                   py::gil_scoped_release release;
-                  y = fun_asr::eval_matmul(type, w.data(), n, k, x.data(), m, threads, kernels);
+                  y = fun_asr::eval_matmul(type, w.data(), n, k, x.data(), m, threads, mp);
               }
               return to_numpy(std::move(y), {static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(n)});
           },
           py::arg("type"), py::arg("w"), py::arg("x"), py::kw_only(), py::arg("threads") = 1,
-          py::arg("kernels") = true,
-          "x [m, k] times w [n, k]^T with w quantized to `type`, on the CPU: y [m, n] (kernel tests); "
-          "kernels=True takes the path the audio stages take (AMX GEMM, decode mat-vec kernels where they apply).");
+          py::arg("path") = "decode",
+          "x [m, k] times w [n, k]^T with w quantized to `type`, on the CPU: y [m, n] (kernel tests); path as "
+          "in bench_matmul.");
 
     m.def("amx_available", &fun_asr::amx_available,
           "Whether the encoder's Q8_0 products run on Intel AMX here (CPU + OS support; FUN_ASR_AMX=0 turns it off).");

@@ -28,9 +28,9 @@ ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, flo
 // ggml_mul_mat(w, x), or for a few columns times a plain Q8_0/Q6_K matrix in host memory the
 // bandwidth-bound kernels in kernels/matvec (ggml's arithmetic per element).
 ggml_tensor * mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
-// For the audio stages (encoder, adaptor, CTC: many frames per product): a Q8_0 matrix on Intel AMX
-// (kernels/gemm_amx) where the CPU has it, else mul_mat. linear() uses this; the decoder does not
-// (its products stay bit for bit the same for any batch size).
+// For many columns (encoder frames, a prefill's positions): a Q8_0 matrix on Intel AMX
+// (kernels/gemm_amx) where the CPU has it, else mul_mat. linear() and the decoder's prefill use this
+// for every column count; decode steps use mul_mat (see kernels/gemm_amx.h).
 ggml_tensor * mul_mat_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
 ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l);
 

@@ -13,6 +13,9 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
     const int64_t n = in.n, B = in.n_seqs, hd = d.head_dim, kv_dim = hd * d.n_kv_heads;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     ggml_tensor * x = in.x;
+    // A prefill (several positions per sequence) takes the many-column path for every product, a
+    // decode step the mat-vec path: each sequence's numbers then do not depend on the batch around it.
+    auto proj = [&](ggml_tensor * W, ggml_tensor * a) { return in.n > 1 ? mul_mat_frames(ctx, W, a) : mul_mat(ctx, W, a); };
     for (int64_t il = 0; il < d.n_layers; ++il) {
         const Qwen3Layer & l = w.dec[static_cast<size_t>(il)];
         ggml_tensor * kc = (*in.k_cache)[static_cast<size_t>(il)];
@@ -20,7 +23,7 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         ggml_tensor * h = rms_norm(ctx, x, l.attn_norm, d.rms_eps);
 
         auto head_proj = [&](ggml_tensor * W, int64_t n_heads, ggml_tensor * norm) {
-            ggml_tensor * t = ggml_reshape_3d(ctx, mul_mat(ctx, W, h), hd, n_heads, n * B);
+            ggml_tensor * t = ggml_reshape_3d(ctx, proj(W, h), hd, n_heads, n * B);
             if (norm) {
                 t = rms_norm(ctx, t, norm, d.rms_eps);
                 t = ggml_rope_ext(ctx, t, in.positions, nullptr, static_cast<int>(hd), GGML_ROPE_TYPE_NEOX, 0,
@@ -55,11 +58,11 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
             att = ggml_cont(ctx, ggml_permute(ctx, ggml_mul_mat(ctx, V, kq), 0, 2, 1, 3));            // [hd, Hq, n, B]
         }
         att = ggml_reshape_2d(ctx, att, hd * d.n_heads, n * B);
-        x = ggml_add(ctx, x, mul_mat(ctx, l.o, att));
+        x = ggml_add(ctx, x, proj(l.o, att));
 
         h = rms_norm(ctx, x, l.ffn_norm, d.rms_eps);
-        ggml_tensor * ffn = ggml_mul(ctx, ggml_silu(ctx, mul_mat(ctx, l.gate, h)), mul_mat(ctx, l.up, h));
-        x = ggml_add(ctx, x, mul_mat(ctx, l.down, ffn));
+        ggml_tensor * ffn = ggml_mul(ctx, ggml_silu(ctx, proj(l.gate, h)), proj(l.up, h));
+        x = ggml_add(ctx, x, proj(l.down, ffn));
         g.name(x, "dec.blk." + std::to_string(il) + ".out");
     }
     x = rms_norm(ctx, x, w.output_norm, d.rms_eps);
@@ -67,7 +70,7 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         x = ggml_view_2d(ctx, x, x->ne[0], B, static_cast<size_t>(n) * x->nb[1], static_cast<size_t>(n - 1) * x->nb[1]);
         x = ggml_cont(ctx, x);
     }
-    ggml_tensor * logits = mul_mat(ctx, w.output, x);
+    ggml_tensor * logits = proj(w.output, x);
     g.name(logits, "dec.logits");
     return logits;
 }

@@ -26,30 +26,47 @@ constexpr size_t kBlockBytes = 34;
 constexpr int kTile = 16;         // rows and columns per tile
 constexpr size_t kBTileBytes = 512;  // one block (32 k) x 16 columns, VNNI layout: 8 rows of 64 bytes
 
-// The activation of one op, as every thread prepares it (small next to the weights).
-struct Prepared {
-    std::vector<int8_t> b;   // [column tile][block] 512-byte B tiles
-    std::vector<float> dx;   // [block][padded column] scales (0 for padding columns)
-    std::vector<uint8_t> scratch;
+// The activation, prepared once per product by its own graph node (threads split the columns):
+// [column tile][block] 512-byte B tiles (32 k x 16 columns; int32 (r, j) = quants 4r..4r+3 of
+// column j), then [block][padded column] float scales (0 for padding columns).
+struct Layout {
+    int64_t nb, mp, nct;
+    size_t b_bytes, bytes;
+    Layout(int64_t k, int64_t m)
+        : nb(k / kBlock), mp((m + kTile - 1) / kTile * kTile), nct(mp / kTile),
+          b_bytes(static_cast<size_t>(nct * nb) * kBTileBytes),
+          bytes(b_bytes + static_cast<size_t>(nb * mp) * sizeof(float)) {}
 };
 
-void prepare(const float * x, int64_t xs, int64_t m, int64_t k, Prepared & p) {
-    const int64_t nb = k / kBlock, mp = (m + kTile - 1) / kTile * kTile, nct = mp / kTile;
-    p.b.assign(static_cast<size_t>(nct * nb) * kBTileBytes, 0);
-    p.dx.assign(static_cast<size_t>(nb * mp), 0.0f);
-    p.scratch.resize(static_cast<size_t>(nb) * kBlockBytes);
+void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
+    const ggml_tensor * x = dst->src[0];
+    const int64_t k = x->ne[0], m = x->ne[1];
+    const Layout L(k, m);
+    uint8_t * base = static_cast<uint8_t *>(dst->data);
+    float * dx = reinterpret_cast<float *>(base + L.b_bytes);
+    const int64_t xs = static_cast<int64_t>(x->nb[1] / sizeof(float));
     const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
-    for (int64_t c = 0; c < m; ++c) {
-        from_float(x + c * xs, p.scratch.data(), k);  // ggml's own Q8_0 quantization of the column
+    thread_local std::vector<uint8_t> q;
+    q.resize(static_cast<size_t>(L.nb) * kBlockBytes);
+    // Columns (padding included) split among the threads.
+    const int64_t per = (L.mp + nth - 1) / nth, c0 = std::min<int64_t>(L.mp, per * ith), c1 = std::min<int64_t>(L.mp, c0 + per);
+    for (int64_t c = c0; c < c1; ++c) {
         const int64_t ct = c / kTile, j = c % kTile;
-        for (int64_t b = 0; b < nb; ++b) {
-            const uint8_t * blk = p.scratch.data() + static_cast<size_t>(b) * kBlockBytes;
-            uint16_t h;
-            std::memcpy(&h, blk, sizeof h);
-            p.dx[static_cast<size_t>(b * mp + c)] = ggml_fp16_to_fp32(h);
-            int8_t * t = p.b.data() + static_cast<size_t>(ct * nb + b) * kBTileBytes;
-            for (int kk = 0; kk < kBlock; ++kk) {
-                t[(kk / 4) * 64 + j * 4 + kk % 4] = static_cast<int8_t>(blk[2 + kk]);
+        if (c < m) from_float(static_cast<const float *>(x->data) + c * xs, q.data(), k);  // ggml's own Q8_0
+        for (int64_t b = 0; b < L.nb; ++b) {
+            const uint8_t * blk = q.data() + static_cast<size_t>(b) * kBlockBytes;
+            float d = 0.0f;
+            if (c < m) {
+                uint16_t h;
+                std::memcpy(&h, blk, sizeof h);
+                d = ggml_fp16_to_fp32(h);
+            }
+            dx[b * L.mp + c] = d;
+            uint8_t * t = base + static_cast<size_t>(ct * L.nb + b) * kBTileBytes;
+            for (int r = 0; r < kBlock / 4; ++r) {
+                uint32_t v = 0;
+                if (c < m) std::memcpy(&v, blk + 2 + 4 * r, 4);
+                std::memcpy(t + 64 * r + 4 * j, &v, 4);
             }
         }
     }
@@ -88,8 +105,8 @@ bool request_amx() {
 #endif
 
 // Rows [t0 * 16, t1 * 16) of W (Q8_0, rb bytes per row) times every prepared column -> y.
-static void amx_rows(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const Prepared & p, int64_t m, int64_t nb,
-                     float * y, int64_t ys) {
+static void amx_rows(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const uint8_t * prepared, int64_t m,
+                     int64_t nb, float * y, int64_t ys) {
     TileConfig cfg;
     std::memset(&cfg, 0, sizeof cfg);
     cfg.palette_id = 1;
@@ -98,6 +115,7 @@ static void amx_rows(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const
     cfg.rows[2] = 8;     cfg.colsb[2] = 64;  // B: 32 k x 16 columns, 4 k per int32
     _tile_loadconfig(&cfg);
     const int64_t mp = (m + kTile - 1) / kTile * kTile, nct = mp / kTile;
+    const float * pdx = reinterpret_cast<const float *>(prepared + static_cast<size_t>(nct * nb) * kBTileBytes);
     alignas(64) int32_t cbuf[kTile * kTile];
     alignas(64) float out[kTile][kTile];
     float * dw = static_cast<float *>(__builtin_alloca(sizeof(float) * static_cast<size_t>(kTile * nb)));
@@ -116,10 +134,10 @@ static void amx_rows(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const
             for (int64_t b = 0; b < nb; ++b) {
                 _tile_zero(0);
                 _tile_loadd(1, wt + static_cast<size_t>(b) * kBlockBytes + 2, static_cast<long>(rb));
-                _tile_loadd(2, p.b.data() + static_cast<size_t>(ct * nb + b) * kBTileBytes, 64);
+                _tile_loadd(2, prepared + static_cast<size_t>(ct * nb + b) * kBTileBytes, 64);
                 _tile_dpbssd(0, 1, 2);
                 _tile_stored(0, cbuf, 64);
-                const __m512 dxv = _mm512_loadu_ps(p.dx.data() + b * mp + ct * kTile);
+                const __m512 dxv = _mm512_loadu_ps(pdx + b * mp + ct * kTile);
                 for (int i = 0; i < kTile; ++i) {
                     const __m512 s = _mm512_mul_ps(_mm512_set1_ps(dw[i * nb + b]), dxv);
                     acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + i * kTile)), s, acc[i]);
@@ -146,15 +164,13 @@ static void amx_rows(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const
 void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
 #if FUN_ASR_AMX_BUILD
     const ggml_tensor * w = dst->src[0];
-    const ggml_tensor * x = dst->src[1];
-    const int64_t k = w->ne[0], rows = w->ne[1], m = x->ne[1];
+    const ggml_tensor * prepared = dst->src[1];
+    const int64_t k = w->ne[0], rows = w->ne[1], m = dst->ne[1];
     const int64_t tiles = rows / kTile, per = (tiles + nth - 1) / nth;
     const int64_t t0 = std::min<int64_t>(tiles, per * ith), t1 = std::min<int64_t>(tiles, t0 + per);
     if (t0 >= t1) return;
-    thread_local Prepared p;
-    prepare(static_cast<const float *>(x->data), static_cast<int64_t>(x->nb[1] / sizeof(float)), m, k, p);
-    amx_rows(static_cast<const uint8_t *>(w->data), w->nb[1], t0, t1, p, m, k / kBlock, static_cast<float *>(dst->data),
-             static_cast<int64_t>(dst->nb[1] / sizeof(float)));
+    amx_rows(static_cast<const uint8_t *>(w->data), w->nb[1], t0, t1, static_cast<const uint8_t *>(prepared->data), m,
+             k / kBlock, static_cast<float *>(dst->data), static_cast<int64_t>(dst->nb[1] / sizeof(float)));
 #else
     (void)dst; (void)ith; (void)nth;
 #endif
@@ -181,17 +197,31 @@ bool amx_gemm_supported(const ggml_tensor * w, const ggml_tensor * x) {
     if (!ggml_is_contiguous(w) || w->ne[2] != 1 || w->ne[3] != 1) return false;
     if (w->ne[1] % kTile != 0 || w->ne[0] % kBlock != 0) return false;
     if (x->ne[0] != w->ne[0] || x->ne[2] != 1 || x->ne[3] != 1 || x->nb[0] != sizeof(float)) return false;
-    return x->ne[1] >= kTile;
+    return x->ne[1] >= 1;
 }
 
 ggml_tensor * amx_gemm(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
-    ggml_tensor * args[2] = {w, x};
-    return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, args, 2, run, GGML_N_TASKS_MAX, nullptr);
+    // Two nodes: the activation's tiles (threads split the columns), then the product (threads split
+    // the weight rows); the node boundary is the barrier between them.
+    const Layout L(w->ne[0], x->ne[1]);
+    ggml_tensor * xa[1] = {x};
+    ggml_tensor * prepared = ggml_custom_4d(ctx, GGML_TYPE_I8, static_cast<int64_t>(L.bytes), 1, 1, 1, xa, 1,
+                                            prepare_run, GGML_N_TASKS_MAX, nullptr);
+    ggml_tensor * args[2] = {w, prepared};
+    ggml_tensor * y = ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, args, 2, run, GGML_N_TASKS_MAX,
+                                     nullptr);
+    return y;
 }
 
 bool is_amx_gemm(const ggml_tensor * t) {
+    // The product node: a custom op on a Q8_0 matrix and an I8 prepared activation.
     return t && t->op == GGML_OP_CUSTOM && t->src[0] && t->src[1] && t->src[0]->type == GGML_TYPE_Q8_0 &&
-           t->src[1]->ne[1] >= kTile && t->ne[0] == t->src[0]->ne[1] && amx_available();
+           t->src[1]->type == GGML_TYPE_I8 && t->ne[0] == t->src[0]->ne[1] && amx_available();
+}
+
+bool is_amx_prepare(const ggml_tensor * t) {
+    return t && t->op == GGML_OP_CUSTOM && t->type == GGML_TYPE_I8 && t->src[0] && t->src[0]->type == GGML_TYPE_F32 &&
+           !t->src[1] && amx_available();
 }
 
 }  // namespace fun_asr

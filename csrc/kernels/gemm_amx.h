@@ -9,9 +9,10 @@
 // d_w * d_x in float with AVX-512 - per element the same terms as ggml's path, summed in another
 // order (rounding-level differences, not bit for bit).
 //
-// Used by the encoder / adaptor / CTC linear layers only (graph/common.cpp linear()); the decoder
-// keeps ggml's GEMM and our mat-vec kernels, whose results are bit for bit equal to each other, so
-// batched and one-by-one decoding stay token-identical. FUN_ASR_AMX=0 turns it off.
+// Used by the encoder / adaptor / CTC linear layers (graph/common.cpp linear()) and by the decoder's
+// prefill for every column count (so a sequence's prefill is the same alone or in a batch); decode
+// steps keep the mat-vec kernels / ggml, which are bit for bit equal to each other, so batched and
+// one-by-one decoding stay token-identical. FUN_ASR_AMX=0 turns it off.
 #pragma once
 
 #include <cstdint>
@@ -23,14 +24,15 @@ namespace fun_asr {
 // Whether this CPU and OS run AMX int8 (and FUN_ASR_AMX is not 0).
 bool amx_available();
 
-// Whether w x x goes through the AMX kernel: w plain Q8_0 in host memory, contiguous 2-D, rows a
-// multiple of 16; x F32 [w->ne[0], m] with m >= 16 columns.
+// Whether w x x can go through the AMX kernel: w plain Q8_0 in host memory, contiguous 2-D, rows a
+// multiple of 16; x F32 [w->ne[0], m], any m (columns are padded to tiles of 16).
 bool amx_gemm_supported(const ggml_tensor * w, const ggml_tensor * x);
 
 // ggml_mul_mat(ctx, w, x) on AMX (caller checked amx_gemm_supported): F32 [w->ne[1], m].
 ggml_tensor * amx_gemm(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
 
-// Whether a graph node is this kernel's op.
+// Whether a graph node is this kernel's product op / its activation-preparing op.
 bool is_amx_gemm(const ggml_tensor * t);
+bool is_amx_prepare(const ggml_tensor * t);
 
 }  // namespace fun_asr

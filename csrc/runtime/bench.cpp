@@ -19,11 +19,11 @@ namespace fun_asr {
 namespace {
 
 // One product W [k, n] (quantized to `type`, placed like the model loader places weights) times
-// X [k, m] f32 on a backend, through ggml_mul_mat or (with_kernels) the graph's mul_mat helper.
+// X [k, m] f32 on a backend, through ggml_mul_mat or one of the graph's helpers (see MatmulPath).
 class MatmulRun {
 public:
     MatmulRun(const std::string & type_name, int64_t n, int64_t k, int64_t m, const std::string & device, int threads,
-              bool with_kernels, const float * wf, const float * xf) {
+              MatmulPath path, const float * wf, const float * xf) {
         const ggml_type type = parse_tensor_type(type_name);
         if (n <= 0 || k <= 0 || m <= 0) throw std::invalid_argument("matmul: sizes must be > 0");
         if (k % ggml_blck_size(type) != 0) {
@@ -66,7 +66,9 @@ public:
         ggml_backend_tensor_set(w_, wq.data(), 0, wq.size());
         ggml_backend_tensor_set(x_, xf, 0, static_cast<size_t>(k * m) * sizeof(float));
         // Built after the weights have their buffer: the kernel choice looks at where they live.
-        y_ = with_kernels ? mul_mat_frames(ctx_, w_, x_) : ggml_mul_mat(ctx_, w_, x_);
+        y_ = path == MatmulPath::frames ? mul_mat_frames(ctx_, w_, x_)
+             : path == MatmulPath::decode ? mul_mat(ctx_, w_, x_)
+                                          : ggml_mul_mat(ctx_, w_, x_);
         gf_ = ggml_new_graph(ctx_);
         ggml_build_forward_expand(gf_, y_);
         ybuf_ = ggml_backend_alloc_ctx_tensors(ctx_, backend_);
@@ -106,9 +108,9 @@ private:
 }  // namespace
 
 double bench_matmul(const std::string & type_name, int64_t n, int64_t k, int64_t m, const std::string & device,
-                    int threads, int repeats, bool with_kernels) {
+                    int threads, int repeats, MatmulPath path) {
     if (repeats <= 0) throw std::invalid_argument("bench_matmul: repeats must be > 0");
-    MatmulRun run(type_name, n, k, m, device, threads, with_kernels, nullptr, nullptr);
+    MatmulRun run(type_name, n, k, m, device, threads, path, nullptr, nullptr);
     run.compute_ms();  // warm-up
     std::vector<double> ms;
     for (int r = 0; r < repeats; ++r) ms.push_back(run.compute_ms());
@@ -117,8 +119,8 @@ double bench_matmul(const std::string & type_name, int64_t n, int64_t k, int64_t
 }
 
 std::vector<float> eval_matmul(const std::string & type, const float * w, int64_t n, int64_t k, const float * x,
-                               int64_t m, int threads, bool with_kernels) {
-    MatmulRun run(type, n, k, m, "cpu", threads, with_kernels, w, x);
+                               int64_t m, int threads, MatmulPath path) {
+    MatmulRun run(type, n, k, m, "cpu", threads, path, w, x);
     run.compute_ms();
     return run.result();
 }

@@ -7,13 +7,16 @@
 
 namespace fun_asr {
 
-// Median milliseconds of mul_mat(W[k, n] of `type`, X[k, m] f32) on `device` with `threads`;
-// with_kernels: through the graph's mul_mat helper (our small-batch kernels where they apply).
+// Which code path a product takes: ggml's mul_mat; the decoder's decode-step helper (mul_mat: the
+// mat-vec kernels where they apply); the many-column helper (mul_mat_frames: AMX where it applies).
+enum class MatmulPath { ggml, decode, frames };
+
+// Median milliseconds of mul_mat(W[k, n] of `type`, X[k, m] f32) on `device` with `threads`.
 double bench_matmul(const std::string & type, int64_t n, int64_t k, int64_t m, const std::string & device,
-                    int threads, int repeats, bool with_kernels = false);
+                    int threads, int repeats, MatmulPath path = MatmulPath::ggml);
 
 // Y [m, n] = X [m, k] times W [n, k]^T with W quantized to `type`, on the CPU backend (kernel tests).
 std::vector<float> eval_matmul(const std::string & type, const float * w, int64_t n, int64_t k, const float * x,
-                               int64_t m, int threads, bool with_kernels);
+                               int64_t m, int threads, MatmulPath path);
 
 }  // namespace fun_asr

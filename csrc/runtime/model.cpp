@@ -101,7 +101,8 @@ bool Model::eval_callback(ggml_tensor * t, bool ask, void * user) {
     // fun-asr's kernels show as MATVEC (decode) and GEMM_AMX (encoder): MUL_MATs by another path.
     const bool amx = is_amx_gemm(t), kernel = is_matvec(t);
     const bool matmul = t->op == GGML_OP_MUL_MAT || kernel || amx;
-    std::string key = self->stage_ + "/" + (amx ? "GEMM_AMX" : kernel ? "MATVEC" : ggml_op_desc(t));
+    std::string key = self->stage_ + "/" +
+                      (amx ? "GEMM_AMX" : kernel ? "MATVEC" : is_amx_prepare(t) ? "GEMM_AMX_PREPARE" : ggml_op_desc(t));
     if (matmul && t->src[0] != nullptr) {
         std::string w = ggml_get_name(t->src[0]);
         const auto blk = w.find("blk.");
@@ -157,7 +158,9 @@ void Model::alloc_graph(ggml_cgraph * gf) {
     // scheduler asks that buffer type, which only knows MUL_MAT, so the node is placed by hand.
     for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
         ggml_tensor * node = ggml_graph_node(gf, i);
-        if (is_matvec(node) || is_amx_gemm(node)) ggml_backend_sched_set_tensor_backend(sched_, node, cpu_backend_);
+        if (is_matvec(node) || is_amx_gemm(node) || is_amx_prepare(node)) {
+            ggml_backend_sched_set_tensor_backend(sched_, node, cpu_backend_);
+        }
     }
     if (!ggml_backend_sched_alloc_graph(sched_, gf)) throw std::runtime_error("cannot allocate the compute graph");
 }
