@@ -647,6 +647,14 @@ PYBIND11_MODULE(_core, m) {
           "x [m, k] times w [n, k]^T with w quantized to `type`, on the CPU: y [m, n] (kernel tests); path as "
           "in bench_matmul.");
 
+    m.def("read_bandwidth",
+          [](int64_t mb, int threads, int repeats) {
+              py::gil_scoped_release release;
+              return fun_asr::read_bandwidth(mb, threads, repeats);
+          },
+          py::arg("mb") = 512, py::kw_only(), py::arg("threads") = 1, py::arg("repeats") = 5,
+          "Best bytes/s of reading `mb` MiB once with `threads` threads (benchmarks: the memory read limit).");
+
     m.def("amx_available", &fun_asr::amx_available,
           "Whether the encoder's Q8_0 products run on Intel AMX here (CPU + OS support; FUN_ASR_AMX=0 turns it off).");
 

@@ -107,6 +107,45 @@ private:
 
 }  // namespace
 
+double read_bandwidth(int64_t mb, int threads, int repeats) {
+    if (mb <= 0 || threads <= 0 || repeats <= 0) throw std::invalid_argument("read_bandwidth: arguments must be > 0");
+    const size_t n = static_cast<size_t>(mb) * 1024 * 1024 / sizeof(uint64_t);
+    std::vector<uint64_t> data(n, 1);
+    std::vector<uint64_t> sums(static_cast<size_t>(threads) * 8, 0);  // one cache line per thread
+    double best = 0.0;
+    for (int r = 0; r < repeats; ++r) {
+        std::vector<std::thread> pool;
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int t = 0; t < threads; ++t) {
+            pool.emplace_back([&, t] {
+                const size_t lo = n * static_cast<size_t>(t) / static_cast<size_t>(threads);
+                const size_t hi = n * static_cast<size_t>(t + 1) / static_cast<size_t>(threads);
+                uint64_t a = 0, b = 0, c = 0, d = 0;
+                size_t i = lo;
+                for (; i + 4 <= hi; i += 4) {
+                    // software prefetch 8 KiB ahead, as the decode kernels do (kernels/matvec_q8_0.inc)
+#if defined(__GNUC__) || defined(__clang__)
+                    if ((i & 7) == 0) __builtin_prefetch(data.data() + i + 1024, 0, 2);
+#endif
+                    a += data[i];
+                    b += data[i + 1];
+                    c += data[i + 2];
+                    d += data[i + 3];
+                }
+                for (; i < hi; ++i) a += data[i];
+                sums[static_cast<size_t>(t) * 8] = a + b + c + d;
+            });
+        }
+        for (auto & th : pool) th.join();
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        best = std::max(best, static_cast<double>(n * sizeof(uint64_t)) / s);
+    }
+    uint64_t total = 0;
+    for (uint64_t v : sums) total += v;
+    if (total != n) throw std::runtime_error("read_bandwidth: wrong sum");  // keeps the loads alive
+    return best;
+}
+
 double bench_matmul(const std::string & type_name, int64_t n, int64_t k, int64_t m, const std::string & device,
                     int threads, int repeats, MatmulPath path) {
     if (repeats <= 0) throw std::invalid_argument("bench_matmul: repeats must be > 0");

@@ -11,6 +11,9 @@ namespace fun_asr {
 // mat-vec kernels where they apply); the many-column helper (mul_mat_frames: AMX where it applies).
 enum class MatmulPath { ggml, decode, frames };
 
+// Best bytes/s of reading `mb` MiB once, split across `threads` threads (the decode's bandwidth limit).
+double read_bandwidth(int64_t mb, int threads, int repeats);
+
 // Median milliseconds of mul_mat(W[k, n] of `type`, X[k, m] f32) on `device` with `threads`.
 double bench_matmul(const std::string & type, int64_t n, int64_t k, int64_t m, const std::string & device,
                     int threads, int repeats, MatmulPath path = MatmulPath::ggml);
