@@ -25,8 +25,9 @@ ggml_tensor * mul_mat_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * 
     return amx_gemm_supported(w, x) ? amx_gemm(ctx, w, x) : mul_mat(ctx, w, x);
 }
 
-ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l) {
-    x = mul_mat_frames(ctx, l.w, x);
+ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml_tensor * prepared) {
+    if (amx_gemm_supported(l.w, x) && amx_bias_supported(l.w, l.b)) return amx_gemm(ctx, l.w, x, prepared, l.b);
+    x = mul_mat(ctx, l.w, x);
     return l.b ? ggml_add(ctx, x, l.b) : x;
 }
 
@@ -77,9 +78,11 @@ ggml_tensor * sanm_layer(const GraphCtx & g, ggml_tensor * x, const SanmLayer & 
                          int64_t fsmn_kernel, float eps, ggml_tensor * mask, const std::string & name) {
     ggml_context * ctx = g.ctx;
     ggml_tensor * h = layer_norm(ctx, x, l.attn_norm, eps);
-    ggml_tensor * q = linear(ctx, h, l.q);
-    ggml_tensor * k = linear(ctx, h, l.k);
-    ggml_tensor * v = linear(ctx, h, l.v);
+    // q, k and v read the same input: on AMX it is quantized into tiles once for the three.
+    ggml_tensor * hp = amx_gemm_supported(l.q.w, h) ? amx_prepare(ctx, h, h->ne[0]) : nullptr;
+    ggml_tensor * q = linear(ctx, h, l.q, hp);
+    ggml_tensor * k = linear(ctx, h, l.k, hp);
+    ggml_tensor * v = linear(ctx, h, l.v, hp);
     ggml_tensor * att = linear(ctx, attention_full(ctx, q, k, v, n_heads, mask), l.o);
     if (l.fsmn) att = ggml_add(ctx, att, fsmn(ctx, v, l.fsmn, fsmn_kernel));
     g.name(att, name + ".attn_out");

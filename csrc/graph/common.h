@@ -32,7 +32,9 @@ ggml_tensor * mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
 // (kernels/gemm_amx) where the CPU has it, else mul_mat. linear() and the decoder's prefill use this
 // for every column count; decode steps use mul_mat (see kernels/gemm_amx.h).
 ggml_tensor * mul_mat_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
-ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l);
+// x W^T + b; on AMX (Q8_0) with the bias added in the product, from `prepared` when given
+// (amx_prepare of x, shared by products with the same input).
+ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml_tensor * prepared = nullptr);
 
 // Bidirectional multi-head attention over [d, T] q/k/v (heads of head_dim); mask may be null.
 ggml_tensor * attention_full(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,

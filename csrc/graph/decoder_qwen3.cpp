@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "graph/stages.h"
+#include "kernels/gemm_amx.h"
 
 namespace fun_asr {
 
@@ -15,15 +16,23 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
     ggml_tensor * x = in.x;
     // A prefill (several positions per sequence) takes the many-column path for every product, a
     // decode step the mat-vec path: each sequence's numbers then do not depend on the batch around it.
-    auto proj = [&](ggml_tensor * W, ggml_tensor * a) { return in.n > 1 ? mul_mat_frames(ctx, W, a) : mul_mat(ctx, W, a); };
+    auto proj = [&](ggml_tensor * W, ggml_tensor * a, ggml_tensor * prepared = nullptr) {
+        if (in.n > 1 && amx_gemm_supported(W, a)) return amx_gemm(ctx, W, a, prepared);
+        return in.n > 1 ? mul_mat_frames(ctx, W, a) : mul_mat(ctx, W, a);
+    };
+    // On AMX the products that read the same input (q/k/v, gate/up) share its prepared tiles.
+    auto prepare = [&](ggml_tensor * W, ggml_tensor * a) {
+        return in.n > 1 && amx_gemm_supported(W, a) ? amx_prepare(ctx, a, a->ne[0]) : nullptr;
+    };
     for (int64_t il = 0; il < d.n_layers; ++il) {
         const Qwen3Layer & l = w.dec[static_cast<size_t>(il)];
         ggml_tensor * kc = (*in.k_cache)[static_cast<size_t>(il)];
         ggml_tensor * vc = (*in.v_cache)[static_cast<size_t>(il)];
         ggml_tensor * h = rms_norm(ctx, x, l.attn_norm, d.rms_eps);
+        ggml_tensor * hp = prepare(l.q, h);
 
         auto head_proj = [&](ggml_tensor * W, int64_t n_heads, ggml_tensor * norm) {
-            ggml_tensor * t = ggml_reshape_3d(ctx, proj(W, h), hd, n_heads, n * B);
+            ggml_tensor * t = ggml_reshape_3d(ctx, proj(W, h, hp), hd, n_heads, n * B);
             if (norm) {
                 t = rms_norm(ctx, t, norm, d.rms_eps);
                 t = ggml_rope_ext(ctx, t, in.positions, nullptr, static_cast<int>(hd), GGML_ROPE_TYPE_NEOX, 0,
@@ -61,7 +70,8 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         x = ggml_add(ctx, x, proj(l.o, att));
 
         h = rms_norm(ctx, x, l.ffn_norm, d.rms_eps);
-        ggml_tensor * ffn = ggml_mul(ctx, ggml_silu(ctx, proj(l.gate, h)), proj(l.up, h));
+        ggml_tensor * fp = prepare(l.gate, h);
+        ggml_tensor * ffn = ggml_mul(ctx, ggml_silu(ctx, proj(l.gate, h, fp)), proj(l.up, h, fp));
         x = ggml_add(ctx, x, proj(l.down, ffn));
         g.name(x, "dec.blk." + std::to_string(il) + ".out");
     }

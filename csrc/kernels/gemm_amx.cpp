@@ -106,7 +106,7 @@ bool request_amx() {
 
 // Rows [t0 * 16, t1 * 16) of W (Q8_0, rb bytes per row) times every prepared column -> y.
 static void amx_rows(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const uint8_t * prepared, int64_t m,
-                     int64_t nb, float * y, int64_t ys) {
+                     int64_t nb, const float * bias, float * y, int64_t ys) {
     TileConfig cfg;
     std::memset(&cfg, 0, sizeof cfg);
     cfg.palette_id = 1;
@@ -143,7 +143,10 @@ static void amx_rows(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const
                     acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + i * kTile)), s, acc[i]);
                 }
             }
-            for (int i = 0; i < kTile; ++i) _mm512_store_ps(out[i], acc[i]);
+            for (int i = 0; i < kTile; ++i) {
+                // + bias as its own rounding step, the same float add as a separate ggml_add
+                _mm512_store_ps(out[i], bias ? _mm512_add_ps(acc[i], _mm512_set1_ps(bias[t * kTile + i])) : acc[i]);
+            }
             const int64_t cols = std::min<int64_t>(kTile, m - ct * kTile);
             for (int64_t j = 0; j < cols; ++j) {
                 float * dst = y + (ct * kTile + j) * ys + t * kTile;
@@ -169,8 +172,9 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const int64_t tiles = rows / kTile, per = (tiles + nth - 1) / nth;
     const int64_t t0 = std::min<int64_t>(tiles, per * ith), t1 = std::min<int64_t>(tiles, t0 + per);
     if (t0 >= t1) return;
+    const float * bias = dst->src[2] ? static_cast<const float *>(dst->src[2]->data) : nullptr;
     amx_rows(static_cast<const uint8_t *>(w->data), w->nb[1], t0, t1, static_cast<const uint8_t *>(prepared->data), m,
-             k / kBlock, static_cast<float *>(dst->data), static_cast<int64_t>(dst->nb[1] / sizeof(float)));
+             k / kBlock, bias, static_cast<float *>(dst->data), static_cast<int64_t>(dst->nb[1] / sizeof(float)));
 #else
     (void)dst; (void)ith; (void)nth;
 #endif
@@ -200,17 +204,25 @@ bool amx_gemm_supported(const ggml_tensor * w, const ggml_tensor * x) {
     return x->ne[1] >= 1;
 }
 
-ggml_tensor * amx_gemm(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
-    // Two nodes: the activation's tiles (threads split the columns), then the product (threads split
-    // the weight rows); the node boundary is the barrier between them.
-    const Layout L(w->ne[0], x->ne[1]);
+ggml_tensor * amx_prepare(ggml_context * ctx, ggml_tensor * x, int64_t k) {
+    // Its own node: the threads split the columns; the node boundary is the barrier before the
+    // products, which split the weight rows. One prepared activation can feed several products.
+    const Layout L(k, x->ne[1]);
     ggml_tensor * xa[1] = {x};
-    ggml_tensor * prepared = ggml_custom_4d(ctx, GGML_TYPE_I8, static_cast<int64_t>(L.bytes), 1, 1, 1, xa, 1,
-                                            prepare_run, GGML_N_TASKS_MAX, nullptr);
-    ggml_tensor * args[2] = {w, prepared};
-    ggml_tensor * y = ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, args, 2, run, GGML_N_TASKS_MAX,
-                                     nullptr);
-    return y;
+    return ggml_custom_4d(ctx, GGML_TYPE_I8, static_cast<int64_t>(L.bytes), 1, 1, 1, xa, 1, prepare_run,
+                          GGML_N_TASKS_MAX, nullptr);
+}
+
+bool amx_bias_supported(const ggml_tensor * w, const ggml_tensor * b) {
+    return b == nullptr || (b->type == GGML_TYPE_F32 && ggml_is_contiguous(b) && ggml_nelements(b) == w->ne[1] &&
+                            b->buffer && ggml_backend_buffer_is_host(b->buffer));
+}
+
+ggml_tensor * amx_gemm(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared, ggml_tensor * bias) {
+    if (!prepared) prepared = amx_prepare(ctx, x, w->ne[0]);
+    ggml_tensor * args[3] = {w, prepared, bias};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, args, bias ? 3 : 2, run, GGML_N_TASKS_MAX,
+                          nullptr);
 }
 
 bool is_amx_gemm(const ggml_tensor * t) {
