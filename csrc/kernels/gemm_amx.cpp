@@ -105,8 +105,9 @@ bool request_amx() {
 #endif
 
 // Rows [t0 * 16, t1 * 16) of W (Q8_0, rb bytes per row) times every prepared column -> y.
+// dw: scratch for 16 x nb floats (allocated by the caller: no std:: containers in this region).
 static void amx_rows(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const uint8_t * prepared, int64_t m,
-                     int64_t nb, const float * bias, float * y, int64_t ys) {
+                     int64_t nb, const float * bias, float * dw, float * y, int64_t ys) {
     TileConfig cfg;
     std::memset(&cfg, 0, sizeof cfg);
     cfg.palette_id = 1;
@@ -118,7 +119,6 @@ static void amx_rows(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const
     const float * pdx = reinterpret_cast<const float *>(prepared + static_cast<size_t>(nct * nb) * kBTileBytes);
     alignas(64) int32_t cbuf[kTile * kTile];
     alignas(64) float out[kTile][kTile];
-    float * dw = static_cast<float *>(__builtin_alloca(sizeof(float) * static_cast<size_t>(kTile * nb)));
     for (int64_t t = t0; t < t1; ++t) {
         const uint8_t * wt = w + static_cast<size_t>(t * kTile) * rb;
         for (int i = 0; i < kTile; ++i) {
@@ -147,7 +147,7 @@ static void amx_rows(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const
                 // + bias as its own rounding step, the same float add as a separate ggml_add
                 _mm512_store_ps(out[i], bias ? _mm512_add_ps(acc[i], _mm512_set1_ps(bias[t * kTile + i])) : acc[i]);
             }
-            const int64_t cols = std::min<int64_t>(kTile, m - ct * kTile);
+            const int64_t cols = m - ct * kTile < kTile ? m - ct * kTile : kTile;
             for (int64_t j = 0; j < cols; ++j) {
                 float * dst = y + (ct * kTile + j) * ys + t * kTile;
                 for (int i = 0; i < kTile; ++i) dst[i] = out[i][j];
@@ -173,8 +173,10 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const int64_t t0 = std::min<int64_t>(tiles, per * ith), t1 = std::min<int64_t>(tiles, t0 + per);
     if (t0 >= t1) return;
     const float * bias = dst->src[2] ? static_cast<const float *>(dst->src[2]->data) : nullptr;
+    thread_local std::vector<float> dw;
+    dw.resize(static_cast<size_t>(kTile * (k / kBlock)));
     amx_rows(static_cast<const uint8_t *>(w->data), w->nb[1], t0, t1, static_cast<const uint8_t *>(prepared->data), m,
-             k / kBlock, bias, static_cast<float *>(dst->data), static_cast<int64_t>(dst->nb[1] / sizeof(float)));
+             k / kBlock, bias, dw.data(), static_cast<float *>(dst->data), static_cast<int64_t>(dst->nb[1] / sizeof(float)));
 #else
     (void)dst; (void)ith; (void)nth;
 #endif
