@@ -200,7 +200,8 @@ def test_decode_kernels_give_the_same_tokens(package: str, trained_gguf, heldout
 
 
 @pytest.mark.parametrize("package", ["q8_0", "q4_k_m"])
-def test_batch_equals_one_by_one_on_the_trained_model(package: str, trained_gguf, heldout: list[tuple[Path, str]]) -> None:  # noqa: ANN001
+def test_batch_equals_one_by_one_on_the_trained_model(package: str, trained_gguf,  # noqa: ANN001
+                                                      heldout: list[tuple[Path, str]]) -> None:
     """transcribe_batch gives transcribe's tokens with every kernel this CPU runs (AMX prefill, decode
     mat-vecs): clips of different lengths, so prefills of different sizes share a batch."""
     s = fun_asr.Session(trained_gguf(package), device="cpu", vad=None, threads=2)
