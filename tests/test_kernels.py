@@ -169,3 +169,12 @@ def test_amx_can_be_turned_off() -> None:
     env = {**os.environ, "FUN_ASR_AMX": "0"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_bench_matvec_chunks_runs_and_checks_arguments() -> None:
+    assert _core.bench_matvec_chunks("q8_0", 256, 64, 64, threads=1, repeats=1) > 0
+    assert _core.bench_matvec_chunks("q6_k", 256, 256, 128, threads=2, repeats=1, path="ggml") > 0
+    with pytest.raises(ValueError, match="multiple of chunk_rows"):
+        _core.bench_matvec_chunks("q8_0", 100, 64, 64)
+    with pytest.raises(ValueError, match="path must be"):
+        _core.bench_matvec_chunks("q8_0", 128, 64, 64, path="fast")

@@ -626,6 +626,18 @@ PYBIND11_MODULE(_core, m) {
           "path: 'ggml' (ggml_mul_mat), 'decode' (the decode-step path: fun-asr's mat-vec kernels where they "
           "apply), 'frames' (the encoder/prefill path: AMX where it applies).");
 
+    m.def("bench_matvec_chunks",
+          [matmul_path](const std::string & type, int64_t rows, int64_t k, int64_t chunk_rows, int threads, int repeats,
+                        const std::string & path) {
+              const auto mp = matmul_path(path);
+              py::gil_scoped_release release;
+              return fun_asr::bench_matvec_chunks(type, rows, k, chunk_rows, threads, repeats, mp);
+          },
+          py::arg("type"), py::arg("rows"), py::arg("k"), py::arg("chunk_rows"), py::kw_only(), py::arg("threads") = 0,
+          py::arg("repeats") = 5, py::arg("path") = "decode",
+          "Median ms of one column times a [rows, k] matrix computed as rows / chunk_rows separate products "
+          "(a decode step's layer-by-layer weight stream); path 'ggml' or 'decode'.");
+
     m.def("eval_matmul",
           [matmul_path](const std::string & type, py::array_t<float, py::array::c_style | py::array::forcecast> w,
                         py::array_t<float, py::array::c_style | py::array::forcecast> x, int threads,

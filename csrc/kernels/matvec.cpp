@@ -104,18 +104,25 @@ const Kernels & kernels() {
     return chosen;
 }
 
+// The buffer a weight lives in (a view's is its source's; views get theirs only at allocation).
+ggml_backend_buffer_t buffer_of(const ggml_tensor * w) { return w->buffer ? w->buffer : w->view_src ? w->view_src->buffer : nullptr; }
+
 bool is_repacked(const ggml_tensor * w) {
-    return w->buffer && std::strcmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(w->buffer)), "CPU_REPACK") == 0;
+    ggml_backend_buffer_t b = buffer_of(w);
+    return b && std::strcmp(ggml_backend_buft_name(ggml_backend_buffer_get_type(b)), "CPU_REPACK") == 0;
 }
 
 // The kernel for a weight as it is stored (type and layout), or null.
 RowsFn kernel_for(const ggml_tensor * w) {
-    if (!w->buffer) return nullptr;
+    if (!buffer_of(w) || !w->data) return nullptr;
     if (is_repacked(w)) {  // CPU memory, but not reported as host memory (the layout is ggml's own)
         // ggml repacks Q4_K as 8 interleaved rows on AVX2 CPUs when the row count allows it.
-        return w->type == GGML_TYPE_Q4_K && w->ne[1] % 8 == 0 && w->extra != nullptr ? kernels().q4_k_x8 : nullptr;
+        const ggml_tensor * base = w->view_src ? w->view_src : w;
+        return w->type == GGML_TYPE_Q4_K && w->ne[1] % 8 == 0 && base->extra != nullptr && !w->view_src
+                   ? kernels().q4_k_x8 : nullptr;  // (a view into 8-row groups is not handled)
     }
-    if (!ggml_backend_buffer_is_host(w->buffer) || w->extra != nullptr) return nullptr;  // GPU, or another extra type
+    const ggml_tensor * base = w->view_src ? w->view_src : w;
+    if (!ggml_backend_buffer_is_host(buffer_of(w)) || base->extra != nullptr) return nullptr;  // GPU, another extra type
     switch (w->type) {
         case GGML_TYPE_Q8_0: return kernels().q8_0;
         case GGML_TYPE_Q6_K: return kernels().q6_k;

@@ -146,6 +146,56 @@ double read_bandwidth(int64_t mb, int threads, int repeats) {
     return best;
 }
 
+double bench_matvec_chunks(const std::string & type_name, int64_t rows, int64_t k, int64_t chunk_rows, int threads,
+                           int repeats, MatmulPath path) {
+    // One big matrix in plain layout (no repack), multiplied by one column chunk by chunk: a graph of
+    // rows / chunk_rows products, like a decode step's sequence of layer matrices (weights from DRAM).
+    const ggml_type type = parse_tensor_type(type_name);
+    if (rows <= 0 || k <= 0 || chunk_rows <= 0 || rows % chunk_rows != 0 || repeats <= 0) {
+        throw std::invalid_argument("bench_matvec_chunks: rows must be a positive multiple of chunk_rows");
+    }
+    ggml_backend_t backend = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+    ggml_backend_cpu_set_n_threads(backend, threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
+    const int64_t n_chunks = rows / chunk_rows;
+    ggml_init_params ip{ggml_tensor_overhead() * static_cast<size_t>(4 * n_chunks + 8) + ggml_graph_overhead_custom(
+                            static_cast<size_t>(4 * n_chunks + 8), false), nullptr, true};
+    ggml_context * ctx = ggml_init(ip);
+    ggml_tensor * w = ggml_new_tensor_2d(ctx, type, k, rows);
+    ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, 1);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
+    std::vector<float> row(static_cast<size_t>(k));
+    std::mt19937 rng(1);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    const size_t rb = ggml_row_size(type, k);
+    std::vector<uint8_t> q(rb * static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {  // row by row: no full float copy of a large matrix
+        for (auto & v : row) v = dist(rng);
+        quantize_rows(type, row.data(), q.data() + static_cast<size_t>(r) * rb, 1, k);
+    }
+    ggml_backend_tensor_set(w, q.data(), 0, q.size());
+    for (auto & v : row) v = dist(rng);
+    ggml_backend_tensor_set(x, row.data(), 0, row.size() * sizeof(float));
+    ggml_cgraph * gf = ggml_new_graph_custom(ctx, static_cast<size_t>(4 * n_chunks + 8), false);
+    for (int64_t c = 0; c < n_chunks; ++c) {
+        ggml_tensor * wc = ggml_view_2d(ctx, w, k, chunk_rows, rb, static_cast<size_t>(c * chunk_rows) * rb);
+        ggml_build_forward_expand(gf, path == MatmulPath::ggml ? ggml_mul_mat(ctx, wc, x) : mul_mat(ctx, wc, x));
+    }
+    ggml_backend_buffer_t ybuf = ggml_backend_alloc_ctx_tensors(ctx, backend);
+    std::vector<double> ms;
+    for (int r = 0; r <= repeats; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        ggml_backend_graph_compute(backend, gf);
+        const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        if (r > 0) ms.push_back(t);  // the first run is the warm-up
+    }
+    ggml_backend_buffer_free(ybuf);
+    ggml_backend_buffer_free(buf);
+    ggml_free(ctx);
+    ggml_backend_free(backend);
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+}
+
 double bench_matmul(const std::string & type_name, int64_t n, int64_t k, int64_t m, const std::string & device,
                     int threads, int repeats, MatmulPath path) {
     if (repeats <= 0) throw std::invalid_argument("bench_matmul: repeats must be > 0");

@@ -18,6 +18,11 @@ double read_bandwidth(int64_t mb, int threads, int repeats);
 double bench_matmul(const std::string & type, int64_t n, int64_t k, int64_t m, const std::string & device,
                     int threads, int repeats, MatmulPath path = MatmulPath::ggml);
 
+// Median ms of one column times a [rows, k] matrix of `type`, computed as rows / chunk_rows separate
+// products (a decode step's sequence of layer matrices, weights streamed from memory).
+double bench_matvec_chunks(const std::string & type, int64_t rows, int64_t k, int64_t chunk_rows, int threads,
+                           int repeats, MatmulPath path);
+
 // Y [m, n] = X [m, k] times W [n, k]^T with W quantized to `type`, on the CPU backend (kernel tests).
 std::vector<float> eval_matmul(const std::string & type, const float * w, int64_t n, int64_t k, const float * x,
                                int64_t m, int threads, MatmulPath path);
