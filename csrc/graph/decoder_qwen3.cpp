@@ -17,8 +17,7 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
     // A prefill (several positions per sequence) takes the many-column path for every product, a
     // decode step the mat-vec path: each sequence's numbers then do not depend on the batch around it.
     auto proj = [&](ggml_tensor * W, ggml_tensor * a, ggml_tensor * prepared = nullptr) {
-        if (in.n > 1 && amx_gemm_supported(W, a)) return amx_gemm(ctx, W, a, prepared);
-        return in.n > 1 ? mul_mat_frames(ctx, W, a) : mul_mat(ctx, W, a);
+        return in.n > 1 && amx_gemm_supported(W, a) ? amx_gemm(ctx, W, a, prepared) : mul_mat(ctx, W, a);
     };
     // On AMX the products that read the same input (q/k/v, gate/up) share its prepared tiles.
     auto prepare = [&](ggml_tensor * W, ggml_tensor * a) {

@@ -96,6 +96,14 @@ bool request_amx() {
     return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
 
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 reports its own intrinsic headers: _mm256/_mm512_undefined_*() are written as a
+// self-initialised value (`__m512i __Y = __Y;`), which -W(maybe-)uninitialized flags once the
+// intrinsics are inlined into our kernels. Nothing here reads an undefined value.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,amx-tile,amx-int8"))), \
                              apply_to = function)
@@ -239,3 +247,7 @@ bool is_amx_prepare(const ggml_tensor * t) {
 }
 
 }  // namespace fun_asr
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif

@@ -16,7 +16,6 @@
 #define FUN_ASR_MATVEC_X86 0
 #endif
 
-
 namespace fun_asr {
 namespace {
 
@@ -38,8 +37,14 @@ struct Kernels {
     const char * name = "";
 };
 
-
-
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 reports its own intrinsic headers: _mm256/_mm512_undefined_*() are written as a
+// self-initialised value (`__m512i __Y = __Y;`), which -W(maybe-)uninitialized flags once the
+// intrinsics are inlined into our kernels. Nothing here reads an undefined value.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #if FUN_ASR_MATVEC_X86
 // Each ISA's copy of the kernels is compiled in its own target region; only these functions carry
 // the wider instruction sets, and they run only after the CPU check in pick().
@@ -105,7 +110,9 @@ const Kernels & kernels() {
 }
 
 // The buffer a weight lives in (a view's is its source's; views get theirs only at allocation).
-ggml_backend_buffer_t buffer_of(const ggml_tensor * w) { return w->buffer ? w->buffer : w->view_src ? w->view_src->buffer : nullptr; }
+ggml_backend_buffer_t buffer_of(const ggml_tensor * w) {
+    return w->buffer ? w->buffer : w->view_src ? w->view_src->buffer : nullptr;
+}
 
 bool is_repacked(const ggml_tensor * w) {
     ggml_backend_buffer_t b = buffer_of(w);
@@ -115,13 +122,13 @@ bool is_repacked(const ggml_tensor * w) {
 // The kernel for a weight as it is stored (type and layout), or null.
 RowsFn kernel_for(const ggml_tensor * w) {
     if (!buffer_of(w) || !w->data) return nullptr;
-    if (is_repacked(w)) {  // CPU memory, but not reported as host memory (the layout is ggml's own)
-        // ggml repacks Q4_K as 8 interleaved rows on AVX2 CPUs when the row count allows it.
-        const ggml_tensor * base = w->view_src ? w->view_src : w;
-        return w->type == GGML_TYPE_Q4_K && w->ne[1] % 8 == 0 && base->extra != nullptr && !w->view_src
-                   ? kernels().q4_k_x8 : nullptr;  // (a view into 8-row groups is not handled)
-    }
     const ggml_tensor * base = w->view_src ? w->view_src : w;
+    if (is_repacked(w)) {  // CPU memory, but not reported as host memory (the layout is ggml's own)
+        // ggml repacks Q4_K as 8 interleaved rows on AVX2 CPUs when the row count allows it (views into
+        // those row groups are left to ggml).
+        const bool ok = w->type == GGML_TYPE_Q4_K && w->ne[1] % 8 == 0 && w->extra != nullptr && !w->view_src;
+        return ok ? kernels().q4_k_x8 : nullptr;
+    }
     if (!ggml_backend_buffer_is_host(buffer_of(w)) || base->extra != nullptr) return nullptr;  // GPU, another extra type
     switch (w->type) {
         case GGML_TYPE_Q8_0: return kernels().q8_0;
@@ -215,3 +222,7 @@ bool is_matvec(const ggml_tensor * t) {
 }
 
 }  // namespace fun_asr
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
