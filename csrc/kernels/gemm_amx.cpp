@@ -49,7 +49,8 @@ void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     thread_local std::vector<uint8_t> q;
     q.resize(static_cast<size_t>(L.nb) * kBlockBytes);
     // Columns (padding included) split among the threads.
-    const int64_t per = (L.mp + nth - 1) / nth, c0 = std::min<int64_t>(L.mp, per * ith), c1 = std::min<int64_t>(L.mp, c0 + per);
+    const int64_t per = (L.mp + nth - 1) / nth;
+    const int64_t c0 = std::min<int64_t>(L.mp, per * ith), c1 = std::min<int64_t>(L.mp, c0 + per);
     for (int64_t c = c0; c < c1; ++c) {
         const int64_t ct = c / kTile, j = c % kTile;
         if (c < m) from_float(static_cast<const float *>(x->data) + c * xs, q.data(), k);  // ggml's own Q8_0
