@@ -21,8 +21,12 @@ ggml_tensor * mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
     return matvec_supported(w, x) ? matvec(ctx, w, x) : ggml_mul_mat(ctx, w, x);
 }
 
-ggml_tensor * mul_mat_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
-    return amx_gemm_supported(w, x) ? amx_gemm(ctx, w, x) : mul_mat(ctx, w, x);
+ggml_tensor * mul_mat_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared) {
+    return amx_gemm_supported(w, x) ? amx_gemm(ctx, w, x, prepared) : mul_mat(ctx, w, x);
+}
+
+ggml_tensor * prepare_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
+    return amx_gemm_supported(w, x) ? amx_prepare(ctx, x) : nullptr;
 }
 
 ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml_tensor * prepared) {
@@ -79,7 +83,7 @@ ggml_tensor * sanm_layer(const GraphCtx & g, ggml_tensor * x, const SanmLayer & 
     ggml_context * ctx = g.ctx;
     ggml_tensor * h = layer_norm(ctx, x, l.attn_norm, eps);
     // q, k and v read the same input: on AMX it is quantized into tiles once for the three.
-    ggml_tensor * hp = amx_gemm_supported(l.q.w, h) ? amx_prepare(ctx, h, h->ne[0]) : nullptr;
+    ggml_tensor * hp = prepare_frames(ctx, l.q.w, h);
     ggml_tensor * q = linear(ctx, h, l.q, hp);
     ggml_tensor * k = linear(ctx, h, l.k, hp);
     ggml_tensor * v = linear(ctx, h, l.v, hp);

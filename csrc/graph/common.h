@@ -31,7 +31,10 @@ ggml_tensor * mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
 // For many columns (encoder frames, a prefill's positions): a Q8_0 matrix on Intel AMX
 // (kernels/gemm_amx) where the CPU has it, else mul_mat. linear() and the decoder's prefill use this
 // for every column count; decode steps use mul_mat (see kernels/gemm_amx.h).
-ggml_tensor * mul_mat_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
+// `prepared` (may be null) is prepare_frames(ctx, w, x) shared by products with the same input x.
+ggml_tensor * mul_mat_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared = nullptr);
+// x quantized into AMX tiles once for several products (q/k/v, gate/up) when w takes the AMX path, else null.
+ggml_tensor * prepare_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
 // x W^T + b; on AMX (Q8_0) with the bias added in the product, from `prepared` when given
 // (amx_prepare of x, shared by products with the same input).
 ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml_tensor * prepared = nullptr);

@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include "graph/stages.h"
-#include "kernels/gemm_amx.h"
 
 namespace fun_asr {
 
@@ -17,12 +16,10 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
     // A prefill (several positions per sequence) takes the many-column path for every product, a
     // decode step the mat-vec path: each sequence's numbers then do not depend on the batch around it.
     auto proj = [&](ggml_tensor * W, ggml_tensor * a, ggml_tensor * prepared = nullptr) {
-        return in.n > 1 && amx_gemm_supported(W, a) ? amx_gemm(ctx, W, a, prepared) : mul_mat(ctx, W, a);
+        return in.n > 1 ? mul_mat_frames(ctx, W, a, prepared) : mul_mat(ctx, W, a);
     };
     // On AMX the products that read the same input (q/k/v, gate/up) share its prepared tiles.
-    auto prepare = [&](ggml_tensor * W, ggml_tensor * a) {
-        return in.n > 1 && amx_gemm_supported(W, a) ? amx_prepare(ctx, a, a->ne[0]) : nullptr;
-    };
+    auto prepare = [&](ggml_tensor * W, ggml_tensor * a) { return in.n > 1 ? prepare_frames(ctx, W, a) : nullptr; };
     for (int64_t il = 0; il < d.n_layers; ++il) {
         const Qwen3Layer & l = w.dec[static_cast<size_t>(il)];
         ggml_tensor * kc = (*in.k_cache)[static_cast<size_t>(il)];

@@ -215,10 +215,10 @@ bool amx_gemm_supported(const ggml_tensor * w, const ggml_tensor * x) {
     return x->ne[1] >= 1;
 }
 
-ggml_tensor * amx_prepare(ggml_context * ctx, ggml_tensor * x, int64_t k) {
+ggml_tensor * amx_prepare(ggml_context * ctx, ggml_tensor * x) {
     // Its own node: the threads split the columns; the node boundary is the barrier before the
     // products, which split the weight rows. One prepared activation can feed several products.
-    const Layout L(k, x->ne[1]);
+    const Layout L(x->ne[0], x->ne[1]);
     ggml_tensor * xa[1] = {x};
     return ggml_custom_4d(ctx, GGML_TYPE_I8, static_cast<int64_t>(L.bytes), 1, 1, 1, xa, 1, prepare_run,
                           GGML_N_TASKS_MAX, nullptr);
@@ -230,7 +230,7 @@ bool amx_bias_supported(const ggml_tensor * w, const ggml_tensor * b) {
 }
 
 ggml_tensor * amx_gemm(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared, ggml_tensor * bias) {
-    if (!prepared) prepared = amx_prepare(ctx, x, w->ne[0]);
+    if (!prepared) prepared = amx_prepare(ctx, x);
     ggml_tensor * args[3] = {w, prepared, bias};
     return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, args, bias ? 3 : 2, run, GGML_N_TASKS_MAX,
                           nullptr);

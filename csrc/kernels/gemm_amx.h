@@ -30,13 +30,13 @@ bool amx_gemm_supported(const ggml_tensor * w, const ggml_tensor * x);
 
 // The activation x (F32 [k, m]) quantized and laid out as AMX tiles, in its own graph node; one
 // prepared activation can feed several products with the same input (q, k and v).
-ggml_tensor * amx_prepare(ggml_context * ctx, ggml_tensor * x, int64_t k);
+ggml_tensor * amx_prepare(ggml_context * ctx, ggml_tensor * x);
 
 // Whether `bias` (may be null) can be added inside the product: F32 [w->ne[1]] in host memory.
 bool amx_bias_supported(const ggml_tensor * w, const ggml_tensor * bias);
 
 // ggml_mul_mat(ctx, w, x) (+ bias) on AMX (caller checked amx_gemm_supported and
-// amx_bias_supported): F32 [w->ne[1], m]. `prepared` is amx_prepare(ctx, x, w->ne[0]) or null.
+// amx_bias_supported): F32 [w->ne[1], m]. `prepared` is amx_prepare(ctx, x) or null.
 ggml_tensor * amx_gemm(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared = nullptr,
                        ggml_tensor * bias = nullptr);
 
