@@ -38,20 +38,30 @@ def tiny_bf16(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_gguf(tiny_f32: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    """Converts tiny_f32 once per package type: tiny_gguf("q8_0") -> path."""
+def gguf_converter(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """gguf_converter(checkpoint, stem) -> get(package): converts the checkpoint once per package type
+    (get("q8_0") -> <stem>-q8_0.gguf in a session temp folder)."""
     from fun_asr import convert
 
-    cache: dict[str, Path] = {}
-    root = tmp_path_factory.mktemp("gguf")
+    def make(src: Path, stem: str):  # noqa: ANN202
+        cache: dict[str, Path] = {}
+        root = tmp_path_factory.mktemp(stem)
 
-    def get(package: str) -> Path:
-        if package not in cache:
-            cache[package] = root / f"tiny-{package}.gguf"
-            convert(tiny_f32, cache[package], package, progress=False)
-        return cache[package]
+        def get(package: str) -> Path:
+            if package not in cache:
+                cache[package] = root / f"{stem}-{package}.gguf"
+                convert(src, cache[package], package, progress=False)
+            return cache[package]
 
-    return get
+        return get
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tiny_f32: Path, gguf_converter):  # noqa: ANN001, ANN201
+    """Converts tiny_f32 once per package type: tiny_gguf("q8_0") -> path."""
+    return gguf_converter(tiny_f32, "tiny")
 
 
 @pytest.fixture(scope="session")

@@ -42,18 +42,9 @@ def trained_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def trained_gguf(trained_ckpt: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+def trained_gguf(trained_ckpt: Path, gguf_converter):  # noqa: ANN001, ANN201
     """trained_gguf("q8_0") -> the converted package (converted once per type)."""
-    cache: dict[str, Path] = {}
-    root = tmp_path_factory.mktemp("trained-gguf")
-
-    def get(package: str) -> Path:
-        if package not in cache:
-            cache[package] = root / f"tiny-trained-{package}.gguf"
-            fun_asr.convert(trained_ckpt, cache[package], package, progress=False)
-        return cache[package]
-
-    return get
+    return gguf_converter(trained_ckpt, "tiny-trained")
 
 
 @pytest.fixture(scope="session")
