@@ -353,8 +353,14 @@ ggml_backend_buffer_type_t repack_buft_for(ggml_backend_dev_t dev, const ggml_te
 
 std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HParams & hp, ggml_backend_dev_t dev) {
     const std::vector<ExpectedTensor> expected = expected_tensors(hp);
+    // A package may carry its FSMN-VAD (tensors "vad.*", keys "fsmn_vad.*"): VadModel loads those.
+    const bool embedded_vad = src.meta.count("fsmn_vad.block_count") > 0;
+    std::vector<const SourceTensor *> own;
+    for (const auto & t : src.tensors) {
+        if (!(embedded_vad && t.name.rfind("vad.", 0) == 0)) own.push_back(&t);
+    }
     std::map<std::string, const SourceTensor *> by_name;
-    for (const auto & t : src.tensors) by_name[t.name] = &t;
+    for (const SourceTensor * t : own) by_name[t->name] = t;
     for (const auto & e : expected) {
         auto it = by_name.find(e.name);
         if (it == by_name.end()) throw std::runtime_error(src.origin + ": missing tensor '" + e.name + "'");
@@ -373,11 +379,11 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
             throw std::runtime_error(src.origin + ": tensor '" + e.name + "' data size does not match its type");
         }
     }
-    if (src.tensors.size() != expected.size()) {
+    if (own.size() != expected.size()) {
         std::map<std::string, bool> known;
         for (const auto & e : expected) known[e.name] = true;
-        for (const auto & t : src.tensors) {
-            if (!known.count(t.name)) throw std::runtime_error(src.origin + ": unexpected tensor '" + t.name + "'");
+        for (const SourceTensor * t : own) {
+            if (!known.count(t->name)) throw std::runtime_error(src.origin + ": unexpected tensor '" + t->name + "'");
         }
         throw std::runtime_error(src.origin + ": duplicate tensor names");
     }

@@ -80,13 +80,18 @@ VadHParams parse_vad_hparams(const Metadata & m) {
 }
 
 VadModel::VadModel(const ModelSource & src, int threads) {
-    if (src.arch != "fsmn_vad") {
-        throw std::runtime_error(src.origin + ": architecture '" + src.arch + "' is not a VAD model (expected fsmn_vad)");
+    // An fsmn_vad file, or another package (a fun_asr_nano GGUF) that embeds one: "fsmn_vad.*" keys and
+    // "vad.*" tensors beside its own, which are left alone here.
+    const bool embedded = src.arch != "fsmn_vad";
+    if (embedded && !src.meta.count("fsmn_vad.block_count")) {
+        throw std::runtime_error(src.origin + ": architecture '" + src.arch +
+                                 "' is not a VAD model and embeds none (expected fsmn_vad, or fsmn_vad.* metadata)");
     }
     hp_ = parse_vad_hparams(src.meta);
     const std::vector<ExpectedTensor> expected = expected_vad_tensors(hp_);
     std::map<std::string, const SourceTensor *> by_name;
     for (const auto & t : src.tensors) {
+        if (embedded && t.name.rfind("vad.", 0) != 0) continue;
         if (!by_name.emplace(t.name, &t).second) throw std::runtime_error(src.origin + ": duplicate tensor '" + t.name + "'");
     }
     if (by_name.size() != expected.size()) {
