@@ -142,6 +142,69 @@ def test_cli_collisions_write_every_output(model_path: str, tmp_path: Path) -> N
         assert f"{p} -> {out}" in r.stderr_text
 
 
+@pytest.mark.parametrize("fmt", ["txt", "json", "srt", "vtt", "all"])
+def test_an_output_that_is_an_input_is_refused_before_anything(fmt: str, model_path: str, tmp_path: Path) -> None:
+    """Issue 23.1: `cp clip.wav same/clip.txt; fun-asr-transcribe same/clip.txt -o same` replaced the audio
+    with its transcript. Every output that is an input (same path, a symlink, a hard link) is refused
+    with exit 2 and one line, before the model loads, and nothing is written."""
+    same = tmp_path / "same"
+    same.mkdir()
+    ext = "vtt" if fmt == "all" else fmt
+    victim = same / f"clip.{ext}"
+    victim.write_bytes(CLIP.read_bytes())
+    before = _sha(victim)
+    r = _run(str(victim), "-m", model_path, *CLI_TOKENS, "-f", fmt, "-o", str(same))
+    assert r.returncode == 2 and r.stderr_text.count("\n") == 1, r.stderr_text
+    assert f"would overwrite the input {victim}" in r.stderr_text and "choose another -o" in r.stderr_text
+    assert _sha(victim) == before and sorted(p.name for p in same.iterdir()) == [victim.name]
+    # the same file by other names: the input through a symlink, the output a symlink to it, a hard link
+    missing_model = str(tmp_path / "no-model.gguf")  # refused before the model loads: it would fail otherwise
+    (tmp_path / "clip.wav").symlink_to(victim)
+    for d in ("by-symlink", "by-hard-link"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "by-symlink" / victim.name).symlink_to(victim)
+    os.link(victim, tmp_path / "by-hard-link" / victim.name)
+    for src, out in ((tmp_path / "clip.wav", same), (victim, tmp_path / "by-symlink"),
+                     (victim, tmp_path / "by-hard-link")):
+        r = _run(str(src), "-m", missing_model, "-f", fmt, "-o", str(out))
+        assert r.returncode == 2 and r.stderr_text.count("\n") == 1, (src, out, r.stderr_text)
+        assert f"would overwrite the input {src}" in r.stderr_text and "cannot load model" not in r.stderr_text
+    assert _sha(victim) == before
+
+
+def test_an_input_of_a_later_batch_is_not_overwritten(model_path: str, tmp_path: Path) -> None:
+    """Issue 23.1: the CLI works in groups of --batch-size; an output of the first group must not
+    destroy an input of the next one (here through a symlink and a hard link in the -o folder)."""
+    first, later, third = tmp_path / "talk.wav", tmp_path / "later.wav", tmp_path / "third.wav"
+    for p in (first, later, third):
+        p.write_bytes(CLIP.read_bytes())
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "talk.txt").symlink_to(later)
+    r = _run(str(first), str(later), "-m", model_path, *CLI_TOKENS, "--batch-size", "1", "-o", str(out))
+    assert r.returncode == 2 and f"would overwrite the input {later}" in r.stderr_text, r.stderr_text
+    assert later.read_bytes() == CLIP.read_bytes()
+    (out / "talk.txt").unlink()
+    os.link(third, out / "talk.json")
+    r = _run(str(first), str(later), str(third), "-m", model_path, *CLI_TOKENS, "--batch-size", "1", "-f", "json",
+             "-o", str(out))
+    assert r.returncode == 2 and f"would overwrite the input {third} (the same file" in r.stderr_text, r.stderr_text
+    assert third.read_bytes() == CLIP.read_bytes() and sorted(p.name for p in out.iterdir()) == ["talk.json"]
+
+
+def test_the_same_input_twice_gets_a_numbered_name(model_path: str, tmp_path: Path) -> None:
+    """Issue 23.10: `x.wav x.wav -o out` gives x.txt and x-2.txt (was a flattened absolute path)."""
+    assert output_names(["x.wav", "x.wav"]) == ["x", "x-2"]
+    assert output_names(["x.wav", "./x.wav", "x.flac"]) == ["x.wav", "x.wav-2", "x.flac"]
+    assert output_names(["x.wav", "x.wav", "x-2.wav"]) == ["x", "x-3", "x-2"]
+    clip = tmp_path / "x.wav"
+    clip.write_bytes(CLIP.read_bytes())
+    out = tmp_path / "out"
+    r = _run(str(clip), str(clip), "-m", model_path, *CLI_TOKENS, "-o", str(out))
+    assert r.returncode == 0, r.stderr_text
+    assert sorted(p.name for p in out.iterdir()) == ["x-2.txt", "x.txt"]
+
+
 # --- 3.-6. silently wrong results ---------------------------------------------------------------------
 
 def test_channels_first_arrays(session: fun_asr.Session) -> None:

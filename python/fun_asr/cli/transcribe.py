@@ -12,6 +12,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from fun_asr.cli._messages import cli_words
 from fun_asr.formats import FORMATS, render
 from fun_asr.hub import DEFAULT_REPO
 
@@ -134,9 +135,62 @@ def check_options(args: argparse.Namespace) -> None:
         if len(args.files) > 1 and args.format in ("srt", "vtt"):
             raise UsageError(f"-f {args.format} with {len(args.files)} inputs needs -o DIR: subtitles of several "
                              "files in one stream cannot be told apart")
-    else:
+    _check_inputs(args.files)
+    args.names = output_names(args.files)
+    if args.output_dir:
+        _check_outputs_are_not_inputs(Path(args.output_dir), args.files, args.names, formats)
         _check_output_dir(Path(args.output_dir))
     args.formats = formats
+
+
+def _check_inputs(files: list[str]) -> None:
+    """Every input file exists and is readable: a wrong name is reported before the model loads."""
+    problems = []
+    for name in files:
+        if name == STDIN:
+            continue
+        if not os.path.exists(name):
+            why = "a broken symbolic link" if os.path.islink(name) else "no such audio file"
+            problems.append(f"{name}: {why}")
+        elif os.path.isdir(name):
+            problems.append(f"{name}: is a directory, not an audio file (give the files in it, e.g. {name}/*.wav)")
+        elif not os.access(name, os.R_OK):
+            problems.append(f"{name}: cannot read it (permission denied)")
+    if problems:
+        raise UsageError("\n".join(problems))
+
+
+def _check_outputs_are_not_inputs(out: Path, files: list[str], names: list[str], formats: list[str]) -> None:
+    """No file this run writes is one of its inputs: the same path once links are resolved, or the same
+    file (inode) under another name (a hard link, a case-insensitive disk)."""
+    real: dict[str, str] = {}
+    inodes: dict[tuple[int, int], str] = {}
+    for name in files:
+        if name == STDIN:
+            continue
+        real.setdefault(os.path.realpath(name), name)
+        try:
+            st = os.stat(name)
+        except OSError:
+            continue
+        inodes.setdefault((st.st_dev, st.st_ino), name)
+    if not real:
+        return
+    for base in names:
+        for fmt in formats:
+            path = out / f"{base}.{fmt}"
+            same = real.get(os.path.realpath(path))
+            how = ""
+            if same is None:
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                same = inodes.get((st.st_dev, st.st_ino))
+                how = " (the same file under another name: a link)"
+            if same is not None:
+                raise UsageError(f"-o {out}: writing {path} would overwrite the input {same}{how}; nothing was "
+                                 "written: choose another -o folder")
 
 
 def _check_output_dir(out: Path) -> None:
@@ -158,9 +212,36 @@ def output_names(inputs: list[str]) -> list[str]:
 
     The file stem (``talk``) when it is unique in this run; inputs whose names collide keep more of
     their name, step by step, until they differ: the extension (``talk.wav``, ``talk.flac``), then
-    parent folders (``a__talk.wav``, ``b__talk.wav``); the same file twice gets ``-2``, ``-3``.
+    parent folders (``a__talk.wav``, ``b__talk.wav``); the same input again (the same path, however
+    it is spelled: ``x.wav``, ``./x.wav``, ``X.WAV``) gets the first one's name with ``-2``, ``-3``.
     Standard input is ``stdin``. Names are compared case-insensitively (for case-insensitive disks).
     """
+    # the same path (or one differing only in case, which no parent folder can tell apart) is numbered
+    # after the first one's name below
+    keys = [name if name == STDIN else os.path.normpath(os.path.abspath(name)).casefold() for name in inputs]
+    first: dict[str, str] = {}  # path -> the input as first given
+    for key, name in zip(keys, inputs, strict=True):
+        first.setdefault(key, name)
+    names = dict(zip(first, _unique_names(list(first.values())), strict=True))
+    used = {n.casefold() for n in names.values()}
+    out = []
+    seen: set[str] = set()
+    for key in keys:
+        base = names[key]
+        if key not in seen:
+            seen.add(key)
+            out.append(base)
+            continue
+        k = 2
+        while f"{base}-{k}".casefold() in used:
+            k += 1
+        used.add(f"{base}-{k}".casefold())
+        out.append(f"{base}-{k}")
+    return out
+
+
+def _unique_names(inputs: list[str]) -> list[str]:
+    """output_names for inputs that are all different paths."""
     def candidate(name: str, level: int) -> str:
         if name == STDIN:
             return "stdin"
@@ -187,7 +268,7 @@ def output_names(inputs: list[str]) -> list[str]:
                 if candidate(inputs[i], levels[i] + 1):
                     levels[i] += 1
                     progressed = True
-        if not progressed:  # the same path more than once: number the repeats in input order
+        if not progressed:  # (not reached: the paths differ, so some parent folder tells them apart)
             counts: dict[str, int] = {}
             out = []
             for n in names:
@@ -209,7 +290,8 @@ def _main(argv: list[str] | None) -> int:
     try:
         check_options(args)
     except UsageError as exc:
-        _error(str(exc))
+        for line in str(exc).splitlines():
+            _error(line)
         return 2
     from fun_asr.notices import RecordingFailedWarning
 
@@ -217,7 +299,7 @@ def _main(argv: list[str] | None) -> int:
         warnings.simplefilter("ignore")
     else:
         warnings.simplefilter("always")
-        warnings.formatwarning = lambda msg, *a, **k: f"{PROG}: warning: {msg}\n"
+        warnings.formatwarning = lambda msg, *a, **k: f"{PROG}: warning: {cli_words(str(msg))}\n"
     warnings.simplefilter("ignore", RecordingFailedWarning)  # failures are reported as errors below
     interactive = sys.stderr.isatty() and not args.quiet
 
@@ -236,15 +318,13 @@ def _main(argv: list[str] | None) -> int:
                         not args.no_repetition_guard)
         language = session.normalize_language(args.language)
     except (ValueError, TypeError) as exc:
-        msg = str(exc).replace("segment_seconds", "--segment-seconds").replace("max_new_tokens", "--max-new-tokens")
-        _error(msg)
+        _error(cli_words(str(exc)))
         return 2
 
     if args.stream:
         return _stream(session, args, language)
     out_dir = Path(args.output_dir) if args.output_dir else None
-    names = output_names(args.files)
-    several = len(args.files) > 1
+    names = args.names
     failed = 0
     step = args.batch_size
     for k in range(0, len(args.files), step):
@@ -260,11 +340,13 @@ def _main(argv: list[str] | None) -> int:
             shown = "<stdin>" if name == STDIN else name
             if not result.ok:
                 failed += 1
-                _error(result.error if (result.error or "").startswith(shown) else f"{shown}: {result.error}")
-                if out_dir is None and args.format == "json" and several:
-                    print(json.dumps({"input": shown, "error": result.error}, ensure_ascii=False), flush=True)
+                error = cli_words(result.error or "")
+                _error(error if error.startswith(shown) else f"{shown}: {error}")
+                if out_dir is None and args.format == "json":  # one line per input, failed ones too
+                    print(json.dumps({"input": shown, "error": cli_words(result.error or "")}, ensure_ascii=False),
+                          flush=True)
                 continue
-            _emit(result, shown, names[k + i], args, out_dir, several)
+            _emit(result, shown, names[k + i], args, out_dir, len(args.files) > 1)
     if failed:
         print(f"{PROG}: {failed} of {len(args.files)} file(s) failed", file=sys.stderr)
     return 1 if failed else 0
@@ -287,7 +369,7 @@ def _stream(session, args: argparse.Namespace, language: str | None) -> int:  # 
         stream = session.stream(language, not args.no_itn, args.hotwords, max_new_tokens=args.max_new_tokens,
                                 repetition_guard=not args.no_repetition_guard)
     except ValueError as exc:
-        _error(str(exc))
+        _error(cli_words(str(exc)))
         return 2
     as_json = args.format == "json"
     tty = sys.stdout.isatty()
@@ -346,10 +428,8 @@ def _emit(result, shown: str, base: str, args: argparse.Namespace, out_dir: Path
           several: bool) -> None:
     if out_dir is None:
         fmt = args.formats[0]
-        if fmt == "json":
-            d = {"input": shown, **result.to_dict()}
-            text = json.dumps(d, ensure_ascii=False) + "\n" if several else json.dumps(d, ensure_ascii=False,
-                                                                                     indent=2) + "\n"
+        if fmt == "json":  # always one compact object per line: `*.wav -f json > all.jsonl` is JSONL for any count
+            text = json.dumps({"input": shown, **result.to_dict()}, ensure_ascii=False) + "\n"
         else:
             text = render(result, fmt, words=args.word_timestamps)
             if several and fmt == "txt":
