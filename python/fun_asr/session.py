@@ -21,8 +21,15 @@ from fun_asr.audio import SAMPLE_RATE, AudioError, AudioInput, Limits, check_aud
 from fun_asr.frontend import FrontendConfig, fake_token_len, fbank, features, lfr
 from fun_asr.hub import DEFAULT_REPO, resolve_model
 from fun_asr.model import load_model, model_metadata
-from fun_asr.notices import InputWarning, RecordingFailedWarning, RepetitionWarning, TruncatedOutputWarning
-from fun_asr.prompt import PromptSpec, prompt_text
+from fun_asr.notices import (
+    InputWarning,
+    Notice,
+    RecordingFailedWarning,
+    RepetitionWarning,
+    TimestampWarning,
+    TruncatedOutputWarning,
+)
+from fun_asr.prompt import PromptSpec, check_hotword, prompt_runs, split_hotwords
 from fun_asr.segment import split_points
 from fun_asr.tokenizer import TextTokenizer
 from fun_asr.vad import FsmnVad, num_fbank_frames
@@ -46,9 +53,11 @@ class Segment:
 class Transcription:
     """One recording's result.
 
-    ``warnings`` lists everything a reader of the text should know (input truncated, audio too
-    short, a segment cut by ``max_new_tokens`` or stopped by the repetition guard); each is also
-    issued once as a Python warning. ``empty_reason`` says why ``text`` is empty when it is for a
+    ``warnings`` lists everything a reader of the text should know, each a :class:`fun_asr.notices.Notice`
+    (the message, with a ``code``: ``input_truncated``, ``too_short``, ``truncated``, ``repetition``,
+    ``word_timestamps_failed``, and the Session-wide ``no_vad`` and ``word_timestamps_unavailable``;
+    ``warning_codes`` lists the codes). Per-recording ones are also issued once as Python warnings; the
+    Session-wide ones are logged once per Session. ``empty_reason`` says why ``text`` is empty when it is for a
     known reason (``"too_short"``: less than one 25 ms analysis frame; ``"no_speech"``: the VAD found
     none, so the recognizer was not run; ``"error"``). In
     ``transcribe_batch`` a recording that cannot be read or transcribed does not fail the batch: its
@@ -71,6 +80,11 @@ class Transcription:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def warning_codes(self) -> list[str]:
+        """The code of each warning, in order (a plain string from an older record counts as input_truncated)."""
+        return [getattr(w, "code", "input_truncated") for w in self.warnings]
 
     @property
     def truncated(self) -> bool:
@@ -103,7 +117,8 @@ class Transcription:
             "empty_reason": self.empty_reason,
             "error": self.error,
             "segmentation": self.segmentation,
-            "warnings": list(self.warnings),
+            "warnings": [str(w) for w in self.warnings],
+            "warning_codes": self.warning_codes,
             "segments": [asdict(s) for s in self.segments],
             "timings": self.timings,
             "options": self.options,
@@ -121,6 +136,7 @@ class TranscribeOptions:
     ignore_eos: bool = False  # benchmarks only: always generate max_new_tokens
     vad: bool = False  # segment with the Session's FSMN-VAD (else cut at pauses)
     word_timestamps: bool = False  # CTC forced alignment (checkpoints with the CTC head only)
+    no_vad: bool = False  # the VAD would have run but the Session has none: results carry the no_vad warning
 
 
 def _default_package(device: str) -> str:
@@ -129,6 +145,16 @@ def _default_package(device: str) -> str:
     if device == "auto" and any(d["type"] in ("gpu", "igpu") for d in _core.system_info()["devices"]):
         return "f16"
     return "q8_0"
+
+
+_CATEGORY = {"input_truncated": InputWarning, "too_short": InputWarning, "truncated": TruncatedOutputWarning,
+             "repetition": RepetitionWarning, "word_timestamps_failed": TimestampWarning}
+VAD_ENV = "FUN_ASR_VAD_MODEL"  # a user default VAD (a .gguf, a FunASR fsmn-vad folder, or a hub repo id)
+NO_VAD_MESSAGE = (
+    "{model}: no FSMN-VAD in this model and none given, so long audio is cut at pauses and silence or noise can "
+    "come out as made-up words; embed one (fun-asr-convert SRC --vad-model DIR|GGUF), give --vad-model "
+    f"(vad_model=), or set {VAD_ENV}; --vad none (vad=None) turns this notice off"
+)
 
 
 class Session:
@@ -140,12 +166,14 @@ class Session:
     ``device``: ``auto``, ``cpu``, ``cuda``, ``cuda:N``. ``threads``: CPU threads, 0 = all cores.
 
     ``vad``: FunASR's FSMN-VAD in front of the recognizer (only speech is transcribed, each segment
-    timed by the VAD, as FunASR's own pipeline). ``"fsmn"`` requires it: ``vad_model`` (a GGUF from
-    ``fun-asr-convert``, a FunASR ``fsmn-vad`` folder, or a hub repo id) or else ``funasr/fsmn-vad``
-    from the hub, converted once. ``"auto"`` (default) uses it when it is available: ``vad_model`` if
-    given; downloaded with a hub ``model`` (the default); for a local model, only when already on this
-    machine (fun-asr's or the hub's cache). Otherwise, and with ``None``, long audio is cut at its
-    quietest points (``Transcription.segmentation`` says which).
+    timed by the VAD, as FunASR's own pipeline). ``"auto"`` (default) takes the first of: ``vad_model``
+    (a GGUF from ``fun-asr-convert``, a FunASR ``fsmn-vad`` folder, or a hub repo id); the VAD embedded
+    in the model package (``fun-asr-convert --vad-model``; the hub model's conversion embeds FunASR's
+    ``fsmn-vad``); ``$FUN_ASR_VAD_MODEL``; for a hub ``model``, the hub's VAD; one already in fun-asr's
+    or the hub's cache. ``"fsmn"`` requires one (downloading ``funasr/fsmn-vad`` as a last resort).
+    Without a VAD, long audio is cut at its quietest points (``Transcription.segmentation`` says which):
+    with ``"auto"`` that is logged once and every result carries the ``no_vad`` warning; ``None`` turns
+    the VAD and that notice off. ``vad_source`` says where the VAD came from.
     One Session can be used from several threads; transcriptions run one at a time.
     """
 
@@ -188,31 +216,48 @@ class Session:
         self.ctc_reason = None if self.aligner else str(self.model.info()["ctc"].get("reason") or "no CTC head")
         self._told_no_ctc = False
         self.vad: FsmnVad | None = None
+        self.vad_source: str | None = None  # where the VAD came from: "embedded", a path, a repo id, ...
         if vad not in (None, "none"):
-            self.vad = self._load_vad(vad, vad_model, from_hub, progress)
+            self.vad, self.vad_source = self._load_vad(vad, vad_model, from_hub, progress, meta)
+        # "auto" found no VAD: every result says so (warning code no_vad), and it is logged once here
+        self.vad_missing = vad == "auto" and self.vad is None
+        if self.vad_missing:
+            log.warning("%s", NO_VAD_MESSAGE.format(model=path))
 
     def _load_vad(self, mode: str, vad_model: str | os.PathLike[str] | None, from_hub: bool,
-                  progress: bool) -> FsmnVad | None:
+                  progress: bool, meta: dict[str, Any]) -> tuple[FsmnVad | None, str | None]:
+        """The VAD to run, and where it came from. In order: ``vad_model``; the VAD embedded in the package;
+        ``$FUN_ASR_VAD_MODEL``; for a hub model, the hub's VAD (downloaded); else one already in fun-asr's or
+        the hub's cache (``mode="fsmn"`` downloads ``funasr/fsmn-vad`` instead). A VAD that was asked for
+        (``vad_model``, the variable, ``"fsmn"``) and cannot be loaded raises; ``"auto"`` otherwise goes on."""
         from fun_asr.hub import MODELSCOPE, MODELSCOPE_VAD_REPO, resolve_vad
 
-        if vad_model is None and from_hub and str(self._model_arg).startswith(MODELSCOPE):
-            vad_model = MODELSCOPE + MODELSCOPE_VAD_REPO  # a ModelScope model brings ModelScope's VAD
+        if vad_model is not None:
+            return FsmnVad.load(resolve_vad(vad_model, download=True, progress=progress), threads=1), str(vad_model)
+        if "fsmn_vad.block_count" in meta and self.path.is_file():
+            return FsmnVad.load(self.path, threads=1), "embedded"
+        env = os.environ.get(VAD_ENV, "").strip()
+        if env:
+            try:
+                path = resolve_vad(env, download=True, progress=progress)
+                return FsmnVad.load(path, threads=1), f"{VAD_ENV}={env}"
+            except (OSError, ValueError) as exc:
+                raise type(exc)(f"{VAD_ENV}={env}: {exc}") from None
+        hub_vad = MODELSCOPE + MODELSCOPE_VAD_REPO if from_hub and str(self._model_arg).startswith(MODELSCOPE) \
+            else None  # a ModelScope model brings ModelScope's VAD
         try:
-            path = resolve_vad(vad_model, download=mode == "fsmn" or from_hub or vad_model is not None,
-                               progress=progress)
+            path = resolve_vad(hub_vad, download=mode == "fsmn" or from_hub, progress=progress)
             if path is None:
-                log.info("no FSMN-VAD model on this machine: long audio is cut at pauses (pass vad_model=, or "
-                         "vad='fsmn' to fetch funasr/fsmn-vad)")
-                return None
-            return FsmnVad.load(path, threads=1)
+                return None, None
+            return FsmnVad.load(path, threads=1), str(path)
         except (OSError, ValueError) as exc:
-            if mode == "fsmn" or vad_model is not None:
+            if mode == "fsmn":
                 raise
             log.warning("FSMN-VAD unavailable (%s); long audio is cut at pauses instead", exc)
-            return None
+            return None, None
+
     def __repr__(self) -> str:
-        vad = "fsmn" if self.vad is not None else None
-        return f"Session({str(self.path)!r}, backend={self.model.info()['backend']}, vad={vad!r})"
+        return f"Session({str(self.path)!r}, backend={self.model.info()['backend']}, vad={self.vad_source!r})"
 
     # -- options -------------------------------------------------------------------------------
 
@@ -226,13 +271,15 @@ class Session:
                 word_timestamps: bool = False) -> TranscribeOptions:
         """Checks transcription options once (ValueError/TypeError naming the option) and returns them."""
         if isinstance(hotwords, str):
-            hotwords = [h.strip() for h in hotwords.split(",")]
+            hotwords = split_hotwords(hotwords)
         elif hotwords is not None and not isinstance(hotwords, list | tuple):
             raise TypeError(f"hotwords must be a list of strings or one comma-separated string, got "
                             f"{type(hotwords).__name__}")
         if hotwords is not None and not all(isinstance(h, str) for h in hotwords):
             raise TypeError("hotwords must be strings")
         words = tuple(h.strip() for h in (hotwords or []) if h and h.strip())
+        for h in words:
+            check_hotword(h)
         if len(words) > self.limits.max_hotwords:
             raise ValueError(f"{len(words)} hotwords; at most {self.limits.max_hotwords} are accepted "
                              "(Session(limits=Limits(max_hotwords=...)))")
@@ -254,7 +301,7 @@ class Session:
         use_vad = self.vad is not None if vad is None else bool(vad)
         opts = TranscribeOptions(self.normalize_language(language), bool(itn), words, max_new_tokens,
                                  float(segment_seconds), bool(repetition_guard), bool(ignore_eos), use_vad,
-                                 bool(word_timestamps))
+                                 bool(word_timestamps), no_vad=vad is None and self.vad_missing)
         # The longest decoder input + max_new_tokens must fit the decoder's context: checked here, once,
         # so that a long hotword list fails with a clear message instead of deep inside decoding.
         before, after = self.prompt_ids(opts)
@@ -276,8 +323,8 @@ class Session:
 
     def prompt_ids(self, opts: TranscribeOptions) -> tuple[list[int], list[int]]:
         lang_name = None if opts.language is None else self.spec["languages"][opts.language]["prompt_name"]
-        before, after = prompt_text(self.prompt, lang_name, opts.itn, list(opts.hotwords))
-        return self.tokenizer.encode(before), self.tokenizer.encode(after)
+        before, after = prompt_runs(self.prompt, lang_name, opts.itn, list(opts.hotwords))
+        return self.tokenizer.encode_runs(before), self.tokenizer.encode_runs(after)
 
     def transcribe(self, audio: AudioInput, *, sample_rate: int | None = None, language: str | None = None,
                    itn: bool = True, hotwords: list[str] | str | None = None, max_new_tokens: int = 512,
@@ -363,14 +410,15 @@ class Session:
                     raise
                 item.fail(exc)
                 continue
-            item.warnings = list(info.warnings)
+            item.warnings = [Notice("input_truncated", w) for w in info.warnings]
             item.input_truncated = info.truncated
             item.timings["load_ms"] = (time.perf_counter() - t0) * 1e3
             if len(item.samples) < self.frontend.samples_per_frame:
                 item.empty_reason = "too_short"
-                item.warnings.append(f"{item.source}: audio is {len(item.samples) / SAMPLE_RATE:.3f} s long, shorter "
-                                     f"than one {self.frontend.frame_length_ms:g} ms analysis frame: nothing to "
-                                     "transcribe")
+                seconds = len(item.samples) / SAMPLE_RATE
+                item.warnings.append(Notice("too_short", f"{item.source}: audio is {seconds:.3f} s long, shorter than "
+                                            f"one {self.frontend.frame_length_ms:g} ms analysis frame: nothing to "
+                                            "transcribe"))
                 continue
             try:
                 self._segment(item, opts)
@@ -431,7 +479,10 @@ class Session:
     def _align(self, items: list[_Item]) -> None:
         """Word (CTC token) timestamps of every decoded segment: FunASR 1.4.16's forced alignment of the
         LLM's text on the CTC head's posteriors (a second encoder pass per segment, so nothing large is
-        kept while decoding). Without a CTC head: segment times only, and it says so once."""
+        kept while decoding). Without a CTC head: segment times only, logged once per Session, and every
+        result carries the ``word_timestamps_unavailable`` warning. A segment with text whose alignment
+        fails (FunASR then has no times either) keeps ``words == []`` and gets ``word_timestamps_failed``;
+        its subtitle is one segment-level cue."""
         if self.aligner is None:
             if not self._told_no_ctc:
                 self._told_no_ctc = True
@@ -445,6 +496,11 @@ class Session:
                 raw = self.tokenizer.decode([t for t in seg.tokens if t not in self.stop_ids])  # not stripped
                 times = self.aligner.words(self.model, feats, raw, offset_ms=int(round(seg.start * 1000)))
                 seg.words = [{"word": t.text, "start": t.start, "end": t.end, "score": t.score} for t in times]
+                if seg.text.strip() and not any(w["word"].strip() for w in seg.words):
+                    item.warnings.append(Notice(
+                        "word_timestamps_failed",
+                        f"{item.source}: segment {seg.start:.2f}-{seg.end:.2f} s: the forced alignment of its text "
+                        "on the CTC head failed, so it has segment-level times only (one subtitle cue)"))
             item.feats.clear()
             item.timings["align_ms"] = item.timings.get("align_ms", 0.0) + (time.perf_counter() - t0) * 1e3
 
@@ -488,19 +544,26 @@ class Session:
         if item.error is not None:
             warnings.warn(item.error, RecordingFailedWarning, stacklevel=4)
             return Transcription("", [], opts.language, 0.0, timings, dict(options), item.source,
-                                 [item.error], False, "error", item.error)
-        notes = [(w, InputWarning) for w in item.warnings]
+                                 [Notice("error", item.error)], False, "error", item.error)
+        notes: list[Notice] = [w if isinstance(w, Notice) else Notice("input_truncated", w) for w in item.warnings]
         for s in item.segments:
             if s.truncated:
-                notes.append((f"{item.source}: segment {s.start:.2f}-{s.end:.2f} s hit max_new_tokens="
-                              f"{opts.max_new_tokens}; its text may be cut (raise max_new_tokens)",
-                              TruncatedOutputWarning))
+                notes.append(Notice("truncated", f"{item.source}: segment {s.start:.2f}-{s.end:.2f} s hit "
+                                    f"max_new_tokens={opts.max_new_tokens}; its text may be cut (raise "
+                                    "max_new_tokens)"))
             if s.repetition:
-                notes.append((f"{item.source}: segment {s.start:.2f}-{s.end:.2f} s was stopped by the repetition "
-                              "guard", RepetitionWarning))
-        for text, category in notes:
-            warnings.warn(text, category, stacklevel=4)
-        item.warnings = [text for text, _ in notes]
+                notes.append(Notice("repetition", f"{item.source}: segment {s.start:.2f}-{s.end:.2f} s was stopped "
+                                    "by the repetition guard"))
+        for note in notes:
+            warnings.warn(str(note), _CATEGORY[note.code], stacklevel=4)
+        # conditions of the whole Session: logged once (Session.__init__, _align), recorded in every result
+        if opts.no_vad and item.segmentation == "pauses":
+            notes.append(Notice("no_vad", NO_VAD_MESSAGE.format(model=self.path)))
+        if opts.word_timestamps and self.aligner is None:
+            notes.append(Notice("word_timestamps_unavailable", f"word timestamps unavailable: {self.ctc_reason}; "
+                                "segment-level times only (the ModelScope checkpoint has the CTC head, the Hugging "
+                                "Face one does not)"))
+        item.warnings = notes
         duration = len(item.samples) / SAMPLE_RATE
         n_tokens = sum(len(s.tokens) for s in item.segments)
         timings["total_ms"] = total_ms if total_ms is not None else sum(timings.values())
