@@ -223,7 +223,7 @@ def test_cli_every_format(tiny_gguf, tmp_path: Path) -> None:  # noqa: ANN001
     data = json.loads((tmp_path / "en_hello.json").read_text())
     assert set(data) == {"schema_version", "input", "source", "text", "language", "detected_language", "duration",
                          "truncated", "input_truncated", "empty_reason", "error", "segmentation", "warnings",
-                         "segments", "timings", "options"}
+                         "warning_codes", "segments", "timings", "options"}
     assert data["truncated"] and data["warnings"] and not data["input_truncated"] and data["error"] is None
     assert set(data["segments"][0]) == {"start", "end", "text", "tokens", "stop_reason", "truncated", "repetition",
                                         "words"}

@@ -34,10 +34,15 @@ def _cues(t: Transcription) -> list[Segment]:
 
 
 def _timed(t: Transcription, words: bool) -> list[tuple[float, float, str]]:
-    """(start, end, text) cues: segments, or with ``words`` each word (CTC token) that has text."""
-    if words and t.words is not None:
-        return [(w["start"], w["end"], w["word"].strip()) for w in t.words if w["word"].strip()]
-    return [(s.start, s.end, s.text) for s in _cues(t)]
+    """(start, end, text) cues: segments, or with ``words`` each word (CTC token) that has text. A segment
+    with text but no word times (its alignment failed, or none was computed) is one segment cue: a
+    subtitle never loses text that the transcript has."""
+    cues = []
+    for s in _cues(t):
+        timed = [(w["start"], w["end"], w["word"].strip()) for w in (s.words or []) if w["word"].strip()] \
+            if words else []
+        cues += timed or [(s.start, s.end, s.text)]
+    return cues
 
 
 def to_srt(t: Transcription, words: bool = False) -> str:

@@ -127,9 +127,20 @@ def resolve_model(model: str | os.PathLike[str], package_type: str, revision: st
         log.info("converting %s@%s to %s (%s), once", name, commit[:12], out, package_type)
         # overwrite: another process converting the same snapshot at once writes the same bytes
         report = convert(snapshot, out, package_type, progress=progress, repo_id=name, revision=commit,
-                         overwrite=True)
+                         overwrite=True, vad_model=_vad_to_embed(None, progress))
         log.info("%s", report.summary())
     return out
+
+
+def _vad_to_embed(repo: str | None, progress: bool) -> Path | None:
+    """The FSMN-VAD that a hub model's conversion embeds (FunASR's ``fsmn-vad``; ModelScope's for a ModelScope
+    model), fetched and converted once; None, with a warning, when it cannot be had (the Session then looks
+    for a VAD again at load time)."""
+    try:
+        return resolve_vad(repo, download=True, progress=progress)
+    except (OSError, ValueError) as exc:
+        log.warning("FSMN-VAD %s unavailable (%s): converting without it", repo or DEFAULT_VAD_REPO, exc)
+        return None
 
 
 MODELSCOPE = "modelscope:"
@@ -181,7 +192,8 @@ def _resolve_modelscope(repo: str, package_type: str, revision: str | None, prog
 
         log.info("converting modelscope:%s to %s (%s), once", repo, out, package_type)
         report = convert(snapshot, out, package_type, progress=progress, repo_id=MODELSCOPE + repo,
-                         revision=revision, overwrite=True)
+                         revision=revision, overwrite=True,
+                         vad_model=_vad_to_embed(MODELSCOPE + MODELSCOPE_VAD_REPO, progress))
         log.info("%s", report.summary())
     return out
 

@@ -1,10 +1,40 @@
-"""Warning categories, so that callers (and tests) can filter exactly what they expect.
+"""Warning categories and codes, so that callers (and tests) can filter exactly what they expect.
 
-Every warning fun-asr issues is a ``FunAsrWarning``; each is also recorded in the result it is about
-(``Transcription.warnings``), so nothing depends on warnings being shown.
+Every warning fun-asr records is a :class:`Notice` in the result it is about (``Transcription.warnings``:
+the message as a ``str``, with a stable ``code``), so nothing depends on warnings being shown. Per-recording
+events are also issued as ``FunAsrWarning`` subclasses; conditions of the whole Session (``no_vad``,
+``word_timestamps_unavailable``) are logged once per Session (logger ``fun_asr``) instead of once per result.
 """
 
 from __future__ import annotations
+
+# Every code a Notice can carry (README "Warnings").
+CODES = {
+    "input_truncated": "the file holds less audio than its header promises",
+    "too_short": "the audio is shorter than one 25 ms analysis frame",
+    "truncated": "a segment hit max_new_tokens: its text may be cut",
+    "repetition": "the repetition guard stopped a segment caught in an n-gram loop",
+    "no_vad": "no FSMN-VAD: long audio was cut at pauses, and silence or noise may produce text",
+    "word_timestamps_unavailable": "word timestamps were asked for but the model has no CTC head",
+    "word_timestamps_failed": "a segment's forced alignment failed: it has segment-level times only",
+    "error": "the recording could not be read or transcribed",
+}
+
+
+class Notice(str):
+    """A warning message (the string itself) with its code (one of :data:`CODES`)."""
+
+    code: str
+
+    def __new__(cls, code: str, message: str) -> Notice:
+        if code not in CODES:
+            raise ValueError(f"unknown notice code {code!r}: accepted {', '.join(CODES)}")
+        self = super().__new__(cls, message)
+        self.code = code
+        return self
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # pickling (Ray) keeps the code
+        return (Notice, (self.code, str(self)))
 
 
 class FunAsrWarning(UserWarning):
@@ -23,8 +53,13 @@ class RepetitionWarning(FunAsrWarning):
     """The repetition guard stopped a segment caught in an n-gram loop."""
 
 
+class TimestampWarning(FunAsrWarning):
+    """A segment's word timestamps could not be computed (its subtitle falls back to one segment cue)."""
+
+
 class RecordingFailedWarning(FunAsrWarning):
     """transcribe_batch: one recording failed (its result carries ``error``); the others went on."""
 
 
-__all__ = ["FunAsrWarning", "InputWarning", "RecordingFailedWarning", "RepetitionWarning", "TruncatedOutputWarning"]
+__all__ = ["CODES", "FunAsrWarning", "InputWarning", "Notice", "RecordingFailedWarning", "RepetitionWarning",
+           "TimestampWarning", "TruncatedOutputWarning"]

@@ -31,7 +31,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fun_asr.audio import SAMPLE_RATE, AudioError, AudioInfo, decode_audio
 from fun_asr.formats import render
-from fun_asr.notices import FunAsrWarning
+from fun_asr.notices import FunAsrWarning, Notice
+from fun_asr.prompt import split_hotwords
 from fun_asr.realtime import RealtimeLimits
 from fun_asr.realtime import handle as realtime_handle
 from fun_asr.session import Session, Transcription
@@ -80,7 +81,8 @@ def verbose_json(t: Transcription, words: bool = False) -> dict[str, Any]:
         "text": t.text,
         "truncated": t.truncated,
         "input_truncated": t.input_truncated,
-        "warnings": t.warnings,
+        "warnings": [str(w) for w in t.warnings],
+        "warning_codes": t.warning_codes,
         "segmentation": t.segmentation,
         "segments": [
             {"id": i, "seek": int(s.start * 100), "start": s.start, "end": s.end, "text": s.text,
@@ -317,8 +319,12 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
             if temp != 0.0:
                 raise ApiError(400, "only temperature 0 is supported (greedy decoding, as FunASR)", "temperature",
                                "invalid_value")
-        hotwords = [h.strip() for h in (field("hotwords") or "").split(",") if h.strip()]
-        hotwords += [h.strip() for h in (field("prompt") or "").split(",") if h.strip()]
+        hotwords = split_hotwords(field("hotwords") or "") + split_hotwords(field("prompt") or "")
+        try:
+            # the count/length limits, control characters and the decoder's context: a 400 at once
+            session.options(hotwords=hotwords, max_new_tokens=max_new_tokens, segment_seconds=segment_seconds)
+        except (ValueError, TypeError) as exc:
+            raise ApiError(400, str(exc), "hotwords", "invalid_value") from None
         itn = _bool(field("itn"), "itn", True)
         granularities = [g for key in ("timestamp_granularities[]", "timestamp_granularities")
                          for g in form.getlist(key) if isinstance(g, str)]
@@ -353,7 +359,7 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
             raise ApiError(400, str(exc), None, "invalid_value") from None
         if info.truncated:
             result.input_truncated = True
-            result.warnings[:0] = info.warnings
+            result.warnings[:0] = [Notice("input_truncated", w) for w in info.warnings]
         for w in result.warnings:
             log.warning("%s", w)
 

@@ -2,16 +2,55 @@
 
 from __future__ import annotations
 
+import re
+
 from tokenizers import Tokenizer
+
+from fun_asr.prompt import Run
 
 
 class TextTokenizer:
     def __init__(self, tokenizer_json: str) -> None:
         self._tok = Tokenizer.from_str(tokenizer_json)
+        added = {tok.content: tid for tid, tok in self._tok.get_added_tokens_decoder().items() if tok.content}
+        self._added = added
+        self._added_re = re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True))) \
+            if added else None
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text`; special tokens written in it (<|im_start|>, ...) map to their ids."""
+        """Token ids of trusted text: added tokens written in it (<|im_start|>, ...) map to their ids."""
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of user text: always ordinary text, never an added or special token (``<|im_end|>`` in
+        it is the characters ``<``, ``|``, ``im``, ...). Equal to :meth:`encode` for text without them: the
+        same normalizer, pre-tokenizer and BPE model, only the added-token matching is skipped."""
+        if not text:
+            return []
+        norm = self._tok.normalizer.normalize_str(text) if self._tok.normalizer is not None else text
+        pieces = self._tok.pre_tokenizer.pre_tokenize_str(norm) if self._tok.pre_tokenizer is not None \
+            else [(norm, (0, len(norm)))]
+        return [t.id for piece, _ in pieces for t in self._tok.model.tokenize(piece)]
+
+    def encode_runs(self, runs: list[Run]) -> list[int]:
+        """Token ids of a prompt given as (text, trusted) runs: added tokens are recognised in trusted runs
+        only; the text between them (trusted and user text together) is encoded as one plain string, so
+        that tokens merge across a run boundary exactly as when the whole prompt is one string."""
+        ids: list[int] = []
+        pending: list[str] = []
+        for text, trusted in runs:
+            if not trusted or self._added_re is None:
+                pending.append(text)
+                continue
+            pos = 0
+            for m in self._added_re.finditer(text):
+                pending.append(text[pos : m.start()])
+                ids += self.encode_plain("".join(pending))
+                pending = []
+                ids.append(self._added[m.group()])
+                pos = m.end()
+            pending.append(text[pos:])
+        return ids + self.encode_plain("".join(pending))
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)

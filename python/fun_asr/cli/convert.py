@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--encoder-type", default=None, choices=["f32", "f16", "q8_0", "q4_k", "q6_k"],
                     help="store the audio encoder's matrices in this type instead of the package's (e.g. f16 in a "
                          "q4_k_m package: the encoder is compute-bound; see docs/performance.md)")
+    ap.add_argument("--vad-model", metavar="DIR|GGUF",
+                    help="embed this FSMN-VAD in the package (a FunASR fsmn-vad folder: model.pt, config.yaml, am.mvn; "
+                         "or an fsmn_vad GGUF), so the recognizer and its VAD travel in one file")
     ap.add_argument("--force", action="store_true",
                     help="replace an existing output file (never an input, a device or anything inside SRC)")
     ap.add_argument("--inspect", action="store_true", help="describe a GGUF file instead of converting")
@@ -50,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         out = args.output or f"{args.src.rstrip('/')}-{suffix}.gguf"
         report = convert(args.src, out, args.type, progress=not args.quiet and sys.stderr.isatty(),
                          threads=args.threads, repo_id=args.repo_id, revision=args.revision, overwrite=args.force,
-                         encoder_type=args.encoder_type)
+                         encoder_type=args.encoder_type, vad_model=args.vad_model)
         print(report.summary())
         return 0
     except BrokenPipeError:  # e.g. `--inspect FILE | head`

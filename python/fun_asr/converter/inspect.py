@@ -53,6 +53,7 @@ def inspect_gguf(path: str | Path) -> dict[str, Any]:
         "layout": meta.get("fun_asr_nano.source.layout"),
         "ctc": "fun_asr_nano.ctc.block_count" in meta,
         "ctc_unavailable": meta.get("fun_asr_nano.ctc.unavailable"),
+        "vad": meta.get("fsmn_vad.source", "yes") if "fsmn_vad.block_count" in meta else None,
     }
 
 
@@ -85,6 +86,8 @@ def format_inspection(info: dict[str, Any]) -> str:
     if info.get("architecture") == "fun_asr_nano":
         lines.append("CTC head      " + ("yes (token timestamps)" if info.get("ctc")
                                          else f"no: {info.get('ctc_unavailable') or 'not recorded'}"))
+        lines.append("FSMN-VAD      " + (f"embedded ({info['vad']})" if info.get("vad")
+                                         else "none (re-convert with --vad-model to embed one)"))
     lines.append(f"metadata keys ({len(info['metadata_keys'])}):")
     for key in info["metadata_keys"]:
         v = info["metadata"][key]

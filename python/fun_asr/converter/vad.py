@@ -208,6 +208,52 @@ def convert_vad(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, ove
                             type_counts={"f32": len(tensors)})
 
 
+def vad_for_embedding(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[tuple[str, np.ndarray]]]:
+    """What an ASR package embeds of a VAD model: its ``fsmn_vad.*`` metadata (with where it came from) and its
+    ``vad.*`` tensors (F32). ``path``: a FunASR fsmn-vad folder, an ``fsmn_vad`` GGUF, or a package that embeds
+    one. The tensors are checked against the table of config.yaml's dimensions either way."""
+    p = Path(path)
+    if p.is_dir():
+        conf, meta, tensors = read_vad_folder(p)
+        origin = str(p.resolve())
+    elif p.is_file():
+        import gguf
+
+        try:
+            reader = gguf.GGUFReader(p)
+            fields = {k: f.contents() for k, f in reader.fields.items() if k.startswith(f"{ARCH}.")}
+        except Exception as exc:  # noqa: BLE001 - gguf-py raises several types on bad files
+            raise VadModelError(f"{p}: not a readable GGUF file ({exc})") from None
+        text = fields.get(f"{ARCH}.config_json")
+        if not isinstance(text, str):
+            raise VadModelError(f"{p}: holds no FSMN-VAD (no {ARCH}.config_json: give an fsmn_vad GGUF, a package "
+                                "that embeds one, or a FunASR fsmn-vad folder)")
+        conf = json.loads(text)
+        meta = metadata(conf, hparams(conf))
+        expected = {g: shape for _, g, shape in table(hparams(conf))}
+        tensors = []
+        for t in reader.tensors:
+            if t.name not in expected:
+                continue
+            if t.tensor_type != gguf.GGMLQuantizationType.F32:
+                raise VadModelError(f"{p}: VAD tensor {t.name} is {t.tensor_type.name}, expected F32")
+            arr = np.asarray(t.data, dtype=np.float32).reshape(expected[t.name])
+            tensors.append((t.name, np.ascontiguousarray(arr)))
+        missing = sorted(set(expected) - {n for n, _ in tensors})
+        if missing:
+            raise VadModelError(f"{p}: VAD tensor {missing[0]} is missing")
+        source = reader.fields.get("general.source.huggingface.repository")
+        origin = str(source.contents()) if source is not None else str(p.resolve())
+        if isinstance(fields.get(f"{ARCH}.source"), str):
+            origin = fields[f"{ARCH}.source"]
+    else:
+        raise FileNotFoundError(f"{p}: no such VAD model (a .gguf file or a FunASR fsmn-vad folder)")
+    keys = {k: v for k, v in meta.items() if k.startswith(f"{ARCH}.")}
+    keys[f"{ARCH}.source"] = origin
+    keys[f"{ARCH}.license"] = load_spec(ARCH)["license"]["name"]
+    return keys, tensors
+
+
 def load_native(path: str | os.PathLike[str], threads: int = 1):  # noqa: ANN201 - (_core.VadModel, config dict)
     """The native network and config.yaml of an fsmn_vad GGUF or a FunASR VAD folder."""
     from fun_asr import _core

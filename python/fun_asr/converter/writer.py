@@ -42,6 +42,7 @@ class ConversionReport:
     layout: str = "hf"  # hf | funasr | fsmn_vad: the layout that was read
     ctc: bool = False  # the CTC head (timestamps) was stored
     ctc_unavailable: str | None = None  # why not, when it was not
+    vad: str | None = None  # the FSMN-VAD embedded in the package (where it came from), if any
 
     def summary(self) -> str:
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(self.type_counts.items()))
@@ -52,6 +53,9 @@ class ConversionReport:
         if self.layout != "fsmn_vad":
             lines.append("  CTC head stored: word timestamps available" if self.ctc
                          else f"  no CTC head: {self.ctc_unavailable}")
+            lines.append(f"  FSMN-VAD embedded: {self.vad}" if self.vad else
+                         "  no FSMN-VAD embedded: long audio is cut at pauses unless a VAD is given at run time "
+                         "(--vad-model); re-convert with --vad-model to embed one")
         for name, wanted, used in self.fallbacks:
             lines.append(f"  fallback: {name} {wanted} -> {used} (row length not a multiple of the {wanted} block)")
         return "\n".join(lines)
@@ -263,7 +267,7 @@ def _umask() -> int:
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str = "q8_0", *,
             progress: bool = True, threads: int = 0, repo_id: str | None = None,
             revision: str | None = None, overwrite: bool = False,
-            encoder_type: str | None = None) -> ConversionReport:
+            encoder_type: str | None = None, vad_model: str | os.PathLike[str] | None = None) -> ConversionReport:
     """Converts a Fun-ASR-Nano checkpoint folder into one GGUF file.
 
     ``src`` is a Hugging Face folder (config.json + safetensors) or a FunASR/ModelScope folder
@@ -279,18 +283,35 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
     tensor on a bad checkpoint; no partial output is left behind. ``dst`` must not exist unless
     ``overwrite`` (and then it must be a regular file that is not one of the inputs); it is never
     inside the checkpoint folder (``OutputError``). The file gets the usual permissions (umask).
+
+    ``vad_model`` embeds an FSMN-VAD in the package (a FunASR ``fsmn-vad`` folder, an ``fsmn_vad`` GGUF, or
+    another package that embeds one): its ``vad.*`` tensors (F32) and ``fsmn_vad.*`` settings, so that a
+    Session loads the recognizer and its VAD from this one file (``ConversionReport.vad``).
     """
     package = check_package_type(type)
     start = time.perf_counter()
     out = Path(dst)
     check_output(out, Path(src), overwrite)
+    if vad_model is not None:
+        vad_path = Path(vad_model).expanduser()
+        if vad_path.is_file() and out.exists() and os.path.samefile(vad_path, out):
+            raise OutputError(f"{out}: is the same file as the VAD model being embedded; write the GGUF elsewhere")
     layout = detect_layout(src)
+    if layout == "fsmn_vad" and vad_model is not None:
+        raise ValueError(f"{src}: is an FSMN-VAD folder; --vad-model (vad_model=) embeds a VAD in a recognizer "
+                         "package, so give the Fun-ASR-Nano checkpoint as the source")
     if layout == "fsmn_vad":
         from fun_asr.converter.vad import convert_vad
 
         report = convert_vad(src, dst, overwrite=overwrite, repo_id=repo_id, revision=revision)
         report.layout = "fsmn_vad"
         return report
+    vad_meta: dict[str, Any] = {}
+    vad_tensors: list[tuple[str, np.ndarray]] = []
+    if vad_model is not None:
+        from fun_asr.converter.vad import vad_for_embedding
+
+        vad_meta, vad_tensors = vad_for_embedding(vad_model)  # read (and checked) before the long part
     ckpt = open_checkpoint(src)
     hp = ckpt.hparams
     placements = [place(entry, package, hp, encoder_type) for entry in tensor_table(hp)]
@@ -306,12 +327,14 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
     tmp = Path(tmp_name)
     try:
         w = gguf.GGUFWriter(tmp, ARCH)
-        _write_metadata(w, gguf_metadata(ckpt, hp, package, repo_id, revision))
+        _write_metadata(w, {**gguf_metadata(ckpt, hp, package, repo_id, revision), **vad_meta})
         for p in placements:
             row_bytes = _core.quantized_row_bytes(p.type, p.entry.shape[-1])
             byte_shape = (*p.entry.shape[:-1], row_bytes)
             w.add_tensor_info(p.entry.gguf, byte_shape, np.dtype(np.uint8),
                               int(np.prod(byte_shape)), raw_dtype=_ggml_type(p.type))
+        for name, arr in vad_tensors:
+            w.add_tensor_info(name, arr.shape, arr.dtype, arr.nbytes)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
@@ -321,6 +344,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
             w.write_tensor_data(data)
             bar.update(p.entry.shape and int(np.prod(p.entry.shape)))
             del data
+        for _, arr in vad_tensors:
+            w.write_tensor_data(arr)
         bar.close()
         w.close()
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600
@@ -345,10 +370,12 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
     counts: dict[str, int] = {}
     for p in placements:
         counts[p.type] = counts.get(p.type, 0) + 1
+    if vad_tensors:
+        counts["f32"] = counts.get("f32", 0) + len(vad_tensors)
     return ConversionReport(
         path=out,
         package_type=package,
-        tensor_count=len(placements),
+        tensor_count=len(placements) + len(vad_tensors),
         file_bytes=out.stat().st_size,
         seconds=time.perf_counter() - start,
         type_counts=counts,
@@ -356,6 +383,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
         layout=layout,
         ctc=hp.ctc is not None,
         ctc_unavailable=None if hp.ctc is not None else (getattr(ckpt, "ctc_unavailable", None) or HF_NO_CTC),
+        vad=vad_meta.get("fsmn_vad.source") if vad_tensors else None,
     )
 
 
