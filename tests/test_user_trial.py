@@ -335,13 +335,20 @@ def test_segment_seconds_over_the_model_limit_is_reported_once(model_path: str) 
 
 
 def test_cli_messages_in_cli_words(model_path: str, tmp_path: Path) -> None:
+    # a wrong input name is a usage error: reported before the model loads (exit 2), nothing transcribed
     missing = tmp_path / "nope.wav"
-    r = _run(str(missing), str(tmp_path), "-m", model_path, *CLI_TOKENS)
-    assert r.returncode == 1
+    r = _run(str(CLIP), str(missing), str(tmp_path), "-m", str(tmp_path / "no-model.gguf"), *CLI_TOKENS)
+    assert r.returncode == 2 and r.stdout_text == "", r.stderr_text
     assert r.stderr_text.count(str(missing)) == 1  # the file name once, on its error line
     assert f"error: {missing}: no such audio file" in r.stderr_text
     assert f"error: {tmp_path}: is a directory" in r.stderr_text
-    assert "2 of 2 file(s) failed" in r.stderr_text
+    assert r.stderr_text.count("\n") == 2 and "cannot load model" not in r.stderr_text
+    # limits in the command's words, not Session(limits=Limits(...)) fields
+    r = _run(str(CLIP), "-m", model_path, *CLI_TOKENS, "--hotwords", ",".join(f"w{i}" for i in range(201)))
+    assert r.returncode == 2 and "error: --hotwords: 201 hotwords; at most 200 are accepted" in r.stderr_text
+    assert "Limits" not in r.stderr_text and "Session(" not in r.stderr_text, r.stderr_text
+    r = _run(str(CLIP), "-m", model_path, "--device", "cpu", "--max-new-tokens", "1")
+    assert "hit --max-new-tokens=1" in r.stderr_text and "(raise --max-new-tokens)" in r.stderr_text, r.stderr_text
     r = _run(str(CLIP), "-m", model_path, "--device", "cuda:7", "--quiet")
     assert r.returncode == 1 and "device=" not in r.stderr_text and "Traceback" not in r.stderr_text
     bad = tmp_path / "bad.gguf"
@@ -438,6 +445,22 @@ def test_several_inputs_to_stdout_are_jsonl(model_path: str) -> None:
     assert r.returncode == 0, r.stderr_text
     lines = r.stdout_text.splitlines()
     assert len(lines) == 3 and [json.loads(x)["input"] for x in lines] == clips
+
+
+def test_json_to_stdout_is_one_line_per_input_for_any_count(model_path: str, tmp_path: Path) -> None:
+    """Issue 23.9: `*.wav -f json > all.jsonl` stays JSONL when the glob matches one file (was pretty
+    JSON for one input); a failed input is a line too. Files under -o may be pretty."""
+    r = _run(str(CLIP), "-m", model_path, *CLI_TOKENS, "-f", "json")
+    assert r.returncode == 0, r.stderr_text
+    assert r.stdout_text.count("\n") == 1 and json.loads(r.stdout_text)["input"] == str(CLIP), r.stdout_text
+    broken = tmp_path / "broken.wav"
+    broken.write_bytes(b"RIFF not audio at all")
+    r = _run(str(broken), "-m", model_path, *CLI_TOKENS, "-f", "json")
+    assert r.returncode == 1 and r.stdout_text.count("\n") == 1
+    line = json.loads(r.stdout_text)
+    assert line["input"] == str(broken) and "cannot decode audio" in line["error"]
+    r = _run(str(CLIP), "-m", model_path, *CLI_TOKENS, "-f", "json", "-o", str(tmp_path / "out"))
+    assert r.returncode == 0 and json.loads((tmp_path / "out" / "en_hello.json").read_text())["input"] == str(CLIP)
 
 
 def test_progress_bars_move_per_segment_and_step(session: fun_asr.Session, capsys: pytest.CaptureFixture) -> None:
