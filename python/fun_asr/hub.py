@@ -55,7 +55,12 @@ def _reachable(url: str, timeout: float = 5.0) -> str | None:
     return None
 
 
-def _snapshot(name: str, revision: str | None, files: list[str] | None = None) -> Path:
+MODEL_HINT = "give -m (model=) a local .gguf file or checkpoint folder"
+VAD_HINT = ("give --vad-model (vad_model=) a local fsmn-vad folder or .gguf, or use a model package that embeds "
+            "its VAD (fun-asr-convert SRC --vad-model DIR)")
+
+
+def _snapshot(name: str, revision: str | None, files: list[str] | None = None, hint: str = MODEL_HINT) -> Path:
     """The local snapshot folder of `name`@`revision`, downloading it if needed.
 
     A pinned commit already in the hub cache is used without any network access. Otherwise the hub
@@ -72,15 +77,14 @@ def _snapshot(name: str, revision: str | None, files: list[str] | None = None) -
             if _offline():
                 raise FileNotFoundError(
                     f"cannot fetch {where}: HF_HUB_OFFLINE is set and it is not in the local hub cache "
-                    f"({type(exc).__name__}); unset HF_HUB_OFFLINE to download it, or give -m a local .gguf "
-                    "file or checkpoint folder"
+                    f"({type(exc).__name__}); unset HF_HUB_OFFLINE to download it, or {hint}"
                 ) from None
     endpoint = _endpoint()
     why = _reachable(endpoint)
     if why is not None:
         raise FileNotFoundError(
             f"cannot fetch {where}: {endpoint} is unreachable ({why}); offline? set HF_HUB_OFFLINE=1 to use "
-            "the local hub cache, or give -m a local .gguf file or checkpoint folder"
+            f"the local hub cache, or {hint}"
         )
     hub_log = logging.getLogger("huggingface_hub")
     level = hub_log.level
@@ -243,7 +247,7 @@ def resolve_vad(model: str | os.PathLike[str] | None = None, *, download: bool =
         except Exception:  # noqa: BLE001 - not in the local hub cache
             return None
     else:
-        snapshot = _snapshot(name, None, VAD_FILES)
+        snapshot = _snapshot(name, None, VAD_FILES, hint=VAD_HINT)
     out = _vad_cache_path(name, snapshot.name)
     if not out.is_file():
         from fun_asr.converter.vad import convert_vad
