@@ -121,7 +121,7 @@ def test_local_engine_matches_transcribe(corpus: Path, session: fun_asr.Session,
     out = tmp_path / "out"
     summary = batch.run([corpus], out, session=session, max_new_tokens=TOKENS, batch_size=4, shard_size=10, workers=2)
     recs = _check(out, expected)
-    assert len(list(out.glob("shard-*.jsonl"))) == 2  # a new shard once one holds 10: batches of 4 -> 12 + 12
+    assert [len(p.read_text().splitlines()) for p in sorted(out.glob("shard-*.jsonl"))] == [10, 10, 4]
     rec = next(r for r in recs if r["id"] == "utt00")
     assert rec["audio"] == str(corpus / "utt00.wav") and rec["duration"] == 0.5
     assert {"text", "segments", "duration", "timings", "error", "warnings", "options"} <= rec.keys()
@@ -182,6 +182,133 @@ def test_sigkill_midway_then_resume(corpus: Path, model: Path, expected: dict, t
     # the finished job: a rerun reports everything done
     r = _cli(*args[:-1])
     assert r.returncode == 0 and "0 transcribed (0 failed), 24 already done" in r.stderr, r.stderr
+
+
+def test_shard_size_is_the_most_records_a_shard_holds(corpus: Path, session: fun_asr.Session,
+                                                     tmp_path: Path) -> None:
+    """Issue 23.10: --shard-size 3 with batches of 4 gave shards of 4 (a batch never split)."""
+    out = tmp_path / "out"
+    batch.run([corpus], out, session=session, max_new_tokens=TOKENS, batch_size=4, shard_size=3)
+    sizes = [len(p.read_text().splitlines()) for p in sorted(out.glob("shard-*.jsonl"))]
+    assert sizes == [3] * 8, sizes
+
+
+def test_output_folder_problems_are_one_clear_line(corpus: Path, model: Path, session: fun_asr.Session,
+                                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    """Issue 23.10: a folder that cannot be written printed a raw `[Errno 30] Read-only file system: ...`;
+    now one line naming the path and what to do, before the model loads; a write failing mid-job
+    (a full disk) names the shard and says that rerunning resumes."""
+    if os.geteuid() != 0:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+    else:  # root writes through permissions: a read-only file system
+        ro = Path("/sys/kernel")
+        if not ro.is_dir():
+            pytest.skip("no read-only directory to test with")
+    for out in (ro, ro / "new"):
+        r = _cli(str(corpus), "-o", str(out), "-m", str(tmp_path / "no-model.gguf"))
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "[Errno" not in r.stderr and f"output folder {out}: cannot" in r.stderr
+        assert "choose a writable folder (-o)" in r.stderr
+
+    import errno
+
+    from fun_asr.cli import batch as cli
+
+    calls = [0]
+    real_fsync = os.fsync
+
+    def full(fd: int) -> None:
+        calls[0] += 1
+        if calls[0] > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(batch.os, "fsync", full)
+    out = tmp_path / "full"
+    code = cli.main([str(corpus), "-o", str(out), "-m", str(model), "--device", "cpu", "--vad", "none",
+                     "--max-new-tokens", str(TOKENS), "--batch-size", "4", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and "[Errno" not in err, err
+    assert f"cannot write {out / 'shard-00000.jsonl'} (No space left on device)" in err
+    assert "rerun the same command to resume" in err
+    monkeypatch.undo()
+    assert len(_lines(out)) >= 4  # the first batch is kept (the second was written, its fsync failed)
+
+
+def test_outputs_that_are_inputs_are_refused(corpus: Path, session: fun_asr.Session, tmp_path: Path) -> None:
+    """Issue 23.1 (fun-asr-batch): nothing the job writes under -o (shards, summary.json, eval.tsv) may
+    be one of its inputs (a manifest, the references, an audio file), by path, symlink or hard link;
+    refused before the model loads, nothing changed."""
+    files = sorted(_good_files(corpus).values())[:3]
+    out = tmp_path / "out"
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"id": f.stem, "audio": str(f), "text": "a b"}) + "\n" for f in files))
+    batch.run([manifest], out, session=session, max_new_tokens=TOKENS)
+    shard, summary = out / "shard-00000.jsonl", out / "summary.json"
+    before = {p: p.read_bytes() for p in (shard, summary, out / "eval.tsv")}
+    (tmp_path / "link.jsonl").symlink_to(shard)
+    os.link(shard, tmp_path / "hard.jsonl")
+    cases = [([shard], {}), ([tmp_path / "link.jsonl"], {}), ([tmp_path / "hard.jsonl"], {}),
+             ([manifest], {"reference": out / "eval.tsv"}), ([str(out / "*")], {"input_format": "glob"})]
+    for inputs, kw in cases:
+        with pytest.raises(batch.BatchError, match=r"is the input .*fun-asr-batch writes that file"):
+            batch.run(inputs, out, session=session, max_new_tokens=TOKENS, retry_failed=True, **kw)
+    assert {p: p.read_bytes() for p in before} == before
+    r = _cli(str(shard), "-o", str(out), "-m", str(tmp_path / "no-model.gguf"), "--retry-failed")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is the input" in r.stderr, r.stderr
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def test_sigterm_writes_the_batch_in_flight_and_resumes(corpus: Path, model: Path, expected: dict,
+                                                        tmp_path: Path) -> None:
+    """Issue 23.10: SIGTERM (a scheduler, `kill`) is handled like Ctrl-C: the batch in flight is written,
+    summary.json says interrupted, the message says how to resume, exit code 143."""
+    out = tmp_path / "out"
+    args = [str(corpus), "-o", str(out), "-m", str(model), "--device", "cpu", "--vad", "none",
+            "--max-new-tokens", str(TOKENS), "--batch-size", "2", "--quiet"]
+    proc = subprocess.Popen([sys.executable, "-m", "fun_asr.cli.batch", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        shards = list(out.glob("shard-*.jsonl"))
+        if shards and shards[0].read_bytes().count(b"\n") >= 1:
+            break
+        time.sleep(0.005)
+    assert proc.poll() is None, f"the job ended before the signal: {proc.communicate()}"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "stopping after the batch in flight" in err and "rerun the same command to resume" in err
+    assert "Traceback" not in err
+    summary = json.loads((out / "summary.json").read_text())
+    recs = _lines(out)
+    assert summary["last_run"]["interrupted"] is True and summary["last_run"]["processed"] == len(recs)
+    assert 2 <= len(recs) < 24 and len(recs) % 2 == 0  # whole batches only
+    r = _cli(*args)
+    assert r.returncode == 0, r.stderr
+    _check(out, expected)
+
+
+def test_progress_lines_when_stderr_is_not_a_terminal(corpus: Path, model: Path, tmp_path: Path) -> None:
+    """Issue 23.8: off a terminal, one line every FUN_ASR_PROGRESS_INTERVAL seconds (10 by default):
+    done/total, audio hours, speed, ETA; --quiet prints nothing."""
+    import re
+
+    args = [str(corpus), "-m", str(model), "--device", "cpu", "--vad", "none", "--max-new-tokens", str(TOKENS),
+            "--batch-size", "2"]
+    env = {**os.environ, "FUN_ASR_PROGRESS_INTERVAL": "0.05"}
+    r = _cli(*args, "-o", str(tmp_path / "a"), env=env)
+    assert r.returncode == 0, r.stderr
+    assert "fun-asr-batch: 24 to transcribe" in r.stderr
+    lines = re.findall(r"fun-asr-batch: (\d+)/24 recordings \(\d+%\)(?:, \d+ failed)?, \d+\.\d{3} h of audio, "
+                       r"(?:\d+\.\d+x real time, ETA \d+:\d\d:\d\d|speed n/a, ETA n/a.*)$", r.stderr, re.M)
+    assert lines and [int(x) for x in lines] == sorted(int(x) for x in lines), r.stderr
+    assert "\r" not in r.stderr and "it/s" not in r.stderr  # no tqdm bar in a log
+    r = _cli(*args, "-o", str(tmp_path / "b"), "--quiet", env=env)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
 
 
 # --- inputs ------------------------------------------------------------------------------------
@@ -328,6 +455,16 @@ def test_cli_usage_errors(tmp_path: Path) -> None:
     assert r.returncode == 2 and "unsupported language" in r.stderr
     r = _cli(str(tmp_path / "nothing.jsonl"), "-o", str(tmp_path / "o"), "-m", "x")
     assert r.returncode == 2 and "no such file" in r.stderr
+    # an audio file given on the command line that is not there: before the model loads (issue 23.10)
+    r = _cli(str(tmp_path / "nope.wav"), "-o", str(tmp_path / "o"), "-m", str(tmp_path / "no-model.gguf"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and f"{tmp_path / 'nope.wav'}: no such file" in r.stderr
+
+
+def test_cli_limit_messages_name_flags(corpus: Path, model: Path, tmp_path: Path) -> None:
+    r = _cli(str(corpus), "-o", str(tmp_path / "o"), "-m", str(model), "--device", "cpu", "--vad", "none",
+             "--hotwords", ",".join(f"w{i}" for i in range(201)))
+    assert r.returncode == 1 and "error: --hotwords: 201 hotwords; at most 200 are accepted" in r.stderr, r.stderr
+    assert "Limits" not in r.stderr and "Session(" not in r.stderr
 
 
 # --- Ray engine --------------------------------------------------------------------------------

@@ -41,6 +41,8 @@ import logging
 import math
 import os
 import posixpath
+import sys
+import threading
 import time
 import warnings
 from collections import deque
@@ -393,6 +395,11 @@ def collect_items(inputs: Sequence[str | os.PathLike[str]], input_format: str = 
         elif kind == "scp":
             new = _read_scp(spec)
         else:
+            if not _is_url(spec) and not os.path.exists(spec):
+                raise BatchError(f"{spec}: no such file" + (" (a broken symbolic link)" if os.path.islink(spec)
+                                                             else ""))
+            if not _is_url(spec) and os.path.isdir(spec):
+                raise BatchError(f"{spec}: is a directory; give it as a directory input (--input-format dir)")
             new = [Item(_path_list_ids([spec])[0], spec)]
         for it in new:
             if it.id in origin:
@@ -501,26 +508,90 @@ class ShardWriter:
         self.paths: list[Path] = []
 
     def write(self, records: Sequence[dict]) -> None:
-        if not records:
-            return
-        if self.f is None or self.count >= self.shard_size:
-            self.close()
-            path = self.out / f"{SHARD_PREFIX}{self.next_index:05d}.jsonl"
-            self.next_index += 1
-            self.f = open(path, "ab")  # noqa: SIM115 - kept open across batches
-            self.paths.append(path)
-            self.count = 0
-        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
-        self.f.write(data)
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.count += len(records)
-        self.written += len(records)
+        """Appends the records; a shard never holds more than ``shard_size`` (a batch may span two)."""
+        records = list(records)
+        while records:
+            if self.f is None or self.count >= self.shard_size:
+                self.close()
+                path = self.out / f"{SHARD_PREFIX}{self.next_index:05d}.jsonl"
+                self.next_index += 1
+                try:
+                    self.f = open(path, "ab")  # noqa: SIM115 - kept open across batches
+                except OSError as exc:
+                    raise _write_error(path, exc) from None
+                self.paths.append(path)
+                self.count = 0
+            part, records = records[: self.shard_size - self.count], records[self.shard_size - self.count:]
+            data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in part).encode("utf-8")
+            try:
+                self.f.write(data)
+                self.f.flush()
+                os.fsync(self.f.fileno())
+            except OSError as exc:
+                raise _write_error(self.paths[-1], exc) from None
+            self.count += len(part)
+            self.written += len(part)
 
     def close(self) -> None:
         if self.f is not None:
-            self.f.close()
-            self.f = None
+            f, self.f = self.f, None
+            with contextlib.suppress(OSError):  # a failed write was reported already
+                f.close()
+
+
+class OutputWriteError(OSError):
+    """The job could not write to its output folder (a full disk, a read-only file system, permissions);
+    what was written before is kept, so the same command resumes once the cause is fixed."""
+
+
+def _write_error(path: Path, exc: OSError) -> OutputWriteError:
+    why = exc.strerror or str(exc)
+    err = OutputWriteError(f"cannot write {path} ({why}); the results written so far are kept: fix that (free "
+                           "space, permissions) or choose another output folder (-o), then rerun the same command "
+                           "to resume")
+    err.errno = exc.errno  # str(err) stays the sentence above (no "[Errno 28]")
+    return err
+
+
+OUTPUT_NAMES = (SUMMARY, f"{SUMMARY}.tmp", EVAL_TABLE, f"{EVAL_TABLE}.tmp", ".lock")
+
+
+def _output_files(out: Path) -> list[Path]:
+    """The files of ``out`` that a job writes, replaces or cuts (shards: a torn last line, --retry-failed)."""
+    if not out.is_dir():
+        return []
+    files = [out / n for n in OUTPUT_NAMES] + _shards(out) + sorted(out.glob(f"{SHARD_PREFIX}*.jsonl.tmp"))
+    return [p for p in files if p.exists()]
+
+
+def check_outputs_are_not_inputs(out: Path, inputs: Sequence[str], items: Sequence[Item],
+                                 reference: str | None = None, input_format: str = "auto") -> None:
+    """BatchError when a file the job writes under ``out`` is one of its inputs (a manifest, list,
+    wav.scp or its text, the references, an audio file): the same file by path, symlink or hard link."""
+    outputs: dict[tuple[int, int], Path] = {}
+    for p in _output_files(out):
+        with contextlib.suppress(OSError):
+            st = p.stat()
+            outputs.setdefault((st.st_dev, st.st_ino), p)
+    if not outputs:  # a new folder: nothing there to overwrite
+        return
+    files: list[str] = []
+    for spec in [*inputs, *([reference] if reference is not None else [])]:
+        if not _is_url(spec) and not _has_magic(spec) and not os.path.isdir(spec):
+            files.append(spec)
+            if (detect_format(spec) if input_format == "auto" else input_format) == "scp":
+                files.append(os.path.join(_dirname(spec), "text"))
+    files += [it.audio for it in items if it.error is None and not _is_url(it.audio)]
+    for f in files:
+        try:
+            st = os.stat(f)
+        except OSError:
+            continue
+        hit = outputs.get((st.st_dev, st.st_ino))
+        if hit is not None:
+            how = "" if os.path.realpath(f) == os.path.realpath(hit) else " (the same file under another name: a link)"
+            raise BatchError(f"{hit} is the input {f}{how}: fun-asr-batch writes that file, so nothing was done; "
+                             "choose another output folder (-o) or move the input out of it")
 
 
 @contextlib.contextmanager
@@ -531,7 +602,11 @@ def _lock(out: Path) -> Iterator[None]:
     except ImportError:  # Windows: no advisory lock
         yield
         return
-    f = open(out / ".lock", "a")  # noqa: SIM115
+    try:
+        f = open(out / ".lock", "a")  # noqa: SIM115
+    except OSError as exc:
+        raise BatchError(f"output folder {out}: cannot write there ({exc.strerror or exc}); choose a writable "
+                         "folder (-o)") from None
     try:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -686,18 +761,35 @@ def transcribe_loaded(session: Any, loaded: Sequence[Loaded], opts: JobOptions) 
 # -- progress ---------------------------------------------------------------------------------------
 
 class _Progress:
-    def __init__(self, enabled: bool, total: int, initial_note: str = "") -> None:
+    """Counts what the job did; shows it as a tqdm bar (``"bar"``, a terminal) or as one line on stderr
+    every ``interval`` seconds (``"lines"``: logs, CI, a scheduler's output file)."""
+
+    def __init__(self, mode: str | None, total: int, initial_note: str = "", interval: float = 10.0) -> None:
         self.t0 = time.perf_counter()
+        self.t_work = self.t0
+        self.total = total
         self.audio = 0.0
         self.items = 0
         self.failed = 0
         self.bar = None
-        if enabled:
+        self.interval = max(0.01, float(interval))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if mode == "bar":
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, desc="fun-asr-batch", unit="file", dynamic_ncols=True, smoothing=0.1)
             if initial_note:
                 self.bar.write(initial_note)
+        elif mode == "lines":
+            self._print((f"{initial_note}; " if initial_note else "fun-asr-batch: ") + f"{total} to transcribe")
+            self._thread = threading.Thread(target=self._lines, name="fun-asr-progress", daemon=True)
+
+    def begin(self) -> None:
+        """The engine starts (the model is loaded): speed and ETA are measured from here."""
+        self.t_work = time.perf_counter()
+        if self._thread is not None and not self._thread.is_alive():
+            self._thread.start()
 
     def update(self, records: Sequence[dict]) -> None:
         self.items += len(records)
@@ -712,7 +804,34 @@ class _Progress:
             self.bar.set_postfix_str(note, refresh=False)
             self.bar.update(len(records))
 
+    def line(self) -> str:
+        """``fun-asr-batch: 120/1000 recordings (12%), 0.333 h of audio, 45.2x real time, ETA 0:12:34``."""
+        items, audio = self.items, self.audio
+        wall = time.perf_counter() - self.t_work
+        pct = f" ({100 * items / self.total:.0f}%)" if self.total else ""
+        failed = f", {self.failed} failed" if self.failed else ""
+        speed = f"{audio / wall:.1f}x real time" if wall > 0 and items else "speed n/a"
+        if items:
+            left = (self.total - items) * wall / items
+            eta = f"ETA {int(left // 3600)}:{int(left % 3600 // 60):02d}:{int(left % 60):02d}"
+        else:
+            eta = "ETA n/a (no recording finished yet)"
+        return (f"fun-asr-batch: {items}/{self.total} recordings{pct}{failed}, {audio / 3600:.3f} h of audio, "
+                f"{speed}, {eta}")
+
+    def _lines(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._print(self.line())
+
+    @staticmethod
+    def _print(text: str) -> None:
+        with contextlib.suppress(OSError, ValueError):  # stderr closed: no progress, the job goes on
+            print(text, file=sys.stderr, flush=True)
+
     def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout=5)
         if self.bar is not None:
             self.bar.close()
 
@@ -724,9 +843,9 @@ class _Progress:
 # -- engines ----------------------------------------------------------------------------------------
 
 def _local_engine(todo: list[Item], session: Any, opts: JobOptions, emit: Callable[[list[dict]], None],
-                  workers: int) -> None:
+                  workers: int, stop: threading.Event | None = None) -> None:
     """Reader threads decode the next batch while the Session transcribes the current one (so about
-    two batches of decoded audio are in memory)."""
+    two batches of decoded audio are in memory). ``stop`` set: no batch after the one in flight."""
     ahead = max(opts.batch_size, workers)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fun-asr-read") as pool:
         window: deque[Future[Loaded]] = deque()
@@ -741,7 +860,7 @@ def _local_engine(todo: list[Item], session: Any, opts: JobOptions, emit: Callab
 
         fill()
         try:
-            while window:
+            while window and not (stop is not None and stop.is_set()):
                 batch = [window.popleft() for _ in range(min(opts.batch_size, len(window)))]
                 fill()
                 emit(transcribe_loaded(session, [f.result() for f in batch], opts))
@@ -813,7 +932,8 @@ class RaySettings:
 
 
 def _ray_engine(todo: list[Item], model: str, device: str, vad: str | None, vad_model: str | None,
-                opts: JobOptions, emit: Callable[[list[dict]], None], settings: RaySettings, progress: bool) -> dict:
+                opts: JobOptions, emit: Callable[[list[dict]], None], settings: RaySettings, progress: bool,
+                stop: threading.Event | None = None) -> dict:
     try:
         import ray
         import ray.data
@@ -872,6 +992,8 @@ def _ray_engine(todo: list[Item], model: str, device: str, vad: str | None, vad_
                                    "vad_model": vad_model, "options": options}, **remote)
         for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
             emit([json.loads(s) for s in block.column("record").to_pylist()])
+            if stop is not None and stop.is_set():  # what is still in the pipeline is redone on resume
+                break
         return info
     finally:
         if started:
@@ -894,7 +1016,8 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
         batch_size: int = 8, reference: str | os.PathLike[str] | None = None, input_format: str = "auto",
         workers: int | None = None, shard_size: int = 1000, retry_failed: bool = False,
         ray: bool | str | RaySettings | None = None, actors: int | None = None,
-        threads_per_actor: int | None = None, progress: bool = False, session: Any = None) -> dict:
+        threads_per_actor: int | None = None, progress: bool | str = False, session: Any = None,
+        stop: threading.Event | None = None, progress_interval: float = 10.0) -> dict:
     """Transcribes a corpus into ``output_dir`` (see the module doc) and returns the summary (also
     written to ``output_dir/summary.json``).
 
@@ -903,7 +1026,13 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
     ``host:port``, ``ray://host:10001``). ``actors`` / ``threads_per_actor``: the Ray actor pool.
     ``workers``: reader threads of the local engine (default min(4, CPUs)). ``session``: a loaded
     Session to use (local engine; ``model``/``device``/``threads``/``vad`` are then ignored).
+    ``progress``: False, True (a progress bar on stderr, for a terminal) or ``"lines"`` (one line on
+    stderr every ``progress_interval`` seconds: done/total, audio hours, speed, ETA; for logs).
+    ``stop``: when set (e.g. from a signal handler), the job stops after writing the batch in flight;
+    the summary then says ``interrupted`` and a rerun resumes.
     """
+    if progress not in (False, True, None, "bar", "lines"):
+        raise BatchError(f"progress must be False, True (a bar) or 'lines', got {progress!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise BatchError(f"batch_size must be a positive integer, got {batch_size!r}")
     if shard_size < 1:
@@ -936,7 +1065,15 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
         raise BatchError(f"{out}: is a file; the output is a folder (created if missing)")
-    out.mkdir(parents=True, exist_ok=True)
+    specs = [os.fspath(i) for i in ([inputs] if isinstance(inputs, str | os.PathLike) else inputs)]
+    check_outputs_are_not_inputs(out, specs, items, None if reference is None else os.fspath(reference),
+                                 input_format)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BatchError(f"output folder {out}: cannot create it ({exc.strerror or exc}); choose a writable "
+                         "folder (-o)") from None
+    bar_mode = "bar" if progress is True or progress == "bar" else "lines" if progress == "lines" else None
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     with _lock(out):
         if retry_failed:
@@ -951,7 +1088,7 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
             todo.sort(key=lambda it: (it.language or "", it.hotwords or ()))
         writer = ShardWriter(out, shard_size)
         note = f"fun-asr-batch: {skipped} of {len(items)} already done in {out}" if skipped else ""
-        bar = _Progress(progress and bool(todo), len(todo), note)
+        bar = _Progress(bar_mode if todo else None, len(todo), note, progress_interval)
         model_arg = _model_arg(model)
 
         def emit(records: list[dict]) -> None:
@@ -960,22 +1097,27 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
 
         engine_info: dict[str, Any] = {}
         interrupted = False
+        finished = False
         try:
-            if not todo:
+            if not todo or (stop is not None and stop.is_set()):
                 pass
             elif use_ray:
+                bar.begin()
                 engine_info = _ray_engine(todo, model_arg, device, vad, None if vad_model is None else
-                                          _model_arg(vad_model), opts, emit, settings, progress)
+                                          _model_arg(vad_model), opts, emit, settings, bar_mode == "bar", stop)
             else:
                 if session is None:
                     from fun_asr.session import Session
 
-                    session = Session(model_arg, device=device, threads=threads, progress=progress, vad=vad,
-                                      vad_model=vad_model)
+                    session = Session(model_arg, device=device, threads=threads, progress=bar_mode == "bar",
+                                      vad=vad, vad_model=vad_model)
                 session.options(language, itn, list(opts.hotwords), max_new_tokens, segment_seconds,
                                 repetition_guard)
-                _local_engine(todo, session, opts, emit, workers or min(4, os.cpu_count() or 1))
+                bar.begin()
+                _local_engine(todo, session, opts, emit, workers or min(4, os.cpu_count() or 1), stop)
                 engine_info = {"workers": workers or min(4, os.cpu_count() or 1)}
+            interrupted = stop is not None and stop.is_set() and bar.items < len(todo)
+            finished = True
         except KeyboardInterrupt:
             interrupted = True
             raise
@@ -991,7 +1133,12 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
                         "audio_seconds": round(bar.audio, 3), "wall_seconds": round(bar.wall, 3),
                         "rtfx": round(bar.audio / bar.wall, 3) if bar.wall > 0 else 0.0,
                         "interrupted": interrupted, "shards_written": [p.name for p in writer.paths]}
-            summary = write_summary(out, items, run_info)
+            try:
+                summary = write_summary(out, items, run_info)
+            except OSError as exc:
+                if finished:
+                    raise _write_error(out / SUMMARY, exc) from None
+                log.warning("%s", _write_error(out / SUMMARY, exc))  # the error in flight is the one to report
     return summary
 
 

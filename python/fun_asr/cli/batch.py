@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 import warnings
 
+from fun_asr.cli._messages import cli_words
 from fun_asr.hub import DEFAULT_REPO
 
 PROG = "fun-asr-batch"
+PROGRESS_INTERVAL_ENV = "FUN_ASR_PROGRESS_INTERVAL"  # seconds between progress lines off a terminal (default 10)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "or one per GPU with --device cuda)")
     ray.add_argument("--threads-per-actor", type=int, default=None,
                      help="CPU threads of each actor's Session (default: a node's CPUs - 1, at most 4)")
-    ap.add_argument("--quiet", action="store_true", help="no progress bar or messages on stderr")
+    ap.add_argument("--quiet", action="store_true",
+                    help="no progress (a bar on a terminal, else a line every 10 s) or messages on stderr")
     ap.add_argument("--verbose", action="store_true", help="full tracebacks and logging")
     return ap
 
@@ -110,10 +116,27 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.quiet:
         warnings.simplefilter("ignore")
-    from fun_asr.batch import BatchError, run
+    from fun_asr.batch import BatchError, OutputWriteError, run
 
-    interactive = sys.stderr.isatty() and not args.quiet
+    progress: bool | str = False if args.quiet else True if sys.stderr.isatty() else "lines"
+    try:
+        interval = float(os.environ.get(PROGRESS_INTERVAL_ENV) or 10.0)
+    except ValueError:
+        interval = 10.0
     ray = None if args.ray is None else (args.ray or True)
+    stop = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        if received:  # the second one: stop now (the batch in flight is redone on resume)
+            raise KeyboardInterrupt
+        received.append(signum)
+        stop.set()
+        with contextlib.suppress(OSError):
+            os.write(2, f"\n{PROG}: {signal.Signals(signum).name}: stopping after the batch in flight (send it "
+                        "again to stop at once)\n".encode())
+
+    handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         summary = run(args.inputs, args.output_dir, model=args.model, device=args.device, threads=args.threads,
                       vad=None if args.vad == "none" else args.vad, vad_model=args.vad_model, language=args.language,
@@ -121,22 +144,38 @@ def main(argv: list[str] | None = None) -> int:
                       segment_seconds=args.segment_seconds, repetition_guard=not args.no_repetition_guard,
                       batch_size=args.batch_size, reference=args.reference, input_format=args.input_format,
                       workers=args.workers, shard_size=args.shard_size, retry_failed=args.retry_failed, ray=ray,
-                      actors=args.actors, threads_per_actor=args.threads_per_actor, progress=interactive)
+                      actors=args.actors, threads_per_actor=args.threads_per_actor, progress=progress,
+                      stop=stop, progress_interval=interval)
     except KeyboardInterrupt:
+        code = 128 + (received[0] if received else signal.SIGINT)
         print(f"\n{PROG}: interrupted; rerun the same command to resume", file=sys.stderr)
-        return 130
+        return code
     except BatchError as exc:
         _error(str(exc))
         return 2
+    except OutputWriteError as exc:
+        _error(str(exc))
+        return 1
     except Exception as exc:  # noqa: BLE001 - one clear line unless --verbose
         if args.verbose:
             raise
-        msg = str(exc).replace("segment_seconds", "--segment-seconds").replace("max_new_tokens", "--max-new-tokens")
+        msg = cli_words(str(exc))
+        if isinstance(exc, OSError) and exc.filename:  # not "[Errno 30] Read-only file system: 'x'"
+            msg = (f"{exc.filename}: {exc.strerror or exc}; fix that (permissions, free space) and rerun the same "
+                   "command to resume")
         _error(f"{type(exc).__name__}: {msg}" if not isinstance(exc, ValueError | OSError) else msg)
         return 1
+    finally:
+        for sig, old in handlers.items():
+            signal.signal(sig, old)
     if not args.quiet:
         print(_describe(summary, args.output_dir), file=sys.stderr)
+    if received:
+        print(f"{PROG}: stopped by {signal.Signals(received[0]).name} after writing the batch in flight; rerun the "
+              "same command to resume", file=sys.stderr)
+        return 128 + received[0]
     return 0
+
 
 
 def _describe(summary: dict, out: str) -> str:
