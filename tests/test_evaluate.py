@@ -133,3 +133,17 @@ def test_fun_asr_eval_compares_two_outputs(tmp_path: Path) -> None:
     assert "\nen\tWER 50.0%" in r.stdout
     r = _eval(str(tmp_path / "nope.jsonl"), str(tmp_path / "text"))
     assert r.returncode == 2 and "no such file" in r.stderr
+
+
+def test_worst_lists_only_items_with_errors(tmp_path: Path) -> None:
+    """Issue 23.10: --worst N filled the list with perfect items (WER 0) when fewer than N had errors."""
+    ref = _batch_dir(tmp_path / "ref", {"a": "one two three", "b": "four five", "c": "six", "d": "seven"})
+    hyp = _batch_dir(tmp_path / "hyp", {"a": "one two tree", "b": "four five", "c": None, "d": "seven"})
+    r = _eval(str(hyp), str(ref), "--worst", "10")
+    assert r.returncode == 0, r.stderr
+    listed = [line.split("\t")[0] for line in r.stdout.splitlines() if "\tWER " in line]
+    assert listed == ["a", "c"], r.stdout  # c failed (1 deletion), a 1 substitution; b and d are perfect
+    r = _eval(str(ref), str(ref), "--worst", "3")
+    assert r.returncode == 0 and "\tWER " not in r.stdout and "no item has errors" in r.stderr
+    r = _eval(str(hyp), str(ref), "--worst", "-1")
+    assert r.returncode == 2 and "--worst must be 0 or more" in r.stderr

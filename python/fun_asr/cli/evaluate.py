@@ -19,13 +19,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("hypothesis", metavar="HYP", help="the transcripts to score")
     ap.add_argument("reference", metavar="REF", help="the references (or the run to compare with)")
     ap.add_argument("--table", metavar="FILE", help="write the per-item table (TSV) to FILE")
-    ap.add_argument("--worst", type=int, default=0, metavar="N", help="print the N items with the most errors")
+    ap.add_argument("--worst", type=int, default=0, metavar="N",
+                    help="print the N items with the most errors (only items with errors: WER > 0 or failed)")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.worst < 0:
+        print(f"{PROG}: error: --worst must be 0 or more, got {args.worst}", file=sys.stderr)
+        return 2
     from fun_asr.batch import BatchError
     from fun_asr.evaluate import TextSourceError, compare
 
@@ -46,7 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(report.describe())
     if args.worst > 0:
-        worst = sorted(report.items, key=lambda it: (-it.score.word_errors, it.id))[: args.worst]
+        wrong = [it for it in report.items if it.score.word_errors > 0 or it.error]
+        worst = sorted(wrong, key=lambda it: (-it.score.word_errors, it.id))[: args.worst]
+        if not wrong:
+            print(f"{PROG}: no item has errors", file=sys.stderr)
         for it in worst:
             wer = "n/a" if it.score.wer is None else f"{100 * it.score.wer:.1f}%"
             print(f"{it.id}\tWER {wer}\tREF {it.reference}\tHYP {it.hypothesis}" + (f"\tERROR {it.error}" if it.error
