@@ -483,6 +483,14 @@ def test_serve_help_and_bind_error(tmp_path: Path) -> None:
         assert flag in flat
     for default in ("(default: 127.0.0.1)", "(default: 8000)", "(default: 8)", "(default: 100.0)", "(default: 512)"):
         assert default in flat, default
+    # each default once (issue 23.10: '(default funasr/fsmn-vad) (default: None)'), none for on/off flags
+    import re
+
+    blocks = re.split(r"\n  (?=-)", r.stdout_text)
+    assert len(blocks) > 20
+    for block in blocks:
+        assert " ".join(block.split()).count("default") <= 1, block
+    assert "(default: None)" not in flat and "(default: False)" not in flat
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)

@@ -8,15 +8,27 @@ import os
 import socket
 import sys
 
+from fun_asr.cli._messages import cli_words
 from fun_asr.hub import DEFAULT_REPO
 
 PROG = "fun-asr-serve"
 
 
+class _DefaultsOnce(argparse.ArgumentDefaultsHelpFormatter):
+    """Adds "(default: X)" to an option's help unless the help says its default itself, or there is none
+    to show (None, an on/off flag): each default shows once."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default is None or isinstance(action.default, bool):
+            return text
+        return super()._get_help_string(action) or text
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=PROG, description="OpenAI-compatible Fun-ASR-Nano transcription server "
                                  "(POST /v1/audio/transcriptions, GET /v1/models, GET /health).",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                 formatter_class=_DefaultsOnce)
     ap.add_argument("-m", "--model", default=DEFAULT_REPO,
                     help="GGUF file, checkpoint folder or hub repo id (a repo is fetched and converted once)")
     ap.add_argument("--host", default="127.0.0.1",
@@ -127,8 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         for sk in sockets:
             sk.close()
-        msg = str(exc).replace("segment_seconds", "--max-segment-seconds").replace("max_new_tokens",
-                                                                                    "--max-new-tokens")
+        msg = cli_words(str(exc), segment_flag="--max-segment-seconds", max_audio_flag="--max-audio-seconds")
         print(f"{PROG}: error: {msg}", file=sys.stderr)
         return 2
     config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", timeout_graceful_shutdown=30)
