@@ -296,6 +296,47 @@ def test_websocket_errors_keep_the_connection(ws_server: str) -> None:
     assert got[-2]["is_final"] and got[-2]["duration_ms"] == 1000 and got[-1] == {"event": "stopped"}
 
 
+async def _edge_cases(url: str) -> list[list[dict]]:
+    out: list[list[dict]] = []
+    async with websockets.connect(url) as ws:
+
+        async def until_stopped() -> list[dict]:
+            got = []
+            while not got or got[-1].get("event") != "stopped":
+                got.append(json.loads(await asyncio.wait_for(ws.recv(), 60)))
+            return got
+
+        await ws.send("START")
+        await ws.send("STOP")  # no audio at all
+        out.append(await until_stopped())
+        await ws.send("START")
+        await ws.send(np.zeros(SR // 2, np.int16).tobytes())
+        await ws.send("START")  # a second START during the stream
+        await ws.send(np.zeros(SR // 2, np.int16).tobytes())
+        await ws.send("STOP")
+        out.append(await until_stopped())
+        await ws.send("HOTWORDS:" + ",".join(f"w{i}" for i in range(201)))
+        out.append([json.loads(await asyncio.wait_for(ws.recv(), 60))])
+    return out
+
+
+def test_websocket_stop_without_audio_and_a_second_start(ws_server: str) -> None:
+    """Issue 23.10: START then STOP with no audio gets a final result (is_final, no sentences) before
+    `stopped`; a START during a stream gets an error event and the stream goes on; a limit names the
+    protocol's command, not the Python API's Limits field."""
+    empty, twice, hotwords = asyncio.run(_edge_cases(ws_server))
+    assert empty[0] == {"event": "started"} and empty[-1] == {"event": "stopped"} and len(empty) == 3
+    assert empty[1] == {"sentences": [], "partial": "", "partial_start_ms": 0, "duration_ms": 0, "is_final": True}
+    assert twice[0] == {"event": "started"} and twice[-1] == {"event": "stopped"}
+    errors = [m for m in twice if m.get("event") == "error"]
+    assert len(errors) == 1 and "START during a stream: send STOP first" in errors[0]["error"]
+    assert [m for m in twice if m.get("event") == "started"] == [twice[0]]
+    final = [m for m in twice if m.get("is_final")]
+    assert len(final) == 1 and final[0]["duration_ms"] == 1000  # both halves: the stream went on
+    assert hotwords[0]["event"] == "error" and "Limits" not in hotwords[0]["error"]
+    assert hotwords[0]["error"].startswith("HOTWORDS: 201 hotwords; at most 200 are accepted"), hotwords
+
+
 def test_eight_concurrent_streams_unmixed(ws_server: str, session: fun_asr.Session, conversation: np.ndarray) -> None:
     rng = np.random.default_rng(9)
     clips = []
@@ -353,6 +394,9 @@ class _BrokenStream:
 
     def feed(self, data: bytes) -> list:
         raise KeyError("boom")
+
+    def response(self, is_final: bool = False) -> dict:
+        return {"sentences": [], "partial": "", "partial_start_ms": 0, "duration_ms": 0, "is_final": is_final}
 
 
 class _FakeSession:

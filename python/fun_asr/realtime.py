@@ -4,7 +4,9 @@ Client -> server: text ``START``, ``STOP``, ``HOTWORDS:a,b``, ``LANGUAGE:x`` (ca
 FunASR); binary frames of 16 kHz mono little-endian int16 PCM (after START). Server -> client:
 ``{"event": "started" | "stopped" | "hotwords_set" | "language_set" | "error", ...}`` and results
 ``{"sentences": [{"text", "start", "end"}], "partial", "partial_start_ms", "duration_ms", "is_final"}``
-(``sentences`` cumulative; the STOP result has ``is_final: true`` and an empty partial).
+(``sentences`` cumulative; the STOP result has ``is_final: true`` and an empty partial, also when no
+audio came: then with no sentences). A START while a stream runs gets an ``error`` event (the stream
+goes on; FunASR would silently restart it, dropping what it had).
 
 Each connection's audio goes through a bounded queue (``buffer_seconds`` of audio): a client sending
 faster than the machine transcribes is served as fast as it can be; past the bound a frame is refused
@@ -123,6 +125,8 @@ async def handle(ws: Any, session: Any, submit: Callable[[np.ndarray, tuple, str
                 await send(stream.response(is_final=True))
             except (AudioError, ValueError, RuntimeError) as exc:  # the last sentence could not be decoded
                 await send({"event": "error", "error": str(exc)})
+        elif stream is not None:  # START then STOP with no audio: still a final result (no sentences)
+            await send(stream.response(is_final=True))
         await send({"event": "stopped"})
 
     def check(language: str | None, hotwords: list[str]) -> None:
@@ -171,12 +175,15 @@ async def handle(ws: Any, session: Any, submit: Callable[[np.ndarray, tuple, str
 async def _command(cmd: str, state: _State, session: Any, send: Any, new_stream: Any, queue: asyncio.Queue,
                    finish: Any, check: Any) -> bool:
     upper = cmd.upper()
-    if upper == "START":
+    if upper == "START" and state.active:
+        await send({"event": "error", "error": "START during a stream: send STOP first to end it (the stream "
+                                               "started before goes on)"})
+    elif upper == "START":
         await _drain(queue)
         try:
             stream = new_stream()
         except (ValueError, TypeError) as exc:  # options over the Session's limits
-            await send({"event": "error", "error": str(exc)})
+            await send({"event": "error", "error": _protocol_words(str(exc))})
             return True
         state.stream, state.active = stream, True
         await send({"event": "started"})
@@ -188,7 +195,7 @@ async def _command(cmd: str, state: _State, session: Any, send: Any, new_stream:
         try:
             check(state.language, words)  # the Session's hotword limits, before they reach a stream
         except (ValueError, TypeError) as exc:
-            await send({"event": "error", "error": str(exc)})
+            await send({"event": "error", "error": _protocol_words(str(exc))})
             return True
         state.hotwords = words
         if state.stream is not None:
@@ -214,6 +221,13 @@ async def _command(cmd: str, state: _State, session: Any, send: Any, new_stream:
         await send({"event": "error", "error": f"unknown command {shown!r}: accepted START, STOP, HOTWORDS:a,b, "
                                                "LANGUAGE:x, and binary 16 kHz int16 PCM frames"})
     return True
+
+
+def _protocol_words(msg: str) -> str:
+    """A Session limit in the protocol's words (``HOTWORDS:``), not the Python API's ``Limits`` fields."""
+    if " (Session(limits=Limits(max_hotwords=...)))" in msg or (msg.startswith("hotword ") and "characters" in msg):
+        msg = "HOTWORDS: " + msg.replace(" (Session(limits=Limits(max_hotwords=...)))", "")
+    return msg
 
 
 async def _drain(queue: asyncio.Queue) -> None:
