@@ -358,6 +358,29 @@ def test_cli_messages_in_cli_words(model_path: str, tmp_path: Path) -> None:
     assert r.stderr_text.count("\n") == 1  # one line: ggml's own log lines do not leak
 
 
+def test_limit_messages_are_translated_at_the_cli_boundary(session: fun_asr.Session) -> None:
+    """Issue 23.10: the messages of audio.py/session.py name Limits fields for the Python API; each
+    command names its flag instead (fun-asr-serve --max-audio-seconds), or nothing when it has none."""
+    from fun_asr.audio import Limits
+    from fun_asr.cli._messages import cli_words
+
+    with pytest.raises(AudioError) as exc:
+        decode_audio(CLIP, limits=Limits(max_audio_seconds=1.0))
+    msg = str(exc.value)
+    assert "(Limits.max_audio_seconds)" in msg  # the Python API's words
+    assert "Limits" not in cli_words(msg) and cli_words(msg).endswith("at most 1 s are accepted")
+    assert cli_words(msg, max_audio_flag="--max-audio-seconds").endswith("are accepted (--max-audio-seconds)")
+    with pytest.raises(ValueError) as exc2:
+        session.options(hotwords=[f"w{i}" for i in range(201)])
+    assert cli_words(str(exc2.value)) == "--hotwords: 201 hotwords; at most 200 are accepted"
+    with pytest.raises(ValueError) as exc2:
+        session.options(hotwords=["x" * 101])
+    assert cli_words(str(exc2.value)).startswith("--hotwords: hotword 'xxxxxxxxxxxxxxxxxxxx'... has 101 characters")
+    with pytest.raises(ValueError) as exc2:
+        session.options(segment_seconds=0.5)
+    assert cli_words(str(exc2.value), segment_flag="--max-segment-seconds").startswith("--max-segment-seconds must")
+
+
 def test_inspect_names_truncation_and_file_type(tiny_gguf, tmp_path: Path) -> None:  # noqa: ANN001
     good = Path(tiny_gguf("q8_0"))
     r = _run("--inspect", str(good), module="fun_asr.cli.convert")
