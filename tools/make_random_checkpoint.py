@@ -2,7 +2,7 @@
 """Writes a random-weight Fun-ASR-Nano checkpoint in the official Hugging Face layout.
 Needs the test extra (``pip install ".[test]"``: torch 2.13.0 CPU and transformers 5.23.0).
 
-    python tools/make_random_checkpoint.py OUT --size tiny|full [--seed 0] [--dtype f32|bf16|f16]
+    python tools/make_random_checkpoint.py OUT --size tiny|wide|full [--seed 0] [--dtype f32|bf16|f16]
                                            [--shards N] [--lm-scale 5]
 
 The weights come from Transformers' own ``FunAsrNanoForConditionalGeneration(config)``; the files
@@ -90,6 +90,18 @@ def full_config() -> dict[str, Any]:
     )
 
 
+def wide_config(decoder_layers: int = 2) -> dict[str, Any]:
+    """The released decoder's widths (d 1024, FFN 3072, 16/8 heads of 128, vocab 151936) with only
+    ``decoder_layers`` layers, after a tiny encoder and adaptor: full-size matrices and output layer
+    (what the decode kernels see at full size) for fast tests and benchmarks."""
+    cfg = tiny_config()
+    full = full_config()["text_config"]
+    cfg["adaptor_config"].update(hidden_size=full["hidden_size"], num_attention_heads=8, num_hidden_layers=1,
+                                 intermediate_size=full["hidden_size"] // 4)
+    cfg["text_config"] = dict(full, num_hidden_layers=decoder_layers)
+    return cfg
+
+
 def make_tokenizer_json() -> str:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -126,7 +138,7 @@ def make_checkpoint(out: str | Path, size: str = "tiny", seed: int = 0, dtype: s
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    cfg_dict = tiny_config() if size == "tiny" else full_config()
+    cfg_dict = {"tiny": tiny_config, "wide": wide_config, "full": full_config}[size]()
     for section, values in (config_overrides or {}).items():
         cfg_dict[section].update(values)
     torch.manual_seed(seed)
@@ -170,7 +182,7 @@ def make_checkpoint(out: str | Path, size: str = "tiny", seed: int = 0, dtype: s
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
-    ap.add_argument("--size", choices=["tiny", "full"], default="tiny")
+    ap.add_argument("--size", choices=["tiny", "wide", "full"], default="tiny")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="f32")
     ap.add_argument("--shards", type=int, default=1)

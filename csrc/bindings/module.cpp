@@ -480,6 +480,15 @@ PYBIND11_MODULE(_core, m) {
             "for all). Returns [(tokens, stop_reason)] in input order; tokens equal one-by-one generate(). "
             "on_step(tokens_so_far, active) is called after the prefill and after every step; an exception it "
             "raises (or Ctrl-C) aborts the generation.")
+        .def_property("logit_digests", &Model::logit_digests, &Model::set_logit_digests,
+                      "Test aid (default False): generate_batch/generate keep a 64-bit digest of every logits row a "
+                      "token was taken from; last_logit_digests() returns them.")
+        .def("last_logit_digests", &Model::last_logit_digests,
+             "Per sequence of the last generate_batch/generate (with logit_digests on): one digest (FNV-1a of "
+             "the float32 bits) per produced token's logits row, [] when off.")
+        .def_property("max_step_sequences", &Model::max_step_sequences, &Model::set_max_step_sequences,
+                      "At most this many sequences per decoding step graph (0, the default: as many as one graph "
+                      "takes); larger batches step in chunks, with the same tokens.")
         .def_property("profiling", &Model::profiling, &Model::set_profiling,
                       "Per-node timing (also FUN_ASR_PROFILE=1): every node computed alone and timed.")
         .def(

@@ -1,5 +1,6 @@
 #include "graph/common.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/gemm_amx.h"
@@ -19,6 +20,29 @@ ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, flo
 
 ggml_tensor * mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
     return matvec_supported(w, x) ? matvec(ctx, w, x) : ggml_mul_mat(ctx, w, x);
+}
+
+ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
+    if (matvec_step_supported(w, x)) return matvec(ctx, w, x);
+    const int64_t n = x->ne[1];
+    if (n == 1 || !weight_in_cpu_memory(w)) return ggml_mul_mat(ctx, w, x);
+    if (!ggml_is_contiguous(x)) x = ggml_cont(ctx, x);
+    if (weight_is_repacked(w)) {
+        // ggml's repacked products run its GEMV for each of up to 3 columns and a GEMM from 4 on:
+        // groups of at most 3 columns take exactly the one-column arithmetic.
+        ggml_tensor * out = nullptr;
+        for (int64_t c = 0; c < n; c += 3) {
+            const int64_t m = std::min<int64_t>(3, n - c);
+            ggml_tensor * part = ggml_mul_mat(ctx, w, ggml_view_2d(ctx, x, x->ne[0], m, x->nb[1], c * x->nb[1]));
+            out = out ? ggml_concat(ctx, out, part, 1) : part;
+        }
+        return out;
+    }
+    // Every column its own [k, 1] plane: ggml multiplies each plane by the (broadcast) weights with the
+    // one-column path (vec_dot; its tiled GEMM only takes two or more columns), row blocks shared by
+    // the planes, so a column's numbers are a single sequence's.
+    ggml_tensor * planes = ggml_mul_mat(ctx, w, ggml_reshape_3d(ctx, x, x->ne[0], 1, n));
+    return ggml_reshape_2d(ctx, planes, w->ne[1], n);
 }
 
 ggml_tensor * mul_mat_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared) {

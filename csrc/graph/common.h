@@ -25,12 +25,17 @@ struct GraphCtx {
 
 ggml_tensor * layer_norm(ggml_context * ctx, ggml_tensor * x, const Norm & n, float eps);
 ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, float eps);
-// ggml_mul_mat(w, x), or for a few columns times a plain Q8_0/Q6_K matrix in host memory the
-// bandwidth-bound kernels in kernels/matvec (ggml's arithmetic per element).
+// ggml_mul_mat(w, x), or for a few columns (up to matvec_max_cols()) the bandwidth-bound kernels in
+// kernels/matvec where they take w's type and layout.
 ggml_tensor * mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
+// A decode step's product, one column per sequence: each column's numbers do not depend on how many
+// columns there are (batch invariance). The kernels in kernels/matvec for any column count where
+// they take w; else, for weights in CPU memory, ggml's one-column arithmetic for every column
+// (ggml_mul_mat itself rounds one column and several differently). Weights on a GPU: ggml_mul_mat.
+ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
 // For many columns (encoder frames, a prefill's positions): a Q8_0 matrix on Intel AMX
 // (kernels/gemm_amx) where the CPU has it, else mul_mat. linear() and the decoder's prefill use this
-// for every column count; decode steps use mul_mat (see kernels/gemm_amx.h).
+// for every column count; decode steps use mul_mat_step (see kernels/gemm_amx.h).
 // `prepared` (may be null) is prepare_frames(ctx, w, x) shared by products with the same input x.
 ggml_tensor * mul_mat_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared = nullptr);
 // x quantized into AMX tiles once for several products (q/k/v, gate/up) when w takes the AMX path, else null.

@@ -13,10 +13,11 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
     const int64_t n = in.n, B = in.n_seqs, hd = d.head_dim, kv_dim = hd * d.n_kv_heads;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     ggml_tensor * x = in.x;
-    // A prefill (several positions per sequence) takes the many-column path for every product, a
-    // decode step the mat-vec path: each sequence's numbers then do not depend on the batch around it.
+    // A prefill (several positions of one sequence) takes the many-column path for every product, a
+    // decode step (one column per sequence) mul_mat_step: each sequence's numbers then do not depend
+    // on the batch around it.
     auto proj = [&](ggml_tensor * W, ggml_tensor * a, ggml_tensor * prepared = nullptr) {
-        return in.n > 1 ? mul_mat_frames(ctx, W, a, prepared) : mul_mat(ctx, W, a);
+        return in.n > 1 ? mul_mat_frames(ctx, W, a, prepared) : mul_mat_step(ctx, W, a);
     };
     // On AMX the products that read the same input (q/k/v, gate/up) share its prepared tiles.
     auto prepare = [&](ggml_tensor * W, ggml_tensor * a) { return in.n > 1 ? prepare_frames(ctx, W, a) : nullptr; };
@@ -46,21 +47,61 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         };
         ggml_build_forward_expand(gf, ggml_set_rows(ctx, rows(kc), ggml_reshape_2d(ctx, k, kv_dim, n * B), in.kv_rows));
         ggml_build_forward_expand(gf, ggml_set_rows(ctx, rows(vc), ggml_reshape_2d(ctx, v, kv_dim, n * B), in.kv_rows));
-        auto window = [&](ggml_tensor * cache) {  // [hd, Hkv, n_kv, B]
-            return ggml_view_4d(ctx, cache, hd, d.n_kv_heads, in.n_kv, B, cache->nb[1], cache->nb[2], cache->nb[3],
-                                static_cast<size_t>(in.slot0) * cache->nb[3]);
+        auto window = [&](ggml_tensor * cache, int64_t n_kv, int64_t seqs, int64_t slot) {  // [hd, Hkv, n_kv, seqs]
+            return ggml_view_4d(ctx, cache, hd, d.n_kv_heads, n_kv, seqs, cache->nb[1], cache->nb[2], cache->nb[3],
+                                static_cast<size_t>(slot) * cache->nb[3]);
         };
-        ggml_tensor * K = ggml_permute(ctx, window(kc), 0, 2, 1, 3);                                  // [hd, n_kv, Hkv, B]
-        ggml_tensor * Q = ggml_permute(ctx, ggml_reshape_4d(ctx, q, hd, d.n_heads, n, B), 0, 2, 1, 3);  // [hd, n, Hq, B]
+        ggml_tensor * q4 = ggml_reshape_4d(ctx, q, hd, d.n_heads, n, B);
         ggml_tensor * att;
         if (in.flash_attn) {  // fused: F32 K/V, online softmax in F32, one node instead of six
-            ggml_tensor * V = ggml_permute(ctx, window(vc), 0, 2, 1, 3);                              // [hd, n_kv, Hkv, B]
-            att = ggml_flash_attn_ext(ctx, Q, K, V, in.mask, scale, 0.0f, 0.0f);                      // [hd, Hq, n, B]
+            // Keys past a sequence's own length are masked (-inf) and skipped, so every (sequence, head)
+            // row is the same loop over its own keys in any batch. One exception: for a query of one
+            // position in dimension 1 and one sequence in dimension 3, ggml splits the keys over its
+            // threads from 512 keys on and merges the parts, which rounds differently. A lone decode
+            // step therefore puts the K/V heads in dimension 3 (the query heads of each as dimension 2;
+            // with a single K/V head, every query head in dimension 3 reading it with stride 0): the
+            // same per-row loop as in a batch.
+            ggml_tensor *Q, *K, *V;
+            if (n == 1 && B == 1) {
+                const int64_t Hkv = d.n_kv_heads, G = d.n_heads / Hkv, h3 = Hkv > 1 ? Hkv : d.n_heads;
+                Q = ggml_reshape_4d(ctx, q, hd, 1, Hkv > 1 ? G : 1, h3);  // head g + G * kv_head
+                auto kv = [&](ggml_tensor * cache) {  // [hd, n_kv, 1, h3]
+                    return ggml_view_4d(ctx, cache, hd, in.n_kv, 1, h3, cache->nb[2], cache->nb[2],
+                                        Hkv > 1 ? cache->nb[1] : 0, static_cast<size_t>(in.slot0) * cache->nb[3]);
+                };
+                K = kv(kc);
+                V = kv(vc);
+            } else {
+                Q = ggml_permute(ctx, q4, 0, 2, 1, 3);                                    // [hd, n, Hq, B]
+                K = ggml_permute(ctx, window(kc, in.n_kv, B, in.slot0), 0, 2, 1, 3);      // [hd, n_kv, Hkv, B]
+                V = ggml_permute(ctx, window(vc, in.n_kv, B, in.slot0), 0, 2, 1, 3);
+            }
+            att = ggml_flash_attn_ext(ctx, Q, K, V, in.mask, scale, 0.0f, 0.0f);  // [hd, Hq, n, B] (same layout)
             ggml_flash_attn_ext_set_prec(att, GGML_PREC_F32);
         } else {
-            ggml_tensor * kq = ggml_soft_max_ext(ctx, ggml_mul_mat(ctx, K, Q), in.mask, scale, 0.0f); // [n_kv, n, Hq, B]
-            ggml_tensor * V = ggml_cont(ctx, ggml_permute(ctx, window(vc), 1, 2, 0, 3));              // [n_kv, hd, Hkv, B]
-            att = ggml_cont(ctx, ggml_permute(ctx, ggml_mul_mat(ctx, V, kq), 0, 2, 1, 3));            // [hd, Hq, n, B]
+            // matmul / softmax / matmul. Their sums run over the cached positions, so in a decode step
+            // each sequence attends over exactly its own (a batch's longest length would change the
+            // sums' grouping): one small chain per sequence, the ops a lone step runs.
+            auto attend = [&](ggml_tensor * Q, int64_t n_kv, int64_t seqs, int64_t slot, ggml_tensor * mask) {
+                ggml_tensor * K = ggml_permute(ctx, window(kc, n_kv, seqs, slot), 0, 2, 1, 3);             // [hd, n_kv, Hkv, s]
+                ggml_tensor * kq = ggml_soft_max_ext(ctx, ggml_mul_mat(ctx, K, Q), mask, scale, 0.0f);     // [n_kv, n, Hq, s]
+                ggml_tensor * V = ggml_cont(ctx, ggml_permute(ctx, window(vc, n_kv, seqs, slot), 1, 2, 0, 3));  // [n_kv, hd, Hkv, s]
+                return ggml_cont(ctx, ggml_permute(ctx, ggml_mul_mat(ctx, V, kq), 0, 2, 1, 3));            // [hd, Hq, n, s]
+            };
+            if (n == 1 && B > 1 && in.kv_lens) {
+                att = nullptr;
+                for (int64_t b = 0; b < B; ++b) {
+                    const int64_t len = (*in.kv_lens)[static_cast<size_t>(b)];
+                    ggml_tensor * Qb = ggml_view_4d(ctx, q4, hd, d.n_heads, 1, 1, q4->nb[1], q4->nb[2], q4->nb[3],
+                                                    static_cast<size_t>(b) * q4->nb[3]);
+                    ggml_tensor * mb = ggml_cont(ctx, ggml_view_4d(ctx, in.mask, len, 1, 1, 1, in.mask->nb[1], in.mask->nb[2],
+                                                                   in.mask->nb[3], static_cast<size_t>(b) * in.mask->nb[3]));
+                    ggml_tensor * ab = attend(ggml_permute(ctx, Qb, 0, 2, 1, 3), len, 1, in.slot0 + b, mb);
+                    att = att ? ggml_concat(ctx, att, ab, 3) : ab;
+                }
+            } else {
+                att = attend(ggml_permute(ctx, q4, 0, 2, 1, 3), in.n_kv, B, in.slot0, in.mask);
+            }
         }
         att = ggml_reshape_2d(ctx, att, hd * d.n_heads, n * B);
         x = ggml_add(ctx, x, proj(l.o, att));

@@ -40,6 +40,7 @@ struct DecoderInputs {
     int64_t n, n_seqs, n_kv, slot0;
     bool all_logits;
     bool flash_attn;  // fused attention kernel (ggml_flash_attn_ext) instead of matmul/softmax/matmul
+    const std::vector<int64_t> * kv_lens = nullptr;  // per sequence: its cached length + n (may be null)
 };
 ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams & hp, const Weights & w,
                             const DecoderInputs & in);

@@ -24,7 +24,7 @@ constexpr size_t kQ8Bytes = 34;     // block_q8_0: fp16 d + 32 int8
 constexpr int64_t kSuperBlock = 256;  // QK_K
 constexpr size_t kQ6KBytes = 210;   // block_q6_K: ql[128] qh[64] scales[16] fp16 d
 constexpr size_t kQ8KBytes = 292;   // block_q8_K: float d, int8 qs[256], int16 bsums[16]
-constexpr int64_t kMaxCols = 8;
+constexpr int64_t kMaxCols = 8;  // mul_mat()'s limit; decode steps take any count
 
 // Rows [r0, r1) of a weight matrix (stride ws bytes) times n prepared activation columns.
 using RowsFn = void (*)(const uint8_t * w, size_t ws, int64_t r0, int64_t r1, const void * act, const float * scales,
@@ -34,8 +34,14 @@ struct Kernels {
     RowsFn q8_0 = nullptr;
     RowsFn q6_k = nullptr;
     RowsFn q4_k_x8 = nullptr;  // Q4_K in ggml's CPU_REPACK layout
+    RowsFn f32 = nullptr;      // F32 / F16 weights in the lane width of ggml's tinyBLAS (fp_lanes())
+    RowsFn f16 = nullptr;
     const char * name = "";
 };
+
+// The lane count of ggml's llamafile tinyBLAS for F32/F16 (16 when ggml's CPU backend was built
+// for AVX-512, else 8): the F32/F16 kernels sum in as many lanes so that their results are ggml's.
+int fp_lanes() { return ggml_cpu_has_avx512() ? 16 : 8; }
 
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12 reports its own intrinsic headers: _mm256/_mm512_undefined_*() are written as a
@@ -58,6 +64,8 @@ namespace avx2 {
 #define FUN_ASR_VNNI 0
 #include "kernels/matvec_q8_0.inc"
 #include "kernels/matvec_q6_k.inc"
+#include "kernels/matvec_q4_k_x8.inc"
+#include "kernels/matvec_fp.inc"
 #undef FUN_ASR_VNNI
 }  // namespace avx2
 #if defined(__clang__)
@@ -74,6 +82,7 @@ namespace vnni {
 #include "kernels/matvec_q8_0.inc"
 #include "kernels/matvec_q6_k.inc"
 #include "kernels/matvec_q4_k_x8.inc"
+#include "kernels/matvec_fp.inc"
 #undef FUN_ASR_VNNI
 }  // namespace vnni
 #if defined(__clang__)
@@ -88,11 +97,17 @@ Kernels pick(const std::string & want) {
                           __builtin_cpu_supports("f16c");
     const bool has_vnni = has_avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512f");
+    const bool wide = fp_lanes() == 16;
     if (has_vnni && want != "avx2") {
-        return {vnni::q8_0_rows_x_cols, vnni::q6_k_rows_x_cols, vnni::q4_k_x8_rows_x_cols, "avx512vnni"};
+        return {vnni::q8_0_rows_x_cols, vnni::q6_k_rows_x_cols, vnni::q4_k_x8_rows_x_cols,
+                wide ? vnni::f32_rows_x_cols_16 : vnni::f32_rows_x_cols_8,
+                wide ? vnni::f16_rows_x_cols_16 : vnni::f16_rows_x_cols_8, "avx512vnni"};
     }
-    // AVX2 only: repacked Q4_K stays with ggml's own GEMV.
-    if (has_avx2) return {avx2::q8_0_rows_x_cols, avx2::q6_k_rows_x_cols, nullptr, "avx2"};
+    if (has_avx2) {
+        return {avx2::q8_0_rows_x_cols, avx2::q6_k_rows_x_cols, avx2::q4_k_x8_rows_x_cols,
+                wide ? avx2::f32_rows_x_cols_16 : avx2::f32_rows_x_cols_8,
+                wide ? avx2::f16_rows_x_cols_16 : avx2::f16_rows_x_cols_8, "avx2"};
+    }
     return {};
 }
 #else
@@ -133,23 +148,55 @@ RowsFn kernel_for(const ggml_tensor * w) {
     switch (w->type) {
         case GGML_TYPE_Q8_0: return kernels().q8_0;
         case GGML_TYPE_Q6_K: return kernels().q6_k;
+        case GGML_TYPE_F32: return kernels().f32;
+        case GGML_TYPE_F16: return kernels().f16;
         default: return nullptr;
     }
 }
 
-int64_t block_of(ggml_type t) { return t == GGML_TYPE_Q8_0 ? kQ8Block : kSuperBlock; }
+bool is_fp(ggml_type t) { return t == GGML_TYPE_F32 || t == GGML_TYPE_F16; }
+
+// What a row's length must be a multiple of: the quant block, or for F32/F16 the lane width
+// (ggml's tinyBLAS only takes such rows).
+int64_t block_of(ggml_type t) {
+    if (is_fp(t)) return fp_lanes();
+    return t == GGML_TYPE_Q8_0 ? kQ8Block : kSuperBlock;
+}
+
+// The blocks per row the kernel is told (F32/F16: elements).
+int64_t blocks_per_row(ggml_type t, int64_t k) { return is_fp(t) ? k : k / block_of(t); }
 
 // The activation, quantized the way ggml's own path quantizes it for this weight type.
 struct Activation {
-    std::vector<uint8_t> blocks;  // Q8_0: scratch for one column; Q6_K: the Q8_K blocks of every column
+    std::vector<uint8_t> blocks;  // Q8_0: scratch for one column; Q6_K, Q4_K: the Q8_K blocks of every column
     std::vector<int8_t> quants;   // Q8_0: k int8 per column, contiguous
     std::vector<float> scales;    // Q8_0: k / 32 floats per column
-    const void * data() const { return quants.empty() ? static_cast<const void *>(blocks.data()) : quants.data(); }
+    std::vector<float> floats;    // F32 / F16: k floats per column, contiguous (F16: rounded to F16)
+    std::vector<ggml_fp16_t> halves;  // F16: scratch for one column
+    const void * data() const {
+        if (!floats.empty()) return floats.data();
+        return quants.empty() ? static_cast<const void *>(blocks.data()) : quants.data();
+    }
 };
 
 // n columns of k floats (column c at x + c * xs floats).
 void quantize_cols(ggml_type wtype, const float * x, int64_t xs, int64_t n, int64_t k, Activation & a) {
-    if (wtype == GGML_TYPE_Q8_0) {
+    a.floats.clear();
+    if (is_fp(wtype)) {
+        // ggml's tinyBLAS multiplies F16 weights by F16 activations (ggml's own conversion), F32 by F32.
+        a.quants.clear();
+        a.floats.resize(static_cast<size_t>(n * k));
+        for (int64_t c = 0; c < n; ++c) {
+            float * dst = a.floats.data() + c * k;
+            if (wtype == GGML_TYPE_F32) {
+                std::memcpy(dst, x + c * xs, static_cast<size_t>(k) * sizeof(float));
+            } else {
+                a.halves.resize(static_cast<size_t>(k));
+                ggml_get_type_traits_cpu(GGML_TYPE_F16)->from_float(x + c * xs, a.halves.data(), k);
+                ggml_fp16_to_fp32_row(a.halves.data(), dst, k);
+            }
+        }
+    } else if (wtype == GGML_TYPE_Q8_0) {
         // ggml's Q8_0 routine (so the integer dot products are exactly ggml's), then the blocks split
         // into contiguous int8 quants and float scales.
         const int64_t nb = k / kQ8Block;
@@ -189,8 +236,8 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const int64_t r0 = std::min<int64_t>(rows, per * ith), r1 = std::min<int64_t>(rows, r0 + per);
     if (r0 >= r1) return;
     kernel_for(w)(static_cast<const uint8_t *>(w->data), w->nb[1], r0, r1, act.data(), act.scales.data(), n,
-                        k / block_of(w->type), static_cast<float *>(dst->data),
-                        static_cast<int64_t>(dst->nb[1] / sizeof(float)));
+                  blocks_per_row(w->type, k), static_cast<float *>(dst->data),
+                  static_cast<int64_t>(dst->nb[1] / sizeof(float)));
 }
 
 }  // namespace
@@ -199,15 +246,27 @@ const char * matvec_isa() { return kernels().name; }
 
 int64_t matvec_max_cols() { return kMaxCols; }
 
-bool matvec_supported(const ggml_tensor * w, const ggml_tensor * x) {
-    if (!w || !x || !kernel_for(w) || x->type != GGML_TYPE_F32) return false;
-    if (!ggml_is_contiguous(w) || w->ne[2] != 1 || w->ne[3] != 1 || w->ne[0] % block_of(w->type) != 0) return false;
-    if (x->ne[0] != w->ne[0] || x->ne[2] != 1 || x->ne[3] != 1 || x->nb[0] != sizeof(float)) return false;
-    // Repacked Q4_K: only where ggml itself would take its GEMV (fewer than 4 columns), so that
-    // results stay exactly ggml's whichever path a step takes.
-    const int64_t max_cols = is_repacked(w) ? 3 : kMaxCols;
-    return x->ne[1] >= 1 && x->ne[1] <= max_cols;
+bool matvec_step_takes(const ggml_tensor * w) {
+    return w && kernel_for(w) && ggml_is_contiguous(w) && w->ne[2] == 1 && w->ne[3] == 1 &&
+           w->ne[0] % block_of(w->type) == 0;
 }
+
+bool matvec_step_supported(const ggml_tensor * w, const ggml_tensor * x) {
+    if (!matvec_step_takes(w) || !x || x->type != GGML_TYPE_F32) return false;
+    if (x->ne[0] != w->ne[0] || x->ne[2] != 1 || x->ne[3] != 1 || x->nb[0] != sizeof(float)) return false;
+    return x->ne[1] >= 1;
+}
+
+bool matvec_supported(const ggml_tensor * w, const ggml_tensor * x) {
+    return matvec_step_supported(w, x) && x->ne[1] <= kMaxCols;
+}
+
+bool weight_in_cpu_memory(const ggml_tensor * w) {
+    ggml_backend_buffer_t b = w ? buffer_of(w) : nullptr;
+    return b && (ggml_backend_buffer_is_host(b) || is_repacked(w));
+}
+
+bool weight_is_repacked(const ggml_tensor * w) { return w && is_repacked(w); }
 
 ggml_tensor * matvec(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
     ggml_tensor * args[2] = {w, x};
@@ -218,7 +277,7 @@ bool is_matvec(const ggml_tensor * t) {
     // The graph builders may rename the node (the logits are "dec.logits"), so it is recognised by
     // what it computes: the only custom op with a kernel-typed matrix as its first source.
     return t && t->op == GGML_OP_CUSTOM && t->src[0] && t->src[1] && kernel_for(t->src[0]) &&
-           t->src[1]->ne[1] <= kMaxCols && t->ne[0] == t->src[0]->ne[1] && t->ne[1] == t->src[1]->ne[1];
+           t->ne[0] == t->src[0]->ne[1] && t->ne[1] == t->src[1]->ne[1];
 }
 
 }  // namespace fun_asr

@@ -4,13 +4,22 @@
 // run at memory bandwidth. ggml 0.15.3's CPU paths for these products (llamafile's tiled GEMM for
 // Q8_0, vec_dot for Q6_K) reach about half of a core's read bandwidth on the machines we measured:
 // they leave the memory system idle while they compute. These kernels keep the arithmetic per
-// element of ggml's path - activations quantized by ggml's own routines (Q8_0 / Q8_K), exact
+// element of ggml's path - activations quantized by ggml's own routines (Q8_0 / Q8_K / F16), exact
 // integer dot products, the same per-block float steps - and stream the weights with software
-// prefetch far ahead, four (Q8_0) or two (Q6_K) rows at a time, as a ggml custom op so that ggml's
-// threads share the rows.
+// prefetch far ahead, several rows at a time, as a ggml custom op so that ggml's threads share the rows.
 //
-//   Q8_0 and Q6_K: bit for bit ggml_mul_mat's result (same float operations in the same order;
-//   tests/test_kernels.py checks it on both code paths).
+// Batch invariance: every kernel computes each column with the same operations in the same order
+// whatever the number of columns and the thread split, so a sequence's decode step gives the same
+// bits alone or in a batch (ggml's own paths do not: one column takes vec_dot or a GEMV, two or more
+// llamafile's tiled GEMM or, for repacked Q4_K, a GEMM from 4 columns on, which round differently).
+//
+//   Q8_0 and Q6_K: bit for bit ggml_mul_mat's result (same float operations in the same order).
+//   F32 and F16: bit for bit ggml's many-column result (llamafile's tinyBLAS: one FMA chain per
+//   element over 8 or 16 lanes, as wide as ggml was built for; F16 activations rounded to F16 as
+//   ggml does); one column differs from ggml's vec_dot there.
+//   Q4_K (ggml's repacked 8-row layout): ggml's integer sums, the float steps in our own order (equal
+//   to ggml's GEMV to rounding); the AVX2 and AVX-512 copies give the same bits.
+//   tests/test_kernels.py checks all of this on both code paths.
 //
 // FUN_ASR_MATVEC=0 turns them off (ggml_mul_mat everywhere); =avx2 forces the AVX2 code path.
 #pragma once
@@ -24,17 +33,28 @@ namespace fun_asr {
 // Which code path this CPU gets: "avx512vnni", "avx2" or "" (none: ggml_mul_mat everywhere).
 const char * matvec_isa();
 
-// The most activation columns a kernel call takes (a decode step: one per sequence of a batch).
+// The most activation columns mul_mat() gives a kernel (a short prefill); decode steps
+// (matvec_step_supported) give it any number.
 int64_t matvec_max_cols();
 
-// Whether w x x goes through a kernel: x86 with AVX2 at run time; w Q8_0 or Q6_K, plain layout in
-// host memory (not in a repacked/extra buffer), contiguous 2-D; x F32 [w->ne[0], n], n <= max cols.
+// Whether w x x goes through a kernel: x86 with AVX2 at run time; w F32, F16, Q8_0 or Q6_K in
+// plain layout in host memory, or Q4_K in ggml's repacked 8-row layout; contiguous 2-D; x F32
+// [w->ne[0], n], 1 <= n <= max cols (matvec_supported) or any n >= 1 (matvec_step_supported).
 bool matvec_supported(const ggml_tensor * w, const ggml_tensor * x);
+bool matvec_step_supported(const ggml_tensor * w, const ggml_tensor * x);
+// The weight's side of those checks: a decode step's product with w (F32 columns of its row length)
+// goes through a kernel.
+bool matvec_step_takes(const ggml_tensor * w);
 
-// ggml_mul_mat(ctx, w, x) through the kernel (caller checked matvec_supported): F32 [w->ne[1], n].
+// ggml_mul_mat(ctx, w, x) through the kernel (caller checked one of the above): F32 [w->ne[1], n].
 ggml_tensor * matvec(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
 
 // Whether a graph node is one of these kernels' ops (profiles count it as a MUL_MAT).
 bool is_matvec(const ggml_tensor * t);
+
+// Where a weight lives: CPU memory (host buffers and ggml's CPU_REPACK buffer), and whether ggml
+// repacked it into an interleaved layout (its products then run in ggml's repack GEMV/GEMM).
+bool weight_in_cpu_memory(const ggml_tensor * w);
+bool weight_is_repacked(const ggml_tensor * w);
 
 }  // namespace fun_asr

@@ -37,7 +37,9 @@ public:
             ggml_backend_cpu_set_n_threads(backend_,
                                            threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
         }
-        ggml_init_params ip{ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true};
+        // A decode-path product of m columns may take a few nodes per column (mul_mat_step on ggml's paths).
+        const size_t nodes = static_cast<size_t>(16 + 2 * m);
+        ggml_init_params ip{ggml_tensor_overhead() * nodes + ggml_graph_overhead_custom(nodes, false), nullptr, true};
         ctx_ = ggml_init(ip);
         w_ = ggml_new_tensor_2d(ctx_, type, k, n);
         x_ = ggml_new_tensor_2d(ctx_, GGML_TYPE_F32, k, m);
@@ -67,9 +69,9 @@ public:
         ggml_backend_tensor_set(x_, xf, 0, static_cast<size_t>(k * m) * sizeof(float));
         // Built after the weights have their buffer: the kernel choice looks at where they live.
         y_ = path == MatmulPath::frames ? mul_mat_frames(ctx_, w_, x_)
-             : path == MatmulPath::decode ? mul_mat(ctx_, w_, x_)
+             : path == MatmulPath::decode ? mul_mat_step(ctx_, w_, x_)
                                           : ggml_mul_mat(ctx_, w_, x_);
-        gf_ = ggml_new_graph(ctx_);
+        gf_ = ggml_new_graph_custom(ctx_, nodes, false);
         ggml_build_forward_expand(gf_, y_);
         ybuf_ = ggml_backend_alloc_ctx_tensors(ctx_, backend_);
     }
@@ -178,7 +180,7 @@ double bench_matvec_chunks(const std::string & type_name, int64_t rows, int64_t 
     ggml_cgraph * gf = ggml_new_graph_custom(ctx, static_cast<size_t>(4 * n_chunks + 8), false);
     for (int64_t c = 0; c < n_chunks; ++c) {
         ggml_tensor * wc = ggml_view_2d(ctx, w, k, chunk_rows, rb, static_cast<size_t>(c * chunk_rows) * rb);
-        ggml_build_forward_expand(gf, path == MatmulPath::ggml ? ggml_mul_mat(ctx, wc, x) : mul_mat(ctx, wc, x));
+        ggml_build_forward_expand(gf, path == MatmulPath::ggml ? ggml_mul_mat(ctx, wc, x) : mul_mat_step(ctx, wc, x));
     }
     ggml_backend_buffer_t ybuf = ggml_backend_alloc_ctx_tensors(ctx, backend);
     std::vector<double> ms;

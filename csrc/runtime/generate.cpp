@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 #include "graph/stages.h"
+#include "kernels/matvec.h"
 #include "runtime/model.h"
 
 namespace fun_asr {
@@ -30,6 +32,15 @@ bool stuck_in_loop(const std::vector<int32_t> & t) {
         if (loop) return true;
     }
     return false;
+}
+
+// FNV-1a over the bytes of n floats: equal rows give equal digests, and any bit that differs almost
+// surely changes it.
+uint64_t digest(const float * x, int64_t n) {
+    const auto * p = reinterpret_cast<const unsigned char *>(x);
+    uint64_t h = 14695981039346656037ull;
+    for (size_t i = 0; i < static_cast<size_t>(n) * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
 }
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -70,7 +81,9 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     ggml_set_input(pos);
     ggml_set_input(rows);
     ggml_set_input(mask);
-    DecoderInputs in{x, pos, rows, mask, &kv_.k(), &kv_.v(), n, B, n_kv, slot0, false, flash_attn_};
+    std::vector<int64_t> kv_lens(past.begin(), past.end());
+    for (auto & len : kv_lens) len += n;
+    DecoderInputs in{x, pos, rows, mask, &kv_.k(), &kv_.v(), n, B, n_kv, slot0, false, flash_attn_, &kv_lens};
     ggml_tensor * logits = build_decoder(gc, g.gf, hp_, weights_->w, in);
     ggml_set_output(logits);
     ggml_build_forward_expand(g.gf, logits);
@@ -98,6 +111,22 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     std::vector<float> out(static_cast<size_t>(d.vocab * B));
     ggml_backend_tensor_get(logits, out.data(), 0, out.size() * sizeof(float));
     return out;
+}
+
+int64_t Model::step_chunk() const {
+    // A decode step's graph has a fixed number of nodes per layer, except where it runs per-sequence
+    // ops: the matmul attention (one chain per sequence, ~16 nodes) and the products of repacked
+    // weights that no kernel takes (ggml's GEMV in groups of 3 columns, ~1 node per column). Those
+    // stay within half the graph; a larger batch steps in chunks of sequences, which gives the same
+    // numbers (no sequence's numbers depend on the others) at the cost of reading the weights again.
+    auto per_column = [](ggml_tensor * w) { return weight_is_repacked(w) && !matvec_step_takes(w) ? 1 : 0; };
+    int64_t per_seq = per_column(weights_->w.output);
+    for (const Qwen3Layer & l : weights_->w.dec) {
+        per_seq += flash_attn_ ? 0 : 16;
+        for (ggml_tensor * w : {l.q, l.k, l.v, l.o, l.gate, l.up, l.down}) per_seq += per_column(w);
+    }
+    if (per_seq == 0) return std::numeric_limits<int64_t>::max();
+    return std::max<int64_t>(1, static_cast<int64_t>(kGraphSize / 2) / per_seq);
 }
 
 std::vector<float> Model::prefill_locked(const float * embeddings, int64_t n) {
@@ -190,6 +219,7 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
     n_past_ = 0;  // the single-sequence state does not survive a batch
     kv_.reserve(d, ggml_backend_get_default_buffer_type(backend_), longest + max_new_tokens, 0, B);
     std::vector<Generated> out(static_cast<size_t>(B));
+    digests_.assign(logit_digests_on_ ? static_cast<size_t>(B) : 0, {});
     std::vector<int32_t> next(static_cast<size_t>(B));
     std::vector<int64_t> past(static_cast<size_t>(B));
     const int64_t P = prefix_len();
@@ -208,6 +238,7 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
         }
         const std::vector<float> logits = run_decoder(p.first + done * d.d_model, nullptr, p.second - done, b, {done});
         next[static_cast<size_t>(b)] = argmax(logits.data(), d.vocab);
+        if (logit_digests_on_) digests_[static_cast<size_t>(b)].push_back(digest(logits.data(), d.vocab));
         past[static_cast<size_t>(b)] = p.second;
         last_.prompt_tokens += p.second;
     }
@@ -216,6 +247,7 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
     t0 = std::chrono::steady_clock::now();
     int64_t active = B;
     int64_t produced = 0;
+    const int64_t chunk = max_step_seqs_ > 0 ? std::min(max_step_seqs_, step_chunk()) : step_chunk();
     for (;;) {
         for (int64_t b = 0; b < B; ++b) {
             Generated & g = out[static_cast<size_t>(b)];
@@ -234,11 +266,26 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
         }
         if (on_step) on_step(produced, active);
         if (active == 0) break;
-        // One step for every slot (finished ones just keep going; the weights are read once for all).
-        const std::vector<float> logits = run_decoder(nullptr, next.data(), 1, 0, past);
+        // One step for every slot (finished ones just keep going; the weights are read once for all, or
+        // once per chunk of step_chunk() sequences).
+        std::vector<float> logits;
+        for (int64_t b0 = 0; b0 < B; b0 += chunk) {
+            const int64_t m = std::min(chunk, B - b0);
+            const std::vector<int64_t> part(past.begin() + b0, past.begin() + b0 + m);
+            std::vector<float> l = run_decoder(nullptr, next.data() + b0, 1, b0, part);
+            if (b0 == 0 && m == B) {
+                logits.swap(l);
+            } else {
+                logits.insert(logits.end(), l.begin(), l.end());
+            }
+        }
         for (int64_t b = 0; b < B; ++b) {
             next[static_cast<size_t>(b)] = argmax(logits.data() + b * d.vocab, d.vocab);
             past[static_cast<size_t>(b)] += 1;
+            // a running sequence takes this token in the next round: keep the digest of its row
+            if (logit_digests_on_ && out[static_cast<size_t>(b)].stop_reason.empty()) {
+                digests_[static_cast<size_t>(b)].push_back(digest(logits.data() + b * d.vocab, d.vocab));
+            }
         }
     }
     last_.decode_ms = ms_since(t0);

@@ -18,8 +18,6 @@ namespace fun_asr {
 
 namespace {
 
-constexpr size_t kGraphSize = 16384;
-
 ggml_backend_dev_t pick_device(const std::string & device) {
     std::vector<ggml_backend_dev_t> gpus;
     ggml_backend_dev_t cpu = nullptr;

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,8 @@ struct Stage {
 
 class Model {
 public:
+    // Nodes of one compute graph (the scheduler's hash set is sized for it at load).
+    static constexpr size_t kGraphSize = 16384;
     // device: "cpu", "cuda", "cuda:N", "gpu", or "auto" (a GPU when there is one). threads: 0 = all cores.
     Model(const ModelSource & src, const std::string & device, int threads);
     ~Model();
@@ -105,6 +108,19 @@ public:
     };
     GenerationStats last_generation() const { return last_; }
 
+    // Test aid for batch invariance: with logit digests on, generate_batch keeps, per sequence, one
+    // 64-bit digest (FNV-1a over the float bits) of every logits row a token was taken from, so that
+    // tests can compare whole logits rows of batched and one-by-one decoding bit for bit.
+    void set_logit_digests(bool on) { logit_digests_on_ = on; }
+    // At most this many sequences per decode-step graph (0: as many as the graph takes, step_chunk()).
+    int64_t max_step_sequences() const { return max_step_seqs_; }
+    void set_max_step_sequences(int64_t n) {
+        if (n < 0) throw std::invalid_argument("max_step_sequences must be >= 0 (0 = automatic)");
+        max_step_seqs_ = n;
+    }
+    bool logit_digests() const { return logit_digests_on_; }
+    std::vector<std::vector<uint64_t>> last_logit_digests() const { return digests_; }
+
     // Per-node profile (FUN_ASR_PROFILE=1 at load, or set_profiling(true)): every graph node is
     // computed on its own and timed; totals per "stage/op" key (stage = the node name's first part:
     // enc, adp, blk/dec, ...), with matmul FLOPs. Profiling itself slows the run (no fusion across nodes).
@@ -124,6 +140,8 @@ private:
     // `past`; returns the logits of each sequence's last position, [past.size()][vocab].
     std::vector<float> run_decoder(const float * embeddings, const int32_t * tokens, int64_t n, int64_t slot0,
                                    const std::vector<int64_t> & past);
+    // The most sequences one decode-step graph takes (see generate.cpp); larger batches step in chunks.
+    int64_t step_chunk() const;
     std::vector<float> prefill_locked(const float * embeddings, int64_t n);
     std::vector<float> step_locked(int32_t token);
     // Graph plumbing: a context for one graph's metadata, allocation, compute.
@@ -158,6 +176,9 @@ private:
     bool prefix_matches(const float * embeddings, int64_t n) const;
     int threads_ = 1;
     bool flash_attn_ = true;
+    bool logit_digests_on_ = false;
+    int64_t max_step_seqs_ = 0;
+    std::vector<std::vector<uint64_t>> digests_;
     bool profiling_ = false;
     std::map<std::string, ProfileEntry> profile_;
     std::string stage_ = "other";  // the graph being computed, for the profile

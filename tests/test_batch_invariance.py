@@ -1,0 +1,134 @@
+"""A sequence decodes to the same logits, bit for bit, whatever the batch around it.
+
+Matrix: every package type x batch sizes 1, 2, 3, 4, 8 x every kernel path this CPU has
+(FUN_ASR_MATVEC=0: ggml only; avx2; the default, avx512vnni where the CPU has it), on a random
+model with the released decoder's widths and vocabulary but two decoder layers ("wide"): the
+products a decode step runs have their full-size shapes, and random logits are nearly flat, so
+any difference in rounding would show. Each sequence's logits rows (a digest of every row a token
+was taken from) and tokens in batches of B must equal its own one-by-one run.
+
+The prompts have different lengths (attention over slots of different lengths; one crosses 512
+cached positions, where ggml's flash attention splits the keys of a single sequence across
+threads) and two are identical (one file sent twice). The kernel choice is made once per process,
+so each path runs in its own subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from fun_asr import _core
+
+# These tests decode a few tokens on purpose: the max_new_tokens warnings are expected.
+pytestmark = pytest.mark.filterwarnings("ignore::fun_asr.notices.TruncatedOutputWarning")
+
+PACKAGES = ["f32", "f16", "q8_0", "q4_k_m"]
+BATCH_SIZES = [1, 2, 3, 4, 8]
+
+
+def _paths() -> list[str]:
+    """FUN_ASR_MATVEC values for the kernel paths this CPU can run ("" = the default choice)."""
+    isa = _core.matvec_isa()
+    paths = ["0"]
+    if isa in ("avx2", "avx512vnni"):
+        paths.append("avx2")
+    if isa == "avx512vnni":
+        paths.append("")
+    return paths
+
+
+# Run in a subprocess: argv = package path, JSON options; prints a JSON report.
+CHILD = r"""
+import json, sys
+import numpy as np
+from fun_asr import _core
+
+path, opts = sys.argv[1], json.loads(sys.argv[2])
+new = opts["new_tokens"]
+model = _core.load_gguf(path, device="cpu", threads=2)
+model.logit_digests = True
+model.flash_attn = opts["flash_attn"]
+model.max_step_sequences = opts["max_step_sequences"]
+d = model.info()["decoder"]["d_model"]
+rng = np.random.default_rng(7)
+lengths = [5, 37, 12, 3, 64, 37, 20, 509]  # the 6th repeats the 2nd; the last crosses 512 positions
+prompts = []
+for i, n in enumerate(lengths):
+    if i == 5:
+        prompts.append(prompts[1].copy())
+        continue
+    ids = rng.integers(0, 151643, n).tolist()
+    prompts.append(np.ascontiguousarray(model.embed(ids) + 0.5 * rng.standard_normal((n, d)).astype(np.float32)))
+
+def run(ps):
+    out = model.generate_batch(ps, new, [])
+    return [t for t, _ in out], model.last_logit_digests()
+
+single = [run([p]) for p in prompts]
+single = [(t[0], g[0]) for t, g in single]
+report = {"isa": _core.matvec_isa(), "mismatches": [], "tokens": [t for t, _ in single]}
+for B in opts["batch_sizes"]:
+    tokens, digests = run(prompts[:B])
+    for b in range(B):
+        if tokens[b] != single[b][0] or digests[b] != single[b][1]:
+            first = next(i for i, (x, y) in enumerate(zip(digests[b], single[b][1])) if x != y)
+            report["mismatches"].append({"B": B, "seq": b, "first_step": first,
+                                         "tokens_equal": tokens[b] == single[b][0]})
+print(json.dumps(report))
+"""
+
+
+def run_matrix(package_path: Path, matvec: str, new_tokens: int = 6, batch_sizes: list[int] | None = None,
+               flash_attn: bool = True, max_step_sequences: int = 0) -> dict:
+    """Decodes the prompts one by one and in batches in a subprocess with FUN_ASR_MATVEC=matvec."""
+    env = dict(os.environ)
+    env.pop("FUN_ASR_MATVEC", None)
+    if matvec:
+        env["FUN_ASR_MATVEC"] = matvec
+    opts = {"new_tokens": new_tokens, "batch_sizes": [b for b in (batch_sizes or BATCH_SIZES) if b > 1],
+            "flash_attn": flash_attn, "max_step_sequences": max_step_sequences}
+    out = subprocess.run([sys.executable, "-c", CHILD, str(package_path), json.dumps(opts)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def wide_gguf(tmp_path_factory: pytest.TempPathFactory, gguf_converter) -> Callable[[str], Path]:  # noqa: ANN001
+    """The "wide" random checkpoint (full decoder widths, 2 layers), converted once per package type."""
+    from make_random_checkpoint import make_checkpoint
+
+    src = make_checkpoint(tmp_path_factory.mktemp("ckpt") / "wide-f32", "wide", seed=3, dtype="f32")
+    return gguf_converter(src, "wide")
+
+
+@pytest.mark.parametrize("matvec", _paths(), ids=lambda p: {"0": "ggml", "avx2": "avx2", "": "default"}[p])
+@pytest.mark.parametrize("package", PACKAGES)
+def test_batch_is_invariant(package: str, matvec: str, wide_gguf) -> None:  # noqa: ANN001
+    report = run_matrix(wide_gguf(package), matvec)
+    if matvec == "0":
+        assert report["isa"] == ""
+    elif matvec == "avx2":
+        assert report["isa"] == "avx2"
+    # the random model's tokens vary (a stuck decoder would hide nothing, but say little)
+    assert len({t for seq in report["tokens"] for t in seq}) > 8
+    assert report["mismatches"] == [], report["mismatches"]
+
+
+@pytest.mark.parametrize("matvec", ["0", ""], ids=["ggml", "default"])
+@pytest.mark.parametrize("package", ["f16", "q4_k_m"])
+def test_matmul_attention_and_chunked_steps_are_invariant(package: str, matvec: str, wide_gguf) -> None:  # noqa: ANN001
+    """The matmul/softmax/matmul attention (flash_attn off) attends over each sequence's own length, and a
+    batch stepped in chunks of 3 sequences (what very large batches do) gives the same numbers."""
+    if matvec == "" and _core.matvec_isa() == "":
+        pytest.skip("no kernel path on this CPU")
+    report = run_matrix(wide_gguf(package), matvec, new_tokens=4, batch_sizes=[4, 8], flash_attn=False,
+                        max_step_sequences=3)
+    assert report["mismatches"] == [], report["mismatches"]
