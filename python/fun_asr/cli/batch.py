@@ -136,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
             os.write(2, f"\n{PROG}: {signal.Signals(signum).name}: stopping after the batch in flight (send it "
                         "again to stop at once)\n".encode())
 
-    handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():  # (signals reach the main thread only)
+        handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         summary = run(args.inputs, args.output_dir, model=args.model, device=args.device, threads=args.threads,
                       vad=None if args.vad == "none" else args.vad, vad_model=args.vad_model, language=args.language,
