@@ -362,7 +362,7 @@ def test_limit_messages_are_translated_at_the_cli_boundary(session: fun_asr.Sess
     """Issue 23.10: the messages of audio.py/session.py name Limits fields for the Python API; each
     command names its flag instead (fun-asr-serve --max-audio-seconds), or nothing when it has none."""
     from fun_asr.audio import Limits
-    from fun_asr.cli._messages import cli_words
+    from fun_asr.messages import cli_words
 
     with pytest.raises(AudioError) as exc:
         decode_audio(CLIP, limits=Limits(max_audio_seconds=1.0))

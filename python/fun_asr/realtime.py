@@ -30,6 +30,7 @@ import anyio
 import numpy as np
 
 from fun_asr.audio import SAMPLE_RATE, AudioError
+from fun_asr.prompt import split_hotwords
 
 log = logging.getLogger("fun_asr.server")
 
@@ -191,7 +192,7 @@ async def _command(cmd: str, state: _State, session: Any, send: Any, new_stream:
         await _drain(queue)
         await finish()
     elif upper.startswith("HOTWORDS:"):
-        words = [w.strip() for w in cmd[len("HOTWORDS:"):].split(",") if w.strip()]
+        words = split_hotwords(cmd[len("HOTWORDS:"):])  # commas (FunASR) or line breaks
         try:
             check(state.language, words)  # the Session's hotword limits, before they reach a stream
         except (ValueError, TypeError) as exc:

@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fun_asr.audio import SAMPLE_RATE, AudioError, AudioInfo, decode_audio
 from fun_asr.formats import render
+from fun_asr.messages import cli_words
 from fun_asr.notices import FunAsrWarning, Notice
 from fun_asr.prompt import split_hotwords
 from fun_asr.realtime import RealtimeLimits
@@ -160,6 +161,12 @@ class Batcher:
                 fut.set_result(result)
             else:
                 fut.set_exception(ValueError(result.error))
+
+
+def _words(exc: BaseException) -> str:
+    """A Session/audio message in a client's words (request fields, the server's flags)."""
+    return cli_words(str(exc), segment_flag="fun-asr-serve --max-segment-seconds",
+                     max_audio_flag="fun-asr-serve --max-audio-seconds", hotwords="hotwords")
 
 
 def _decode(data: bytes, name: str) -> tuple[np.ndarray, AudioInfo]:
@@ -324,7 +331,7 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
             # the count/length limits, control characters and the decoder's context: a 400 at once
             session.options(hotwords=hotwords, max_new_tokens=max_new_tokens, segment_seconds=segment_seconds)
         except (ValueError, TypeError) as exc:
-            raise ApiError(400, str(exc), "hotwords", "invalid_value") from None
+            raise ApiError(400, _words(exc), "hotwords", "invalid_value") from None
         itn = _bool(field("itn"), "itn", True)
         granularities = [g for key in ("timestamp_granularities[]", "timestamp_granularities")
                          for g in form.getlist(key) if isinstance(g, str)]
@@ -343,7 +350,7 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
         try:
             samples, info = await anyio.to_thread.run_sync(_decode, data, name)
         except AudioError as exc:
-            raise ApiError(400, str(exc), "file", "invalid_audio") from None
+            raise ApiError(400, _words(exc), "file", "invalid_audio") from None
         assert batcher is not None
         if batcher.jobs.qsize() >= max_queue:
             raise ApiError(429, f"server busy: {batcher.jobs.qsize()} requests are waiting (limit {max_queue}); "
@@ -356,7 +363,7 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
             raise ApiError(504, f"the transcription took longer than {request_timeout:g} s", None, "timeout",
                            "server_error") from None
         except ValueError as exc:
-            raise ApiError(400, str(exc), None, "invalid_value") from None
+            raise ApiError(400, _words(exc), None, "invalid_value") from None
         if info.truncated:
             result.input_truncated = True
             result.warnings[:0] = [Notice("input_truncated", w) for w in info.warnings]

@@ -11,8 +11,8 @@ import sys
 import threading
 import warnings
 
-from fun_asr.cli._messages import cli_words
 from fun_asr.hub import DEFAULT_REPO
+from fun_asr.messages import cli_words
 
 PROG = "fun-asr-batch"
 PROGRESS_INTERVAL_ENV = "FUN_ASR_PROGRESS_INTERVAL"  # seconds between progress lines off a terminal (default 10)
@@ -109,7 +109,8 @@ def _check(args: argparse.Namespace) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format=f"{PROG}: %(message)s")
+    level = logging.INFO if args.verbose else logging.ERROR if args.quiet else logging.WARNING
+    logging.basicConfig(level=level, format=f"{PROG}: %(message)s")  # --quiet: the JSON still has warning_codes
     problem = _check(args)
     if problem:
         _error(problem)

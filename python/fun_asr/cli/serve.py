@@ -8,8 +8,8 @@ import os
 import socket
 import sys
 
-from fun_asr.cli._messages import cli_words
 from fun_asr.hub import DEFAULT_REPO
+from fun_asr.messages import cli_words
 
 PROG = "fun-asr-serve"
 

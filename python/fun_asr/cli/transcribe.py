@@ -12,9 +12,9 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from fun_asr.cli._messages import cli_words
 from fun_asr.formats import FORMATS, render
 from fun_asr.hub import DEFAULT_REPO
+from fun_asr.messages import cli_words
 
 PROG = "fun-asr-transcribe"
 STDIN = "-"
@@ -286,7 +286,8 @@ def _read_stdin() -> io.BytesIO:
 
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format=f"{PROG}: %(message)s")
+    level = logging.INFO if args.verbose else logging.ERROR if args.quiet else logging.WARNING
+    logging.basicConfig(level=level, format=f"{PROG}: %(message)s")  # --quiet: the JSON still has warning_codes
     try:
         check_options(args)
     except UsageError as exc:

@@ -1,4 +1,4 @@
-"""Session/audio error messages in command-line words: flags instead of Python parameters and ``Limits`` fields."""
+"""Session/audio error messages in a user's words (CLI flags, request fields), not Python names or ``Limits``."""
 
 from __future__ import annotations
 
