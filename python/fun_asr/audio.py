@@ -12,6 +12,7 @@ import io
 import os
 import struct
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -106,101 +107,33 @@ def _wav_declared_frames(head: bytes, total_size: int) -> int | None:
     return None
 
 
-def _read(source: str | os.PathLike | bytes | bytearray | memoryview | BinaryIO,
-          name: str | None, max_seconds: float = float("inf")) -> tuple[np.ndarray, AudioInfo]:
-    import soundfile as sf
-
-    given = name
-    name = given or (os.fspath(source) if isinstance(source, str | os.PathLike) else "<audio bytes>")
-    if isinstance(source, str | os.PathLike):
-        if os.path.isdir(source):
-            raise AudioError(f"{name}: is a directory, not an audio file")
-        if not os.path.exists(source):
-            raise FileNotFoundError(f"{name}: no such audio file")
-        with open(source, "rb") as f:
-            head = f.read(1 << 16)
-        total = os.path.getsize(source)
-        target: object = name
-    else:
-        if isinstance(source, bytes | bytearray | memoryview):
-            data = bytes(source)
-        else:
-            name = given or str(getattr(source, "name", "<file object>"))
-            data = source.read()
-            if isinstance(data, str):
-                raise TypeError(f"{name}: file object is in text mode; open it in binary mode ('rb')")
-            if data is None:
-                data = b""
-            data = bytes(data)
-        if not data:
-            raise AudioError(f"{name}: no data (0 bytes)")
-        head, total, target = data[: 1 << 16], len(data), io.BytesIO(data)
-    wav_frames = _wav_declared_frames(head, total)
-    blocks: list[np.ndarray] = []
-    decoded = 0
-    error: str | None = None
-    try:
-        with sf.SoundFile(target) as f:
-            rate, channels = int(f.samplerate), int(f.channels)
-            declared = int(f.frames) if f.seekable() and 0 < f.frames < 2**62 else None
-            if rate > 0 and declared is not None and declared > max_seconds * rate:
-                raise AudioError(f"{name}: {declared / rate:.1f} s of audio; at most {max_seconds:g} s are accepted "
-                                 "(Limits.max_audio_seconds)")
-            while True:
-                try:
-                    block = f.read(_BLOCK_FRAMES, dtype="float32", always_2d=True)
-                except (sf.LibsndfileError, RuntimeError) as exc:  # e.g. "flac decoder lost sync" at a cut
-                    if not blocks:
-                        raise
-                    error = str(exc)
-                    break
-                if len(block) == 0:
-                    break
-                blocks.append(block)
-                decoded += len(block)
-                if decoded > max_seconds * rate:  # no header length (a stream, or one that lies): stop here
-                    raise AudioError(f"{name}: more than {max_seconds:g} s of audio; at most {max_seconds:g} s are "
-                                     "accepted (Limits.max_audio_seconds)")
-    except AudioError:
-        raise
-    except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
-        why = str(exc).replace(repr(target), "the data")  # not "<_io.BytesIO object at 0x7f...>"
-        raise AudioError(
-            f"{name}: cannot decode audio ({why}); accepted: files libsndfile reads "
-            f"(wav, flac, ogg/vorbis/opus, mp3, aiff, ...)"
-        ) from None
-    x = np.concatenate(blocks) if blocks else np.zeros((0, channels), np.float32)
-    promised = [d for d in (declared, wav_frames) if d is not None and d > len(x)]
-    info = AudioInfo(name, rate, channels, len(x), max(promised) if promised else None, decode_error=error)
-    if info.truncated:
-        of = f" of the {info.declared_frames / rate:.2f} s its header promises" if info.declared_frames else ""
-        why = f" (decoder: {error})" if error else ""
-        info.warnings.append(f"{name}: file is truncated: only {len(x) / rate:.2f} s{of} could be read{why}")
-    return x, info
+def _decode_failed(name: str, exc: BaseException, target: object) -> AudioError:
+    why = str(exc).replace(repr(target), "the data")  # not "<_io.BytesIO object at 0x7f...>"
+    return AudioError(f"{name}: cannot decode audio ({why}); accepted: files libsndfile reads "
+                      f"(wav, flac, ogg/vorbis/opus, mp3, aiff, ...)")
 
 
-def _from_array(audio: np.ndarray, sample_rate: int | None, name: str) -> tuple[np.ndarray, AudioInfo]:
+def _array_layout(audio: np.ndarray, sample_rate: int | None, name: str) -> tuple[np.ndarray, bool, AudioInfo]:
+    """The array as given, whether it is [channels, samples] (read transposed), and its AudioInfo; the
+    samples are converted to float32 block by block (:func:`_array_block`)."""
     if sample_rate is None:
         raise AudioError(f"{name}: a numpy array needs sample_rate= (e.g. sample_rate=16000)")
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, int | np.integer):
         raise TypeError(f"sample_rate must be an integer number of Hz, got {sample_rate!r}")
     x = audio
-    if x.dtype == np.int16:
-        x = x.astype(np.float32) / 32768.0
-    elif x.dtype == np.int32:
-        x = x.astype(np.float32) / 2147483648.0
-    elif x.dtype in (np.float32, np.float64, np.float16):
-        x = x.astype(np.float32, copy=False)
-    else:
+    if x.dtype not in (np.int16, np.int32, np.float32, np.float64, np.float16):
         raise AudioError(f"{name}: unsupported sample dtype {x.dtype}: accepted float32, float64, float16, int16, "
                          "int32")
+    transposed = False
     if x.ndim == 1:
-        x = x[:, None]
+        channels, frames = 1, x.shape[0]
     elif x.ndim == 2:
         a, b = x.shape
         if a <= MAX_CHANNELS < b:  # (channels, samples): what librosa and torchaudio return
-            x = x.T
-        elif not (b <= MAX_CHANNELS < a):  # not (samples, channels) either
+            transposed, channels, frames = True, a, b
+        elif b <= MAX_CHANNELS < a:  # (samples, channels)
+            channels, frames = b, a
+        else:
             raise AudioError(
                 f"{name}: audio array of shape {x.shape} is ambiguous: accepted [samples], [samples, channels] or "
                 f"[channels, samples] with at most {MAX_CHANNELS} channels and more samples than channels; "
@@ -209,45 +142,216 @@ def _from_array(audio: np.ndarray, sample_rate: int | None, name: str) -> tuple[
     else:
         raise AudioError(f"{name}: audio array must be [samples], [samples, channels] or [channels, samples], "
                          f"got shape {x.shape}")
-    return x, AudioInfo(name, int(sample_rate), int(x.shape[1]), int(x.shape[0]))
+    return x, transposed, AudioInfo(name, int(sample_rate), int(channels), int(frames))
+
+
+def _array_block(x: np.ndarray, transposed: bool, a: int, b: int) -> np.ndarray:
+    """Frames [a, b) of an array as float32 [frames, channels] (int16/int32 PCM scaled to [-1, 1])."""
+    part = x[:, a:b] if transposed else x[a:b]
+    if part.dtype == np.int16:
+        part = part.astype(np.float32) / 32768.0
+    elif part.dtype == np.int32:
+        part = part.astype(np.float32) / 2147483648.0
+    else:
+        part = part.astype(np.float32, copy=False)
+    if part.ndim == 1:
+        return part[:, None]
+    return part.T if transposed else part
+
+
+class AudioReader:
+    """One recording read block by block as 16 kHz mono float32 in [-1, 1] (channels averaged,
+    resampled with soxr's streaming resampler): the blocks joined are exactly :func:`decode_audio`'s
+    samples, and a long file is never held whole.
+
+    Opening checks what is known up front (the path, the header's length, rate and channels against
+    ``limits``); :meth:`blocks` checks each block as it comes (NaN or infinite samples, magnitudes, a
+    length over the limit without a header) and raises :class:`AudioError` naming the recording.
+    ``info`` is complete (frames, truncation, warnings) once :meth:`blocks` has run to its end."""
+
+    def __init__(self, audio: AudioInput, sample_rate: int | None = None, name: str | None = None,
+                 limits: Limits | None = None) -> None:
+        self.limits = lim = limits or Limits()
+        check_audio_input(audio)
+        self._sf: object = None
+        self._array: np.ndarray | None = None
+        self._transposed = False
+        self._wav_frames: int | None = None
+        self._declared: int | None = None
+        self._target: object = None
+        if isinstance(audio, np.ndarray):
+            self._array, self._transposed, self.info = _array_layout(audio, sample_rate, name or "<array>")
+            self._declared = self.info.frames
+        else:
+            if sample_rate is not None:
+                raise AudioError("sample_rate= is only for numpy arrays; files carry their own rate")
+            self._open(audio, name, lim.max_audio_seconds)
+        name, rate = self.info.name, self.info.sample_rate
+        try:
+            if not lim.min_sample_rate <= rate <= lim.max_sample_rate:
+                raise AudioError(f"{name}: sample rate {rate} Hz is outside the accepted {lim.min_sample_rate}-"
+                                 f"{lim.max_sample_rate} Hz")
+            if self.info.channels > lim.max_channels:
+                raise AudioError(f"{name}: {self.info.channels} channels; at most {lim.max_channels} are accepted")
+            if self._array is not None and self.info.frames > lim.max_audio_seconds * rate:
+                raise AudioError(f"{name}: {self.info.frames / rate:.1f} s of audio; at most "
+                                 f"{lim.max_audio_seconds:g} s are accepted (Limits.max_audio_seconds)")
+        except AudioError:
+            self.close()
+            raise
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def expected_seconds(self) -> float | None:
+        """The length the array or the file's header gives (None when unknown, e.g. a streamed WAV)."""
+        return self._declared / self.info.sample_rate if self._declared is not None else None
+
+    def _open(self, source: str | os.PathLike | bytes | bytearray | memoryview | BinaryIO, given: str | None,
+              max_seconds: float) -> None:
+        import soundfile as sf
+
+        name = given or (os.fspath(source) if isinstance(source, str | os.PathLike) else "<audio bytes>")
+        if isinstance(source, str | os.PathLike):
+            if os.path.isdir(source):
+                raise AudioError(f"{name}: is a directory, not an audio file")
+            if not os.path.exists(source):
+                raise FileNotFoundError(f"{name}: no such audio file")
+            total = os.path.getsize(source)
+            if total == 0 and os.path.isfile(source):
+                raise AudioError(f"{name}: file is empty (0 bytes)")
+            with open(source, "rb") as f:
+                head = f.read(1 << 16)
+            target: object = os.fspath(source)
+        else:
+            if isinstance(source, bytes | bytearray | memoryview):
+                data = bytes(source)
+            else:
+                name = given or str(getattr(source, "name", "<file object>"))
+                data = source.read()
+                if isinstance(data, str):
+                    raise TypeError(f"{name}: file object is in text mode; open it in binary mode ('rb')")
+                if data is None:
+                    data = b""
+                data = bytes(data)
+            if not data:
+                raise AudioError(f"{name}: no data (0 bytes)")
+            head, total, target = data[: 1 << 16], len(data), io.BytesIO(data)
+        self._wav_frames = _wav_declared_frames(head, total)
+        self._target = target
+        try:
+            f = sf.SoundFile(target)
+        except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
+            raise _decode_failed(name, exc, target) from None
+        self._sf = f
+        rate, channels = int(f.samplerate), int(f.channels)
+        self._declared = int(f.frames) if f.seekable() and 0 < f.frames < 2**62 else None
+        self.info = AudioInfo(name, rate, channels, 0)
+        if rate > 0 and self._declared is not None and self._declared > max_seconds * rate:
+            self.close()
+            raise AudioError(f"{name}: {self._declared / rate:.1f} s of audio; at most {max_seconds:g} s are "
+                             "accepted (Limits.max_audio_seconds)")
+
+    def close(self) -> None:
+        if self._sf is not None:
+            self._sf.close()
+            self._sf = None
+
+    def __enter__(self) -> AudioReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _source_blocks(self) -> Iterator[np.ndarray]:
+        """float32 [frames, channels] blocks at the source rate."""
+        if self._array is not None:
+            for a in range(0, self.info.frames, _BLOCK_FRAMES):
+                yield _array_block(self._array, self._transposed, a, min(a + _BLOCK_FRAMES, self.info.frames))
+            return
+        import soundfile as sf
+
+        f, name, rate = self._sf, self.info.name, self.info.sample_rate
+        max_seconds = self.limits.max_audio_seconds
+        decoded = 0
+        while True:
+            try:
+                block = f.read(_BLOCK_FRAMES, dtype="float32", always_2d=True)
+            except (sf.LibsndfileError, RuntimeError) as exc:  # e.g. "flac decoder lost sync" at a cut
+                if decoded == 0:
+                    raise _decode_failed(name, exc, self._target) from None
+                self.info.decode_error = str(exc)
+                break
+            except TypeError as exc:
+                raise _decode_failed(name, exc, self._target) from None
+            if len(block) == 0:
+                break
+            decoded += len(block)
+            if decoded > max_seconds * rate:  # no header length (a stream, or one that lies): stop here
+                raise AudioError(f"{name}: more than {max_seconds:g} s of audio; at most {max_seconds:g} s are "
+                                 "accepted (Limits.max_audio_seconds)")
+            yield block
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        """16 kHz mono float32 blocks (about 4 s of the source each); AudioError on unusable audio."""
+        info, lim = self.info, self.limits
+        name, rate = info.name, info.sample_rate
+        resampler = None
+        if rate != SAMPLE_RATE:
+            import soxr
+
+            resampler = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
+        frames = 0
+        try:
+            for x in self._source_blocks():
+                frames += len(x)
+                if not np.isfinite(x).all():
+                    raise AudioError(f"{name}: audio contains NaN or infinite samples")
+                peak = float(np.abs(x).max())
+                if peak > MAX_SAMPLE:  # float files can hold anything; beyond this the fbank's power overflows
+                    raise AudioError(f"{name}: samples reach {peak:.3g}; float audio must be in [-1, 1] (magnitudes "
+                                     f"over {MAX_SAMPLE:g} are refused)")
+                mono = x.mean(axis=1) if x.shape[1] > 1 else x[:, 0]
+                mono = np.ascontiguousarray(mono, dtype=np.float32)
+                if resampler is not None:
+                    mono = resampler.resample_chunk(mono)
+                if mono.size:
+                    yield np.ascontiguousarray(mono, dtype=np.float32)
+            info.frames = frames
+            if self._array is None:
+                promised = [d for d in (self._declared, self._wav_frames) if d is not None and d > frames]
+                info.declared_frames = max(promised) if promised else None
+                if info.truncated:
+                    of = f" of the {info.declared_frames / rate:.2f} s its header promises" if info.declared_frames \
+                        else ""
+                    why = f" (decoder: {info.decode_error})" if info.decode_error else ""
+                    info.warnings.append(f"{name}: file is truncated: only {frames / rate:.2f} s{of} could be "
+                                         f"read{why}")
+            if frames > lim.max_audio_seconds * rate:
+                raise AudioError(f"{name}: {frames / rate:.1f} s of audio; at most {lim.max_audio_seconds:g} s are "
+                                 "accepted (Limits.max_audio_seconds)")
+            if frames == 0:
+                extra = f" ({info.warnings[0]})" if info.warnings else ""
+                raise AudioError(f"{name}: audio is empty (0 samples){extra}")
+            if resampler is not None:
+                tail = resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+                if tail.size:
+                    yield np.ascontiguousarray(tail, dtype=np.float32)
+        finally:
+            self.close()
 
 
 def decode_audio(audio: AudioInput, sample_rate: int | None = None,
                  name: str | None = None, limits: Limits | None = None) -> tuple[np.ndarray, AudioInfo]:
     """16 kHz mono float32 samples and what was found while reading them (`AudioInfo`).
-    ``name`` replaces the recording's name in messages (default: its path, ``<array>``, ...)."""
-    lim = limits or Limits()
-    check_audio_input(audio)
-    if isinstance(audio, np.ndarray):
-        x, info = _from_array(audio, sample_rate, name or "<array>")
-    else:
-        if sample_rate is not None:
-            raise AudioError("sample_rate= is only for numpy arrays; files carry their own rate")
-        x, info = _read(audio, name, lim.max_audio_seconds)
-    name, rate = info.name, info.sample_rate
-    if not lim.min_sample_rate <= rate <= lim.max_sample_rate:
-        raise AudioError(f"{name}: sample rate {rate} Hz is outside the accepted {lim.min_sample_rate}-"
-                         f"{lim.max_sample_rate} Hz")
-    if x.shape[1] > lim.max_channels:
-        raise AudioError(f"{name}: {x.shape[1]} channels; at most {lim.max_channels} are accepted")
-    if x.shape[0] > lim.max_audio_seconds * rate:
-        raise AudioError(f"{name}: {x.shape[0] / rate:.1f} s of audio; at most {lim.max_audio_seconds:g} s are "
-                         "accepted (Limits.max_audio_seconds)")
-    if x.shape[0] == 0:
-        extra = f" ({info.warnings[0]})" if info.warnings else ""
-        raise AudioError(f"{name}: audio is empty (0 samples){extra}")
-    if not np.isfinite(x).all():
-        raise AudioError(f"{name}: audio contains NaN or infinite samples")
-    peak = float(np.abs(x).max())
-    if peak > MAX_SAMPLE:  # float files can hold anything; beyond this the fbank's power overflows float32
-        raise AudioError(f"{name}: samples reach {peak:.3g}; float audio must be in [-1, 1] (magnitudes over "
-                         f"{MAX_SAMPLE:g} are refused)")
-    mono = x.mean(axis=1) if x.shape[1] > 1 else x[:, 0]
-    if rate != SAMPLE_RATE:
-        import soxr
-
-        mono = soxr.resample(mono, rate, SAMPLE_RATE, quality="HQ")
-    return np.ascontiguousarray(mono, dtype=np.float32), info
+    ``name`` replaces the recording's name in messages (default: its path, ``<array>``, ...).
+    :class:`AudioReader` gives the same samples block by block."""
+    reader = AudioReader(audio, sample_rate, name, limits)
+    parts = list(reader.blocks())
+    samples = np.concatenate(parts) if len(parts) != 1 else parts[0]
+    return np.ascontiguousarray(samples, dtype=np.float32), reader.info
 
 
 def load_audio(audio: AudioInput, sample_rate: int | None = None) -> np.ndarray:

@@ -39,8 +39,7 @@ class FrontendConfig:
         return int(round(self.sample_rate * self.frame_length_ms / 1000.0))
 
 
-def fbank(samples: np.ndarray, cfg: FrontendConfig) -> np.ndarray:
-    """Kaldi fbank of 16 kHz float samples in [-1, 1] -> float32[frames, num_mel_bins]."""
+def _fbank_options(cfg: FrontendConfig):  # noqa: ANN202 - knf.FbankOptions
     import kaldi_native_fbank as knf
 
     opts = knf.FbankOptions()
@@ -56,13 +55,48 @@ def fbank(samples: np.ndarray, cfg: FrontendConfig) -> np.ndarray:
     opts.energy_floor = 0.0
     opts.use_power = True
     opts.use_log_fbank = True
-    fb = knf.OnlineFbank(opts)
+    return opts
+
+
+def fbank(samples: np.ndarray, cfg: FrontendConfig) -> np.ndarray:
+    """Kaldi fbank of 16 kHz float samples in [-1, 1] -> float32[frames, num_mel_bins]."""
+    import kaldi_native_fbank as knf
+
+    fb = knf.OnlineFbank(_fbank_options(cfg))
     fb.accept_waveform(cfg.sample_rate, np.ascontiguousarray(samples * cfg.input_scale, dtype=np.float32))
     fb.input_finished()
     n = fb.num_frames_ready
     if n == 0:
         return np.zeros((0, cfg.num_mel_bins), np.float32)
     return np.stack([fb.get_frame(i) for i in range(n)]).astype(np.float32, copy=False)
+
+
+class FbankStream:
+    """:func:`fbank` over audio given in pieces: :meth:`accept` returns the frames each piece completes
+    (a frame is complete once its 25 ms window has arrived); together they are exactly ``fbank`` of the
+    whole audio (Kaldi frames are computed from their own window alone). Nothing is kept but the
+    samples of the next frame's window."""
+
+    def __init__(self, cfg: FrontendConfig) -> None:
+        import kaldi_native_fbank as knf
+
+        self.cfg = cfg
+        self._fb = knf.OnlineFbank(_fbank_options(cfg))
+        self.frames = 0  # frames returned so far
+
+    def accept(self, samples: np.ndarray) -> np.ndarray:
+        """The next 16 kHz samples in [-1, 1] -> the frames they complete, float32[k, num_mel_bins]."""
+        cfg = self.cfg
+        if len(samples):
+            self._fb.accept_waveform(cfg.sample_rate, np.ascontiguousarray(samples * cfg.input_scale,
+                                                                          dtype=np.float32))
+        n = self._fb.num_frames_ready
+        if n == self.frames:
+            return np.zeros((0, cfg.num_mel_bins), np.float32)
+        out = np.stack([self._fb.get_frame(i) for i in range(self.frames, n)]).astype(np.float32)  # copies
+        self._fb.pop(n - self.frames)  # knf keeps every frame otherwise
+        self.frames = n
+        return out
 
 
 def lfr(frames: np.ndarray, m: int, n: int) -> np.ndarray:

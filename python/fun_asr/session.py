@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from fun_asr import _core
-from fun_asr.audio import SAMPLE_RATE, AudioError, AudioInput, Limits, check_audio_input, decode_audio
-from fun_asr.frontend import FrontendConfig, fake_token_len, fbank, features, lfr
+from fun_asr.audio import SAMPLE_RATE, AudioError, AudioInput, AudioReader, Limits, check_audio_input
+from fun_asr.frontend import FbankStream, FrontendConfig, fake_token_len, features, lfr
 from fun_asr.hub import DEFAULT_REPO, resolve_model
 from fun_asr.model import load_model, model_metadata
 from fun_asr.notices import (
@@ -30,11 +31,15 @@ from fun_asr.notices import (
     TruncatedOutputWarning,
 )
 from fun_asr.prompt import PromptSpec, check_hotword, prompt_runs, split_hotwords
-from fun_asr.segment import split_points
+from fun_asr.segment import PauseSplitter
 from fun_asr.tokenizer import TextTokenizer
-from fun_asr.vad import FsmnVad, num_fbank_frames
+from fun_asr.vad import FsmnVad, OfflineVad, num_fbank_frames
 
 log = logging.getLogger("fun_asr")
+# _run decodes the segments encoded so far once their adaptor rows (and the features kept for word
+# timestamps) pass this many bytes: a recording of any length holds a bounded amount (the real model's
+# rows are ~8.5 kB per second of speech: one wave per ~2 hours of continuous speech)
+_WAVE_BYTES = 64 << 20
 
 
 @dataclass
@@ -397,73 +402,65 @@ class Session:
 
     def _run(self, audios: list[AudioInput], sample_rate: int | None, opts: TranscribeOptions, batch_size: int,
              progress: bool, raise_errors: bool, names: list[str] | None = None) -> list[Transcription]:
+        """Each recording streams through read -> 16 kHz -> fbank -> VAD (or the pause splitter) -> the
+        segment's features -> encoder, block by block, so that no recording is held whole (_stream); the
+        segments' adaptor rows wait for decoding, all recordings' together (longest first), in waves when
+        they grow past _WAVE_BYTES."""
         t_start = time.perf_counter()
         before, after = self.prompt_ids(opts)
         items = [_Item(i) for i in range(len(audios))]
-        for item, audio in zip(items, audios, strict=True):  # read every recording (a bad one fails alone)
-            t0 = time.perf_counter()
-            item.source = names[item.index] if names else _source_name(audio, item.index, len(items))
-            try:
-                item.samples, info = decode_audio(audio, sample_rate, item.source, self.limits)
-            except (AudioError, OSError) as exc:
-                if raise_errors:
-                    raise
-                item.fail(exc)
-                continue
-            item.warnings = [Notice("input_truncated", w) for w in info.warnings]
-            item.input_truncated = info.truncated
-            item.timings["load_ms"] = (time.perf_counter() - t0) * 1e3
-            if len(item.samples) < self.frontend.samples_per_frame:
-                item.empty_reason = "too_short"
-                seconds = len(item.samples) / SAMPLE_RATE
-                item.warnings.append(Notice("too_short", f"{item.source}: audio is {seconds:.3f} s long, shorter than "
-                                            f"one {self.frontend.frame_length_ms:g} ms analysis frame: nothing to "
-                                            "transcribe"))
-                continue
-            try:
-                self._segment(item, opts)
-            except (ValueError, RuntimeError, MemoryError) as exc:
-                if raise_errors:
-                    raise
-                item.fail(exc)
-        jobs: list[tuple[_Item, int, np.ndarray]] = []  # (item, segment index, decoder input)
         with self._lock:
             prefix = self.model.embed(before)
             suffix = self.model.embed(after)
-            if self.prefix_cache and tuple(before) != self._prefix_ids:
-                # the system prompt + instruction: K/V computed once, reused by every segment's prefill
-                self.model.set_prefix(prefix)
-                self._prefix_ids = tuple(before)
-            elif not self.prefix_cache and self._prefix_ids:
-                self.model.clear_prefix()
-                self._prefix_ids = ()
-            todo = [(item, si) for item in items if item.error is None for si in range(len(item.segments))]
-            bar = _bar(progress and len(todo) > 1, len(todo), "encoding", "seg")
-            for item, si in todo:
-                if item.error is not None:
-                    continue
-                a, b = item.spans[si]
+            self._use_prefix(before, prefix)
+        jobs: list[tuple[_Item, int, np.ndarray]] = []  # (item, segment index, adaptor rows)
+        waiting = [0]  # bytes held for decoding: the jobs' rows, the features kept for word timestamps
+
+        def encode(item: _Item, a: int, b: int) -> None:
+            item.spans.append((a, b))
+            item.segments.append(Segment(a / SAMPLE_RATE, b / SAMPLE_RATE, "", [], "empty", False, False))
+            t0 = time.perf_counter()
+            feats = self._features(item, a, b)
+            item.timings["frontend_ms"] += (time.perf_counter() - t0) * 1e3
+            if feats.shape[0] == 0:  # a tail shorter than one 25 ms frame has nothing to hear
+                return
+            t0 = time.perf_counter()
+            with self._lock:
+                out = self.model.encode(feats)
+            rows = out[: fake_token_len(feats.shape[0], self.prompt.fake_token_halvings)].copy()  # not a view
+            item.timings["encode_ms"] += (time.perf_counter() - t0) * 1e3
+            jobs.append((item, len(item.segments) - 1, rows))
+            waiting[0] += rows.nbytes
+            if opts.word_timestamps and self.aligner is not None:
+                item.feats[len(item.segments) - 1] = feats
+                waiting[0] += feats.nbytes
+
+        def decode() -> None:
+            wave = [j for j in jobs if j[0].error is None]
+            jobs.clear()
+            waiting[0] = 0
+            with self._lock:
+                self._use_prefix(before, prefix)
+                self._decode(wave, opts, batch_size, progress, raise_errors, prefix, suffix)
+                if opts.word_timestamps:
+                    self._align(items)
+
+        for item, audio in zip(items, audios, strict=True):  # a bad recording fails alone
+            item.source = names[item.index] if names else _source_name(audio, item.index, len(items))
+            label = "audio" if len(items) == 1 else f"audio {item.index + 1}/{len(items)}"
+            steps = self._stream(item, audio, sample_rate, opts, encode, progress, label)
+            while True:
                 try:
-                    t0 = time.perf_counter()
-                    feats = self._features(item, a, b)
-                    item.timings["frontend_ms"] += (time.perf_counter() - t0) * 1e3
-                    if feats.shape[0] > 0:  # a tail shorter than one 25 ms frame has nothing to hear
-                        t0 = time.perf_counter()
-                        rows = self.model.encode(feats)[: fake_token_len(feats.shape[0],
-                                                                         self.prompt.fake_token_halvings)]
-                        item.timings["encode_ms"] += (time.perf_counter() - t0) * 1e3
-                        jobs.append((item, si, np.ascontiguousarray(np.concatenate([prefix, rows, suffix]))))
-                        if opts.word_timestamps and self.aligner is not None:
-                            item.feats[si] = feats
-                except (ValueError, RuntimeError, MemoryError) as exc:
+                    if next(steps, True):
+                        break
+                except (AudioError, OSError, ValueError, RuntimeError, MemoryError) as exc:
                     if raise_errors:
                         raise
                     item.fail(exc)
-                bar.update(1)
-            bar.close()
-            self._decode([j for j in jobs if j[0].error is None], opts, batch_size, progress, raise_errors)
-            if opts.word_timestamps:
-                self._align(items)
+                    break
+                if waiting[0] > _WAVE_BYTES:  # a very long recording: decode what is there, keep memory bounded
+                    decode()
+        decode()
 
         options = {"language": opts.language, "itn": opts.itn, "hotwords": list(opts.hotwords),
                    "max_new_tokens": opts.max_new_tokens, "segment_seconds": opts.segment_seconds,
@@ -475,6 +472,66 @@ class Session:
         for item in items:  # a loop, not a comprehension: warnings point at the caller (stacklevel)
             results.append(self._result(item, opts, options, total_ms if len(items) == 1 else None))
         return results
+
+    def _use_prefix(self, before: list[int], prefix: np.ndarray) -> None:
+        """The system prompt + instruction's K/V, computed once and reused by every segment's prefill
+        (under the lock: another transcription may have set its own since)."""
+        if self.prefix_cache and tuple(before) != self._prefix_ids:
+            self.model.set_prefix(prefix)
+            self._prefix_ids = tuple(before)
+        elif not self.prefix_cache and self._prefix_ids:
+            self.model.clear_prefix()
+            self._prefix_ids = ()
+
+    def _stream(self, item: _Item, audio: AudioInput, sample_rate: int | None, opts: TranscribeOptions,
+                encode: Callable[[_Item, int, int], None], progress: bool, label: str) -> Iterator[bool]:
+        """Reads one recording block by block (AudioReader: the checks and limits of decode_audio as the
+        blocks come), cuts it into segments as they are decided (_Cutter) and hands each to ``encode``,
+        keeping only the samples and fbank frames that segments to come need. Yields False after each
+        block (the caller may decode in between), True at the end; raises what reading or cutting raised."""
+        t0 = time.perf_counter()
+        reader = AudioReader(audio, sample_rate, item.source, self.limits)
+        item.timings["load_ms"] += (time.perf_counter() - t0) * 1e3
+        expected = reader.expected_seconds
+        bar = _bar(progress, None if expected is None else int(round(expected)), label, "s", delay=1.0)
+        cutter = _Cutter(self, item, opts)
+        shown = 0
+        try:
+            blocks = reader.blocks()
+            while True:
+                t0 = time.perf_counter()
+                block = next(blocks, None)
+                item.timings["load_ms"] += (time.perf_counter() - t0) * 1e3
+                if block is None:
+                    break
+                for a, b in cutter.feed(block):
+                    encode(item, a, b)
+                cutter.trim()
+                seconds = len(item.samples) // SAMPLE_RATE
+                if seconds > shown:
+                    bar.update(seconds - shown)
+                    bar.set_postfix_str(f"{len(item.segments)} segments", refresh=False)
+                    shown = seconds
+                yield False
+            item.warnings = [Notice("input_truncated", w) for w in reader.info.warnings]
+            item.input_truncated = reader.info.truncated
+            if len(item.samples) < self.frontend.samples_per_frame:
+                item.empty_reason = "too_short"
+                item.segmentation = None  # nothing was cut
+                seconds = len(item.samples) / SAMPLE_RATE
+                item.warnings.append(Notice("too_short", f"{item.source}: audio is {seconds:.3f} s long, shorter than "
+                                            f"one {self.frontend.frame_length_ms:g} ms analysis frame: nothing to "
+                                            "transcribe"))
+            else:
+                for a, b in cutter.finish():
+                    encode(item, a, b)
+                if item.segmentation == "vad" and not item.spans:
+                    item.empty_reason = "no_speech"
+        finally:
+            reader.close()
+            cutter.release()
+            bar.close()
+        yield True
 
     def _align(self, items: list[_Item]) -> None:
         """Word (CTC token) timestamps of every decoded segment: FunASR 1.4.16's forced alignment of the
@@ -505,26 +562,17 @@ class Session:
             item.timings["align_ms"] = item.timings.get("align_ms", 0.0) + (time.perf_counter() - t0) * 1e3
 
     def _segment(self, item: _Item, opts: TranscribeOptions) -> None:
-        """Cuts a recording into the segments the recognizer hears: the VAD's speech segments (FunASR's
-        pipeline) or, without a VAD, spans of at most segment_seconds cut at the quietest points."""
-        if self.vad is None or not opts.vad:
-            item.segmentation = "pauses"
-            item.spans = split_points(item.samples, opts.segment_seconds)
-        else:
-            item.segmentation = "vad"
-            t0 = time.perf_counter()
-            item.fbank = fbank(item.samples, self.frontend)  # shared: the VAD's frames are the ASR's frames
-            item.timings["frontend_ms"] += (time.perf_counter() - t0) * 1e3
-            t0 = time.perf_counter()
-            cfg = dataclasses.replace(self.vad.cfg, max_single_segment_ms=int(round(opts.segment_seconds * 1000)))
-            ms = SAMPLE_RATE // 1000
-            n = len(item.samples)
-            item.spans = [(s * ms, min(e * ms, n)) for s, e in self.vad.segments(item.samples, cfg, fbank=item.fbank)]
-            item.timings["vad_ms"] += (time.perf_counter() - t0) * 1e3
-            if not item.spans:
-                item.empty_reason = "no_speech"
-        item.segments = [Segment(a / SAMPLE_RATE, b / SAMPLE_RATE, "", [], "empty", False, False)
-                         for a, b in item.spans]
+        """Cuts a recording held in memory (``item.samples``) into the segments the recognizer hears: the
+        VAD's speech segments (FunASR's pipeline) or, without a VAD, spans of at most segment_seconds cut at
+        the quietest points. The streaming cutter of _run given the whole recording at once (the same spans
+        as block by block); everything is kept, so that _features can slice any span."""
+        samples = np.asarray(item.samples, np.float32)
+        cutter = _Cutter(self, item, opts)
+        spans = cutter.feed(samples) + cutter.finish()
+        item.spans = spans
+        item.segments = [Segment(a / SAMPLE_RATE, b / SAMPLE_RATE, "", [], "empty", False, False) for a, b in spans]
+        if item.segmentation == "vad" and not spans:
+            item.empty_reason = "no_speech"
 
     def _features(self, item: _Item, a: int, b: int) -> np.ndarray:
         """LFR features of samples [a, b): sliced from the recording's fbank when the segment starts on a
@@ -534,7 +582,7 @@ class Session:
         if item.fbank is not None and a % shift == 0:
             k = a // shift
             count = num_fbank_frames(b - a)
-            if k + count <= item.fbank.shape[0]:
+            if k + count <= len(item.fbank):
                 return lfr(item.fbank[k : k + count], self.frontend.lfr_m, self.frontend.lfr_n)
         return features(item.samples[a:b], self.frontend)
 
@@ -576,14 +624,17 @@ class Session:
                              item.empty_reason, segmentation=item.segmentation)
 
     def _decode(self, jobs: list[tuple[_Item, int, np.ndarray]], opts: TranscribeOptions, batch_size: int,
-                progress: bool, raise_errors: bool) -> None:
+                progress: bool, raise_errors: bool, prefix: np.ndarray | None = None,
+                suffix: np.ndarray | None = None) -> None:
         """Greedy decoding of every segment, `batch_size` at a time; fills the Segments in place.
         A chunk that fails is retried one segment at a time so that only the bad one fails.
         Segments are taken longest first (FunASR sorts VAD segments by length before batching them),
-        so each batch holds similar lengths; results land in their own Segment, so order is kept."""
+        so each batch holds similar lengths; results land in their own Segment, so order is kept.
+        With ``prefix``/``suffix`` (the prompt's embeddings) the jobs hold only the audio rows, and each
+        chunk's decoder inputs are put together when it is decoded."""
         stop = [] if opts.ignore_eos else self.stop_ids
         if batch_size > 1:
-            jobs = sorted(jobs, key=lambda j: -j[2].shape[0])
+            jobs = sorted(jobs, key=lambda j: -j[2].shape[0])  # the prompt's length is the same for all
         bar = _bar(progress, None, "decoding", "tok")
         for k in range(0, len(jobs), batch_size):
             chunk = jobs[k : k + batch_size]
@@ -593,8 +644,10 @@ class Session:
                 bar.update(produced - done[0])
                 done[0] = produced
 
+            inputs = [j[2] if prefix is None else np.ascontiguousarray(np.concatenate([prefix, j[2], suffix]))
+                      for j in chunk]
             try:
-                results = self.model.generate_batch([j[2] for j in chunk], opts.max_new_tokens, stop,
+                results = self.model.generate_batch(inputs, opts.max_new_tokens, stop,
                                                     repetition_guard=opts.repetition_guard, on_step=on_step)
             except (ValueError, RuntimeError, MemoryError):
                 if raise_errors or len(chunk) == 1:
@@ -603,8 +656,9 @@ class Session:
                         continue
                     raise
                 for job in chunk:  # find the bad one; the others decode as they would have
-                    self._decode([job], opts, 1, False, False)
+                    self._decode([job], opts, 1, False, False, prefix, suffix)
                 continue
+            del inputs
             stats = self.model.last_generation()
             for (item, si, _), (tokens, reason) in zip(chunk, results, strict=True):
                 seg = item.segments[si]
@@ -637,10 +691,12 @@ class _Item:
     def __init__(self, index: int) -> None:
         self.index = index
         self.source: str = f"input {index}"
-        self.samples = np.zeros(0, np.float32)
+        # the recording's 16 kHz samples and (VAD path) fbank frames: while it streams through _run, only
+        # the tail that segments to come need (_Rolling; len() counts all of them)
+        self.samples: np.ndarray | _Rolling = np.zeros(0, np.float32)
         self.segments: list[Segment] = []
         self.spans: list[tuple[int, int]] = []
-        self.fbank: np.ndarray | None = None  # the whole recording's fbank frames (VAD path)
+        self.fbank: np.ndarray | _Rolling | None = None
         self.feats: dict[int, np.ndarray] = {}  # segment -> LFR features, kept for word timestamps
         self.segmentation: str | None = None
         self.warnings: list[str] = []
@@ -654,6 +710,121 @@ class _Item:
         msg = str(exc) or type(exc).__name__
         self.error = msg if self.source in msg else f"{self.source}: {msg}"
         self.segments = []
+        self.feats.clear()
+
+
+class _Rolling:
+    """The tail of an array that grows piece by piece: indexed by absolute position (``[a:b]``, from
+    ``base`` on), the pieces wholly before a point dropped (:meth:`drop_before`); ``len()`` counts every
+    row ever appended."""
+
+    def __init__(self, width: int | None = None) -> None:
+        self._empty = np.zeros((0,) if width is None else (0, width), np.float32)
+        self._parts: list[np.ndarray] = []
+        self._starts: list[int] = []
+        self.base = 0  # first row still held
+        self.end = 0
+
+    def __len__(self) -> int:
+        return self.end
+
+    def append(self, rows: np.ndarray) -> None:
+        if len(rows):
+            if not self._parts:
+                self.base = self.end
+            self._parts.append(rows)
+            self._starts.append(self.end)
+            self.end += len(rows)
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        a, b, step = key.indices(self.end)
+        if step != 1:
+            raise IndexError("_Rolling takes [a:b] slices")
+        if b <= a:
+            return self._empty
+        if a < self.base:
+            raise IndexError(f"rows {a}:{b} were dropped (rows from {self.base} on are held)")
+        pieces = [part[max(a - s, 0) : min(b - s, len(part))] for part, s in zip(self._parts, self._starts, strict=True)
+                  if s < b and s + len(part) > a]
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def drop_before(self, k: int) -> None:
+        """Forgets the pieces that end at or before row ``k``."""
+        while self._parts and self._starts[0] + len(self._parts[0]) <= k:
+            self._parts.pop(0)
+            self._starts.pop(0)
+        self.base = self._starts[0] if self._parts else self.end
+
+
+class _Cutter:
+    """Cuts one recording into segments as its 16 kHz samples arrive: FunASR's FSMN-VAD (1.4.16's offline
+    algorithm, 60 s chunks, over the ASR fbank: the VAD's frames are the ASR's frames) or, without it, the
+    pause splitter; the same spans as on the whole recording. Keeps in ``item.samples``/``item.fbank``
+    what the segments to come need (:meth:`trim`)."""
+
+    def __init__(self, session: Session, item: _Item, opts: TranscribeOptions) -> None:
+        self.item = item
+        self.timings = item.timings
+        self.shift = int(round(session.frontend.sample_rate * session.frontend.frame_shift_ms / 1000))
+        item.samples = _Rolling()
+        self.vad: OfflineVad | None = None
+        self.pauses: PauseSplitter | None = None
+        if session.vad is not None and opts.vad:
+            item.segmentation = "vad"
+            cfg = dataclasses.replace(session.vad.cfg, max_single_segment_ms=int(round(opts.segment_seconds * 1000)))
+            self.vad = session.vad.offline(cfg)
+            self.fbank = FbankStream(session.frontend)
+            item.fbank = _Rolling(session.frontend.num_mel_bins)
+        else:
+            item.segmentation = "pauses"
+            item.fbank = None
+            self.pauses = PauseSplitter(opts.segment_seconds)
+
+    def feed(self, block: np.ndarray) -> list[tuple[int, int]]:
+        """The next samples -> the spans [a, b) (samples) decided by now."""
+        item = self.item
+        item.samples.append(block)
+        if self.pauses is not None:
+            if len(item.samples) - self.pauses.start <= self.pauses.max_len:
+                return []  # no cut yet
+            return self.pauses.cuts(item.samples[self.pauses.start :], self.pauses.start)
+        t0 = time.perf_counter()
+        frames = self.fbank.accept(block)
+        item.fbank.append(frames)
+        self.timings["frontend_ms"] += (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        segs = self.vad.feed(block, frames)
+        self.timings["vad_ms"] += (time.perf_counter() - t0) * 1e3
+        return self._spans(segs)
+
+    def finish(self) -> list[tuple[int, int]]:
+        """The end of the recording -> the last spans."""
+        if self.pauses is not None:
+            return self.pauses.cuts(self.item.samples[self.pauses.start :], self.pauses.start, final=True)
+        t0 = time.perf_counter()
+        segs = self.vad.close()
+        self.timings["vad_ms"] += (time.perf_counter() - t0) * 1e3
+        return self._spans(segs)
+
+    def _spans(self, segs: list[list[int]]) -> list[tuple[int, int]]:
+        ms, n = SAMPLE_RATE // 1000, len(self.item.samples)  # FunASR cuts the audio at ms * 16
+        return [(s * ms, min(e * ms, n)) for s, e in segs]
+
+    def trim(self) -> None:
+        """Drops what no segment to come can need (after the decided spans have been encoded)."""
+        item = self.item
+        if self.pauses is not None:
+            item.samples.drop_before(self.pauses.start)
+        else:
+            k = self.vad.first_pending_frame()
+            item.fbank.drop_before(k)
+            item.samples.drop_before(k * self.shift)
+
+    def release(self) -> None:
+        """The recording is done: nothing more is needed (len(item.samples) still counts its samples)."""
+        if isinstance(self.item.samples, _Rolling):
+            self.item.samples.drop_before(len(self.item.samples))
+        self.item.fbank = None
 
 
 def _source_name(audio: object, index: int, count: int) -> str:
@@ -671,16 +842,20 @@ class _NoBar:
     def update(self, n: int = 1) -> None:
         pass
 
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
 
-def _bar(enabled: bool, total: int | None, desc: str, unit: str):  # noqa: ANN202 - tqdm or a no-op
+def _bar(enabled: bool, total: int | None, desc: str, unit: str, delay: float = 0.0):  # noqa: ANN202 - tqdm or a no-op
+    """A progress bar on stderr (tqdm, removed when done; ``delay``: shown only after that many seconds)."""
     if not enabled:
         return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True, delay=delay)
 
 
 def normalize_language(spec: dict[str, Any], language: str | None) -> str | None:

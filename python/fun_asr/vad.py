@@ -14,7 +14,8 @@ Pieces, each usable alone:
   look-back/look-ahead, ``max_single_segment_time`` forced cuts, SNR/decibel gates), fed per-frame
   silence probabilities incrementally.
 - :func:`detect_segments` -- 1.4.16's offline ``inference()``: 60 s chunks with the dynamic
-  end-silence schedule; :class:`VadStream` -- its streaming mode (``generate(cache=..., is_final=...,
+  end-silence schedule; :class:`OfflineVad` -- the same over a clip given in pieces (bounded memory,
+  the same segments); :class:`VadStream` -- its streaming mode (``generate(cache=..., is_final=...,
   chunk_size=60)``), returning FunASR's ``[beg, -1]`` / ``[-1, end]`` / ``[beg, end]`` events.
 - :class:`FsmnVad` -- a model folder (``model.pt``, ``config.yaml``, ``am.mvn``) put together.
 
@@ -35,7 +36,7 @@ import numpy as np
 __all__ = [
     "DEFAULT_SILENCE_SCHEDULE", "STREAMING_SILENCE_SCHEDULE", "VadConfig", "VadFrontendConfig",
     "read_am_mvn", "vad_features", "frame_decibels", "num_fbank_frames", "FsmnWeights",
-    "vad_network_numpy", "VadDetector", "detect_segments", "VadStream", "FsmnVad",
+    "vad_network_numpy", "VadDetector", "detect_segments", "OfflineVad", "VadStream", "FsmnVad",
 ]
 
 # FunASR 1.4.16 model.py: (accumulated speech ms, end-silence ms); the first row whose limit is >= the
@@ -470,6 +471,12 @@ class VadDetector:
     def in_speech(self) -> bool:
         return self._state == _IN_SPEECH
 
+    def first_pending_frame(self) -> int:
+        """No segment that :meth:`accept` has not returned yet starts before this frame: the open one
+        (if any) starts here or later, and a later one at most the start look-back before the next frame."""
+        starts = [seg.start_ms // self.cfg.frame_in_ms for seg in self._segs[self._out_offset:]]
+        return max(0, min([*starts, self.frames - self._latency]))
+
     # -- state ---------------------------------------------------------------------------------------
     def _reset_window(self) -> None:
         self._win = [0] * self._win_size
@@ -753,6 +760,65 @@ def _new_detector(cfg: VadConfig) -> VadDetector:
     return VadDetector(cfg, end_silence_ms=cfg.max_end_silence_time if cfg.dynamic else cfg.max_end_silence_ms)
 
 
+class _OfflineChunks:
+    """1.4.16's offline ``inference()`` loop over per-frame values that arrive in pieces: the clip in
+    ``offline_chunk_ms`` (60 s) chunks, each chunk's frames (those the streaming frontend has emitted by
+    then: all but the last two until the final chunk) through the detector, the dynamic end-silence
+    schedule stepped before each chunk. A chunk runs once it is known not to be the last one (more audio
+    than its end has arrived) and its frames are in, or at :meth:`run` with ``final``."""
+
+    def __init__(self, cfg: VadConfig) -> None:
+        fe = cfg.frontend
+        self.cfg = cfg
+        self.stride = int(cfg.offline_chunk_ms * fe.fs / 1000)
+        self.keep = (fe.lfr_m - 1) - (fe.lfr_m - 1) // 2  # LFR right context the streaming frontend waits for
+        self.det = _new_detector(cfg)
+        self.sched = _Schedule(cfg, cfg.offline_chunk_ms)
+        self.chunk = 0  # next chunk
+        self.done = 0  # frames given to the detector
+        self._p = np.zeros(0, np.float64)  # frames from self._base on, not yet given to the detector
+        self._db = np.zeros(0, np.float32)
+        self._base = 0
+
+    @property
+    def frames(self) -> int:
+        """Frames pushed so far."""
+        return self._base + self._p.shape[0]
+
+    def push(self, silence_probs: np.ndarray, decibels: np.ndarray) -> None:
+        if silence_probs.shape[0] != decibels.shape[0]:
+            raise ValueError(f"{silence_probs.shape[0]} probabilities but {decibels.shape[0]} decibel values")
+        self._p = np.concatenate([self._p, silence_probs]) if self._p.size else silence_probs
+        self._db = np.concatenate([self._db, decibels]) if self._db.size else decibels
+
+    def run(self, n_samples: int, final: bool = False) -> list[list[int]]:
+        """The chunks that can run with ``n_samples`` samples of audio so far (``final``: the whole clip,
+        every frame pushed); returns their segments ``[[start_ms, end_ms], ...]``."""
+        fe = self.cfg.frontend
+        total = num_fbank_frames(n_samples, fe)
+        if final and self.frames != total:
+            raise ValueError(f"{n_samples} samples make {total} frames; got {self.frames} frame values")
+        out: list[list[int]] = []
+        if final and total == 0:
+            return out
+        last = n_samples // self.stride  # the final chunk's index, once n_samples is the clip's length
+        while self.chunk < last or (final and self.chunk == last):
+            is_final = final and self.chunk == last
+            upto = total if is_final else max(num_fbank_frames((self.chunk + 1) * self.stride, fe) - self.keep, 0)
+            if upto > self.frames:
+                break  # its frames are not all in yet
+            self.sched.before_chunk(self.det)
+            a, b = self.done - self._base, max(upto - self._base, 0)
+            segs = self.det.accept(self._p[a:b], self._db[a:b], is_final=is_final, streaming=False)
+            self.done = max(self.done, upto)
+            out.extend(segs)
+            self.sched.after_chunk(bool(segs))
+            self.chunk += 1
+            drop = self.done - self._base
+            self._p, self._db, self._base = self._p[drop:], self._db[drop:], self.done
+        return out
+
+
 def detect_segments(silence_probs: np.ndarray, decibels: np.ndarray, n_samples: int,
                     cfg: VadConfig = VadConfig()) -> list[list[int]]:
     """Speech segments ``[[start_ms, end_ms], ...]`` of a whole clip, as FunASR 1.4.16's offline
@@ -764,29 +830,99 @@ def detect_segments(silence_probs: np.ndarray, decibels: np.ndarray, n_samples: 
     ``silence_probs`` may also be the full softmax output [T, C]."""
     p = _silence_column(silence_probs, cfg.sil_pdf_ids)
     db = np.asarray(decibels, dtype=np.float32).reshape(-1)
-    fe = cfg.frontend
-    total = num_fbank_frames(n_samples, fe)
+    total = num_fbank_frames(n_samples, cfg.frontend)
     if p.shape[0] != total or db.shape[0] != total:
         raise ValueError(f"{n_samples} samples make {total} frames; got {p.shape[0]} probabilities and "
                          f"{db.shape[0]} decibel values")
-    if total == 0:
-        return []
-    stride = int(cfg.offline_chunk_ms * fe.fs / 1000)
-    det = _new_detector(cfg)
-    sched = _Schedule(cfg, cfg.offline_chunk_ms)
-    keep = (fe.lfr_m - 1) - (fe.lfr_m - 1) // 2  # LFR right context the streaming frontend waits for
-    n_chunks = n_samples // stride + 1
-    done = 0
-    out: list[list[int]] = []
-    for i in range(n_chunks):
-        final = i == n_chunks - 1
-        sched.before_chunk(det)
-        upto = total if final else max(num_fbank_frames((i + 1) * stride, fe) - keep, 0)
-        segs = det.accept(p[done:upto], db[done:upto], is_final=final, streaming=False)
-        done = max(done, upto)
-        out.extend(segs)
-        sched.after_chunk(bool(segs))
-    return out
+    chunks = _OfflineChunks(cfg)
+    chunks.push(p, db)
+    return chunks.run(n_samples, final=True)
+
+
+class OfflineVad:
+    """:meth:`FsmnVad.segments` over audio given in pieces, with the same segments as one call on the
+    whole clip: the network runs in the same ``CHUNK_FRAMES`` calls (each once its frames' right context
+    has arrived), 1.4.16's 60 s offline chunks run once each is known not to be the last one. Memory
+    stays bounded: only the frames and samples not yet through the network are kept.
+
+    :meth:`feed` takes the next 16 kHz samples, and, when the caller computes the fbank anyway (the ASR
+    frontend shares it), the frames those samples complete; :meth:`close` ends the clip. Both return the
+    segments ``[[start_ms, end_ms], ...]`` completed so far, in order."""
+
+    def __init__(self, vad: FsmnVad, cfg: VadConfig | None = None) -> None:
+        self.vad = vad
+        self.cfg = cfg or vad.cfg
+        fe = self.cfg.frontend
+        self._chunks = _OfflineChunks(self.cfg)
+        self._cache = vad.new_cache()
+        self._knf: Any = None  # own fbank when the caller gives none
+        self._fb = np.zeros((0, fe.n_mels), np.float32)  # fbank frames from self._fb_base on
+        self._fb_base = 0
+        self._s = np.zeros(0, np.float32)  # samples from self._s_base on
+        self._s_base = 0
+        self.n_samples = 0
+        self._net = 0  # frames through the network
+        self._closed = False
+
+    def first_pending_frame(self) -> int:
+        """No segment still to be returned starts before this fbank frame."""
+        return self._chunks.det.first_pending_frame()
+
+    def feed(self, samples: np.ndarray, fbank: np.ndarray | None = None) -> list[list[int]]:
+        """The next samples (16 kHz float in [-1, 1]); ``fbank``: the fbank frames they complete (exactly
+        ``num_fbank_frames(all samples so far)`` frames in all), else computed here."""
+        if self._closed:
+            raise ValueError("OfflineVad is closed")
+        fe = self.cfg.frontend
+        samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+        if fbank is None:
+            if self._knf is None:
+                import kaldi_native_fbank as knf
+
+                self._knf = knf.OnlineFbank(_fbank_opts(fe))
+            if samples.size:
+                self._knf.accept_waveform(fe.fs, samples * np.float32(32768))
+            have, ready = self._fb_base + self._fb.shape[0], self._knf.num_frames_ready
+            fbank = (np.stack([self._knf.get_frame(i) for i in range(have, ready)]).astype(np.float32)
+                     if ready > have else np.zeros((0, fe.n_mels), np.float32))
+            if ready > have:
+                self._knf.pop(ready - have)
+        self.n_samples += samples.size
+        if self._fb_base + self._fb.shape[0] + fbank.shape[0] != num_fbank_frames(self.n_samples, fe):
+            raise ValueError(f"{self.n_samples} samples make {num_fbank_frames(self.n_samples, fe)} fbank frames; "
+                             f"got {self._fb_base + self._fb.shape[0] + fbank.shape[0]}")
+        self._s = np.concatenate([self._s, samples]) if self._s.size else samples
+        self._fb = np.concatenate([self._fb, fbank]) if self._fb.size else fbank
+        return self._advance(False)
+
+    def close(self) -> list[list[int]]:
+        """Ends the clip: the last chunks run and an open segment closes."""
+        if self._closed:
+            return []
+        self._closed = True
+        return self._advance(True)
+
+    def _advance(self, final: bool) -> list[list[int]]:
+        cfg, fe = self.cfg, self.cfg.frontend
+        total = num_fbank_frames(self.n_samples, fe)
+        step, right = FsmnVad.CHUNK_FRAMES, self._chunks.keep
+        while self._net < total:
+            a = self._net
+            if not final and total < a + step + right:
+                break  # the chunk's last rows still wait for their right context
+            count = min(step, total - a)
+            rows = _lfr_rows(self._fb, a, count, total, fe.lfr_m, base=self._fb_base)
+            probs = self.vad.silence_probs(rows, self._cache, cfg)
+            dbs = frame_decibels(self._s, a, count, self._s_base, fe)
+            self._chunks.push(_silence_column(probs, cfg.sil_pdf_ids), dbs)
+            self._net = a + count
+            keep_fb = max(self._net - (fe.lfr_m - 1) // 2, 0) - self._fb_base  # the next rows' left context
+            if keep_fb > 0:
+                self._fb, self._fb_base = self._fb[keep_fb:], self._fb_base + keep_fb
+            keep_s = self._net * fe.shift_samples - self._s_base
+            if keep_s > 0:
+                self._s, self._s_base = self._s[keep_s:], self._s_base + keep_s
+        return self._chunks.run(self.n_samples, final)
 
 
 class VadStream:
@@ -997,9 +1133,15 @@ class FsmnVad:
         if fb.shape[0] != num_fbank_frames(samples.size, cfg.frontend):
             raise ValueError(f"fbank has {fb.shape[0]} frames; {samples.size} samples make "
                              f"{num_fbank_frames(samples.size, cfg.frontend)}")
-        probs = self.clip_silence_probs(fb, cfg)
-        dbs = frame_decibels(samples, fe=cfg.frontend)
-        return detect_segments(probs, dbs, samples.size, cfg)
+        offline = OfflineVad(self, cfg)
+        return offline.feed(samples, fb) + offline.close()
+
+    def offline(self, cfg: VadConfig | None = None, **overrides: Any) -> OfflineVad:
+        """:meth:`segments` for audio that arrives in pieces (a long file read block by block)."""
+        cfg = cfg or self.cfg
+        if overrides:
+            cfg = dataclasses.replace(cfg, **overrides)
+        return OfflineVad(self, cfg)
 
     def stream(self, chunk_ms: int = 60, cfg: VadConfig | None = None, schedule: str = "offline",
                **overrides: Any) -> VadStream:
