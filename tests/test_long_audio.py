@@ -185,8 +185,8 @@ class _FakeTqdm:
     def update(self, n: float = 1) -> None:
         self.n += n
 
-    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
-        self.postfix = s
+    def refresh(self) -> None:
+        pass
 
     def close(self) -> None:
         self.closed = True
@@ -202,14 +202,17 @@ def test_progress_bars(session: fun_asr.Session, tmp_path: Path, monkeypatch: py
     _FakeTqdm.bars = []
     session.transcribe(path, max_new_tokens=3, progress=False)
     assert _FakeTqdm.bars == []
-    session.transcribe(path, max_new_tokens=3, progress=True)
+    r = session.transcribe(path, max_new_tokens=3, progress=True)
     audio = [b for b in _FakeTqdm.bars if b.desc == "audio"]
     assert len(audio) == 1 and audio[0].unit == "s" and audio[0].total == 75 and audio[0].n == 75
     assert audio[0].kw.get("delay", 0) > 0  # a short file shows no bar at all
-    assert [b.desc for b in _FakeTqdm.bars] == ["audio", "decoding"] and all(b.closed for b in _FakeTqdm.bars)
+    encoding = [b for b in _FakeTqdm.bars if b.desc == "encoding"]  # segments, counted as they are decided
+    assert len(encoding) == 1 and encoding[0].total == encoding[0].n == len(r.segments) >= 2
+    assert [b.desc for b in _FakeTqdm.bars] == ["audio", "encoding", "decoding"]
+    assert all(b.closed for b in _FakeTqdm.bars)
     _FakeTqdm.bars = []
     session.transcribe_batch([path, path], max_new_tokens=3, progress=True)
-    assert [b.desc for b in _FakeTqdm.bars] == ["audio 1/2", "audio 2/2", "decoding"]
+    assert [b.desc for b in _FakeTqdm.bars] == ["audio 1/2", "encoding", "audio 2/2", "decoding"]
 
 
 def test_cli_progress_only_on_a_terminal(tiny_gguf, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001

@@ -415,27 +415,27 @@ class Session:
             self._use_prefix(before, prefix)
         jobs: list[tuple[_Item, int, np.ndarray]] = []  # (item, segment index, adaptor rows)
         waiting = [0]  # bytes held for decoding: the jobs' rows, the features kept for word timestamps
+        # segments are encoded as the recordings are read: the bar's total is the segments decided so far
+        bar: list[Any] = [_NoBar(), 0]  # the encoding bar (from the second segment on), segments decided
 
         def encode(item: _Item, a: int, b: int) -> None:
             item.spans.append((a, b))
             item.segments.append(Segment(a / SAMPLE_RATE, b / SAMPLE_RATE, "", [], "empty", False, False))
-            t0 = time.perf_counter()
-            feats = self._features(item, a, b)
-            item.timings["frontend_ms"] += (time.perf_counter() - t0) * 1e3
-            if feats.shape[0] == 0:  # a tail shorter than one 25 ms frame has nothing to hear
-                return
-            t0 = time.perf_counter()
-            with self._lock:
-                out = self.model.encode(feats)
-            rows = out[: fake_token_len(feats.shape[0], self.prompt.fake_token_halvings)].copy()  # not a view
-            item.timings["encode_ms"] += (time.perf_counter() - t0) * 1e3
-            jobs.append((item, len(item.segments) - 1, rows))
-            waiting[0] += rows.nbytes
-            if opts.word_timestamps and self.aligner is not None:
-                item.feats[len(item.segments) - 1] = feats
-                waiting[0] += feats.nbytes
+            bar[1] += 1
+            if bar[1] == 2 and progress:
+                bar[0] = _bar(True, 2, "encoding", "seg")
+                bar[0].update(1)
+            elif bar[1] > 2:
+                bar[0].total = bar[1]
+                bar[0].refresh()
+            try:
+                self._encode(item, a, b, opts, jobs, waiting)
+            finally:
+                bar[0].update(1)
 
         def decode() -> None:
+            bar[0].close()
+            bar[:] = [_NoBar(), 0]
             wave = [j for j in jobs if j[0].error is None]
             jobs.clear()
             waiting[0] = 0
@@ -472,6 +472,27 @@ class Session:
         for item in items:  # a loop, not a comprehension: warnings point at the caller (stacklevel)
             results.append(self._result(item, opts, options, total_ms if len(items) == 1 else None))
         return results
+
+    def _encode(self, item: _Item, a: int, b: int, opts: TranscribeOptions,
+                jobs: list[tuple[_Item, int, np.ndarray]], waiting: list[int]) -> None:
+        """The features of samples [a, b) of the recording (its last segment) through the encoder: its
+        adaptor rows join ``jobs`` (``waiting`` counts the bytes held for decoding)."""
+        si = len(item.segments) - 1
+        t0 = time.perf_counter()
+        feats = self._features(item, a, b)
+        item.timings["frontend_ms"] += (time.perf_counter() - t0) * 1e3
+        if feats.shape[0] == 0:  # a tail shorter than one 25 ms frame has nothing to hear
+            return
+        t0 = time.perf_counter()
+        with self._lock:
+            out = self.model.encode(feats)
+        rows = out[: fake_token_len(feats.shape[0], self.prompt.fake_token_halvings)].copy()  # not a view of out
+        item.timings["encode_ms"] += (time.perf_counter() - t0) * 1e3
+        jobs.append((item, si, rows))
+        waiting[0] += rows.nbytes
+        if opts.word_timestamps and self.aligner is not None:
+            item.feats[si] = feats
+            waiting[0] += feats.nbytes
 
     def _use_prefix(self, before: list[int], prefix: np.ndarray) -> None:
         """The system prompt + instruction's K/V, computed once and reused by every segment's prefill
@@ -510,7 +531,6 @@ class Session:
                 seconds = len(item.samples) // SAMPLE_RATE
                 if seconds > shown:
                     bar.update(seconds - shown)
-                    bar.set_postfix_str(f"{len(item.segments)} segments", refresh=False)
                     shown = seconds
                 yield False
             item.warnings = [Notice("input_truncated", w) for w in reader.info.warnings]
@@ -842,7 +862,7 @@ class _NoBar:
     def update(self, n: int = 1) -> None:
         pass
 
-    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+    def refresh(self) -> None:
         pass
 
     def close(self) -> None:
