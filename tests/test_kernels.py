@@ -1,7 +1,10 @@
 """fun-asr's own CPU kernels against ggml's mul_mat on the same quantized weights.
 
-The Q8_0 and Q6_K decode kernels (csrc/kernels/matvec) must give bit for bit what ggml_mul_mat gives:
-then batched and one-by-one decoding stay token-identical whichever path a step takes.
+The decode kernels (csrc/kernels/matvec) compute every column the same way whatever the column count
+(batch invariance: a sequence's step gives the same bits alone or in a batch). Q8_0 and Q6_K give bit
+for bit what ggml_mul_mat gives; F32 and F16 what it gives for two or more columns (llamafile's
+tinyBLAS; one column takes ggml's vec_dot, which rounds differently); repacked Q4_K ggml's numbers to
+rounding, the same bits on AVX2 and AVX-512. tests/test_batch_invariance.py checks whole models.
 """
 
 from __future__ import annotations
@@ -107,8 +110,9 @@ def test_kernel_can_be_turned_off() -> None:
     assert out.stdout.strip() == "''", out.stderr
 
 
-@pytest.mark.skipif(_core.matvec_isa() != "avx512vnni", reason="the repacked Q4_K kernel needs AVX-512 VNNI")
-@pytest.mark.parametrize(("rows", "k", "cols"), [(64, 1024, 1), (72, 256, 3), (8, 2048, 2), (16, 3072, 1)])
+@needs_kernel
+@pytest.mark.parametrize(("rows", "k", "cols"),
+                         [(64, 1024, 1), (72, 256, 3), (8, 2048, 2), (16, 3072, 1), (24, 512, 8), (8, 256, 11)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_q4_k_repacked_matvec_matches_ggml(rows: int, k: int, cols: int, threads: int) -> None:
     """Q4_K in ggml's repacked layout: the same integer sums as ggml's GEMV, the float steps in another
@@ -120,6 +124,96 @@ def test_q4_k_repacked_matvec_matches_ggml(rows: int, k: int, cols: int, threads
     ggml = _core.eval_matmul("q4_k", w, x, threads=threads, path="ggml")
     assert np.abs(ours - ggml).max() <= 1e-6 * np.abs(ggml).max()
     assert not np.array_equal(ours, _core.eval_matmul("q4_k", w, x * 1.01, threads=threads, path="decode"))
+
+
+@needs_kernel
+@pytest.mark.parametrize(("rows", "k", "cols"),
+                         [(64, 1024, 2), (68, 256, 5), (16, 3072, 8), (32, 512, 13), (20, 2048, 3), (4, 16, 2)])
+@pytest.mark.parametrize("wtype", ["f32", "f16"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_fp_matvec_is_bitwise_ggml_from_two_columns(wtype: str, rows: int, k: int, cols: int, threads: int) -> None:
+    """F32/F16 weights: ggml's tinyBLAS result for 2+ columns (F16 activations rounded to F16 as ggml does)."""
+    rng = np.random.default_rng(rows + k + cols)
+    w = rng.standard_normal((rows, k)).astype(np.float32)
+    x = rng.standard_normal((cols, k)).astype(np.float32)
+    ours = _core.eval_matmul(wtype, w, x, threads=threads, path="decode")
+    np.testing.assert_array_equal(ours, _core.eval_matmul(wtype, w, x, threads=threads, path="ggml"))
+    exact = x.astype(np.float64) @ w.T.astype(np.float64)
+    assert np.abs(ours - exact).max() <= (1e-5 if wtype == "f32" else 2e-2) * np.abs(exact).max()
+
+
+_INVARIANCE_CASES = [("f32", 64, 1024), ("f16", 36, 2048), ("f16", 7, 96), ("q8_0", 67, 256), ("q6_k", 40, 512),
+                     ("q4_k", 72, 1024)]
+
+
+def _columns_alone_and_together(path: str) -> list[str]:
+    """Which weight types give a column different numbers alone and among 1..12 others (decode path)."""
+    rng = np.random.default_rng(3)
+    bad = []
+    for wtype, rows, k in _INVARIANCE_CASES:
+        w = rng.standard_normal((rows, k)).astype(np.float32)
+        x = rng.standard_normal((12, k)).astype(np.float32)
+        alone = np.stack([_core.eval_matmul(wtype, w, x[i : i + 1], threads=2, path=path)[0] for i in range(12)])
+        for cols in (2, 3, 4, 5, 8, 12):
+            if not np.array_equal(_core.eval_matmul(wtype, w, x[:cols], threads=2, path=path), alone[:cols]):
+                bad.append(f"{wtype} x {cols}")
+    return bad
+
+
+@needs_kernel
+def test_decode_columns_do_not_depend_on_their_neighbours() -> None:
+    assert _columns_alone_and_together("decode") == []
+
+
+_SUBPROCESS_INVARIANCE = (
+    "import sys; sys.path.insert(0, {tests!r}); import test_kernels as t\n"
+    "from fun_asr import _core\n"
+    "assert _core.matvec_isa() == {isa!r}, _core.matvec_isa()\n"
+    "print(t._columns_alone_and_together('decode'), t._columns_alone_and_together('ggml'))\n"
+)
+
+
+@pytest.mark.parametrize("matvec", ["0", "avx2"])
+def test_decode_columns_are_invariant_on_every_path(matvec: str) -> None:
+    """FUN_ASR_MATVEC=0 (ggml only: each column through ggml's one-column arithmetic) and the AVX2 kernels;
+    plain ggml_mul_mat is not invariant (the reason for the decode path)."""
+    if matvec == "avx2" and _core.matvec_isa() == "":
+        pytest.skip("no AVX2 kernels on this CPU")
+    code = _SUBPROCESS_INVARIANCE.format(tests=str(os.path.dirname(__file__)), isa="" if matvec == "0" else "avx2")
+    env = {**os.environ, "FUN_ASR_MATVEC": matvec}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    decode, ggml = out.stdout.strip().splitlines()[-1].split("] [")
+    assert decode == "[", decode
+    assert "f16" in ggml and "f32" in ggml and "q4_k x 4" in ggml, ggml
+
+
+@needs_kernel
+def test_avx2_and_avx512_kernels_give_the_same_bits() -> None:
+    code = (
+        "import numpy as np, sys; from fun_asr import _core\n"
+        "rng = np.random.default_rng(8); out = {}\n"
+        "for wt in ['f32', 'f16', 'q8_0', 'q6_k', 'q4_k']:\n"
+        "    w = rng.standard_normal((72, 1024)).astype(np.float32)\n"
+        "    x = rng.standard_normal((7, 1024)).astype(np.float32)\n"
+        "    out[wt] = _core.eval_matmul(wt, w, x, threads=2, path='decode')\n"
+        "np.savez(sys.argv[1], **out)\n"
+    )
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = []
+        for matvec in ("", "avx2"):
+            env = {k: v for k, v in os.environ.items() if k != "FUN_ASR_MATVEC"}
+            if matvec:
+                env["FUN_ASR_MATVEC"] = matvec
+            path = os.path.join(tmp, f"run{len(runs)}.npz")
+            out = subprocess.run([sys.executable, "-c", code, path], env=env, capture_output=True, text=True,
+                                 timeout=120)
+            assert out.returncode == 0, out.stderr
+            runs.append(dict(np.load(path)))
+        for wt in runs[0]:
+            np.testing.assert_array_equal(runs[0][wt], runs[1][wt], err_msg=wt)
 
 
 needs_amx = pytest.mark.skipif(not _core.amx_available(), reason="no Intel AMX on this CPU/OS")

@@ -2,6 +2,7 @@
 // the KV cache, SwiGLU FFN, final RMSNorm, (tied) output projection.
 #include <cmath>
 
+#include "ggml-backend.h"
 #include "graph/stages.h"
 
 namespace fun_asr {
@@ -60,9 +61,10 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
             // threads from 512 keys on and merges the parts, which rounds differently. A lone decode
             // step therefore puts the K/V heads in dimension 3 (the query heads of each as dimension 2;
             // with a single K/V head, every query head in dimension 3 reading it with stride 0): the
-            // same per-row loop as in a batch.
+            // same per-row loop as in a batch (CPU caches only: other backends have their own kernels).
             ggml_tensor *Q, *K, *V;
-            if (n == 1 && B == 1) {
+            const bool cpu_cache = kc->buffer && ggml_backend_buffer_is_host(kc->buffer);
+            if (n == 1 && B == 1 && cpu_cache) {
                 const int64_t Hkv = d.n_kv_heads, G = d.n_heads / Hkv, h3 = Hkv > 1 ? Hkv : d.n_heads;
                 Q = ggml_reshape_4d(ctx, q, hd, 1, Hkv > 1 ? G : 1, h3);  // head g + G * kv_head
                 auto kv = [&](ggml_tensor * cache) {  // [hd, n_kv, 1, h3]
