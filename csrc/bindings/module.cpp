@@ -633,7 +633,8 @@ PYBIND11_MODULE(_core, m) {
           py::arg("threads") = 0, py::arg("repeats") = 5, py::arg("path") = "ggml",
           "Median ms of a mul_mat: weights [n, k] of `type` times float32 activations [m, k] (benchmarks). "
           "path: 'ggml' (ggml_mul_mat), 'decode' (the decode-step path: fun-asr's mat-vec kernels where they "
-          "apply), 'frames' (the encoder/prefill path: AMX where it applies).");
+          "apply, else ggml's one-column arithmetic for every column), 'frames' (the encoder/prefill path: AMX "
+          "where it applies).");
 
     m.def("bench_matvec_chunks",
           [matmul_path](const std::string & type, int64_t rows, int64_t k, int64_t chunk_rows, int threads, int repeats,
@@ -680,8 +681,9 @@ PYBIND11_MODULE(_core, m) {
           "Whether the encoder's Q8_0 products run on Intel AMX here (CPU + OS support; FUN_ASR_AMX=0 turns it off).");
 
     m.def("matvec_isa", &fun_asr::matvec_isa,
-          "Instruction set of fun-asr's decode mat-vec kernels (Q8_0, Q6_K) on this CPU: 'avx512vnni', 'avx2', "
-          "or '' (none: ggml's mul_mat everywhere; also with FUN_ASR_MATVEC=0).");
+          "Instruction set of fun-asr's decode mat-vec kernels (F32, F16, Q8_0, Q6_K, repacked Q4_K) on this CPU: "
+          "'avx512vnni', 'avx2', or '' (none: ggml's mul_mat, one column at a time in decode steps; also with "
+          "FUN_ASR_MATVEC=0).");
 
     m.def("quantized_row_bytes",
           [](const std::string & t, int64_t cols) {

@@ -7,8 +7,9 @@
 
 namespace fun_asr {
 
-// Which code path a product takes: ggml's mul_mat; the decoder's decode-step helper (mul_mat: the
-// mat-vec kernels where they apply); the many-column helper (mul_mat_frames: AMX where it applies).
+// Which code path a product takes: ggml's mul_mat; the decoder's decode-step helper (mul_mat_step: the
+// mat-vec kernels where they apply, else ggml's one-column arithmetic per column); the many-column
+// helper (mul_mat_frames: AMX where it applies).
 enum class MatmulPath { ggml, decode, frames };
 
 // Best bytes/s of reading `mb` MiB once, split across `threads` threads (the decode's bandwidth limit).
