@@ -26,6 +26,14 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 
 @pytest.fixture(scope="session")
+def vad_dir() -> Path:
+    """The real FSMN-VAD in FunASR's folder layout (tests/vad_fixture.py: fetched once, sha256-pinned)."""
+    from vad_fixture import fsmn_vad_dir
+
+    return fsmn_vad_dir()
+
+
+@pytest.fixture(scope="session")
 def tiny_f32(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny random checkpoint, F32, one model.safetensors."""
     return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-f32", "tiny", seed=0, dtype="f32")

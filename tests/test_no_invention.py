@@ -32,13 +32,6 @@ IM_END = 151645
 
 
 @pytest.fixture(scope="module")
-def vad_dir() -> Path:
-    from vad_fixture import fsmn_vad_dir
-
-    return fsmn_vad_dir()
-
-
-@pytest.fixture(scope="module")
 def packages(tiny_f32: Path, vad_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The tiny model with its FSMN-VAD embedded (from the FunASR folder, from an fsmn_vad GGUF, and from
     another package), the VAD alone, and the same model without one."""

@@ -45,13 +45,6 @@ def conversation() -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def vad_dir() -> Path:
-    from vad_fixture import fsmn_vad_dir
-
-    return fsmn_vad_dir()
-
-
-@pytest.fixture(scope="module")
 def vad_gguf(vad_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from fun_asr.converter.vad import convert_vad
 

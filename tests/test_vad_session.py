@@ -26,13 +26,6 @@ MAX_NEW = 6
 
 
 @pytest.fixture(scope="module")
-def vad_dir() -> Path:
-    from vad_fixture import fsmn_vad_dir
-
-    return fsmn_vad_dir()
-
-
-@pytest.fixture(scope="module")
 def vad_gguf(vad_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("vadgguf") / "fsmn-vad.gguf"
     r = subprocess.run([sys.executable, "-m", "fun_asr.cli.convert", str(vad_dir), "-o", str(out)],
