@@ -132,3 +132,35 @@ def test_matmul_attention_and_chunked_steps_are_invariant(package: str, matvec: 
     report = run_matrix(wide_gguf(package), matvec, new_tokens=4, batch_sizes=[4, 8], flash_attn=False,
                         max_step_sequences=3)
     assert report["mismatches"] == [], report["mismatches"]
+
+
+def test_one_kv_head_decodes_past_half_the_cache(tmp_path: Path) -> None:
+    """A model with a single K/V head: a lone decode step reads that head once per query head. With a
+    prompt longer than the cache's capacity over the number of query heads, the old stride-0 view reached
+    past the cache's bytes and ggml aborted the process (found by tools/fuzz/fuzz_upload.py). It now
+    decodes, equal to the same sequence in a batch and close to the matmul attention."""
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "fuzz"))
+    import _seeds
+
+    model = _core.load_gguf(str(_seeds.micro_gguf("f32")), device="cpu", threads=1)
+    dec = model.info()["decoder"]
+    assert dec["n_kv_heads"] == 1 and dec["n_heads"] > 1
+    rng = np.random.default_rng(0)
+    n = 200  # the cache holds 256 positions (rounded up): 200 > 256 / n_heads
+    prompt = np.ascontiguousarray(model.embed(rng.integers(0, 60, n).tolist())
+                                  + rng.standard_normal((n, dec["d_model"])).astype(np.float32))
+    model.logit_digests = True
+    model.flash_attn = True
+    alone = model.generate_batch([prompt], 6, [])
+    alone_digests = model.last_logit_digests()
+    pair = model.generate_batch([prompt, prompt], 6, [])
+    assert [t for t, _ in pair] == [alone[0][0]] * 2
+    assert model.last_logit_digests() == alone_digests * 2
+    steps = []
+    for flash in (True, False):
+        model.flash_attn = flash
+        model.prefill(prompt)
+        steps.append(model.step(int(alone[0][0][0])))
+    np.testing.assert_allclose(steps[0], steps[1], rtol=1e-4, atol=1e-4)

@@ -62,14 +62,17 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
             // step therefore puts the K/V heads in dimension 3 (the query heads of each as dimension 2;
             // with a single K/V head, every query head in dimension 3 reading it with stride 0): the
             // same per-row loop as in a batch (CPU caches only: other backends have their own kernels).
+            // (A view may not reach past its source's bytes, so the single head is copied per query
+            // head rather than read with stride 0: only tiny test configs have one K/V head.)
             ggml_tensor *Q, *K, *V;
             const bool cpu_cache = kc->buffer && ggml_backend_buffer_is_host(kc->buffer);
             if (n == 1 && B == 1 && cpu_cache) {
                 const int64_t Hkv = d.n_kv_heads, G = d.n_heads / Hkv, h3 = Hkv > 1 ? Hkv : d.n_heads;
                 Q = ggml_reshape_4d(ctx, q, hd, 1, Hkv > 1 ? G : 1, h3);  // head g + G * kv_head
                 auto kv = [&](ggml_tensor * cache) {  // [hd, n_kv, 1, h3]
-                    return ggml_view_4d(ctx, cache, hd, in.n_kv, 1, h3, cache->nb[2], cache->nb[2],
-                                        Hkv > 1 ? cache->nb[1] : 0, static_cast<size_t>(in.slot0) * cache->nb[3]);
+                    ggml_tensor * t = ggml_view_4d(ctx, cache, hd, in.n_kv, 1, Hkv, cache->nb[2], cache->nb[2],
+                                                   cache->nb[1], static_cast<size_t>(in.slot0) * cache->nb[3]);
+                    return Hkv > 1 ? t : ggml_repeat_4d(ctx, t, hd, in.n_kv, 1, h3);
                 };
                 K = kv(kc);
                 V = kv(vc);

@@ -350,7 +350,7 @@ def decode_audio(audio: AudioInput, sample_rate: int | None = None,
     :class:`AudioReader` gives the same samples block by block."""
     reader = AudioReader(audio, sample_rate, name, limits)
     parts = list(reader.blocks())
-    samples = np.concatenate(parts) if len(parts) != 1 else parts[0]
+    samples = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros(0, np.float32)
     return np.ascontiguousarray(samples, dtype=np.float32), reader.info
 
 
