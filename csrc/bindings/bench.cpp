@@ -1,0 +1,125 @@
+// Bindings for system info, matmul benchmarks, kernel evaluation and the CPU kernel/ISA queries.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bindings/bind.h"
+#include "bindings/common.h"
+#include "kernels/gemm_amx.h"
+#include "kernels/matvec.h"
+#include "runtime/backend.h"
+#include "runtime/bench.h"
+#include "runtime/quantize.h"
+
+namespace fun_asr::bindings {
+
+namespace {
+
+py::dict system_info() {
+    const fun_asr::SystemInfo info = fun_asr::system_info();
+    py::dict d;
+    d["ggml_version"] = info.ggml_version;
+    d["ggml_commit"] = info.ggml_commit;
+    d["compiled_backends"] = info.compiled_backends;
+    d["registered_backends"] = info.registered_backends;
+    py::list devices;
+    for (const auto & dev : info.devices) {
+        py::dict e;
+        e["name"] = dev.name;
+        e["description"] = dev.description;
+        e["type"] = dev.type;
+        e["memory_free"] = dev.memory_free;
+        e["memory_total"] = dev.memory_total;
+        devices.append(e);
+    }
+    d["devices"] = devices;
+    py::dict features;
+    for (const auto & [k, v] : info.cpu_features) features[py::str(k)] = v;
+    d["cpu_features"] = features;
+    d["tensor_types"] = fun_asr::supported_tensor_types();
+    return d;
+}
+
+}  // namespace
+
+void bind_bench(py::module_ & m) {
+    m.def("system_info", &system_info,
+          "ggml version and commit, compiled and registered backends, devices, CPU features and "
+          "the tensor types quantize/dequantize accept.");
+
+    auto matmul_path = [](const std::string & p) {
+        if (p == "ggml") return fun_asr::MatmulPath::ggml;
+        if (p == "decode") return fun_asr::MatmulPath::decode;
+        if (p == "frames") return fun_asr::MatmulPath::frames;
+        throw std::invalid_argument("path must be 'ggml', 'decode' or 'frames', got '" + p + "'");
+    };
+    m.def("bench_matmul",
+          [matmul_path](const std::string & type, int64_t n, int64_t k, int64_t m, const std::string & device,
+                        int threads, int repeats, const std::string & path) {
+              const auto mp = matmul_path(path);
+              py::gil_scoped_release release;
+              return fun_asr::bench_matmul(type, n, k, m, device, threads, repeats, mp);
+          },
+          py::arg("type"), py::arg("n"), py::arg("k"), py::arg("m"), py::kw_only(), py::arg("device") = "cpu",
+          py::arg("threads") = 0, py::arg("repeats") = 5, py::arg("path") = "ggml",
+          "Median ms of a mul_mat: weights [n, k] of `type` times float32 activations [m, k] (benchmarks). "
+          "path: 'ggml' (ggml_mul_mat), 'decode' (the decode-step path: fun-asr's mat-vec kernels where they "
+          "apply, else ggml's one-column arithmetic for every column), 'frames' (the encoder/prefill path: AMX "
+          "where it applies).");
+
+    m.def("bench_matvec_chunks",
+          [matmul_path](const std::string & type, int64_t rows, int64_t k, int64_t chunk_rows, int threads, int repeats,
+                        const std::string & path) {
+              const auto mp = matmul_path(path);
+              py::gil_scoped_release release;
+              return fun_asr::bench_matvec_chunks(type, rows, k, chunk_rows, threads, repeats, mp);
+          },
+          py::arg("type"), py::arg("rows"), py::arg("k"), py::arg("chunk_rows"), py::kw_only(), py::arg("threads") = 0,
+          py::arg("repeats") = 5, py::arg("path") = "decode",
+          "Median ms of one column times a [rows, k] matrix computed as rows / chunk_rows separate products "
+          "(a decode step's layer-by-layer weight stream); path 'ggml' or 'decode'.");
+
+    m.def("eval_matmul",
+          [matmul_path](const std::string & type, py::array_t<float, py::array::c_style | py::array::forcecast> w,
+                        py::array_t<float, py::array::c_style | py::array::forcecast> x, int threads,
+                        const std::string & path) {
+              if (w.ndim() != 2 || x.ndim() != 2 || w.shape(1) != x.shape(1)) {
+                  throw std::invalid_argument("eval_matmul: w must be [n, k] and x [m, k] float32 arrays");
+              }
+              const auto mp = matmul_path(path);
+              const int64_t n = w.shape(0), k = w.shape(1), m = x.shape(0);
+              std::vector<float> y;
+              {
+                  py::gil_scoped_release release;
+                  y = fun_asr::eval_matmul(type, w.data(), n, k, x.data(), m, threads, mp);
+              }
+              return to_numpy(std::move(y), {static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(n)});
+          },
+          py::arg("type"), py::arg("w"), py::arg("x"), py::kw_only(), py::arg("threads") = 1,
+          py::arg("path") = "decode",
+          "x [m, k] times w [n, k]^T with w quantized to `type`, on the CPU: y [m, n] (kernel tests); path as "
+          "in bench_matmul.");
+
+    m.def("read_bandwidth",
+          [](int64_t mb, int threads, int repeats) {
+              py::gil_scoped_release release;
+              return fun_asr::read_bandwidth(mb, threads, repeats);
+          },
+          py::arg("mb") = 512, py::kw_only(), py::arg("threads") = 1, py::arg("repeats") = 5,
+          "Best bytes/s of reading `mb` MiB once with `threads` threads (benchmarks: the memory read limit).");
+
+    m.def("amx_available", &fun_asr::amx_available,
+          "Whether the encoder's Q8_0 products run on Intel AMX here (CPU + OS support; FUN_ASR_AMX=0 turns it off).");
+
+    m.def("matvec_isa", &fun_asr::matvec_isa,
+          "Instruction set of fun-asr's decode mat-vec kernels (F32, F16, Q8_0, Q6_K, repacked Q4_K) on this CPU: "
+          "'avx512vnni', 'avx2', or '' (none: ggml's mul_mat, one column at a time in decode steps; also with "
+          "FUN_ASR_MATVEC=0).");
+}
+
+}  // namespace fun_asr::bindings

@@ -1,0 +1,371 @@
+// Bindings for the Fun-ASR-Nano Model class and its loaders: load_gguf, check_gguf, load_tensors.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings/bind.h"
+#include "bindings/common.h"
+#include "model/loader.h"
+#include "runtime/model.h"
+
+namespace fun_asr::bindings {
+
+namespace {
+
+using fun_asr::Model;
+
+// Token ids from Python (int64) checked against the vocabulary and narrowed to int32; `what`
+// names them in the error ("token id", "stop id").
+std::vector<int32_t> vocab_ids(const Model & m, const std::vector<int64_t> & ids, const char * what) {
+    std::vector<int32_t> out;
+    out.reserve(ids.size());
+    for (int64_t id : ids) {
+        if (id < 0 || id >= m.hparams().dec.vocab) {
+            throw py::index_error(std::string(what) + " " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                  std::to_string(m.hparams().dec.vocab) + ")");
+        }
+        out.push_back(static_cast<int32_t>(id));
+    }
+    return out;
+}
+
+std::unique_ptr<Model> load_gguf(const std::string & path, const std::string & device, int threads) {
+    py::gil_scoped_release release;
+    fun_asr::ModelSource src = fun_asr::read_gguf(path);
+    return std::make_unique<Model>(src, device, threads);
+}
+
+std::unique_ptr<Model> load_tensors(const std::string & arch, const py::dict & meta, const py::list & tensors,
+                                    const std::string & device, int threads, const std::string & origin) {
+    std::vector<py::buffer_info> keep;
+    fun_asr::ModelSource src = source_from_python(arch, meta, tensors, origin, keep);
+    py::gil_scoped_release release;
+    return std::make_unique<Model>(src, device, threads);
+}
+
+py::dict model_info(const Model & m) {
+    const auto & hp = m.hparams();
+    py::dict enc, adp, dec, d;
+    enc["input_size"] = hp.enc.input_size;
+    enc["d_model"] = hp.enc.d_model;
+    enc["n_heads"] = hp.enc.n_heads;
+    enc["ffn"] = hp.enc.ffn;
+    enc["n_layers"] = hp.enc.n_layers;
+    enc["n_tp_layers"] = hp.enc.n_tp_layers;
+    enc["fsmn_kernel"] = hp.enc.fsmn_kernel;
+    enc["max_frames"] = hp.enc.max_frames();
+    enc["eps"] = hp.enc.eps;
+    adp["d_model"] = hp.adp.d_model;
+    adp["proj"] = hp.adp.proj;
+    adp["n_heads"] = hp.adp.n_heads;
+    adp["ffn"] = hp.adp.ffn;
+    adp["n_layers"] = hp.adp.n_layers;
+    adp["eps"] = hp.adp.eps;
+    dec["d_model"] = hp.dec.d_model;
+    dec["n_layers"] = hp.dec.n_layers;
+    dec["n_heads"] = hp.dec.n_heads;
+    dec["n_kv_heads"] = hp.dec.n_kv_heads;
+    dec["head_dim"] = hp.dec.head_dim;
+    dec["ffn"] = hp.dec.ffn;
+    dec["vocab"] = hp.dec.vocab;
+    dec["max_positions"] = hp.dec.max_positions;
+    dec["rms_eps"] = hp.dec.rms_eps;
+    dec["rope_theta"] = hp.dec.rope_theta;
+    dec["tie_embeddings"] = hp.dec.tie_embeddings;
+    dec["eos_token_ids"] = hp.dec.eos_ids;
+    d["encoder"] = enc;
+    d["adaptor"] = adp;
+    d["decoder"] = dec;
+    py::dict ctc;
+    ctc["available"] = hp.ctc.present;
+    if (hp.ctc.present) {
+        ctc["reason"] = py::none();
+        ctc["d_model"] = hp.ctc.d_model;
+        ctc["proj"] = hp.ctc.proj;
+        ctc["n_heads"] = hp.ctc.n_heads;
+        ctc["ffn"] = hp.ctc.ffn;
+        ctc["n_layers"] = hp.ctc.n_layers;
+        ctc["vocab"] = hp.ctc.vocab;
+        ctc["blank_id"] = hp.ctc.blank_id;
+        ctc["eps"] = hp.ctc.eps;
+        ctc["frame_ms"] = hp.ctc.frame_ms;
+    } else {
+        ctc["reason"] = hp.ctc.unavailable;
+    }
+    d["ctc"] = ctc;
+    d["tensor_types"] = m.tensor_types();
+    d["backend"] = m.backend_name();
+    d["device"] = m.device_description();
+    d["weight_bytes"] = m.weight_bytes();
+    d["weights_mmapped"] = m.weights_mmapped();
+    d["repacked_tensors"] = m.repacked_tensors();
+    d["kv_cache_bytes"] = m.kv_bytes();
+    d["threads"] = m.threads();
+    return d;
+}
+
+}  // namespace
+
+void bind_model(py::module_ & m) {
+    py::class_<Model>(m, "Model", "A loaded Fun-ASR-Nano model (weights + KV cache) on one backend. Calls on "
+                                  "one Model run one at a time (internally locked).")
+        .def("info", &model_info, "Hyperparameters, tensor types, backend, bytes of weights.")
+        .def_property("threads", &Model::threads, &Model::set_threads)
+        .def_property_readonly("n_past", &Model::n_past, "Positions currently in the KV cache.")
+        .def_property("flash_attn", &Model::flash_attn, &Model::set_flash_attn,
+                      "Decoder attention via ggml's fused flash-attention kernel (default True).")
+        .def(
+            "encode",
+            [](Model & self, const py::array & features) {
+                require_rows(features, self.hparams().enc.input_size, "features");
+                const int64_t T = features.shape(0);
+                const float * p = static_cast<const float *>(features.data());
+                std::vector<float> out;
+                {
+                    py::gil_scoped_release release;
+                    out = self.encode(p, T);
+                }
+                return to_numpy(std::move(out), {T, self.hparams().adp.d_model});
+            },
+            py::arg("features"), "features float32[T, input_size] (LFR fbank) -> adaptor output float32[T, d_llm].")
+        .def(
+            "ctc_logprobs",
+            [](Model & self, const py::array & features) {
+                require_rows(features, self.hparams().enc.input_size, "features");
+                if (!self.has_ctc()) throw py::value_error("this model has no CTC head: " + self.hparams().ctc.unavailable);
+                const int64_t T = features.shape(0);
+                const float * p = static_cast<const float *>(features.data());
+                std::vector<float> out;
+                {
+                    py::gil_scoped_release release;
+                    out = self.ctc_logprobs(p, T);
+                }
+                return to_numpy(std::move(out), {T, self.hparams().ctc.vocab});
+            },
+            py::arg("features"),
+            "features float32[T, input_size] -> CTC log-probabilities float32[T, ctc_vocab] (one row per 60 ms "
+            "encoder frame). ValueError when the model has no CTC head (info()['ctc']['reason'] says why).")
+        .def(
+            "encode_ctc",
+            [](Model & self, const py::array & features) {
+                require_rows(features, self.hparams().enc.input_size, "features");
+                if (!self.has_ctc()) throw py::value_error("this model has no CTC head: " + self.hparams().ctc.unavailable);
+                const int64_t T = features.shape(0);
+                const float * p = static_cast<const float *>(features.data());
+                std::pair<std::vector<float>, std::vector<float>> out;
+                {
+                    py::gil_scoped_release release;
+                    out = self.encode_ctc(p, T);
+                }
+                return py::make_tuple(to_numpy(std::move(out.first), {T, self.hparams().adp.d_model}),
+                                      to_numpy(std::move(out.second), {T, self.hparams().ctc.vocab}));
+            },
+            py::arg("features"),
+            "encode() and ctc_logprobs() from one encoder pass: (adaptor output float32[T, d_llm], CTC "
+            "log-probabilities float32[T, ctc_vocab]).")
+        .def(
+            "debug_stages",
+            [](Model & self, const py::array & features) {
+                require_rows(features, self.hparams().enc.input_size, "features");
+                const int64_t T = features.shape(0);
+                const float * p = static_cast<const float *>(features.data());
+                std::map<std::string, fun_asr::Stage> stages;
+                {
+                    py::gil_scoped_release release;
+                    stages = self.debug_stages(p, T);
+                }
+                py::dict d;
+                for (auto & [name, st] : stages) {
+                    d[py::str(name)] = to_numpy(std::move(st.data), {st.shape[0], st.shape[1]});
+                }
+                return d;
+            },
+            py::arg("features"), "Every named stage output for features float32[T, input_size]: name -> float32[T, width].")
+        .def(
+            "embed",
+            [](Model & self, const std::vector<int64_t> & ids) {
+                const std::vector<int32_t> ids32 = vocab_ids(self, ids, "token id");
+                std::vector<float> out;
+                {
+                    py::gil_scoped_release release;
+                    out = self.embed(ids32);
+                }
+                return to_numpy(std::move(out), {static_cast<py::ssize_t>(ids.size()), self.hparams().dec.d_model});
+            },
+            py::arg("token_ids"), "token ids -> token embeddings float32[n, d_llm].")
+        .def(
+            "prefill",
+            [](Model & self, const py::array & emb) {
+                require_rows(emb, self.hparams().dec.d_model, "embeddings");
+                const float * p = static_cast<const float *>(emb.data());
+                const int64_t n = emb.shape(0);
+                std::vector<float> out;
+                {
+                    py::gil_scoped_release release;
+                    out = self.prefill(p, n);
+                }
+                return to_numpy(std::move(out), {self.hparams().dec.vocab});
+            },
+            py::arg("embeddings"), "Reset the KV cache and run embeddings float32[n, d_llm]; returns the last logits float32[vocab].")
+        .def(
+            "step",
+            [](Model & self, int64_t token) {
+                const int32_t tok = vocab_ids(self, {token}, "token id")[0];
+                std::vector<float> out;
+                {
+                    py::gil_scoped_release release;
+                    out = self.step(tok);
+                }
+                return to_numpy(std::move(out), {self.hparams().dec.vocab});
+            },
+            py::arg("token_id"), "Append one token to the cached sequence; returns its logits float32[vocab].")
+        .def(
+            "generate",
+            [](Model & self, const py::array & emb, int64_t max_new_tokens, const std::vector<int64_t> & stop_ids,
+               bool repetition_guard) {
+                require_rows(emb, self.hparams().dec.d_model, "embeddings");
+                const std::vector<int32_t> stops = vocab_ids(self, stop_ids, "stop id");
+                const float * p = static_cast<const float *>(emb.data());
+                const int64_t n = emb.shape(0);
+                std::vector<int32_t> out;
+                {
+                    py::gil_scoped_release release;
+                    out = self.generate(p, n, max_new_tokens, stops, repetition_guard);
+                }
+                return std::vector<int64_t>(out.begin(), out.end());
+            },
+            py::arg("embeddings"), py::arg("max_new_tokens"), py::arg("stop_ids"), py::kw_only(),
+            py::arg("repetition_guard") = false,
+            "Greedy decoding: prefill, then argmax steps until a stop id (included in the result), max_new_tokens, "
+            "or with repetition_guard an n-gram loop (a token x16, a 2-gram x8, 3-gram x6, 4..8-gram x4). "
+            "last_generation() tells which, with timings.")
+        .def(
+            "generate_batch",
+            [](Model & self, const py::list & embeddings, int64_t max_new_tokens, const std::vector<int64_t> & stop_ids,
+               bool repetition_guard, const py::object & on_step) {
+                std::vector<py::array> keep;
+                std::vector<std::pair<const float *, int64_t>> prompts;
+                for (auto item : embeddings) {
+                    if (!py::isinstance<py::array>(item)) throw py::type_error("embeddings must be a list of numpy arrays");
+                    keep.push_back(py::reinterpret_borrow<py::array>(item));
+                    require_rows(keep.back(), self.hparams().dec.d_model, "embeddings");
+                    prompts.emplace_back(static_cast<const float *>(keep.back().data()), keep.back().shape(0));
+                }
+                const std::vector<int32_t> stops = vocab_ids(self, stop_ids, "stop id");
+                // Every step takes the GIL briefly: pending signals (Ctrl-C) are checked and on_step is
+                // called; a Python exception from either aborts generation and propagates.
+                const bool has_callback = !on_step.is_none();
+                Model::StepCallback step = [&](int64_t produced, int64_t active) {
+                    py::gil_scoped_acquire acquire;
+                    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+                    if (has_callback) on_step(produced, active);
+                };
+                std::vector<Model::Generated> out;
+                {
+                    py::gil_scoped_release release;
+                    out = self.generate_batch(prompts, max_new_tokens, stops, repetition_guard, step);
+                }
+                py::list result;
+                for (const auto & g : out) {
+                    result.append(py::make_tuple(std::vector<int64_t>(g.tokens.begin(), g.tokens.end()), g.stop_reason));
+                }
+                return result;
+            },
+            py::arg("embeddings"), py::arg("max_new_tokens"), py::arg("stop_ids"), py::kw_only(),
+            py::arg("repetition_guard") = false, py::arg("on_step") = py::none(),
+            "generate() for several sequences at once (one KV cache slot each; every step reads the weights once "
+            "for all). Returns [(tokens, stop_reason)] in input order; tokens equal one-by-one generate(). "
+            "on_step(tokens_so_far, active) is called after the prefill and after every step; an exception it "
+            "raises (or Ctrl-C) aborts the generation.")
+        .def_property("logit_digests", &Model::logit_digests, &Model::set_logit_digests,
+                      "Test aid (default False): generate_batch/generate keep a 64-bit digest of every logits row a "
+                      "token was taken from; last_logit_digests() returns them.")
+        .def("last_logit_digests", &Model::last_logit_digests,
+             "Per sequence of the last generate_batch/generate (with logit_digests on): one digest (FNV-1a of "
+             "the float32 bits) per produced token's logits row, [] when off.")
+        .def_property("max_step_sequences", &Model::max_step_sequences, &Model::set_max_step_sequences,
+                      "At most this many sequences per decoding step graph (0, the default: as many as one graph "
+                      "takes); larger batches step in chunks, with the same tokens.")
+        .def_property("profiling", &Model::profiling, &Model::set_profiling,
+                      "Per-node timing (also FUN_ASR_PROFILE=1): every node computed alone and timed.")
+        .def(
+            "profile",
+            [](const Model & self) {
+                py::dict d;
+                for (const auto & [key, e] : self.profile()) {
+                    py::dict v;
+                    v["count"] = e.count;
+                    v["ms"] = e.ms;
+                    v["flops"] = e.flops;
+                    d[py::str(key)] = v;
+                }
+                return d;
+            },
+            "{'stage/op': {'count', 'ms', 'flops'}} accumulated while profiling (matmul FLOPs; ms per node).")
+        .def("reset_profile", &Model::reset_profile, "Clear the accumulated profile.")
+        .def(
+            "set_prefix",
+            [](Model & self, const py::array & embeddings) {
+                require_rows(embeddings, self.hparams().dec.d_model, "embeddings");
+                const float * p = static_cast<const float *>(embeddings.data());
+                const int64_t n = embeddings.shape(0);
+                py::gil_scoped_release release;
+                self.set_prefix(p, n);
+            },
+            py::arg("embeddings"),
+            "Computes the K/V of these prompt rows once; generate_batch reuses them for every prompt that starts "
+            "with exactly these rows (the same logits, less prefill).")
+        .def("clear_prefix", &Model::clear_prefix, "Forget the prefix set by set_prefix().")
+        .def_property_readonly("prefix_len", &Model::prefix_len, "Rows of the cached prefix (0 = none).")
+        .def(
+            "last_generation",
+            [](const Model & self) {
+                const auto s = self.last_generation();
+                py::dict d;
+                d["stop_reason"] = s.stop_reason;
+                d["prefill_ms"] = s.prefill_ms;
+                d["decode_ms"] = s.decode_ms;
+                d["prompt_tokens"] = s.prompt_tokens;
+                d["new_tokens"] = s.new_tokens;
+                d["prefix_reused"] = s.prefix_reused;
+                return d;
+            },
+            "Stop reason (eos, max_new_tokens, repetition) and timings of the last generate().")
+        .def("__repr__", [](const Model & self) {
+            const auto & hp = self.hparams();
+            return "<fun_asr._core.Model enc=" + std::to_string(hp.enc.n_layers) + "x" + std::to_string(hp.enc.d_model) +
+                   " dec=" + std::to_string(hp.dec.n_layers) + "x" + std::to_string(hp.dec.d_model) +
+                   " backend=" + self.backend_name() + ">";
+        });
+
+    m.def("load_gguf", &load_gguf, py::arg("path"), py::kw_only(), py::arg("device") = "cpu", py::arg("threads") = 0,
+          "Load a fun_asr_nano GGUF file.");
+    m.def(
+        "check_gguf",
+        [](const std::string & path) {
+            std::string arch;
+            size_t n = 0;
+            {
+                py::gil_scoped_release release;
+                const fun_asr::ModelSource src = fun_asr::read_gguf(path);
+                arch = src.arch;
+                n = src.tensors.size();
+            }
+            return py::make_tuple(arch, n);
+        },
+        py::arg("path"),
+        "Reads a GGUF's header and checks every tensor lies inside the file (no weights loaded): returns "
+        "(architecture, tensor count); RuntimeError naming the problem (bad magic, truncation) otherwise.");
+    m.def("load_tensors", &load_tensors, py::arg("arch"), py::arg("metadata"), py::arg("tensors"), py::kw_only(),
+          py::arg("device") = "cpu", py::arg("threads") = 0, py::arg("origin") = "<tensors>",
+          "Load a model from GGUF-style metadata and (name, type, ne, buffer) tensors (used for HF directories).");
+}
+
+}  // namespace fun_asr::bindings
