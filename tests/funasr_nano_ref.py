@@ -11,7 +11,7 @@ torch 2.13 here (its wheels are CUDA builds of another torch: libc10_cuda.so is 
 be imported, :func:`torchaudio_shim` puts a stand-in ``torchaudio`` module in ``sys.modules`` for the
 duration of the reference call only: its ``functional.forced_align`` is a line-by-line scalar transcription
 of torchaudio's CPU kernel (``src/libtorchaudio/forced_align/cpu/compute.cpp``) and of its Python wrapper
-(scores = log_probs gathered along the path), written independently of fun_asr.ctc's vectorized version.
+(scores = log_probs gathered along the path), written independently of fun_asr.asr.ctc's vectorized version.
 Everything else -- the CTC head, the tokenizer, the text clean-up, the grouping into tokens, the times --
 is FunASR's own code. (funasr.utils.fbank chose its fbank backend at import, before the shim exists, so
 the features stay kaldi-native-fbank's, as ours.)

@@ -64,7 +64,7 @@ def test_transcribe_batch_equals_transcribe(tiny_gguf, tmp_path: Path) -> None: 
     clips += [tmp_path / "long.wav", (0.1 * rng.standard_normal(9000)).astype(np.float32)]
     kwargs = dict(language="en", max_new_tokens=16)
     one = [session.transcribe(c, sample_rate=16000 if isinstance(c, np.ndarray) else None, **kwargs) for c in clips]
-    arrays = [c if isinstance(c, np.ndarray) else fun_asr.audio.load_audio(c) for c in clips]
+    arrays = [c if isinstance(c, np.ndarray) else fun_asr.audio.decode.load_audio(c) for c in clips]
     many = session.transcribe_batch(arrays, sample_rate=16000, batch_size=4, **kwargs)
     assert len(many) == len(clips)
     for a, b in zip(one, many, strict=True):

@@ -23,7 +23,7 @@ import pytest
 import soundfile as sf
 
 import fun_asr
-from fun_asr import batch
+from fun_asr.jobs import batch
 
 # Four tokens per segment keep these tests fast: the max_new_tokens warnings are expected.
 pytestmark = pytest.mark.filterwarnings("ignore::fun_asr.notices.TruncatedOutputWarning")

@@ -16,8 +16,8 @@ from gguf.quants import dequantize
 from safetensors.torch import load_file, save_file
 
 from fun_asr import convert, inspect_gguf
-from fun_asr.checkpoint import CheckpointError
-from fun_asr.hparams import ConfigError
+from fun_asr.model.checkpoint import CheckpointError
+from fun_asr.model.hparams import ConfigError
 
 # Relative RMS error bounds of a stored tensor against its source. Q4_K: the issue asked for 6%,
 # but 4-bit k-quants on Gaussian weights measure ~7.1% here (ggml's own quantizer; see

@@ -1,4 +1,4 @@
-"""fun_asr.ctc: the CTC tokenizer (tiktoken BPE), torchaudio's forced alignment, FunASR's token grouping;
+"""fun_asr.asr.ctc: the CTC tokenizer (tiktoken BPE), torchaudio's forced alignment, FunASR's token grouping;
 and the HF layout's lack of a CTC head. (End-to-end parity with FunASR: tests/test_funasr_layout.py.)"""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fun_asr.ctc import CtcAligner, CtcTokenizer, TokenTime, align_ids, forced_align, funasr_text, greedy_ids
+from fun_asr.asr.ctc import CtcAligner, CtcTokenizer, TokenTime, align_ids, forced_align, funasr_text, greedy_ids
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 HAVE_TIKTOKEN = importlib.util.find_spec("tiktoken") is not None
@@ -38,8 +38,8 @@ def vocab_text() -> str:
 
 @pytest.fixture(scope="module")
 def specials() -> list[str]:
-    from fun_asr.funasr_checkpoint import expand_specials
-    from fun_asr.spec import load_spec
+    from fun_asr.model.funasr_checkpoint import expand_specials
+    from fun_asr.model.spec import load_spec
 
     return expand_specials(load_spec()["ctc"]["tokenizers"]["SenseVoiceTokenizer"], 8749)
 
@@ -158,7 +158,7 @@ def test_funasr_text_and_greedy() -> None:
 def test_hf_layout_has_no_ctc(tiny_gguf, tiny_f32: Path) -> None:  # noqa: ANN001
     """The HF port's checkpoint carries no CTC weights: no CTC head, a reason, no tokenizer, no timestamps."""
     from fun_asr import load_model
-    from fun_asr.model import model_metadata
+    from fun_asr.model.native import model_metadata
 
     for src in (tiny_gguf("f32"), tiny_f32):
         model = load_model(src, threads=1)

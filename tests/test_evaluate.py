@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fun_asr.evaluate import compare, evaluate, load_texts, normalize, score, tokens
+from fun_asr.jobs.evaluate import compare, evaluate, load_texts, normalize, score, tokens
 
 
 @pytest.mark.parametrize("text, want", [

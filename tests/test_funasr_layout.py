@@ -44,8 +44,8 @@ def _audio(lang: str) -> np.ndarray:
 # -- layout detection and conversion ----------------------------------------------------------------
 
 def test_detect_layout(nano: dict[str, Path], tmp_path: Path) -> None:
-    from fun_asr.checkpoint import CheckpointError
-    from fun_asr.funasr_checkpoint import detect_layout
+    from fun_asr.model.checkpoint import CheckpointError
+    from fun_asr.model.funasr_checkpoint import detect_layout
 
     assert detect_layout(nano["ms"]) == "funasr"
     assert detect_layout(nano["hf"]) == "hf"
@@ -88,7 +88,7 @@ def test_same_tensors_as_the_hf_layout(nano: dict[str, Path], package: str, tmp_
 def test_non_contiguous_model_pt(nano: dict[str, Path], tmp_path: Path) -> None:
     """model.pt tensors stored transposed-in-memory or at a storage offset read the same."""
     from fun_asr import convert
-    from fun_asr.torch_pickle import iter_tensors, read_pickle
+    from fun_asr.model.torch_pickle import iter_tensors, read_pickle
     from make_funasr_checkpoint import derive_checkpoint
 
     nc = derive_checkpoint(nano["ms"], tmp_path / "nc", non_contiguous=True)
@@ -103,7 +103,7 @@ def test_metadata_and_prompt_from_config(nano: dict[str, Path], tmp_path: Path) 
     """Hyperparameters from config.yaml + the LLM config; the prompt follows config.yaml's switches."""
     import yaml
 
-    from fun_asr.model import model_metadata
+    from fun_asr.model.native import model_metadata
 
     meta = model_metadata(nano["ms-f32"])
     k = "fun_asr_nano."
@@ -129,9 +129,9 @@ def test_metadata_and_prompt_from_config(nano: dict[str, Path], tmp_path: Path) 
 
 
 def test_mlt_language_table(nano: dict[str, Path], tmp_path: Path) -> None:
-    from fun_asr.funasr_checkpoint import languages_for
-    from fun_asr.model import model_metadata
-    from fun_asr.spec import load_spec
+    from fun_asr.model.funasr_checkpoint import languages_for
+    from fun_asr.model.native import model_metadata
+    from fun_asr.model.spec import load_spec
 
     mlt = tmp_path / "hub" / "Fun-ASR-MLT-Nano-2512"
     shutil.copytree(nano["ms"], mlt)
@@ -147,7 +147,7 @@ def test_config_errors(nano: dict[str, Path], tmp_path: Path) -> None:
     import yaml
 
     from fun_asr import convert
-    from fun_asr.checkpoint import CheckpointError
+    from fun_asr.model.checkpoint import CheckpointError
 
     def variant(name: str, edit) -> Path:  # noqa: ANN001
         d = tmp_path / name
@@ -178,8 +178,8 @@ def test_stages_and_ctc_logprobs_match_funasr(nano: dict[str, Path]) -> None:
     import torch
 
     from fun_asr import load_model
-    from fun_asr.frontend import FrontendConfig, features
-    from fun_asr.spec import load_spec
+    from fun_asr.audio.frontend import FrontendConfig, features
+    from fun_asr.model.spec import load_spec
     from funasr_ref import automodel
 
     m = automodel(str(nano["ms"])).model
@@ -215,8 +215,8 @@ def test_hf_copy_matches_funasr_torch(nano: dict[str, Path]) -> None:
     import torch
     from transformers import FunAsrNanoForConditionalGeneration
 
-    from fun_asr.frontend import FrontendConfig, features
-    from fun_asr.spec import load_spec
+    from fun_asr.audio.frontend import FrontendConfig, features
+    from fun_asr.model.spec import load_spec
     from funasr_ref import automodel
 
     m = automodel(str(nano["ms"])).model
@@ -238,9 +238,9 @@ def test_tokens_and_timestamps_match_funasr(nano: dict[str, Path], lang: str) ->
     """Our greedy decode gives FunASR's tokens; our CTC alignment gives FunASR 1.4.16's timestamps:
     exactly on FunASR's own CTC posteriors, within one 60 ms frame on ours."""
     from fun_asr import Session
-    from fun_asr.ctc import CtcAligner, CtcTokenizer, align, funasr_text
-    from fun_asr.frontend import features
-    from fun_asr.model import model_metadata
+    from fun_asr.asr.ctc import CtcAligner, CtcTokenizer, align, funasr_text
+    from fun_asr.audio.frontend import features
+    from fun_asr.model.native import model_metadata
 
     samples = _audio(lang)
     ref = funasr_transcribe(str(nano["ms"]), samples, max_length=MAX_NEW)
@@ -276,8 +276,8 @@ def test_tokens_and_timestamps_match_funasr(nano: dict[str, Path], lang: str) ->
 
 def test_missing_ctc_tensor_gives_no_ctc(nano: dict[str, Path], tmp_path: Path) -> None:
     from fun_asr import convert, load_model
-    from fun_asr.ctc import CtcTokenizer
-    from fun_asr.model import model_metadata
+    from fun_asr.asr.ctc import CtcTokenizer
+    from fun_asr.model.native import model_metadata
     from funasr_ref import automodel
     from make_funasr_checkpoint import derive_checkpoint
 
@@ -307,8 +307,8 @@ def test_forbidden_global_in_model_pt_runs_nothing(nano: dict[str, Path], tmp_pa
     import os
 
     from fun_asr import convert, load_model
-    from fun_asr.checkpoint import CheckpointError
-    from fun_asr.funasr_checkpoint import detect_layout, open_checkpoint
+    from fun_asr.model.checkpoint import CheckpointError
+    from fun_asr.model.funasr_checkpoint import detect_layout, open_checkpoint
 
     class Payload:
         def __init__(self, path: Path) -> None:

@@ -210,8 +210,8 @@ def _folder(tmp_path: Path, files: dict[str, object]) -> Path:
 
 
 def test_checkpoint_json_files_of_the_wrong_shape_are_checkpoint_errors(tmp_path: Path) -> None:
-    from fun_asr.checkpoint import Checkpoint, CheckpointError
-    from fun_asr.hparams import ConfigError, parse_hparams
+    from fun_asr.model.checkpoint import Checkpoint, CheckpointError
+    from fun_asr.model.hparams import ConfigError, parse_hparams
 
     cfg = _tiny_config()
     cfg["text_config"]["rope_parameters"] = 5
@@ -245,7 +245,7 @@ def _tiny_config() -> dict:
     {"w": [1, 2, 3]},
 ])
 def test_malformed_safetensors_header_entries_are_checkpoint_errors(tmp_path: Path, header: dict) -> None:
-    from fun_asr.checkpoint import CheckpointError, _read_safetensors_header
+    from fun_asr.model.checkpoint import CheckpointError, _read_safetensors_header
 
     raw = json.dumps(header).encode()
     path = tmp_path / "model.safetensors"
@@ -255,7 +255,7 @@ def test_malformed_safetensors_header_entries_are_checkpoint_errors(tmp_path: Pa
 
 
 def test_model_pt_reference_cycle_and_huge_memo_are_model_file_errors(tmp_path: Path) -> None:
-    from fun_asr.torch_pickle import ModelFileError, load_state_dict
+    from fun_asr.model.torch_pickle import ModelFileError, load_state_dict
 
     for name, pkl, match in [
         ("cycle.pt", b"\x80\x02}q\x00X\x01\x00\x00\x00aq\x01]q\x02h\x02as.", "deeper|cycle"),

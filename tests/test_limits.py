@@ -14,7 +14,7 @@ import pytest
 import soundfile as sf
 
 import fun_asr
-from fun_asr.audio import AudioError, Limits, decode_audio
+from fun_asr.audio.decode import AudioError, Limits, decode_audio
 
 pytestmark = pytest.mark.filterwarnings("ignore::fun_asr.notices.TruncatedOutputWarning")
 
@@ -75,7 +75,7 @@ def test_hotword_and_token_limits(session: fun_asr.Session) -> None:
 def client(session: fun_asr.Session):  # noqa: ANN201
     from fastapi.testclient import TestClient
 
-    from fun_asr.server import create_app
+    from fun_asr.serve.app import create_app
 
     app = create_app(session, model_id="fun-asr-nano", max_new_tokens=4, api_key="s3cret", max_queue=1,
                      request_timeout=1.0)

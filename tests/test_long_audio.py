@@ -15,11 +15,11 @@ import pytest
 import soundfile as sf
 
 import fun_asr
-import fun_asr.session as session_mod
-from fun_asr.audio import AudioError, AudioReader, decode_audio
-from fun_asr.frontend import FbankStream, FrontendConfig, fbank
+import fun_asr.asr.session as session_mod
+from fun_asr.audio.decode import AudioError, AudioReader, decode_audio
+from fun_asr.audio.frontend import FbankStream, FrontendConfig, fbank
+from fun_asr.audio.pauses import PauseSplitter, split_points
 from fun_asr.notices import RecordingFailedWarning
-from fun_asr.segment import PauseSplitter, split_points
 from fun_asr.vad import FsmnVad, detect_segments, frame_decibels
 
 pytestmark = pytest.mark.filterwarnings("ignore::fun_asr.notices.TruncatedOutputWarning")

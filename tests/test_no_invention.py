@@ -17,11 +17,11 @@ import pytest
 import soundfile as sf
 
 import fun_asr
+from fun_asr.asr.formats import render
+from fun_asr.asr.prompt import PromptSpec, prompt_runs, prompt_text, split_hotwords
 from fun_asr.converter import inspect_gguf
-from fun_asr.formats import render
-from fun_asr.hub import DEFAULT_REPO, DEFAULT_REVISION
-from fun_asr.prompt import PromptSpec, prompt_runs, prompt_text, split_hotwords
-from fun_asr.spec import load_spec
+from fun_asr.converter.hub import DEFAULT_REPO, DEFAULT_REVISION
+from fun_asr.model.spec import load_spec
 
 pytestmark = pytest.mark.filterwarnings("ignore::fun_asr.notices.TruncatedOutputWarning")
 
@@ -242,7 +242,7 @@ def test_failed_alignment_warns_and_keeps_the_text(nano: dict[str, Path], monkey
 def test_word_granularity_without_ctc_head_says_so_in_the_response(packages: dict[str, Path]) -> None:
     from fastapi.testclient import TestClient
 
-    from fun_asr.server import create_app
+    from fun_asr.serve.app import create_app
 
     session = fun_asr.Session(packages["plain"], device="cpu", vad=None)
     with TestClient(create_app(session, model_id="fun-asr-nano", max_new_tokens=4)) as client:

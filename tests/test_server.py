@@ -16,7 +16,7 @@ import requests
 import soundfile as sf
 
 import fun_asr
-from fun_asr.formats import render
+from fun_asr.asr.formats import render
 
 # These tests decode a few tokens on purpose: the max_new_tokens warnings are expected.
 pytestmark = pytest.mark.filterwarnings("ignore::fun_asr.notices.TruncatedOutputWarning")
@@ -183,7 +183,7 @@ def test_truncation_flags_language_and_logged_warnings(server: dict, clips: list
     v = _post(server, files={"file": ("a.wav", wav)}, data={"response_format": "verbose_json"}).json()
     assert v["language"] != "auto" and v["language"] == (
         {"zh": "chinese", "en": "english", "ja": "japanese", "ko": "korean"}.get(
-            fun_asr.session.guess_language(v["text"]) or "", "unknown"))
+            fun_asr.asr.session.guess_language(v["text"]) or "", "unknown"))
     # a truncated upload is flagged
     cut = wav[: len(wav) // 2]
     r = _post(server, files={"file": ("cut.wav", cut)})

@@ -16,10 +16,10 @@ import soundfile as sf
 import soxr
 
 import fun_asr
-from fun_asr.audio import AudioError
-from fun_asr.formats import to_json
-from fun_asr.frontend import FrontendConfig, fbank, features, lfr
-from fun_asr.hub import DEFAULT_REPO, DEFAULT_REVISION
+from fun_asr.asr.formats import to_json
+from fun_asr.audio.decode import AudioError
+from fun_asr.audio.frontend import FrontendConfig, fbank, features, lfr
+from fun_asr.converter.hub import DEFAULT_REPO, DEFAULT_REVISION
 from reference import (
     kaldi_fbank_numpy,
     lfr_numpy,

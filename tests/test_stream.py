@@ -17,8 +17,8 @@ import soundfile as sf
 
 import fun_asr
 import funasr_ref
-from fun_asr.audio import AudioError
-from fun_asr.stream import StreamOptions
+from fun_asr.asr.stream import StreamOptions
+from fun_asr.audio.decode import AudioError
 
 pytestmark = pytest.mark.filterwarnings("ignore::fun_asr.notices.TruncatedOutputWarning")
 
@@ -420,7 +420,7 @@ class _FakeWebSocket:
 
 
 def test_unexpected_stream_failure_is_reported_and_stop_still_answers() -> None:
-    from fun_asr.realtime import RealtimeLimits, handle
+    from fun_asr.serve.ws_realtime import RealtimeLimits, handle
 
     ws = _FakeWebSocket([{"type": "websocket.receive", "text": "START"},
                          {"type": "websocket.receive", "bytes": b"\x00\x00" * 160},

@@ -35,7 +35,7 @@ def ms_session(nano: dict[str, Path]):  # noqa: ANN201
 def test_session_words_equal_the_aligner(ms_session, nano: dict[str, Path]) -> None:  # noqa: ANN001
     """Session(word_timestamps=True) gives what the CTC aligner gives on the segment (whose equality with
     FunASR 1.4.16's timestamps test_funasr_layout.py checks), shifted by the segment start."""
-    from fun_asr.frontend import features
+    from fun_asr.audio.frontend import features
 
     x, _ = sf.read(CLIP, dtype="float32")
     r = ms_session.transcribe(x, sample_rate=16000, max_new_tokens=MAX_NEW, repetition_guard=False,
@@ -49,7 +49,7 @@ def test_session_words_equal_the_aligner(ms_session, nano: dict[str, Path]) -> N
     assert all(0 <= w["start"] <= w["end"] <= r.duration + 0.06 for w in r.words)
     d = r.to_dict()
     assert d["segments"][0]["words"] == r.words
-    from fun_asr.formats import render
+    from fun_asr.asr.formats import render
 
     srt = render(r, "srt", words=True)
     cues = [w for w in r.words if w["word"].strip()]
@@ -86,7 +86,7 @@ def test_cli_and_server_carry_words(nano: dict[str, Path], tmp_path: Path) -> No
     from fastapi.testclient import TestClient
 
     import fun_asr
-    from fun_asr.server import create_app
+    from fun_asr.serve.app import create_app
 
     session = fun_asr.Session(nano["ms-f32"], device="cpu", vad=None)
     with TestClient(create_app(session, model_id="fun-asr-nano", max_new_tokens=MAX_NEW)) as client:

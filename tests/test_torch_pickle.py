@@ -1,4 +1,4 @@
-"""fun_asr.torch_pickle: torch.save checkpoints read without torch and without running pickle code."""
+"""fun_asr.model.torch_pickle: torch.save checkpoints read without torch and without running pickle code."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fun_asr.torch_pickle import ModelFileError, TorchTensor, iter_tensors, load_state_dict, read_pickle
+from fun_asr.model.torch_pickle import ModelFileError, TorchTensor, iter_tensors, load_state_dict, read_pickle
 
 torch = pytest.importorskip("torch")
 

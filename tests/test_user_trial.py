@@ -21,10 +21,10 @@ import pytest
 import soundfile as sf
 
 import fun_asr
-from fun_asr.audio import AudioError, decode_audio, load_audio
+from fun_asr.asr.formats import render
+from fun_asr.audio.decode import AudioError, decode_audio, load_audio
 from fun_asr.cli.transcribe import output_names
-from fun_asr.converter.writer import OutputError
-from fun_asr.formats import render
+from fun_asr.converter.output import OutputError
 
 # Short max_new_tokens keep these tests fast: those warnings are expected here.
 pytestmark = pytest.mark.filterwarnings("ignore::fun_asr.notices.TruncatedOutputWarning")
@@ -267,7 +267,7 @@ def test_too_short_audio_is_marked_and_writes_no_empty_cue(session: fun_asr.Sess
     cli = _run(str(clip), "-m", model_path, "--device", "cpu", "-f", "srt")
     assert cli.returncode == 0 and cli.stdout_text == "" and "shorter than one" in cli.stderr_text
     # a segment without text is never a cue
-    from fun_asr.session import Segment, Transcription
+    from fun_asr.asr.session import Segment, Transcription
 
     t = Transcription("hi", [Segment(0, 1, "", [], "eos", False, False), Segment(1, 2, "hi", [1], "eos", False, False)],
                       None, 2.0, {})
@@ -361,8 +361,8 @@ def test_cli_messages_in_cli_words(model_path: str, tmp_path: Path) -> None:
 def test_limit_messages_are_translated_at_the_cli_boundary(session: fun_asr.Session) -> None:
     """Issue 23.10: the messages of audio.py/session.py name Limits fields for the Python API; each
     command names its flag instead (fun-asr-serve --max-audio-seconds), or nothing when it has none."""
-    from fun_asr.audio import Limits
-    from fun_asr.messages import cli_words
+    from fun_asr.asr.messages import cli_words
+    from fun_asr.audio.decode import Limits
 
     with pytest.raises(AudioError) as exc:
         decode_audio(CLIP, limits=Limits(max_audio_seconds=1.0))

@@ -15,7 +15,7 @@ import pytest
 import soundfile as sf
 
 import fun_asr
-from fun_asr.frontend import features
+from fun_asr.audio.frontend import features
 from fun_asr.vad import FsmnVad
 
 pytestmark = pytest.mark.filterwarnings("ignore::fun_asr.notices.TruncatedOutputWarning")
@@ -109,7 +109,7 @@ def test_segments_are_the_vads_and_texts_those_of_the_cut_audio(sessions: dict[s
 def test_shared_fbank_gives_the_slices_features(sessions: dict[str, fun_asr.Session],
                                                 silence_speech_silence: np.ndarray) -> None:
     s = sessions["vad"]
-    from fun_asr.session import _Item
+    from fun_asr.asr.session import _Item
 
     item = _Item(0)
     item.samples = silence_speech_silence

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fun_asr  # noqa: E402
 from fun_asr import _core  # noqa: E402
-from fun_asr.frontend import FrontendConfig, fake_token_len, features  # noqa: E402
+from fun_asr.audio.frontend import FrontendConfig, fake_token_len, features  # noqa: E402
 from make_random_checkpoint import make_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,8 +218,8 @@ def speech_with_pauses(seconds: float, seed: int = 0) -> np.ndarray:
 
 def vad_bench(vad_model: str, pipeline_model: str | None, out: Path, repeats: int, seconds: float = 600.0) -> None:
     """FSMN-VAD on a 10-minute clip, one thread, side by side: native, numpy reference, FunASR torch."""
-    from fun_asr.frontend import fbank
-    from fun_asr.hub import resolve_vad
+    from fun_asr.audio.frontend import fbank
+    from fun_asr.converter.hub import resolve_vad
     from fun_asr.vad import FsmnVad, detect_segments, frame_decibels
 
     x = speech_with_pauses(seconds)

@@ -9,9 +9,9 @@ Without -m it makes the tiny random test model (tools/make_random_checkpoint.py,
 --files synthetic recordings of 1-12 s in wav/flac/ogg at 8/16/44.1 kHz. Engines, measured side by
 side in one run (alternating when --repeats > 1, medians reported):
 - loop:  ``Session.transcribe(path)`` file after file (reading, decoding and the model in turn);
-- local: ``fun_asr.batch.run`` with the local engine (reader threads ahead of one Session, batches of
+- local: ``fun_asr.jobs.batch.run`` with the local engine (reader threads ahead of one Session, batches of
          --batch-size recordings decoded together); same loaded Session as the loop;
-- ray:   ``fun_asr.batch.run(ray=True)`` on an in-process Ray (``ray.init(num_cpus=--ray-cpus)``), actor
+- ray:   ``fun_asr.jobs.batch.run(ray=True)`` on an in-process Ray (``ray.init(num_cpus=--ray-cpus)``), actor
          start and model load included in its time (Ray's own start-up is reported apart).
 All engines use the same options, and the script checks that they produce the same tokens. It
 reports, and asserts nothing: the numbers depend on the machine and on what else runs on it.
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import fun_asr
-    from fun_asr import batch
+    from fun_asr.jobs import batch
 
     warnings.simplefilter("ignore")
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]

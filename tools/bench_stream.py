@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import fun_asr  # noqa: E402
-from fun_asr.server import Batcher  # noqa: E402
-from fun_asr.stream import StreamOptions  # noqa: E402
+from fun_asr.asr.stream import StreamOptions  # noqa: E402
+from fun_asr.serve.app import Batcher  # noqa: E402
 
 
 def conversation(seconds: float, seed: int) -> np.ndarray:

@@ -12,7 +12,7 @@ See docs/trained_model.md for the recipe, the exact command that regenerated the
 - Data: clips of 1-4 words from WORDS, espeak-ng voices VOICES, speed 130-190 wpm, pitch 30-70,
   word gap 0-40 ms, resampled to 16 kHz (soxr), 0.05-0.5 s of silence either side, peak -1..-20 dBFS,
   white noise 15-40 dB below the speech (``add_noise``); every choice from numpy with a fixed seed.
-- Features: ``fun_asr.frontend`` (x32768 Kaldi fbank, LFR 7/6): exactly what the package computes.
+- Features: ``fun_asr.audio.frontend`` (x32768 Kaldi fbank, LFR 7/6): exactly what the package computes.
 - Model: ``FunAsrNanoForConditionalGeneration`` with ``model_config()``; the adaptor and encoder
   attend with the padding mask (sdpa with the mask set on every sub-config), the FSMN masks padding.
 - Sequence (FunASR): prompt before the audio, the first ``fake_token_len(T_lfr)`` adaptor rows, prompt
@@ -127,8 +127,8 @@ class Text:
     """Prompt and transcript token ids, through the same tokenizer and prompt code as fun_asr.Session."""
 
     def __init__(self, tokenizer_json: str) -> None:
-        from fun_asr.prompt import PromptSpec
-        from fun_asr.tokenizer import TextTokenizer
+        from fun_asr.asr.prompt import PromptSpec
+        from fun_asr.asr.tokenizer import TextTokenizer
 
         self.tok = TextTokenizer(tokenizer_json)
         self.spec = json.loads((ROOT / "model_specs" / "fun_asr_nano.json").read_text("utf-8"))
@@ -141,7 +141,7 @@ class Text:
                     raise SystemExit(f"tokenizer: {form!r} is not one token")
 
     def prompt_ids(self, language: str | None, itn: bool) -> tuple[list[int], list[int]]:
-        from fun_asr.prompt import prompt_text
+        from fun_asr.asr.prompt import prompt_text
 
         name = None if language is None else self.spec["languages"][language]["prompt_name"]
         before, after = prompt_text(self.prompt, name, itn, [])
@@ -193,8 +193,8 @@ def synth_clean(r: dict[str, Any]) -> np.ndarray:
 
 
 def clip_features(r: dict[str, Any]) -> np.ndarray:
-    """Clean clip -> noise -> int16 -> float [-1, 1] -> fun_asr.frontend.fbank (80 mel, x32768)."""
-    from fun_asr.frontend import FrontendConfig, fbank
+    """Clean clip -> noise -> int16 -> float [-1, 1] -> fun_asr.audio.frontend.fbank (80 mel, x32768)."""
+    from fun_asr.audio.frontend import FrontendConfig, fbank
 
     noisy = add_noise(synth_clean(r), r["snr_db"], r["noise_seed"])
     return fbank(noisy.astype(np.float32) / 32768.0, FrontendConfig()).astype(np.float16)
@@ -258,7 +258,7 @@ def build_model(cfg: dict[str, Any]):  # noqa: ANN201
 
 
 class Batcher:
-    """LFR features (fun_asr.frontend.lfr on the stored fbank) in length-bucketed batches."""
+    """LFR features (fun_asr.audio.frontend.lfr on the stored fbank) in length-bucketed batches."""
 
     def __init__(self, work: Path, text: Text, batch: int, seed: int) -> None:
         self.fbank = np.load(work / "train_fbank.npy", mmap_mode="r")
@@ -285,7 +285,7 @@ class Batcher:
         self.queue = [batches[i] for i in self.rng.permutation(len(batches))]
 
     def lfr(self, i: int) -> np.ndarray:
-        from fun_asr.frontend import lfr
+        from fun_asr.audio.frontend import lfr
 
         return lfr(np.asarray(self.fbank[self.offsets[i] : self.offsets[i + 1]], np.float32), 7, 6)
 
@@ -334,7 +334,7 @@ class Tiny:
 
     def audio_rows(self, feats: list[np.ndarray], with_encoder: bool = False):  # noqa: ANN201
         """Encoder + adaptor over the padded batch; the first fake_token_len rows of each clip."""
-        from fun_asr.frontend import fake_token_len
+        from fun_asr.audio.frontend import fake_token_len
 
         torch = self.torch
         T = max(f.shape[0] for f in feats)
@@ -422,7 +422,7 @@ class Tiny:
         """Reference greedy decoding with the HF modules and the full vocabulary (no padding)."""
         import torch
 
-        from fun_asr.frontend import fake_token_len
+        from fun_asr.audio.frontend import fake_token_len
 
         with torch.no_grad():
             m = model.model
@@ -445,7 +445,7 @@ class Tiny:
 
 def heldout_eval(model: Any, text: Text, work: Path, limit: int | None = None) -> tuple[float, list[str]]:
     """WER of greedy decoding with the HF modules on the held-out clips (as the package reads them)."""
-    from fun_asr.frontend import FrontendConfig, features
+    from fun_asr.audio.frontend import FrontendConfig, features
 
     entries = json.loads((work / "heldout" / "manifest.json").read_text("utf-8"))[:limit]
     before, after = text.prompt_ids(None, True)
@@ -702,8 +702,8 @@ def cmd_eval(work: Path, artifact: Path, types: list[str], threads: int, check_h
         same = 0
         for p, _ in clips[:check_hf]:
             r = s.transcribe(str(p))
-            from fun_asr.audio import decode_audio
-            from fun_asr.frontend import FrontendConfig, features
+            from fun_asr.audio.decode import decode_audio
+            from fun_asr.audio.frontend import FrontendConfig, features
 
             x, _ = decode_audio(str(p), None, str(p))
             with torch.no_grad():

@@ -15,8 +15,9 @@ if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
 
 from fun_asr import _core  # noqa: E402
 from fun_asr._core import dequantize, quantize, system_info  # noqa: E402
+from fun_asr.asr.session import Segment, Session, Transcription
 from fun_asr.converter import ConversionReport, convert, inspect_gguf
-from fun_asr.model import load_model
+from fun_asr.model.native import load_model
 from fun_asr.notices import (
     FunAsrWarning,
     InputWarning,
@@ -24,7 +25,6 @@ from fun_asr.notices import (
     RepetitionWarning,
     TruncatedOutputWarning,
 )
-from fun_asr.session import Segment, Session, Transcription
 
 __version__ = "0.1.0"
 

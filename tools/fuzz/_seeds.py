@@ -130,7 +130,7 @@ def _gguf_fields(path: Path) -> tuple[dict[str, Any], list[Any]]:
 def _write_gguf(out: Path, arch: str, meta: dict[str, Any], tensors: list[tuple[str, np.ndarray, Any]]) -> None:
     import gguf
 
-    from fun_asr.converter.writer import _write_metadata
+    from fun_asr.converter.output import _write_metadata
 
     w = gguf.GGUFWriter(out, arch)
     _write_metadata(w, meta)
@@ -179,7 +179,7 @@ def vad_gguf() -> Path:
 def micro_vad_gguf() -> Path:
     """fsmn-vad.gguf with small dimensions and random weights (a few kB; what the fuzzer mutates)."""
     def make(out: Path) -> None:
-        from fun_asr.converter.vad import table
+        from fun_asr.vad.files import table
 
         meta, _ = _gguf_fields(vad_gguf())
         hp = {"input_dim": 8, "input_affine_dim": 6, "linear_dim": 10, "proj_dim": 4, "lorder": 3,

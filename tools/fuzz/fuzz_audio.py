@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fuzz audio file bytes -> ``fun_asr.audio.decode_audio`` -> ``fun_asr.frontend.features`` (and the VAD's
+"""Fuzz audio file bytes -> ``fun_asr.audio.decode.decode_audio`` -> ``fun_asr.audio.frontend.features`` (and the VAD's
 frontend, ``fun_asr.vad.vad_features``).
 
 Seeds: a clip of examples/en_hello.wav written by soundfile as WAV (PCM 8/16/24, float, u-law, stereo,
@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _fuzzlib  # noqa: E402
 
-MODULES = ["fun_asr.audio", "fun_asr.frontend", "fun_asr.vad"]
+MODULES = ["fun_asr.audio.decode", "fun_asr.audio.frontend", "fun_asr.vad"]
 MAX_SECONDS = 60.0
 
 
@@ -37,8 +37,8 @@ def setup() -> None:
 def one_input(data: bytes) -> None:
     import numpy as np
 
-    from fun_asr.audio import AudioError, Limits, decode_audio
-    from fun_asr.frontend import FrontendConfig, features
+    from fun_asr.audio.decode import AudioError, Limits, decode_audio
+    from fun_asr.audio.frontend import FrontendConfig, features
     from fun_asr.vad import VadFrontendConfig, vad_features
 
     try:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fuzz GGUF bytes -> ``fun_asr._core.check_gguf`` / ``fun_asr.load_model`` / ``fun_asr.converter.vad.load_native``.
+"""Fuzz GGUF bytes -> ``fun_asr._core.check_gguf`` / ``fun_asr.load_model`` / ``fun_asr.vad.files.load_native``.
 
 Seeds: the micro Fun-ASR-Nano model converted by ``fun_asr.convert`` (f32, f16, q8_0, vocabulary cut to 64
 tokens), FunASR's real FSMN-VAD converted by ``convert_vad`` and a micro version of it, plus a GGUF without
@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _fuzzlib  # noqa: E402
 
-MODULES = ["fun_asr", "fun_asr.model", "fun_asr.converter.vad", "fun_asr.vad"]
+MODULES = ["fun_asr", "fun_asr.model.native", "fun_asr.converter.vad", "fun_asr.vad"]
 ALLOWED = (RuntimeError, ValueError, FileNotFoundError)
 _path: Path | None = None
 
@@ -231,8 +231,8 @@ def custom_mutator(data: bytes, max_size: int, seed: int) -> bytes:
 
 def one_input(data: bytes) -> None:
     from fun_asr import _core, load_model
-    from fun_asr.converter.vad import load_native
     from fun_asr.vad import FsmnVad
+    from fun_asr.vad.files import load_native
 
     assert _path is not None
     _path.write_bytes(data)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fuzz a checkpoint folder's config.json + safetensors header -> ``fun_asr.checkpoint.Checkpoint.open``, the
+"""Fuzz a checkpoint folder's config.json + safetensors header -> ``fun_asr.model.checkpoint.Checkpoint.open``, the
 converter's checks (tensor table, placement, GGUF metadata) and ``fun_asr.load_model`` on the folder.
 
 Input: u32 length of config.json, config.json, then ``model.safetensors`` up to the end of its JSON header;
@@ -24,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _fuzzlib  # noqa: E402
 
-MODULES = ["fun_asr", "fun_asr.checkpoint", "fun_asr.hparams", "fun_asr.converter.writer",
-           "fun_asr.converter.plan", "fun_asr.model"]
+MODULES = ["fun_asr", "fun_asr.model.checkpoint", "fun_asr.model.hparams", "fun_asr.converter.writer",
+           "fun_asr.converter.plan", "fun_asr.model.native"]
 MAX_DATA = 64 << 20
 _dir: Path | None = None
 
@@ -87,12 +87,12 @@ def custom_mutator(data: bytes, max_size: int, seed: int) -> bytes:
 def one_input(data: bytes) -> None:
     import _seeds
 
-    from fun_asr.checkpoint import Checkpoint, CheckpointError
     from fun_asr.converter.plan import place
-    from fun_asr.converter.writer import check_tensors, gguf_metadata
-    from fun_asr.hparams import ConfigError
-    from fun_asr.model import load_model
-    from fun_asr.tensor_names import tensor_table
+    from fun_asr.model.checkpoint import Checkpoint, CheckpointError
+    from fun_asr.model.hparams import ConfigError
+    from fun_asr.model.metadata import check_tensors, gguf_metadata
+    from fun_asr.model.native import load_model
+    from fun_asr.model.tensor_names import tensor_table
 
     allowed = (CheckpointError, ConfigError, RuntimeError)
     assert _dir is not None

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fuzz ``model.pt`` bytes -> ``fun_asr.torch_pickle`` (read_pickle, iter_tensors, load_state_dict).
+"""Fuzz ``model.pt`` bytes -> ``fun_asr.model.torch_pickle`` (read_pickle, iter_tensors, load_state_dict).
 
 Seeds: small ``torch.save`` checkpoints (every dtype, strided views, shared storages, Parameters, nested and
 wrapped state_dicts), or FunASR's real FSMN-VAD ``model.pt`` when torch is not importable. The mutator works
@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _fuzzlib  # noqa: E402
 
-MODULES = ["fun_asr.torch_pickle"]
+MODULES = ["fun_asr.model.torch_pickle"]
 _path: Path | None = None
 
 
@@ -78,7 +78,7 @@ def custom_mutator(data: bytes, max_size: int, seed: int) -> bytes:
 
 
 def one_input(data: bytes) -> None:
-    from fun_asr.torch_pickle import ModelFileError, iter_tensors, load_state_dict, read_pickle
+    from fun_asr.model.torch_pickle import ModelFileError, iter_tensors, load_state_dict, read_pickle
 
     assert _path is not None
     _path.write_bytes(data)

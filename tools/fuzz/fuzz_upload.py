@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fuzz HTTP uploads -> the server's ``POST /v1/audio/transcriptions`` (``fun_asr.server.create_app``, in-process
+"""Fuzz HTTP uploads -> the server's ``POST /v1/audio/transcriptions`` (``fun_asr.serve.app.create_app``, in-process
 through ``fastapi.testclient.TestClient``, over a real Session: the micro model + FunASR's FSMN-VAD).
 
 Input: header lines (``Name: value``), a blank line, then the request body. Seeds: multipart bodies as the
@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _fuzzlib  # noqa: E402
 
-MODULES = ["fun_asr", "fun_asr.server", "fun_asr.realtime", "fun_asr.formats", "fun_asr.session"]
+MODULES = ["fun_asr", "fun_asr.serve.app", "fun_asr.serve.ws_realtime", "fun_asr.asr.formats", "fun_asr.asr.session"]
 API_KEY = "fuzz-key"
 BOUNDARY = "fuzzboundary7MA4YWxk"
 EXPECTED = {200, 400, 401, 413, 429, 504}
@@ -85,8 +85,8 @@ def setup() -> None:
     from fastapi.testclient import TestClient
 
     import fun_asr
-    from fun_asr.audio import Limits
-    from fun_asr.server import create_app
+    from fun_asr.audio.decode import Limits
+    from fun_asr.serve.app import create_app
 
     logging.getLogger("fun_asr").setLevel(logging.ERROR)
     import warnings

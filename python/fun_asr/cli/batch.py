@@ -11,8 +11,8 @@ import sys
 import threading
 import warnings
 
-from fun_asr.hub import DEFAULT_REPO
-from fun_asr.messages import cli_words
+from fun_asr.asr.messages import cli_words
+from fun_asr.converter.hub import DEFAULT_REPO
 
 PROG = "fun-asr-batch"
 PROGRESS_INTERVAL_ENV = "FUN_ASR_PROGRESS_INTERVAL"  # seconds between progress lines off a terminal (default 10)
@@ -97,8 +97,8 @@ def _check(args: argparse.Namespace) -> str | None:
     if args.threads_per_actor is not None and args.threads_per_actor < 1:
         return f"--threads-per-actor must be 1 or more, got {args.threads_per_actor}"
     if args.language is not None:
-        from fun_asr.session import normalize_language
-        from fun_asr.spec import load_spec
+        from fun_asr.asr.session import normalize_language
+        from fun_asr.model.spec import load_spec
 
         try:
             normalize_language(load_spec(), args.language)
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.quiet:
         warnings.simplefilter("ignore")
-    from fun_asr.batch import BatchError, OutputWriteError, run
+    from fun_asr.jobs.batch import BatchError, OutputWriteError, run
 
     progress: bool | str = False if args.quiet else True if sys.stderr.isatty() else "lines"
     try:

@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.worst < 0:
         print(f"{PROG}: error: --worst must be 0 or more, got {args.worst}", file=sys.stderr)
         return 2
-    from fun_asr.batch import BatchError
-    from fun_asr.evaluate import TextSourceError, compare
+    from fun_asr.jobs.batch import BatchError
+    from fun_asr.jobs.evaluate import TextSourceError, compare
 
     try:
         report = compare(args.hypothesis, args.reference)

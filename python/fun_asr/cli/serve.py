@@ -8,8 +8,8 @@ import os
 import socket
 import sys
 
-from fun_asr.hub import DEFAULT_REPO
-from fun_asr.messages import cli_words
+from fun_asr.asr.messages import cli_words
+from fun_asr.converter.hub import DEFAULT_REPO
 
 PROG = "fun-asr-serve"
 
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import uvicorn
 
-        from fun_asr.server import create_app
+        from fun_asr.serve.app import create_app
     except ImportError as exc:
         print(f"{PROG}: error: the server needs FastAPI and uvicorn ({exc.name} is missing): "
               "pip install 'fun-asr[server]'", file=sys.stderr)
@@ -110,10 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:  # a second server, or FunASR's own: the main port still serves WebSockets
             print(f"{PROG}: warning: FunASR's realtime port {args.ws_port} is busy ({exc.strerror or exc}); "
                   f"WebSocket clients connect to port {args.port} instead", file=sys.stderr)
-    from fun_asr.session import Session
+    from fun_asr.asr.session import Session
 
     try:
-        from fun_asr.audio import Limits
+        from fun_asr.audio.decode import Limits
 
         session = Session(args.model, device=args.device, threads=args.threads, progress=sys.stderr.isatty(),
                           vad=None if args.vad == "none" else args.vad, vad_model=args.vad_model,
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"{PROG}: error: cannot load model {args.model}: {exc}", file=sys.stderr)
         return 1
-    from fun_asr.realtime import RealtimeLimits
+    from fun_asr.serve.ws_realtime import RealtimeLimits
 
     try:
         limits = RealtimeLimits(args.max_streams, args.stream_idle_seconds, args.stream_max_seconds,

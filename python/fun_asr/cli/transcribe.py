@@ -12,9 +12,9 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from fun_asr.formats import FORMATS, render
-from fun_asr.hub import DEFAULT_REPO
-from fun_asr.messages import cli_words
+from fun_asr.asr.formats import FORMATS, render
+from fun_asr.asr.messages import cli_words
+from fun_asr.converter.hub import DEFAULT_REPO
 
 PROG = "fun-asr-transcribe"
 STDIN = "-"
@@ -83,7 +83,7 @@ def _error(msg: str) -> None:
 
 
 def _language_names() -> str:
-    from fun_asr.spec import load_spec
+    from fun_asr.model.spec import load_spec
 
     langs = load_spec()["languages"]
     return "; ".join(f"{code} ({', '.join(n for n in e['names'] if n != code)})" for code, e in langs.items())
@@ -100,9 +100,9 @@ def check_options(args: argparse.Namespace) -> None:
     if args.threads < 0:
         raise UsageError(f"--threads must be 0 (all cores) or more, got {args.threads}")
     if args.language is not None:
-        from fun_asr.funasr_checkpoint import languages_for
-        from fun_asr.session import normalize_language
-        from fun_asr.spec import load_spec
+        from fun_asr.asr.session import normalize_language
+        from fun_asr.model.funasr_checkpoint import languages_for
+        from fun_asr.model.spec import load_spec
 
         spec = load_spec()
         known = False
@@ -305,7 +305,7 @@ def _main(argv: list[str] | None) -> int:
     interactive = sys.stderr.isatty() and not args.quiet
 
     try:
-        from fun_asr.session import Session
+        from fun_asr.asr.session import Session
 
         session = Session(args.model, device=args.device, threads=args.threads, progress=interactive,
                           vad=None if args.vad == "none" else args.vad, vad_model=args.vad_model)
@@ -364,7 +364,7 @@ def _stream(session, args: argparse.Namespace, language: str | None) -> int:  # 
 
     import numpy as np
 
-    from fun_asr.audio import SAMPLE_RATE, decode_audio
+    from fun_asr.audio.decode import SAMPLE_RATE, decode_audio
 
     try:
         stream = session.stream(language, not args.no_itn, args.hotwords, max_new_tokens=args.max_new_tokens,

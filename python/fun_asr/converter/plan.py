@@ -15,13 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fun_asr import _core
-from fun_asr.hparams import HParams
-from fun_asr.tensor_names import TensorEntry
+from fun_asr.model.hparams import HParams
+from fun_asr.model.metadata import FILE_TYPE  # noqa: F401 - re-exported
+from fun_asr.model.tensor_names import TensorEntry
 
 PACKAGE_TYPES = ("f32", "f16", "q8_0", "q4_k_m")
 
 # gguf.LlamaFileType values for general.file_type
-FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7, "q4_k_m": 15}
 
 
 @dataclass(frozen=True)

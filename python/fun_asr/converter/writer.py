@@ -7,12 +7,9 @@ renamed into place at the end; on any error the temporary file is removed.
 
 from __future__ import annotations
 
-import json
 import os
-import stat
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,192 +17,17 @@ import gguf
 import numpy as np
 
 from fun_asr import _core
-from fun_asr.checkpoint import Checkpoint, CheckpointError
-from fun_asr.converter.plan import FILE_TYPE, Placement, check_package_type, place
-from fun_asr.funasr_checkpoint import HF_NO_CTC, FunasrCheckpoint, detect_layout, language_table, open_checkpoint
-from fun_asr.hparams import HParams
-from fun_asr.spec import FAMILY, load_spec, spec_text
-from fun_asr.tensor_names import TensorEntry, tensor_table
-
-ARCH = FAMILY
-
-
-@dataclass
-class ConversionReport:
-    path: Path
-    package_type: str
-    tensor_count: int
-    file_bytes: int
-    seconds: float
-    type_counts: dict[str, int] = field(default_factory=dict)
-    fallbacks: list[tuple[str, str, str]] = field(default_factory=list)  # (tensor, wanted, used)
-    layout: str = "hf"  # hf | funasr | fsmn_vad: the layout that was read
-    ctc: bool = False  # the CTC head (timestamps) was stored
-    ctc_unavailable: str | None = None  # why not, when it was not
-    vad: str | None = None  # the FSMN-VAD embedded in the package (where it came from), if any
-
-    def summary(self) -> str:
-        counts = ", ".join(f"{k}: {v}" for k, v in sorted(self.type_counts.items()))
-        lines = [
-            f"wrote {self.path} ({self.file_bytes / 1e6:.1f} MB, {self.tensor_count} tensors, "
-            f"{self.package_type}) in {self.seconds:.1f} s — {counts}"
-        ]
-        if self.layout != "fsmn_vad":
-            lines.append("  CTC head stored: word timestamps available" if self.ctc
-                         else f"  no CTC head: {self.ctc_unavailable}")
-            lines.append(f"  FSMN-VAD embedded: {self.vad}" if self.vad else
-                         "  no FSMN-VAD embedded: long audio is cut at pauses unless a VAD is given at run time "
-                         "(--vad-model); re-convert with --vad-model to embed one")
-        for name, wanted, used in self.fallbacks:
-            lines.append(f"  fallback: {name} {wanted} -> {used} (row length not a multiple of the {wanted} block)")
-        return "\n".join(lines)
+from fun_asr.converter.output import ConversionReport, OutputError, _umask, _write_metadata, check_output  # noqa: F401 - re-exported
+from fun_asr.converter.plan import Placement, check_package_type, place
+from fun_asr.model.checkpoint import Checkpoint
+from fun_asr.model.funasr_checkpoint import HF_NO_CTC, detect_layout, open_checkpoint
+from fun_asr.model.metadata import ARCH, check_tensors, gguf_metadata  # noqa: F401 - re-exported
+from fun_asr.model.tensor_names import tensor_table
 
 
 def _ggml_type(name: str) -> gguf.GGMLQuantizationType:
     return gguf.GGMLQuantizationType[name.upper()]
 
-
-def check_tensors(ckpt: Checkpoint | FunasrCheckpoint, entries: list[TensorEntry]) -> None:
-    """Every table entry present with its shape, and nothing else; errors name the tensor."""
-    expected = {e.hf: e for e in entries}
-    missing = [n for n in expected if n not in ckpt.tensors]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(f"{ckpt.path}: missing tensor {missing[0]}{more}")
-    extra = [n for n in ckpt.tensors if n not in expected]
-    if extra:
-        hint = (
-            " (tie_word_embeddings is true, so lm_head.weight is not expected)"
-            if "lm_head.weight" in extra
-            else ""
-        )
-        raise CheckpointError(
-            f"{ckpt.path}: unexpected tensor {extra[0]}{hint}"
-            + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else "")
-            + "; the config does not account for it"
-        )
-    for name, entry in expected.items():
-        got = ckpt.tensors[name].shape
-        if tuple(got) != entry.shape:
-            raise CheckpointError(
-                f"{ckpt.path}: tensor {name} has shape {list(got)}, expected {list(entry.shape)} from config.json"
-            )
-
-
-def gguf_metadata(ckpt: Checkpoint | FunasrCheckpoint, hp: HParams, package: str | None = None,
-                  repo_id: str | None = None, revision: str | None = None) -> dict[str, Any]:
-    """Every GGUF metadata key of DESIGN §3 for this checkpoint, as plain Python values.
-
-    The GGUF writer stores ints as uint32, floats as float32, lists as int arrays; loading a checkpoint
-    directory directly hands the same dict to the native loader, so both paths read one set of keys.
-    Both layouts (HF, FunASR) give the same keys; a FunASR checkpoint with its CTC head adds
-    ``fun_asr_nano.ctc.*`` (dimensions, blank id, and the CTC tokenizer ``ctc.tokenizer.*``), one without
-    says why in ``fun_asr_nano.ctc.unavailable``.
-    """
-    spec = load_spec()
-    e, a, d = hp.encoder, hp.adaptor, hp.decoder
-    k = f"{ARCH}."
-    meta: dict[str, Any] = {
-        "general.architecture": ARCH,
-        "general.type": "model",
-        "general.name": "Fun-ASR-Nano",
-        "general.license": spec["license"]["name"],
-        "general.license.link": spec["license"]["url"],
-        "general.quantization_version": gguf.GGML_QUANT_VERSION,
-    }
-    if package is not None:
-        meta["general.file_type"] = FILE_TYPE[package]
-    repo_id, revision = repo_id or ckpt.repo_id, revision or ckpt.revision
-    if repo_id and repo_id.startswith("modelscope:"):
-        meta["general.source.modelscope.repository"] = repo_id.split(":", 1)[1]
-        meta["general.source.url"] = f"https://modelscope.cn/models/{repo_id.split(':', 1)[1]}"
-    elif repo_id:
-        meta["general.source.huggingface.repository"] = repo_id
-        meta["general.source.url"] = f"https://huggingface.co/{repo_id}"
-    if revision:
-        meta["general.source.revision"] = revision
-    meta.update({
-        k + "encoder.input_size": e.input_size,
-        k + "encoder.num_mel_bins": e.num_mel_bins,
-        k + "encoder.num_stacked_frames": e.num_stacked_frames,
-        k + "encoder.embedding_length": e.d_model,
-        k + "encoder.block_count": e.n_layers,
-        k + "encoder.tp_block_count": e.n_tp_layers,
-        k + "encoder.attention.head_count": e.n_heads,
-        k + "encoder.feed_forward_length": e.ffn,
-        k + "encoder.fsmn_kernel_size": e.fsmn_kernel,
-        k + "encoder.context_length": e.max_positions,
-        k + "encoder.attention.layer_norm_epsilon": float(e.eps),
-        k + "adaptor.embedding_length": a.d_model,
-        k + "adaptor.projector_length": a.proj,
-        k + "adaptor.block_count": a.n_layers,
-        k + "adaptor.attention.head_count": a.n_heads,
-        k + "adaptor.feed_forward_length": a.ffn,
-        k + "adaptor.attention.layer_norm_epsilon": float(a.eps),
-        k + "decoder.embedding_length": d.d_model,
-        k + "decoder.block_count": d.n_layers,
-        k + "decoder.attention.head_count": d.n_heads,
-        k + "decoder.attention.head_count_kv": d.n_kv_heads,
-        k + "decoder.attention.key_length": d.head_dim,
-        k + "decoder.feed_forward_length": d.ffn,
-        k + "decoder.vocab_size": d.vocab,
-        k + "decoder.context_length": d.max_positions,
-        k + "decoder.attention.layer_norm_rms_epsilon": float(d.rms_eps),
-        k + "decoder.rope.freq_base": float(d.rope_theta),
-        k + "decoder.tie_word_embeddings": d.tie_embeddings,
-        k + "decoder.eos_token_ids": ckpt.eos_token_ids(),
-        k + "prompt": json.dumps(getattr(ckpt, "prompt", None) or spec["prompt"], ensure_ascii=False),
-        k + "model_spec": spec_text(),
-        k + "source.config_json": json.dumps(ckpt.config, ensure_ascii=False),
-        k + "source.layout": getattr(ckpt, "layout", "hf"),
-        k + "language_table": getattr(ckpt, "language_table", None)
-        or language_table(spec, [repo_id or "", str(ckpt.path)], ckpt.config),
-    })
-    if hp.ctc is not None:
-        c = hp.ctc
-        meta.update({
-            k + "ctc.embedding_length": c.d_model,
-            k + "ctc.projector_length": c.proj,
-            k + "ctc.attention.head_count": c.n_heads,
-            k + "ctc.feed_forward_length": c.ffn,
-            k + "ctc.block_count": c.n_layers,
-            k + "ctc.vocab_size": c.vocab,
-            k + "ctc.blank_id": c.blank_id,
-            k + "ctc.attention.layer_norm_epsilon": float(c.eps),
-            k + "ctc.frame_ms": c.frame_ms,
-        })
-    else:
-        meta[k + "ctc.unavailable"] = getattr(ckpt, "ctc_unavailable", None) or HF_NO_CTC
-    extra = getattr(ckpt, "extra_metadata", None)
-    if extra is not None:
-        meta.update(extra())
-    for key, value in (
-        ("source.preprocessor_config_json", ckpt.preprocessor_config),
-        ("source.generation_config_json", ckpt.generation_config),
-        ("source.tokenizer_config_json", ckpt.tokenizer_config),
-    ):
-        if value is not None:
-            meta[k + key] = json.dumps(value, ensure_ascii=False)
-    meta[gguf.Keys.Tokenizer.HF_JSON] = ckpt.tokenizer_json
-    if ckpt.chat_template:
-        meta[gguf.Keys.Tokenizer.CHAT_TEMPLATE] = ckpt.chat_template
-    return meta
-
-
-def _write_metadata(w: gguf.GGUFWriter, meta: dict[str, Any]) -> None:
-    for key, value in meta.items():
-        if key == "general.architecture":
-            continue  # GGUFWriter writes it from its arch argument
-        if isinstance(value, bool):
-            w.add_bool(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value)
-        elif isinstance(value, float):
-            w.add_float32(key, value)
-        elif isinstance(value, str):
-            w.add_string(key, value)
-        else:
-            w.add_array(key, list(value))
 
 
 def _pack(ckpt: Checkpoint, p: Placement, threads: int) -> np.ndarray:
@@ -219,50 +41,6 @@ def _pack(ckpt: Checkpoint, p: Placement, threads: int) -> np.ndarray:
     return np.frombuffer(packed, dtype=np.uint8).reshape(*shape[:-1], -1)
 
 
-class OutputError(ValueError):
-    """The output path would destroy something: an input, a non-regular file, or (without
-    overwrite) an existing file."""
-
-
-def check_output(out: Path, src: Path, overwrite: bool) -> None:
-    """Refuses an output that is (or is inside) the checkpoint being read, that exists and is not a
-    regular file (a device, a directory, ...), or that exists at all unless ``overwrite``."""
-    src = src.resolve()
-    target = out.expanduser().absolute()
-    try:
-        parent = target.parent.resolve()
-    except OSError:
-        parent = target.parent
-    if parent == src or src in parent.parents:
-        raise OutputError(f"{out}: is inside the checkpoint folder being read ({src}); write the GGUF elsewhere "
-                          "(default: beside the folder, SRC-TYPE.gguf)")
-    if os.path.lexists(target):
-        try:
-            st = target.stat()
-        except OSError as exc:  # a dangling symlink
-            raise OutputError(f"{out}: exists and cannot be examined ({exc.strerror}); remove it first") from None
-        if target.is_dir():
-            raise OutputError(f"{out}: is a directory; give the output .gguf file path")
-        if not stat.S_ISREG(st.st_mode):
-            raise OutputError(f"{out}: exists and is not a regular file (a device, pipe or socket); refusing to "
-                              "replace it")
-        inputs = [p for p in src.iterdir() if p.is_file()] if src.is_dir() else [src]
-        for p in inputs:
-            try:
-                same = os.path.samefile(p, target)
-            except OSError:
-                same = False
-            if same:
-                raise OutputError(f"{out}: is the same file as the input {p}; write the GGUF elsewhere")
-        if not overwrite:
-            raise OutputError(f"{out}: already exists; pass --force (overwrite=True) to replace it")
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str = "q8_0", *,
             progress: bool = True, threads: int = 0, repo_id: str | None = None,
@@ -271,7 +49,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
     """Converts a Fun-ASR-Nano checkpoint folder into one GGUF file.
 
     ``src`` is a Hugging Face folder (config.json + safetensors) or a FunASR/ModelScope folder
-    (model.pt + config.yaml + Qwen3-0.6B/); :func:`fun_asr.funasr_checkpoint.detect_layout` tells which,
+    (model.pt + config.yaml + Qwen3-0.6B/); :func:`fun_asr.model.funasr_checkpoint.detect_layout` tells which,
     and ``ConversionReport.layout`` records it. Identical weights give identical tensors in both
     layouts; a FunASR folder with its complete CTC head also stores the CTC tensors and tokenizer
     (``ConversionReport.ctc``). A FunASR FSMN-VAD folder is converted by
@@ -309,7 +87,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
     vad_meta: dict[str, Any] = {}
     vad_tensors: list[tuple[str, np.ndarray]] = []
     if vad_model is not None:
-        from fun_asr.converter.vad import vad_for_embedding
+        from fun_asr.vad.files import vad_for_embedding
 
         vad_meta, vad_tensors = vad_for_embedding(vad_model)  # read (and checked) before the long part
     ckpt = open_checkpoint(src)

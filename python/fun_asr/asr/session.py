@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -11,17 +10,23 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fun_asr import _core
-from fun_asr.audio import SAMPLE_RATE, AudioError, AudioInput, AudioReader, Limits, check_audio_input
-from fun_asr.frontend import FbankStream, FrontendConfig, fake_token_len, features, lfr
-from fun_asr.hub import DEFAULT_REPO, resolve_model
-from fun_asr.model import load_model, model_metadata
+from fun_asr.asr.cutting import _Cutter, _Item, _source_name
+from fun_asr.asr.language import _is_cjk, guess_language, normalize_language
+from fun_asr.asr.options import TranscribeOptions
+from fun_asr.asr.progress import _bar, _NoBar
+from fun_asr.asr.prompt import PromptSpec, check_hotword, prompt_runs, split_hotwords
+from fun_asr.asr.results import Segment, Transcription
+from fun_asr.asr.tokenizer import TextTokenizer
+from fun_asr.audio.decode import SAMPLE_RATE, AudioError, AudioInput, AudioReader, Limits, check_audio_input
+from fun_asr.audio.frontend import FrontendConfig, fake_token_len, features, lfr
+from fun_asr.converter.hub import DEFAULT_REPO, resolve_model
+from fun_asr.model.native import load_model, model_metadata
 from fun_asr.notices import (
     InputWarning,
     Notice,
@@ -30,118 +35,14 @@ from fun_asr.notices import (
     TimestampWarning,
     TruncatedOutputWarning,
 )
-from fun_asr.prompt import PromptSpec, check_hotword, prompt_runs, split_hotwords
-from fun_asr.segment import PauseSplitter
-from fun_asr.tokenizer import TextTokenizer
-from fun_asr.vad import FsmnVad, OfflineVad, num_fbank_frames
+from fun_asr.vad.frontend import num_fbank_frames
+from fun_asr.vad.native import FsmnVad
 
 log = logging.getLogger("fun_asr")
 # _run decodes the segments encoded so far once their adaptor rows (and the features kept for word
 # timestamps) pass this many bytes: a recording of any length holds a bounded amount (the real model's
 # rows are ~8.5 kB per second of speech: one wave per ~2 hours of continuous speech)
 _WAVE_BYTES = 64 << 20
-
-
-@dataclass
-class Segment:
-    start: float
-    end: float
-    text: str
-    tokens: list[int]
-    stop_reason: str  # eos | max_new_tokens | repetition
-    truncated: bool  # hit max_new_tokens: the text may be cut
-    repetition: bool  # the repetition guard stopped an n-gram loop
-    words: list[dict[str, Any]] | None = None  # word_timestamps: [{"word", "start", "end", "score"}] (s)
-
-
-@dataclass
-class Transcription:
-    """One recording's result.
-
-    ``warnings`` lists everything a reader of the text should know, each a :class:`fun_asr.notices.Notice`
-    (the message, with a ``code``: ``input_truncated``, ``too_short``, ``truncated``, ``repetition``,
-    ``word_timestamps_failed``, and the Session-wide ``no_vad`` and ``word_timestamps_unavailable``;
-    ``warning_codes`` lists the codes). Per-recording ones are also issued once as Python warnings; the
-    Session-wide ones are logged once per Session. ``empty_reason`` says why ``text`` is empty when it is for a
-    known reason (``"too_short"``: less than one 25 ms analysis frame; ``"no_speech"``: the VAD found
-    none, so the recognizer was not run; ``"error"``). In
-    ``transcribe_batch`` a recording that cannot be read or transcribed does not fail the batch: its
-    result has ``error`` set (and ``ok`` False) and the others are transcribed as usual.
-    """
-
-    text: str
-    segments: list[Segment]
-    language: str | None
-    duration: float
-    timings: dict[str, float]
-    options: dict[str, Any] = field(default_factory=dict)
-    source: str | None = None  # file name, "<audio bytes>", "<array>"
-    warnings: list[str] = field(default_factory=list)
-    input_truncated: bool = False  # the file holds less audio than its header promises
-    empty_reason: str | None = None  # "too_short" | "error" when text is empty for that reason
-    error: str | None = None  # transcribe_batch: why this recording failed (its text is empty)
-    segmentation: str | None = None  # "vad" (FSMN-VAD speech segments) | "pauses" (cut at quiet points)
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    @property
-    def warning_codes(self) -> list[str]:
-        """The code of each warning, in order (a plain string from an older record counts as input_truncated)."""
-        return [getattr(w, "code", "input_truncated") for w in self.warnings]
-
-    @property
-    def truncated(self) -> bool:
-        """Some segment hit max_new_tokens, so its text may be cut."""
-        return any(s.truncated for s in self.segments)
-
-    @property
-    def words(self) -> list[dict[str, Any]] | None:
-        """Every segment's word (CTC token) timestamps in order, or None when none were computed."""
-        if all(s.words is None for s in self.segments):
-            return None
-        return [w for s in self.segments for w in (s.words or [])]
-
-    @property
-    def detected_language(self) -> str | None:
-        """The requested language, else one inferred from the script of the text (kana: ja, hangul:
-        ko, other CJK: zh, Latin letters: en); Fun-ASR-Nano has no language-ID output of its own."""
-        return self.language or guess_language(self.text)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema_version": 2,
-            "source": self.source,
-            "text": self.text,
-            "language": self.language,
-            "detected_language": self.detected_language,
-            "duration": round(self.duration, 3),
-            "truncated": self.truncated,
-            "input_truncated": self.input_truncated,
-            "empty_reason": self.empty_reason,
-            "error": self.error,
-            "segmentation": self.segmentation,
-            "warnings": [str(w) for w in self.warnings],
-            "warning_codes": self.warning_codes,
-            "segments": [asdict(s) for s in self.segments],
-            "timings": self.timings,
-            "options": self.options,
-        }
-
-
-@dataclass(frozen=True)
-class TranscribeOptions:
-    language: str | None = None
-    itn: bool = True
-    hotwords: tuple[str, ...] = ()
-    max_new_tokens: int = 512
-    segment_seconds: float = 30.0
-    repetition_guard: bool = True
-    ignore_eos: bool = False  # benchmarks only: always generate max_new_tokens
-    vad: bool = False  # segment with the Session's FSMN-VAD (else cut at pauses)
-    word_timestamps: bool = False  # CTC forced alignment (checkpoints with the CTC head only)
-    no_vad: bool = False  # the VAD would have run but the Session has none: results carry the no_vad warning
 
 
 def _default_package(device: str) -> str:
@@ -201,7 +102,7 @@ class Session:
         self.tokenizer = TextTokenizer(meta["tokenizer.huggingface.json"])
         self.prompt = PromptSpec.from_dict(json.loads(meta["fun_asr_nano.prompt"]))
         self.spec = json.loads(meta["fun_asr_nano.model_spec"])
-        from fun_asr.funasr_checkpoint import languages_for
+        from fun_asr.model.funasr_checkpoint import languages_for
 
         # Fun-ASR-Nano or Fun-ASR-MLT-Nano (31 languages): the checkpoint says which table applies
         self.language_table = str(meta.get("fun_asr_nano.language_table") or "nano")
@@ -215,7 +116,7 @@ class Session:
         self._lock = threading.Lock()
         self.prefix_cache = True  # reuse the prompt prefix's K/V across segments (token for token the same)
         self._prefix_ids: tuple[int, ...] = ()
-        from fun_asr.ctc import CtcAligner
+        from fun_asr.asr.ctc import CtcAligner
 
         self.aligner = CtcAligner.from_model(self.model, meta)  # None: no CTC head, no word timestamps
         self.ctc_reason = None if self.aligner else str(self.model.info()["ctc"].get("reason") or "no CTC head")
@@ -235,7 +136,7 @@ class Session:
         ``$FUN_ASR_VAD_MODEL``; for a hub model, the hub's VAD (downloaded); else one already in fun-asr's or
         the hub's cache (``mode="fsmn"`` downloads ``funasr/fsmn-vad`` instead). A VAD that was asked for
         (``vad_model``, the variable, ``"fsmn"``) and cannot be loaded raises; ``"auto"`` otherwise goes on."""
-        from fun_asr.hub import MODELSCOPE, MODELSCOPE_VAD_REPO, resolve_vad
+        from fun_asr.converter.hub import MODELSCOPE, MODELSCOPE_VAD_REPO, resolve_vad
 
         if vad_model is not None:
             return FsmnVad.load(resolve_vad(vad_model, download=True, progress=progress), threads=1), str(vad_model)
@@ -387,12 +288,12 @@ class Session:
     def stream(self, language: str | None = None, itn: bool = True, hotwords: list[str] | str | None = None, *,
                max_new_tokens: int = 512, repetition_guard: bool = True, stream_options: Any = None,
                decoder: Any = None) -> Any:
-        """A live stream (:class:`fun_asr.stream.Stream`): ``feed(pcm, sample_rate=16000)`` any chunk of
+        """A live stream (:class:`fun_asr.asr.stream.Stream`): ``feed(pcm, sample_rate=16000)`` any chunk of
         float32 or int16 audio, get ``partial`` and ``sentence`` events; ``close()`` flushes. FunASR
         1.4.16's realtime-server semantics; needs the VAD. ``stream_options``: a
-        :class:`fun_asr.stream.StreamOptions`; ``decoder``: a replacement decode function (the server
+        :class:`fun_asr.asr.stream.StreamOptions`; ``decoder``: a replacement decode function (the server
         shares one batched decoder between streams)."""
-        from fun_asr.stream import Stream, StreamOptions
+        from fun_asr.asr.stream import Stream, StreamOptions
 
         opts = self.options(language, itn, hotwords, max_new_tokens, 30.0, repetition_guard)
         # a partial never needs more tokens than a closed sentence (FunASR: 200 and 512)
@@ -515,7 +416,7 @@ class Session:
         item.timings["load_ms"] += (time.perf_counter() - t0) * 1e3
         expected = reader.expected_seconds
         bar = _bar(progress, None if expected is None else int(round(expected)), label, "s", delay=1.0)
-        cutter = _Cutter(self, item, opts)
+        cutter = _Cutter(self.frontend, self.vad, item, opts)
         shown = 0
         try:
             blocks = reader.blocks()
@@ -587,7 +488,7 @@ class Session:
         the quietest points. The streaming cutter of _run given the whole recording at once (the same spans
         as block by block); everything is kept, so that _features can slice any span."""
         samples = np.asarray(item.samples, np.float32)
-        cutter = _Cutter(self, item, opts)
+        cutter = _Cutter(self.frontend, self.vad, item, opts)
         spans = cutter.feed(samples) + cutter.finish()
         item.spans = spans
         item.segments = [Segment(a / SAMPLE_RATE, b / SAMPLE_RATE, "", [], "empty", False, False) for a, b in spans]
@@ -703,225 +604,6 @@ class Session:
                 text += sep
             text += s.text
         return text
-
-
-class _Item:
-    """One recording on its way through _run."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.source: str = f"input {index}"
-        # the recording's 16 kHz samples and (VAD path) fbank frames: while it streams through _run, only
-        # the tail that segments to come need (_Rolling; len() counts all of them)
-        self.samples: np.ndarray | _Rolling = np.zeros(0, np.float32)
-        self.segments: list[Segment] = []
-        self.spans: list[tuple[int, int]] = []
-        self.fbank: np.ndarray | _Rolling | None = None
-        self.feats: dict[int, np.ndarray] = {}  # segment -> LFR features, kept for word timestamps
-        self.segmentation: str | None = None
-        self.warnings: list[str] = []
-        self.input_truncated = False
-        self.empty_reason: str | None = None
-        self.error: str | None = None
-        self.timings = {"load_ms": 0.0, "frontend_ms": 0.0, "vad_ms": 0.0, "encode_ms": 0.0, "prefill_ms": 0.0,
-                        "decode_ms": 0.0}
-
-    def fail(self, exc: BaseException | None) -> None:
-        msg = str(exc) or type(exc).__name__
-        self.error = msg if self.source in msg else f"{self.source}: {msg}"
-        self.segments = []
-        self.feats.clear()
-
-
-class _Rolling:
-    """The tail of an array that grows piece by piece: indexed by absolute position (``[a:b]``, from
-    ``base`` on), the pieces wholly before a point dropped (:meth:`drop_before`); ``len()`` counts every
-    row ever appended."""
-
-    def __init__(self, width: int | None = None) -> None:
-        self._empty = np.zeros((0,) if width is None else (0, width), np.float32)
-        self._parts: list[np.ndarray] = []
-        self._starts: list[int] = []
-        self.base = 0  # first row still held
-        self.end = 0
-
-    def __len__(self) -> int:
-        return self.end
-
-    def append(self, rows: np.ndarray) -> None:
-        if len(rows):
-            if not self._parts:
-                self.base = self.end
-            self._parts.append(rows)
-            self._starts.append(self.end)
-            self.end += len(rows)
-
-    def __getitem__(self, key: slice) -> np.ndarray:
-        a, b, step = key.indices(self.end)
-        if step != 1:
-            raise IndexError("_Rolling takes [a:b] slices")
-        if b <= a:
-            return self._empty
-        if a < self.base:
-            raise IndexError(f"rows {a}:{b} were dropped (rows from {self.base} on are held)")
-        pieces = [part[max(a - s, 0) : min(b - s, len(part))] for part, s in zip(self._parts, self._starts, strict=True)
-                  if s < b and s + len(part) > a]
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-
-    def drop_before(self, k: int) -> None:
-        """Forgets the pieces that end at or before row ``k``."""
-        while self._parts and self._starts[0] + len(self._parts[0]) <= k:
-            self._parts.pop(0)
-            self._starts.pop(0)
-        self.base = self._starts[0] if self._parts else self.end
-
-
-class _Cutter:
-    """Cuts one recording into segments as its 16 kHz samples arrive: FunASR's FSMN-VAD (1.4.16's offline
-    algorithm, 60 s chunks, over the ASR fbank: the VAD's frames are the ASR's frames) or, without it, the
-    pause splitter; the same spans as on the whole recording. Keeps in ``item.samples``/``item.fbank``
-    what the segments to come need (:meth:`trim`)."""
-
-    def __init__(self, session: Session, item: _Item, opts: TranscribeOptions) -> None:
-        self.item = item
-        self.timings = item.timings
-        self.shift = int(round(session.frontend.sample_rate * session.frontend.frame_shift_ms / 1000))
-        item.samples = _Rolling()
-        self.vad: OfflineVad | None = None
-        self.pauses: PauseSplitter | None = None
-        if session.vad is not None and opts.vad:
-            item.segmentation = "vad"
-            cfg = dataclasses.replace(session.vad.cfg, max_single_segment_ms=int(round(opts.segment_seconds * 1000)))
-            self.vad = session.vad.offline(cfg)
-            self.fbank = FbankStream(session.frontend)
-            item.fbank = _Rolling(session.frontend.num_mel_bins)
-        else:
-            item.segmentation = "pauses"
-            item.fbank = None
-            self.pauses = PauseSplitter(opts.segment_seconds)
-
-    def feed(self, block: np.ndarray) -> list[tuple[int, int]]:
-        """The next samples -> the spans [a, b) (samples) decided by now."""
-        item = self.item
-        item.samples.append(block)
-        if self.pauses is not None:
-            if len(item.samples) - self.pauses.start <= self.pauses.max_len:
-                return []  # no cut yet
-            return self.pauses.cuts(item.samples[self.pauses.start :], self.pauses.start)
-        t0 = time.perf_counter()
-        frames = self.fbank.accept(block)
-        item.fbank.append(frames)
-        self.timings["frontend_ms"] += (time.perf_counter() - t0) * 1e3
-        t0 = time.perf_counter()
-        segs = self.vad.feed(block, frames)
-        self.timings["vad_ms"] += (time.perf_counter() - t0) * 1e3
-        return self._spans(segs)
-
-    def finish(self) -> list[tuple[int, int]]:
-        """The end of the recording -> the last spans."""
-        if self.pauses is not None:
-            return self.pauses.cuts(self.item.samples[self.pauses.start :], self.pauses.start, final=True)
-        t0 = time.perf_counter()
-        segs = self.vad.close()
-        self.timings["vad_ms"] += (time.perf_counter() - t0) * 1e3
-        return self._spans(segs)
-
-    def _spans(self, segs: list[list[int]]) -> list[tuple[int, int]]:
-        ms, n = SAMPLE_RATE // 1000, len(self.item.samples)  # FunASR cuts the audio at ms * 16
-        return [(s * ms, min(e * ms, n)) for s, e in segs]
-
-    def trim(self) -> None:
-        """Drops what no segment to come can need (after the decided spans have been encoded)."""
-        item = self.item
-        if self.pauses is not None:
-            item.samples.drop_before(self.pauses.start)
-        else:
-            k = self.vad.first_pending_frame()
-            item.fbank.drop_before(k)
-            item.samples.drop_before(k * self.shift)
-
-    def release(self) -> None:
-        """The recording is done: nothing more is needed (len(item.samples) still counts its samples)."""
-        if isinstance(self.item.samples, _Rolling):
-            self.item.samples.drop_before(len(self.item.samples))
-        self.item.fbank = None
-
-
-def _source_name(audio: object, index: int, count: int) -> str:
-    """A file's name; "<array>"/"<audio bytes>" with their position when several were given."""
-    if isinstance(audio, str | os.PathLike):
-        name = os.fspath(audio)
-    elif isinstance(audio, np.ndarray):
-        name = "<array>"
-    else:
-        name = str(getattr(audio, "name", "<audio bytes>"))
-    return f"input {index} {name}" if count > 1 and name.startswith("<") else name
-
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def refresh(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _bar(enabled: bool, total: int | None, desc: str, unit: str, delay: float = 0.0):  # noqa: ANN202 - tqdm or a no-op
-    """A progress bar on stderr (tqdm, removed when done; ``delay``: shown only after that many seconds)."""
-    if not enabled:
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True, delay=delay)
-
-
-def normalize_language(spec: dict[str, Any], language: str | None) -> str | None:
-    """A language name of the model spec (code, English name or native name) -> its code; None,
-    "" and "auto" -> None (automatic). ValueError naming the accepted names otherwise."""
-    if language is None or language == "" or str(language).lower() == "auto":
-        return None
-    if not isinstance(language, str):
-        raise TypeError(f"language must be a string, got {type(language).__name__}")
-    key = language.strip().lower()
-    for code, entry in spec["languages"].items():
-        if key == code or key in [n.lower() for n in entry["names"]]:
-            return code
-    accepted = []
-    for code, entry in spec["languages"].items():
-        accepted.append(f"{code} ({', '.join(n for n in entry['names'] if n != code)})")
-    raise ValueError(f"unsupported language {language!r}: accepted {'; '.join(accepted)}; or no language for "
-                     "automatic")
-
-
-def guess_language(text: str) -> str | None:
-    """The language a transcript's script suggests: kana -> ja, hangul -> ko, other CJK -> zh,
-    Latin letters -> en; None for text without letters."""
-    kana = hangul = han = latin = 0
-    for ch in text:
-        o = ord(ch)
-        if 0x3040 <= o <= 0x30FF or 0x31F0 <= o <= 0x31FF:
-            kana += 1
-        elif 0xAC00 <= o <= 0xD7AF or 0x1100 <= o <= 0x11FF:
-            hangul += 1
-        elif 0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF:
-            han += 1
-        elif ch.isascii() and ch.isalpha():
-            latin += 1
-    if kana:
-        return "ja"
-    if hangul:
-        return "ko"
-    if han:
-        return "zh"
-    return "en" if latin else None
-
-
-def _is_cjk(ch: str) -> bool:
-    o = ord(ch)
-    return (0x3000 <= o <= 0x9FFF) or (0xF900 <= o <= 0xFAFF) or (0xFF00 <= o <= 0xFFEF) or (0xAC00 <= o <= 0xD7AF)
 
 
 __all__ = ["Segment", "Session", "TranscribeOptions", "Transcription", "guess_language",

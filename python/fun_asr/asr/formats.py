@@ -6,7 +6,7 @@ import json
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fun_asr.session import Segment, Transcription
+    from fun_asr.asr.session import Segment, Transcription
 
 FORMATS = ("txt", "json", "srt", "vtt")
 JSON_SCHEMA_VERSION = 1

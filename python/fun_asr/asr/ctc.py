@@ -282,7 +282,7 @@ class CtcAligner:
 
     @classmethod
     def from_model(cls, model: Any, meta: dict[str, Any]) -> CtcAligner | None:
-        """From a loaded ``_core.Model`` and its metadata (``fun_asr.model.model_metadata``); None when the
+        """From a loaded ``_core.Model`` and its metadata (``fun_asr.model.native.model_metadata``); None when the
         model has no CTC head (``model.info()["ctc"]["reason"]`` says why)."""
         info = model.info()["ctc"]
         if not info["available"]:

@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from fun_asr.spec import load_spec
+from fun_asr.model.spec import load_spec
 
 log = logging.getLogger("fun_asr")
 

@@ -2,7 +2,7 @@
 
 The prompt is kept as *runs* of text, each marked trusted (the spec's strings) or not (what a user gave:
 hotwords, a language name), so that the tokenizer reads special tokens (``<|im_end|>``, ...) only from the
-spec's strings and never from user text (:meth:`fun_asr.tokenizer.TextTokenizer.encode_runs`).
+spec's strings and never from user text (:meth:`fun_asr.asr.tokenizer.TextTokenizer.encode_runs`).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from fun_asr.hparams import HParams, parse_hparams
+from fun_asr.model.hparams import HParams, parse_hparams
 
 
 class CheckpointError(ValueError):

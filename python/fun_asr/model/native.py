@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from fun_asr import _core
-from fun_asr.converter.writer import ARCH, check_tensors, gguf_metadata
-from fun_asr.funasr_checkpoint import open_checkpoint
-from fun_asr.tensor_names import tensor_table
+from fun_asr.model.funasr_checkpoint import open_checkpoint
+from fun_asr.model.metadata import ARCH, check_tensors, gguf_metadata
+from fun_asr.model.tensor_names import tensor_table
 
 _STORED = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 

@@ -18,14 +18,23 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from fun_asr.audio import SAMPLE_RATE, AudioError
+from fun_asr.asr.options import TranscribeOptions
+from fun_asr.asr.results import Transcription
+from fun_asr.audio.decode import SAMPLE_RATE, AudioError
+from fun_asr.vad.native import FsmnVad
 
-if TYPE_CHECKING:
-    from fun_asr.session import Session, TranscribeOptions
+
+class Session(Protocol):
+    """What a stream needs of :class:`fun_asr.Session` (which builds streams; this module does not import it)."""
+
+    vad: FsmnVad | None
+    max_segment_seconds: float
+
+    def transcribe(self, audio: Any, **kwargs: Any) -> Transcription: ...
 
 # decode(samples, max_new_tokens) -> (text, tokens); the server plugs in its shared batched decoder
 Decoder = Callable[[np.ndarray, int], tuple[str, list[int]]]

@@ -29,14 +29,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from fun_asr.audio import SAMPLE_RATE, AudioError, AudioInfo, decode_audio
-from fun_asr.formats import render
-from fun_asr.messages import cli_words
+from fun_asr.asr.formats import render
+from fun_asr.asr.messages import cli_words
+from fun_asr.asr.prompt import split_hotwords
+from fun_asr.asr.session import Session, Transcription
+from fun_asr.audio.decode import SAMPLE_RATE, AudioError, AudioInfo, decode_audio
 from fun_asr.notices import FunAsrWarning, Notice
-from fun_asr.prompt import split_hotwords
-from fun_asr.realtime import RealtimeLimits
-from fun_asr.realtime import handle as realtime_handle
-from fun_asr.session import Session, Transcription
+from fun_asr.serve.ws_realtime import RealtimeLimits
+from fun_asr.serve.ws_realtime import handle as realtime_handle
 
 log = logging.getLogger("fun_asr.server")
 access_log = logging.getLogger("fun_asr.access")
@@ -192,7 +192,7 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
 
     # Each result's warnings are logged once per request (below); the Session's own Python warnings
     # for the same events would print them a second time.
-    warnings.filterwarnings("ignore", category=FunAsrWarning, module=r"fun_asr\.server")
+    warnings.filterwarnings("ignore", category=FunAsrWarning, module=r"fun_asr\.serve\.app")
     app = FastAPI(title="fun-asr", description="OpenAI-compatible speech-to-text with Fun-ASR-Nano", lifespan=lifespan)
     max_bytes = int(max_upload_mb * 1024 * 1024)
     created = int(time.time())

@@ -239,7 +239,7 @@ def load_texts(source: str | os.PathLike[str]) -> tuple[dict[str, str], dict[str
     shards), a JSONL file, or a Kaldi ``text`` file (``<id> <text>``). Paths may be fsspec URLs."""
     s = os.fspath(source)
     if "://" not in s and Path(s).is_dir():
-        from fun_asr.batch import read_results
+        from fun_asr.jobs.records import read_results
 
         records = read_results(s)
         if not records:

@@ -6,7 +6,7 @@ import re
 
 from tokenizers import Tokenizer
 
-from fun_asr.prompt import Run
+from fun_asr.asr.prompt import Run
 
 
 class TextTokenizer:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fun_asr.hparams import HParams
-from fun_asr.spec import load_spec
+from fun_asr.model.hparams import HParams
+from fun_asr.model.spec import load_spec
 
 MAX_NAME_LEN = 63  # GGML_MAX_NAME - 1
 

@@ -11,11 +11,11 @@ A FunASR folder, as ModelScope ships ``FunAudioLLM/Fun-ASR-Nano-2512`` (and the 
     Qwen3-0.6B/         the LLM's config.json and tokenizer (tokenizer.json, tokenizer_config.json)
     multilingual.tiktoken   the CTC tokenizer's BPE ranks (SenseVoiceTokenizer), when the CTC head ships
 
-:class:`FunasrCheckpoint` presents it with the interface of :class:`fun_asr.checkpoint.Checkpoint`: its
+:class:`FunasrCheckpoint` presents it with the interface of :class:`fun_asr.model.checkpoint.Checkpoint`: its
 ``tensors`` are keyed by the HF names of the one tensor table (``model_specs/fun_asr_nano.json``, column
 ``funasr`` gives each tensor's model.pt name; the fused ``linear_q_k_v`` is split into q, k, v), so the
 converter and the direct loader treat both layouts alike and write identical tensors for identical
-weights. ``model.pt`` is read by :mod:`fun_asr.torch_pickle` (no pickle code runs; strides honoured).
+weights. ``model.pt`` is read by :mod:`fun_asr.model.torch_pickle` (no pickle code runs; strides honoured).
 
 Hyperparameters come from config.yaml and the LLM's config.json; the prompt from the model spec adjusted
 by config.yaml (``use_low_frame_rate``, ``dataset_conf.sys_prompt`` / ``do_think``). The CTC head is
@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from fun_asr.checkpoint import Checkpoint, CheckpointError, to_float32
-from fun_asr.hparams import ConfigError, CtcParams, HParams, parse_hparams
-from fun_asr.spec import load_spec
-from fun_asr.tensor_names import TensorEntry, tensor_table
+from fun_asr.model.checkpoint import Checkpoint, CheckpointError, to_float32
+from fun_asr.model.hparams import ConfigError, CtcParams, HParams, parse_hparams
+from fun_asr.model.spec import load_spec
+from fun_asr.model.tensor_names import TensorEntry, tensor_table
 
 LAYOUTS = ("hf", "funasr", "fsmn_vad")
 
@@ -51,6 +51,24 @@ _DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 
 
 # -- layout detection ---------------------------------------------------------------------------
+
+
+VAD_FILES = ("model.pt", "config.yaml", "am.mvn")  # a FunASR FSMN-VAD folder
+REQUIRED_FILES = VAD_FILES
+
+
+def is_vad_folder(path: str | os.PathLike[str]) -> bool:
+    """A FunASR FSMN-VAD folder: model.pt + config.yaml naming an FSMN VAD + am.mvn."""
+    p = Path(path)
+    if not (p.is_dir() and all((p / f).is_file() for f in VAD_FILES)):
+        return False
+    try:
+        text = (p / "config.yaml").read_text("utf-8", errors="replace")
+    except OSError:
+        return False
+    return "FsmnVAD" in text or "encoder: FSMN" in text
+
+
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     import yaml
@@ -79,7 +97,6 @@ def detect_layout(path: str | os.PathLike[str]) -> str:
     Transformers port), ``"funasr"`` (model.pt + config.yaml naming FunASRNano + the LLM folder, as
     ModelScope ships it) or ``"fsmn_vad"`` (FunASR's VAD: model.pt, config.yaml, am.mvn).
     Raises :class:`CheckpointError` (a ValueError) naming what is accepted otherwise."""
-    from fun_asr.converter.vad import is_vad_folder
 
     root = Path(path)
     if not root.exists():
@@ -326,7 +343,7 @@ class FunasrCheckpoint:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> FunasrCheckpoint:
-        from fun_asr.torch_pickle import ModelFileError, TorchTensor, iter_tensors, read_pickle
+        from fun_asr.model.torch_pickle import ModelFileError, TorchTensor, iter_tensors, read_pickle
 
         root = Path(path)
         if not _is_funasr_nano(root):
@@ -503,7 +520,7 @@ class FunasrCheckpoint:
 def _origin(root: Path) -> tuple[str | None, str | None]:
     """(repo id, revision) of a hub cache folder: ModelScope (``.../modelscope/hub/[models/]owner/name``)
     gives ``modelscope:owner/name``; the HF cache gives ``owner/name`` and the snapshot revision."""
-    from fun_asr.checkpoint import _hub_origin
+    from fun_asr.model.checkpoint import _hub_origin
 
     repo, rev = _hub_origin(root)
     if repo:

@@ -29,8 +29,8 @@ from typing import Any
 import anyio
 import numpy as np
 
-from fun_asr.audio import SAMPLE_RATE, AudioError
-from fun_asr.prompt import split_hotwords
+from fun_asr.asr.prompt import split_hotwords
+from fun_asr.audio.decode import SAMPLE_RATE, AudioError
 
 log = logging.getLogger("fun_asr.server")
 
@@ -79,7 +79,7 @@ async def handle(ws: Any, session: Any, submit: Callable[[np.ndarray, tuple, str
         return result.text, [t for s in result.segments for t in s.tokens]
 
     def new_stream() -> Any:
-        from fun_asr.stream import StreamOptions
+        from fun_asr.asr.stream import StreamOptions
 
         return session.stream(state.language, True, state.hotwords, max_new_tokens=max_new_tokens,
                               stream_options=StreamOptions(max_new_tokens=max_new_tokens,

@@ -1,0 +1,9 @@
+"""Speech recognition on a loaded model: :class:`~fun_asr.asr.session.Session` (the orchestrator), its options,
+results, prompt and tokenizer, CTC word timestamps, streaming, and the output formats."""
+
+from __future__ import annotations
+
+from fun_asr.asr.results import Segment, Transcription
+from fun_asr.asr.session import Session
+
+__all__ = ["Segment", "Session", "Transcription"]

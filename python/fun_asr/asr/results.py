@@ -1,0 +1,96 @@
+"""Results: a transcribed :class:`Segment` and the :class:`Transcription` of one recording."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fun_asr.asr.language import guess_language
+
+
+@dataclass
+class Segment:
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    stop_reason: str  # eos | max_new_tokens | repetition
+    truncated: bool  # hit max_new_tokens: the text may be cut
+    repetition: bool  # the repetition guard stopped an n-gram loop
+    words: list[dict[str, Any]] | None = None  # word_timestamps: [{"word", "start", "end", "score"}] (s)
+
+
+@dataclass
+class Transcription:
+    """One recording's result.
+
+    ``warnings`` lists everything a reader of the text should know, each a :class:`fun_asr.notices.Notice`
+    (the message, with a ``code``: ``input_truncated``, ``too_short``, ``truncated``, ``repetition``,
+    ``word_timestamps_failed``, and the Session-wide ``no_vad`` and ``word_timestamps_unavailable``;
+    ``warning_codes`` lists the codes). Per-recording ones are also issued once as Python warnings; the
+    Session-wide ones are logged once per Session. ``empty_reason`` says why ``text`` is empty when it is for a
+    known reason (``"too_short"``: less than one 25 ms analysis frame; ``"no_speech"``: the VAD found
+    none, so the recognizer was not run; ``"error"``). In
+    ``transcribe_batch`` a recording that cannot be read or transcribed does not fail the batch: its
+    result has ``error`` set (and ``ok`` False) and the others are transcribed as usual.
+    """
+
+    text: str
+    segments: list[Segment]
+    language: str | None
+    duration: float
+    timings: dict[str, float]
+    options: dict[str, Any] = field(default_factory=dict)
+    source: str | None = None  # file name, "<audio bytes>", "<array>"
+    warnings: list[str] = field(default_factory=list)
+    input_truncated: bool = False  # the file holds less audio than its header promises
+    empty_reason: str | None = None  # "too_short" | "error" when text is empty for that reason
+    error: str | None = None  # transcribe_batch: why this recording failed (its text is empty)
+    segmentation: str | None = None  # "vad" (FSMN-VAD speech segments) | "pauses" (cut at quiet points)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def warning_codes(self) -> list[str]:
+        """The code of each warning, in order (a plain string from an older record counts as input_truncated)."""
+        return [getattr(w, "code", "input_truncated") for w in self.warnings]
+
+    @property
+    def truncated(self) -> bool:
+        """Some segment hit max_new_tokens, so its text may be cut."""
+        return any(s.truncated for s in self.segments)
+
+    @property
+    def words(self) -> list[dict[str, Any]] | None:
+        """Every segment's word (CTC token) timestamps in order, or None when none were computed."""
+        if all(s.words is None for s in self.segments):
+            return None
+        return [w for s in self.segments for w in (s.words or [])]
+
+    @property
+    def detected_language(self) -> str | None:
+        """The requested language, else one inferred from the script of the text (kana: ja, hangul:
+        ko, other CJK: zh, Latin letters: en); Fun-ASR-Nano has no language-ID output of its own."""
+        return self.language or guess_language(self.text)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": 2,
+            "source": self.source,
+            "text": self.text,
+            "language": self.language,
+            "detected_language": self.detected_language,
+            "duration": round(self.duration, 3),
+            "truncated": self.truncated,
+            "input_truncated": self.input_truncated,
+            "empty_reason": self.empty_reason,
+            "error": self.error,
+            "segmentation": self.segmentation,
+            "warnings": [str(w) for w in self.warnings],
+            "warning_codes": self.warning_codes,
+            "segments": [asdict(s) for s in self.segments],
+            "timings": self.timings,
+            "options": self.options,
+        }

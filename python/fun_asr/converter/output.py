@@ -1,0 +1,104 @@
+"""What a conversion writes and refuses: the report, GGUF metadata writing, output-path safety."""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gguf
+
+
+@dataclass
+class ConversionReport:
+    path: Path
+    package_type: str
+    tensor_count: int
+    file_bytes: int
+    seconds: float
+    type_counts: dict[str, int] = field(default_factory=dict)
+    fallbacks: list[tuple[str, str, str]] = field(default_factory=list)  # (tensor, wanted, used)
+    layout: str = "hf"  # hf | funasr | fsmn_vad: the layout that was read
+    ctc: bool = False  # the CTC head (timestamps) was stored
+    ctc_unavailable: str | None = None  # why not, when it was not
+    vad: str | None = None  # the FSMN-VAD embedded in the package (where it came from), if any
+
+    def summary(self) -> str:
+        counts = ", ".join(f"{k}: {v}" for k, v in sorted(self.type_counts.items()))
+        lines = [
+            f"wrote {self.path} ({self.file_bytes / 1e6:.1f} MB, {self.tensor_count} tensors, "
+            f"{self.package_type}) in {self.seconds:.1f} s — {counts}"
+        ]
+        if self.layout != "fsmn_vad":
+            lines.append("  CTC head stored: word timestamps available" if self.ctc
+                         else f"  no CTC head: {self.ctc_unavailable}")
+            lines.append(f"  FSMN-VAD embedded: {self.vad}" if self.vad else
+                         "  no FSMN-VAD embedded: long audio is cut at pauses unless a VAD is given at run time "
+                         "(--vad-model); re-convert with --vad-model to embed one")
+        for name, wanted, used in self.fallbacks:
+            lines.append(f"  fallback: {name} {wanted} -> {used} (row length not a multiple of the {wanted} block)")
+        return "\n".join(lines)
+
+
+def _write_metadata(w: gguf.GGUFWriter, meta: dict[str, Any]) -> None:
+    for key, value in meta.items():
+        if key == "general.architecture":
+            continue  # GGUFWriter writes it from its arch argument
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_array(key, list(value))
+
+
+class OutputError(ValueError):
+    """The output path would destroy something: an input, a non-regular file, or (without
+    overwrite) an existing file."""
+
+
+def check_output(out: Path, src: Path, overwrite: bool) -> None:
+    """Refuses an output that is (or is inside) the checkpoint being read, that exists and is not a
+    regular file (a device, a directory, ...), or that exists at all unless ``overwrite``."""
+    src = src.resolve()
+    target = out.expanduser().absolute()
+    try:
+        parent = target.parent.resolve()
+    except OSError:
+        parent = target.parent
+    if parent == src or src in parent.parents:
+        raise OutputError(f"{out}: is inside the checkpoint folder being read ({src}); write the GGUF elsewhere "
+                          "(default: beside the folder, SRC-TYPE.gguf)")
+    if os.path.lexists(target):
+        try:
+            st = target.stat()
+        except OSError as exc:  # a dangling symlink
+            raise OutputError(f"{out}: exists and cannot be examined ({exc.strerror}); remove it first") from None
+        if target.is_dir():
+            raise OutputError(f"{out}: is a directory; give the output .gguf file path")
+        if not stat.S_ISREG(st.st_mode):
+            raise OutputError(f"{out}: exists and is not a regular file (a device, pipe or socket); refusing to "
+                              "replace it")
+        inputs = [p for p in src.iterdir() if p.is_file()] if src.is_dir() else [src]
+        for p in inputs:
+            try:
+                same = os.path.samefile(p, target)
+            except OSError:
+                same = False
+            if same:
+                raise OutputError(f"{out}: is the same file as the input {p}; write the GGUF elsewhere")
+        if not overwrite:
+            raise OutputError(f"{out}: already exists; pass --force (overwrite=True) to replace it")
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
