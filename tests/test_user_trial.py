@@ -537,8 +537,10 @@ def test_unreachable_hub_fails_fast_with_one_line(tmp_path: Path) -> None:
     assert time.time() - t0 < 20
     assert r.returncode == 1 and r.stderr_text.count("\n") == 1, r.stderr_text
     assert "unreachable" in r.stderr_text and "HF_HUB_OFFLINE=1" in r.stderr_text
+    assert "-m demo" in r.stderr_text and r.stdout == b""  # suggested, never used unless asked for
     r = _run(str(CLIP), "-m", "someone/some-model", env={**env, "HF_HUB_OFFLINE": "1"})
     assert r.returncode == 1 and r.stderr_text.count("\n") == 1 and "not in the local hub cache" in r.stderr_text
+    assert "-m demo" in r.stderr_text
 
 
 def test_readme_defaults_match_the_code() -> None:

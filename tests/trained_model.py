@@ -19,30 +19,30 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
 
-ARTIFACT = Path(__file__).resolve().parent / "data" / "tiny_trained"
+from fun_asr.model.demo import (  # noqa: F401 - the recipe's shared pieces, re-exported
+    EMBEDDING_KEY,
+    PLAIN_FILES,
+    QWEN_FIRST_SPECIAL_ID,
+    WORDS,
+    artifact_dir,
+    embedding_base,
+    full_tokenizer_json,
+    manifest,
+)
+from fun_asr.model.demo import build_checkpoint as trained_checkpoint  # noqa: F401
+
+# The model's files ship in the package (python/fun_asr/model/demo_model: the `-m demo` model); the held-out
+# clips stay with the tests.
+ARTIFACT = artifact_dir()
+HELDOUT = Path(__file__).resolve().parent / "data" / "tiny_trained" / "heldout"
 SAMPLE_RATE = 16000
-WORDS = ("zero one two three four five six seven eight nine "
-         "yes no up down left right stop go on off").split()
-# What the checkpoint folder holds besides model.safetensors and tokenizer.json (copied as they are).
-PLAIN_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "chat_template.jinja",
-               "preprocessor_config.json")
-QWEN_FIRST_SPECIAL_ID = 151643
-EMBEDDING_KEY = "model.language_model.embed_tokens.weight"
 
 
 # --- the shared recipe ---------------------------------------------------------------------------
-
-def embedding_base(vocab: int, dim: int, seed: int, std: float) -> np.ndarray:
-    """The token embedding before training: N(0, std^2) float32 from numpy's PCG64 with `seed`.
-    Training only changes the rows of the tokens it uses; the others stay exactly these values."""
-    rng = np.random.default_rng(seed)
-    return rng.standard_normal((vocab, dim), dtype=np.float32) * np.float32(std)
-
 
 def add_noise(clean: np.ndarray, snr_db: float, seed: int) -> np.ndarray:
     """Clean int16 speech -> int16 speech with white noise at `snr_db` below the speech RMS.
@@ -79,42 +79,6 @@ def wer(refs: list[str], hyps: list[str]) -> float:
 
 # --- rebuilding the checkpoint ------------------------------------------------------------------
 
-def manifest(artifact: Path = ARTIFACT) -> dict:
-    return json.loads((artifact / "manifest.json").read_text("utf-8"))
-
-
-def full_tokenizer_json(base_json: str) -> str:
-    """tokenizer.base.json -> tokenizer.json: the vocabulary padded with unreachable filler entries up
-    to Qwen's first special id, so the added special tokens keep Qwen's ids (151643 ...)."""
-    data = json.loads(base_json)
-    vocab = data["model"]["vocab"]
-    for i in range(len(vocab), QWEN_FIRST_SPECIAL_ID):
-        vocab[f"\u2400filler{i}"] = i
-    return json.dumps(data, ensure_ascii=False)
-
-
-def trained_checkpoint(dest: Path, artifact: Path = ARTIFACT) -> Path:
-    """Writes the trained checkpoint (HF layout, F32 safetensors) into `dest` and returns `dest`."""
-    from safetensors.numpy import load_file, save_file
-
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    man = manifest(artifact)
-    stored = load_file(str(artifact / "weights.safetensors"))
-    emb = man["embedding"]
-    table = embedding_base(emb["vocab"], emb["dim"], emb["seed"], emb["std"])
-    ids = stored.pop("trained_rows.ids").astype(np.int64)
-    table[ids] = stored.pop("trained_rows.weight").astype(np.float32)
-    tensors = {name: np.ascontiguousarray(t.astype(np.float32)) for name, t in stored.items()}
-    tensors[EMBEDDING_KEY] = table
-    save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
-    for name in PLAIN_FILES:
-        shutil.copyfile(artifact / name, dest / name)
-    (dest / "tokenizer.json").write_text(full_tokenizer_json((artifact / "tokenizer.base.json").read_text("utf-8")),
-                                         "utf-8")
-    return dest
-
-
 # --- held-out audio -----------------------------------------------------------------------------
 
 def _write_wav(path: Path, samples: np.ndarray) -> None:
@@ -129,7 +93,7 @@ def heldout_clean(artifact: Path = ARTIFACT) -> list[tuple[np.ndarray, dict]]:
 
     out = []
     for entry in manifest(artifact)["heldout"]:
-        data, rate = sf.read(str(artifact / "heldout" / entry["file"]), dtype="int16")
+        data, rate = sf.read(str(HELDOUT / entry["file"]), dtype="int16")
         if rate != SAMPLE_RATE:
             raise ValueError(f"{entry['file']}: {rate} Hz, expected {SAMPLE_RATE}")
         out.append((data, entry))

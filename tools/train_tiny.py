@@ -53,6 +53,7 @@ from make_random_checkpoint import (  # noqa: E402
 from trained_model import (  # noqa: E402
     ARTIFACT,
     EMBEDDING_KEY,
+    HELDOUT,
     PLAIN_FILES,
     SAMPLE_RATE,
     WORDS,
@@ -621,20 +622,23 @@ def cmd_export(work: Path, out: Path) -> None:
         stored[name] = t.astype(np.float16) if t.ndim == 2 else t
     stored["trained_rows.ids"] = used
     stored["trained_rows.weight"] = np.ascontiguousarray(saved[EMBEDDING_KEY][used])
-    if out.exists():
-        shutil.rmtree(out)
-    (out / "heldout").mkdir(parents=True)
+    heldout_out = HELDOUT if out == ARTIFACT else out / "heldout"  # the clips stay with the tests
+    for d in (out, heldout_out):
+        if d.exists():
+            shutil.rmtree(d)
+    out.mkdir(parents=True)
+    heldout_out.mkdir(parents=True)
     save_file(stored, str(out / "weights.safetensors"))
     for name in PLAIN_FILES:
         shutil.copyfile(ckpt / name, out / name)
     (out / "tokenizer.base.json").write_text(base_json, "utf-8")
     heldout = json.loads((work / "heldout" / "manifest.json").read_text("utf-8"))
     for e in heldout:
-        shutil.copyfile(work / "heldout" / e["file"], out / "heldout" / e["file"])
+        shutil.copyfile(work / "heldout" / e["file"], heldout_out / e["file"])
     n_emb = tiny.vocab * tiny.dim
     man = {
         "description": "Tiny Fun-ASR-Nano trained by tools/train_tiny.py; rebuild with "
-                       "tests/trained_model.py:trained_checkpoint()",
+                       "fun_asr.model.demo.build_checkpoint()",
         "embedding": {"vocab": tiny.vocab, "dim": tiny.dim, "seed": EMBEDDING_SEED, "std": EMBEDDING_STD,
                       "generator": "numpy.random.default_rng(seed).standard_normal((vocab, dim), float32) * std",
                       "trained_rows": len(used)},

@@ -18,14 +18,15 @@ import numpy as np
 from fun_asr import _core
 from fun_asr.asr.cutting import _Cutter, _Item, _source_name
 from fun_asr.asr.language import _is_cjk, guess_language, normalize_language
-from fun_asr.asr.options import TranscribeOptions
+from fun_asr.asr.options import TranscribeOptions, check_hotwords, check_lengths
 from fun_asr.asr.progress import _bar, _NoBar
-from fun_asr.asr.prompt import PromptSpec, check_hotword, prompt_runs, split_hotwords
+from fun_asr.asr.prompt import PromptSpec, prompt_runs
 from fun_asr.asr.results import Segment, Transcription
 from fun_asr.asr.tokenizer import TextTokenizer
 from fun_asr.audio.decode import SAMPLE_RATE, AudioError, AudioInput, AudioReader, Limits, check_audio_input
 from fun_asr.audio.frontend import FrontendConfig, fake_token_len, features, lfr
-from fun_asr.converter.hub import DEFAULT_REPO, resolve_model
+from fun_asr.converter.hub import DEFAULT_REPO, DEMO, resolve_model
+from fun_asr.model.demo import WORDS as _DEMO_WORDS
 from fun_asr.model.native import load_model, model_metadata
 from fun_asr.notices import (
     InputWarning,
@@ -89,8 +90,11 @@ class Session:
                  limits: Limits | None = None) -> None:
         if vad not in ("auto", "fsmn", None, "none"):
             raise ValueError(f"vad must be 'auto', 'fsmn' or None, got {vad!r}")
-        from_hub = not Path(model).expanduser().exists()
+        from_hub = not Path(model).expanduser().exists() and str(model) != DEMO  # the demo is local, no VAD
         self._model_arg = model
+        if str(model) == DEMO and not Path(model).exists():
+            log.warning("the 20-word demo model (-m demo): it knows only %s; for real speech use the default "
+                        "model or a converted checkpoint", ", ".join(_DEMO_WORDS))
         path = resolve_model(model, package_type or _default_package(device), revision, progress)
         self.path = path
         self.model = load_model(path, device=device, threads=threads)
@@ -176,32 +180,8 @@ class Session:
                 ignore_eos: bool = False, vad: bool | None = None,
                 word_timestamps: bool = False) -> TranscribeOptions:
         """Checks transcription options once (ValueError/TypeError naming the option) and returns them."""
-        if isinstance(hotwords, str):
-            hotwords = split_hotwords(hotwords)
-        elif hotwords is not None and not isinstance(hotwords, list | tuple):
-            raise TypeError(f"hotwords must be a list of strings or one comma-separated string, got "
-                            f"{type(hotwords).__name__}")
-        if hotwords is not None and not all(isinstance(h, str) for h in hotwords):
-            raise TypeError("hotwords must be strings")
-        words = tuple(h.strip() for h in (hotwords or []) if h and h.strip())
-        for h in words:
-            check_hotword(h)
-        if len(words) > self.limits.max_hotwords:
-            raise ValueError(f"{len(words)} hotwords; at most {self.limits.max_hotwords} are accepted "
-                             "(Session(limits=Limits(max_hotwords=...)))")
-        long = [h for h in words if len(h) > self.limits.max_hotword_chars]
-        if long:
-            raise ValueError(f"hotword {long[0][:20]!r}... has {len(long[0])} characters; at most "
-                             f"{self.limits.max_hotword_chars} are accepted")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        if isinstance(segment_seconds, bool) or not isinstance(segment_seconds, int | float):
-            raise TypeError(f"segment_seconds must be a number, got {type(segment_seconds).__name__}")
-        if not 1.0 <= segment_seconds <= self.max_segment_seconds:
-            raise ValueError(f"segment_seconds must be between 1 and {self.max_segment_seconds:.2f} "
-                             f"(the encoder's position table), got {segment_seconds}")
-        if max_new_tokens > self.limits.max_new_tokens:
-            raise ValueError(f"max_new_tokens must be at most {self.limits.max_new_tokens}, got {max_new_tokens}")
+        words = check_hotwords(hotwords, self.limits)
+        check_lengths(max_new_tokens, segment_seconds, self.max_segment_seconds, self.limits)
         if vad and self.vad is None:
             raise ValueError("vad=True but this Session has no VAD model (Session(vad='fsmn', vad_model=...))")
         use_vad = self.vad is not None if vad is None else bool(vad)

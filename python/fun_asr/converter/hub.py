@@ -55,7 +55,8 @@ def _reachable(url: str, timeout: float = 5.0) -> str | None:
     return None
 
 
-MODEL_HINT = "give -m (model=) a local .gguf file or checkpoint folder"
+MODEL_HINT = ("give -m (model=) a local .gguf file or checkpoint folder, or try -m demo (a 20-word demo model "
+              "shipped with the package: digits, yes/no, up/down/left/right, stop/go, on/off)")
 VAD_HINT = ("give --vad-model (vad_model=) a local fsmn-vad folder or .gguf, or use a model package that embeds "
             "its VAD (fun-asr-convert SRC --vad-model DIR)")
 
@@ -106,19 +107,44 @@ def cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "fun-asr"
 
 
+DEMO = "demo"
+
+
+def _resolve_demo(package_type: str, progress: bool) -> Path:
+    """The 20-word demo model (:mod:`fun_asr.model.demo`), rebuilt from the package's files and converted once."""
+    import tempfile
+
+    from fun_asr.model import demo
+
+    out = cache_dir() / "models" / f"demo--{demo.fingerprint()}-{package_type}.gguf"
+    if not out.is_file():
+        from fun_asr.converter import convert
+
+        log.info("building the 20-word demo model into %s (%s), once", out, package_type)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".demo-", dir=out.parent) as tmp:
+            ckpt = demo.build_checkpoint(Path(tmp) / "demo")
+            convert(ckpt, out, package_type, progress=progress, overwrite=True)
+    return out
+
+
 def resolve_model(model: str | os.PathLike[str], package_type: str, revision: str | None = None,
                   progress: bool = True) -> Path:
-    """Local path for `model`: itself if it exists, else the converted GGUF of a hub repo id."""
+    """Local path for `model`: itself if it exists, else the converted GGUF of a hub repo id (or of the
+    20-word demo model for ``"demo"``)."""
     path = Path(model).expanduser()
     if path.exists():
         return path
     name = str(model)
+    if name == DEMO:
+        return _resolve_demo(package_type, progress)
     if name.startswith(MODELSCOPE):
         return _resolve_modelscope(name[len(MODELSCOPE):], package_type, revision, progress)
     if not _REPO_ID.match(name):
         raise FileNotFoundError(
             f"{name}: not a file, not a folder, and not a Hugging Face repo id (owner/name) or "
-            f"modelscope:owner/name; give a .gguf file, a checkpoint folder, or e.g. {DEFAULT_REPO}"
+            f"modelscope:owner/name; give a .gguf file, a checkpoint folder, e.g. {DEFAULT_REPO}, or demo (the "
+            "20-word demo model shipped with the package)"
         )
     if revision is None and name == DEFAULT_REPO:
         revision = DEFAULT_REVISION
