@@ -104,7 +104,7 @@ def setup() -> None:
     import numpy as np
 
     import fun_asr
-    from fun_asr.serve.app import Batcher
+    from fun_asr.serve.batcher import Batcher
     from fun_asr.serve.ws_realtime import RealtimeLimits
 
     logging.getLogger("fun_asr").setLevel(logging.ERROR)
