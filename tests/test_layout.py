@@ -11,7 +11,7 @@ reader. Layers, top to bottom::
     converter
     vad
     audio, model
-    notices, _core
+    notices, _core, _compat (the old module paths, by name only)
 
 A module may import a module of a lower layer or of its own package; packages that share a layer do not
 import each other.
@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "python" / "fun_asr"
-LAYERS = [["notices", "_core"], ["audio", "model"], ["vad"], ["converter"], ["asr"], ["serve", "jobs"], ["cli"],
-          [""]]
+LAYERS = [["notices", "_core", "_compat"], ["audio", "model"], ["vad"], ["converter"], ["asr"], ["serve", "jobs"],
+          ["cli"], [""]]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 
@@ -144,3 +144,26 @@ def test_the_checks_catch_violations() -> None:
     assert any("fun_asr.asr.prompt" in c and "fun_asr.asr.session" in c for c in circles(fake))
     # imports inside functions count
     assert "fun_asr.asr.prompt" in imports("fun_asr.asr.session")
+
+
+def test_old_module_paths_still_import() -> None:
+    """Code written against the flat layout (``fun_asr.session``, ``fun_asr.server``, ...) keeps working, with a
+    DeprecationWarning that names the new module; each old name is the new module itself."""
+    import importlib
+    import sys
+    import warnings
+
+    from fun_asr import _compat
+
+    for old, new in _compat.MOVED.items():
+        sys.modules.pop(old, None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mod = importlib.import_module(old)
+        assert mod is importlib.import_module(new), old
+        assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught), old
+        assert old not in MODULES  # the old file is gone: the alias is all that is left
+    from fun_asr.session import Session  # noqa: F401 - the import a user wrote
+
+    import fun_asr
+    assert Session is fun_asr.Session

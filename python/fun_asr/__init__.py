@@ -13,7 +13,7 @@ import os as _os
 if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
     _os.environ["GOMP_SPINCOUNT"] = "10000"
 
-from fun_asr import _core  # noqa: E402
+from fun_asr import _compat, _core  # noqa: E402
 from fun_asr._core import dequantize, quantize, system_info  # noqa: E402
 from fun_asr.asr.session import Segment, Session, Transcription
 from fun_asr.converter import ConversionReport, convert, inspect_gguf
@@ -27,6 +27,8 @@ from fun_asr.notices import (
 )
 
 __version__ = "0.1.0"
+
+_compat.install()  # the flat layout's module paths (fun_asr.session, ...) still import
 
 __all__ = [
     "ConversionReport",

@@ -4,6 +4,6 @@ and :func:`load_model` (a GGUF or a checkpoint -> ``fun_asr._core.Model``)."""
 
 from __future__ import annotations
 
-from fun_asr.model.native import load_model
+from fun_asr.model.native import load_model, model_metadata
 
-__all__ = ["load_model"]
+__all__ = ["load_model", "model_metadata"]
