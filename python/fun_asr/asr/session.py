@@ -8,7 +8,6 @@ import os
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from fun_asr import _core
+from fun_asr.asr.assemble import assemble
 from fun_asr.asr.cutting import _Cutter, _Item, _source_name
-from fun_asr.asr.language import _is_cjk, guess_language, normalize_language
+from fun_asr.asr.language import guess_language, normalize_language
 from fun_asr.asr.options import TranscribeOptions, check_hotwords, check_lengths
 from fun_asr.asr.progress import _bar, _NoBar
 from fun_asr.asr.prompt import PromptSpec, prompt_runs
@@ -29,12 +29,7 @@ from fun_asr.converter.hub import DEFAULT_REPO, DEMO, resolve_model
 from fun_asr.model.demo import WORDS as _DEMO_WORDS
 from fun_asr.model.native import load_model, model_metadata
 from fun_asr.notices import (
-    InputWarning,
     Notice,
-    RecordingFailedWarning,
-    RepetitionWarning,
-    TimestampWarning,
-    TruncatedOutputWarning,
 )
 from fun_asr.vad.frontend import num_fbank_frames
 from fun_asr.vad.native import FsmnVad
@@ -54,8 +49,6 @@ def _default_package(device: str) -> str:
     return "q8_0"
 
 
-_CATEGORY = {"input_truncated": InputWarning, "too_short": InputWarning, "truncated": TruncatedOutputWarning,
-             "repetition": RepetitionWarning, "word_timestamps_failed": TimestampWarning}
 VAD_ENV = "FUN_ASR_VAD_MODEL"  # a user default VAD (a .gguf, a FunASR fsmn-vad folder, or a hub repo id)
 NO_VAD_MESSAGE = (
     "{model}: no FSMN-VAD in this model and none given, so long audio is cut at pauses and silence or noise can "
@@ -444,8 +437,7 @@ class Session:
         if self.aligner is None:
             if not self._told_no_ctc:
                 self._told_no_ctc = True
-                log.warning("word timestamps unavailable: %s; segment-level times only (the ModelScope "
-                            "checkpoint has the CTC head, the Hugging Face one does not)", self.ctc_reason)
+                log.warning("word timestamps unavailable: %s; segment-level times only", self.ctc_reason)
             return
         for item in items:
             t0 = time.perf_counter()
@@ -489,40 +481,14 @@ class Session:
 
     def _result(self, item: _Item, opts: TranscribeOptions, options: dict[str, Any],
                 total_ms: float | None) -> Transcription:
-        timings = item.timings
-        if item.error is not None:
-            warnings.warn(item.error, RecordingFailedWarning, stacklevel=4)
-            return Transcription("", [], opts.language, 0.0, timings, dict(options), item.source,
-                                 [Notice("error", item.error)], False, "error", item.error)
-        notes: list[Notice] = [w if isinstance(w, Notice) else Notice("input_truncated", w) for w in item.warnings]
-        for s in item.segments:
-            if s.truncated:
-                notes.append(Notice("truncated", f"{item.source}: segment {s.start:.2f}-{s.end:.2f} s hit "
-                                    f"max_new_tokens={opts.max_new_tokens}; its text may be cut (raise "
-                                    "max_new_tokens)"))
-            if s.repetition:
-                notes.append(Notice("repetition", f"{item.source}: segment {s.start:.2f}-{s.end:.2f} s was stopped "
-                                    "by the repetition guard"))
-        for note in notes:
-            warnings.warn(str(note), _CATEGORY[note.code], stacklevel=4)
         # conditions of the whole Session: logged once (Session.__init__, _align), recorded in every result
+        session_notes = []
         if opts.no_vad and item.segmentation == "pauses":
-            notes.append(Notice("no_vad", NO_VAD_MESSAGE.format(model=self.path)))
+            session_notes.append(Notice("no_vad", NO_VAD_MESSAGE.format(model=self.path)))
         if opts.word_timestamps and self.aligner is None:
-            notes.append(Notice("word_timestamps_unavailable", f"word timestamps unavailable: {self.ctc_reason}; "
-                                "segment-level times only (the ModelScope checkpoint has the CTC head, the Hugging "
-                                "Face one does not)"))
-        item.warnings = notes
-        duration = len(item.samples) / SAMPLE_RATE
-        n_tokens = sum(len(s.tokens) for s in item.segments)
-        timings["total_ms"] = total_ms if total_ms is not None else sum(timings.values())
-        timings["tokens"] = n_tokens
-        timings["tokens_per_s"] = n_tokens / (timings["decode_ms"] / 1e3) if timings["decode_ms"] > 0 else 0.0
-        timings["real_time_factor"] = timings["total_ms"] / 1e3 / duration if duration > 0 else 0.0
-        return Transcription(self._join(item.segments, opts.language), item.segments, opts.language, duration,
-                             {k: round(v, 3) if isinstance(v, float) else v for k, v in timings.items()},
-                             dict(options), item.source, list(item.warnings), item.input_truncated,
-                             item.empty_reason, segmentation=item.segmentation)
+            session_notes.append(Notice("word_timestamps_unavailable", f"word timestamps unavailable: "
+                                        f"{self.ctc_reason}; segment-level times only"))
+        return assemble(item, opts, options, total_ms, self.spec, session_notes)
 
     def _decode(self, jobs: list[tuple[_Item, int, np.ndarray]], opts: TranscribeOptions, batch_size: int,
                 progress: bool, raise_errors: bool, prefix: np.ndarray | None = None,
@@ -569,21 +535,6 @@ class Session:
                 item.timings["prefill_ms"] += stats["prefill_ms"] / len(chunk)
                 item.timings["decode_ms"] += stats["decode_ms"] / len(chunk)
         bar.close()
-
-    def _join(self, segments: list[Segment], language: str | None) -> str:
-        sep_for = {code: e.get("join", " ") for code, e in self.spec["languages"].items()}
-        text = ""
-        for s in segments:
-            if not s.text:
-                continue
-            if text:
-                if language is not None:
-                    sep = sep_for.get(language, " ")
-                else:  # no language given: no space between CJK characters, a space otherwise
-                    sep = "" if _is_cjk(text[-1]) and _is_cjk(s.text[0]) else " "
-                text += sep
-            text += s.text
-        return text
 
 
 __all__ = ["Segment", "Session", "TranscribeOptions", "Transcription", "guess_language",
