@@ -151,7 +151,7 @@ def test_bad_uploads(server: dict, clips: list[Path]) -> None:
     _assert_error(_post(server, files={"file": ("a.wav", wav)}, data={"temperature": "0.7"}), 400, "temperature")
     _assert_error(_post(server, files={"file": ("a.wav", wav)}, data={"response_format": "xml"}), 400,
                   "response_format")
-    _assert_error(_post(server, files={"file": ("a.wav", wav)}, data={"language": "fr"}), 400, "language")
+    _assert_error(_post(server, files={"file": ("a.wav", wav)}, data={"language": "f\nr"}), 400, "language")
     _assert_error(_post(server, files={"file": ("a.wav", wav)}, data={"model": "gpt-9"}), 400, "model")
     _assert_error(_post(server, files={"file": ("a.wav", wav)}, data={"itn": "maybe"}), 400, "itn")
     with pytest.raises(openai.BadRequestError):

@@ -264,7 +264,7 @@ async def _errors(url: str) -> list[dict]:
         out.append(json.loads(await ws.recv()))
         await ws.send("DANCE")
         out.append(json.loads(await ws.recv()))
-        await ws.send("LANGUAGE:klingon")
+        await ws.send("LANGUAGE:kling\x01on")  # any language name passes (as FunASR); a control character not
         out.append(json.loads(await ws.recv()))
         await ws.send("START")
         out.append(json.loads(await ws.recv()))
@@ -283,7 +283,7 @@ def test_websocket_errors_keep_the_connection(ws_server: str) -> None:
     got = asyncio.run(_errors(ws_server + "any/path/works"))
     assert got[0]["event"] == "error" and "START" in got[0]["error"]
     assert got[1]["event"] == "error" and "unknown command 'DANCE'" in got[1]["error"]
-    assert got[2]["event"] == "error" and "klingon" in got[2]["error"]
+    assert got[2]["event"] == "error" and "control character" in got[2]["error"]
     assert got[3] == {"event": "started"}
     assert got[4]["event"] == "error" and "int16 PCM" in got[4]["error"]
     assert got[-2]["is_final"] and got[-2]["duration_ms"] == 1000 and got[-1] == {"event": "stopped"}

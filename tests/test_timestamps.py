@@ -160,8 +160,7 @@ def test_mlt_languages_are_accepted(nano: dict[str, Path], tmp_path: Path) -> No
     assert "瑞典语" in s.tokenizer.decode(before)  # the prompt string comes from the table (data)
     nano_session = fun_asr.Session(nano["ms-f32"], device="cpu", vad=None)
     assert nano_session.language_table == "nano"
-    with pytest.raises(ValueError, match="unsupported language 'swedish'"):
-        nano_session.normalize_language("swedish")
+    assert nano_session.normalize_language("swedish") == "swedish"  # not Nano's: kept as written (as FunASR)
     r = subprocess.run([sys.executable, "-m", "fun_asr.cli.transcribe", str(CLIP), "-m", str(mlt), "--device", "cpu",
                         "--vad", "none", "--language", "swedish", "--max-new-tokens", "2", "--quiet"],
                        capture_output=True, text=True, timeout=600)

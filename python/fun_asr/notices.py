@@ -18,6 +18,7 @@ CODES = {
     "word_timestamps_unavailable": "word timestamps were asked for but the model has no CTC head",
     "word_timestamps_failed": "a segment's forced alignment failed: it has segment-level times only",
     "error": "the recording could not be read or transcribed",
+    "language_unknown": "the language is not one of the model's: it reached the prompt as written (as FunASR)",
 }
 
 

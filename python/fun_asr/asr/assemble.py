@@ -25,16 +25,16 @@ _CATEGORY = {"input_truncated": InputWarning, "too_short": InputWarning, "trunca
 
 
 def join_text(segments: list[Segment], language: str | None, spec: dict[str, Any]) -> str:
-    """The segments' texts as one: joined as the spec says for ``language``; with no language, no space between
-    CJK characters and a space otherwise."""
+    """The segments' texts as one: joined as the spec says for ``language``; with no language (or one the spec
+    does not list), no space between CJK characters and a space otherwise."""
     sep_for = {code: e.get("join", " ") for code, e in spec["languages"].items()}
     text = ""
     for s in segments:
         if not s.text:
             continue
         if text:
-            if language is not None:
-                sep = sep_for.get(language, " ")
+            if language in sep_for:  # a language the spec lacks (reached the prompt as written) joins as automatic
+                sep = sep_for[language]
             else:
                 sep = "" if _is_cjk(text[-1]) and _is_cjk(s.text[0]) else " "
             text += sep
@@ -43,13 +43,14 @@ def join_text(segments: list[Segment], language: str | None, spec: dict[str, Any
 
 
 def assemble(item: _Item, opts: TranscribeOptions, options: dict[str, Any], total_ms: float | None,
-             spec: dict[str, Any], session_notes: list[Notice]) -> Transcription:
+             spec: dict[str, Any], session_notes: list[Notice], warn: bool = True) -> Transcription:
     """The :class:`Transcription` of ``item``. Its own notices (truncated input, cut or stopped segments) are
-    raised as warnings here; ``session_notes`` (no VAD, no CTC head) are only recorded (logged once elsewhere).
-    The warnings point at the caller of ``Session.transcribe*``."""
+    raised as warnings here (unless not ``warn``), pointing at the caller of ``Session.transcribe*``;
+    ``session_notes`` (no VAD, no CTC head) are only recorded (logged once elsewhere)."""
     timings = item.timings
     if item.error is not None:
-        warnings.warn(item.error, RecordingFailedWarning, stacklevel=5)
+        if warn:
+            warnings.warn(item.error, RecordingFailedWarning, stacklevel=5)
         return Transcription("", [], opts.language, 0.0, timings, dict(options), item.source,
                              [Notice("error", item.error)], False, "error", item.error)
     notes: list[Notice] = [w if isinstance(w, Notice) else Notice("input_truncated", w) for w in item.warnings]
@@ -61,7 +62,7 @@ def assemble(item: _Item, opts: TranscribeOptions, options: dict[str, Any], tota
         if s.repetition:
             notes.append(Notice("repetition", f"{item.source}: segment {s.start:.2f}-{s.end:.2f} s was stopped "
                                 "by the repetition guard"))
-    for note in notes:
+    for note in notes if warn else ():
         warnings.warn(str(note), _CATEGORY[note.code], stacklevel=5)
     notes += session_notes
     item.warnings = notes

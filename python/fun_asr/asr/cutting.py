@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 
@@ -104,7 +103,7 @@ class _Cutter:
         self.pauses: PauseSplitter | None = None
         if vad is not None and opts.vad:
             item.segmentation = "vad"
-            cfg = dataclasses.replace(vad.cfg, max_single_segment_ms=int(round(opts.segment_seconds * 1000)))
+            cfg = opts.vad_config(vad.cfg)  # segment_seconds as the forced cut, the call's VAD kwargs
             self.vad = vad.offline(cfg)
             self.fbank = FbankStream(frontend)
             item.fbank = _Rolling(frontend.num_mel_bins)

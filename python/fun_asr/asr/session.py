@@ -17,8 +17,8 @@ import numpy as np
 from fun_asr import _core
 from fun_asr.asr.assemble import assemble
 from fun_asr.asr.cutting import _Cutter, _Item, _source_name
-from fun_asr.asr.language import guess_language, normalize_language
-from fun_asr.asr.options import TranscribeOptions, check_hotwords, check_lengths
+from fun_asr.asr.language import guess_language, language_notice, language_prompt_name, normalize_language
+from fun_asr.asr.options import TranscribeOptions, check_hotwords, check_lengths, check_vad_options
 from fun_asr.asr.progress import _bar, _NoBar
 from fun_asr.asr.prompt import PromptSpec, prompt_runs
 from fun_asr.asr.results import Segment, Transcription
@@ -118,6 +118,7 @@ class Session:
         self.aligner = CtcAligner.from_model(self.model, meta)  # None: no CTC head, no word timestamps
         self.ctc_reason = None if self.aligner else str(self.model.info()["ctc"].get("reason") or "no CTC head")
         self._told_no_ctc = False
+        self._told_languages: set[str] = set()  # languages the spec lacks, logged once each
         self.vad: FsmnVad | None = None
         self.vad_source: str | None = None  # where the VAD came from: "embedded", a path, a repo id, ...
         if vad not in (None, "none"):
@@ -165,22 +166,33 @@ class Session:
     # -- options -------------------------------------------------------------------------------
 
     def normalize_language(self, language: str | None) -> str | None:
-        """zh/en/ja, their English names or 中文/英文/日文 -> the code; None -> None."""
+        """zh/en/ja, their English names or 中文/英文/日文 -> the code; None -> None; any other name is kept as
+        written and reaches the prompt as FunASR passes it (:func:`fun_asr.asr.language.normalize_language`)."""
         return normalize_language(self.spec, language)
 
     def options(self, language: str | None = None, itn: bool = True, hotwords: list[str] | str | None = None,
                 max_new_tokens: int = 512, segment_seconds: float = 30.0, repetition_guard: bool = True,
                 ignore_eos: bool = False, vad: bool | None = None,
-                word_timestamps: bool = False) -> TranscribeOptions:
-        """Checks transcription options once (ValueError/TypeError naming the option) and returns them."""
+                word_timestamps: bool = False, *, silence_schedule: Any = None, dynamic_silence: bool | None = None,
+                max_end_silence_time: int | None = None) -> TranscribeOptions:
+        """Checks transcription options once (ValueError/TypeError naming the option) and returns them.
+        ``silence_schedule``, ``dynamic_silence``, ``max_end_silence_time``: FunASR 1.4.16's per-call FSMN-VAD
+        kwargs (:class:`fun_asr.asr.options.VadOptions`); they need the VAD to run."""
         words = check_hotwords(hotwords, self.limits)
         check_lengths(max_new_tokens, segment_seconds, self.max_segment_seconds, self.limits)
         if vad and self.vad is None:
             raise ValueError("vad=True but this Session has no VAD model (Session(vad='fsmn', vad_model=...))")
         use_vad = self.vad is not None if vad is None else bool(vad)
+        vad_opts = check_vad_options(silence_schedule, dynamic_silence, max_end_silence_time)
+        if vad_opts.given and not use_vad:
+            named = ", ".join(vad_opts.to_dict())
+            why = "vad=False" if vad is False else "this Session has no VAD model (Session(vad='fsmn', vad_model=...))"
+            raise ValueError(f"{named}: FSMN-VAD options, but the VAD does not run here ({why}); the audio would be "
+                             "cut at pauses, so they would have no effect")
         opts = TranscribeOptions(self.normalize_language(language), bool(itn), words, max_new_tokens,
                                  float(segment_seconds), bool(repetition_guard), bool(ignore_eos), use_vad,
-                                 bool(word_timestamps), no_vad=vad is None and self.vad_missing)
+                                 bool(word_timestamps), no_vad=vad is None and self.vad_missing,
+                                 vad_options=vad_opts)
         # The longest decoder input + max_new_tokens must fit the decoder's context: checked here, once,
         # so that a long hotword list fails with a clear message instead of deep inside decoding.
         before, after = self.prompt_ids(opts)
@@ -201,7 +213,7 @@ class Session:
     # -- transcription -------------------------------------------------------------------------
 
     def prompt_ids(self, opts: TranscribeOptions) -> tuple[list[int], list[int]]:
-        lang_name = None if opts.language is None else self.spec["languages"][opts.language]["prompt_name"]
+        lang_name = language_prompt_name(self.spec, opts.language)  # a name the model lacks: as written (FunASR)
         before, after = prompt_runs(self.prompt, lang_name, opts.itn, list(opts.hotwords))
         return self.tokenizer.encode_runs(before), self.tokenizer.encode_runs(after)
 
@@ -209,7 +221,8 @@ class Session:
                    itn: bool = True, hotwords: list[str] | str | None = None, max_new_tokens: int = 512,
                    segment_seconds: float = 30.0, repetition_guard: bool = True,
                    progress: bool = False, ignore_eos: bool = False, batch_size: int = 8,
-                   vad: bool | None = None, word_timestamps: bool = False) -> Transcription:
+                   vad: bool | None = None, word_timestamps: bool = False, silence_schedule: Any = None,
+                   dynamic_silence: bool | None = None, max_end_silence_time: int | None = None) -> Transcription:
         """Transcribes one recording (path, bytes, binary file object, or array with ``sample_rate``).
 
         Its segments are decoded up to ``batch_size`` at a time (token for token the same as one by
@@ -218,12 +231,19 @@ class Session:
         forced alignment (the ModelScope checkpoint has it; the Hugging Face one does not: then segment
         times only, said once). Raises on audio that cannot be read. ``ignore_eos`` is for benchmarks
         only: decode exactly ``max_new_tokens`` per segment.
+
+        FunASR 1.4.16's per-call VAD kwargs (``AutoModel.generate(..., silence_schedule=...)``): ``silence_schedule``
+        (the dynamic end-silence table, ``[(accumulated_speech_ms, silence_ms), ...]``, or a string
+        ``"10000:2000,inf:100"``; default ``fun_asr.vad.DEFAULT_SILENCE_SCHEDULE``), ``dynamic_silence`` (the
+        schedule on/off; default on unless ``max_end_silence_time`` is given) and ``max_end_silence_time``
+        (a fixed end silence, ms). See :class:`fun_asr.asr.options.VadOptions`.
         """
         check_audio_input(audio)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         opts = self.options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos,
-                            vad, word_timestamps)
+                            vad, word_timestamps, silence_schedule=silence_schedule, dynamic_silence=dynamic_silence,
+                            max_end_silence_time=max_end_silence_time)
         return self._run([audio], sample_rate, opts, batch_size=batch_size, progress=progress, raise_errors=True)[0]
 
     def transcribe_batch(self, audios: list[AudioInput], *, sample_rate: int | None = None,
@@ -231,7 +251,9 @@ class Session:
                          max_new_tokens: int = 512, segment_seconds: float = 30.0, repetition_guard: bool = True,
                          batch_size: int = 8, progress: bool = False, ignore_eos: bool = False,
                          names: list[str] | None = None, vad: bool | None = None,
-                         word_timestamps: bool = False) -> list[Transcription]:
+                         word_timestamps: bool = False, silence_schedule: Any = None,
+                         dynamic_silence: bool | None = None,
+                         max_end_silence_time: int | None = None, warn: bool = True) -> list[Transcription]:
         """Transcribes several recordings with the same options, decoding up to ``batch_size``
         segments at once (one KV cache slot each: every decoding step reads the weights once for the
         whole batch). Results are in input order and token for token equal to ``transcribe``.
@@ -240,7 +262,9 @@ class Session:
         ``error`` set (``ok`` is False, text empty, ``empty_reason`` "error") and a warning is issued.
         ``names`` labels the recordings in messages and ``Transcription.source`` (default: the file
         path, or ``input N <array>``). The timings of each result hold its share of the batch's prefill
-        and decode time."""
+        and decode time. ``silence_schedule``, ``dynamic_silence``, ``max_end_silence_time``: FunASR's VAD
+        kwargs, as in :meth:`transcribe`. ``warn=False``: the notices are only in each result's ``warnings``,
+        no Python warnings are issued (a server that reports them itself; warning filters are process-wide)."""
         one = str | bytes | bytearray | memoryview | os.PathLike | np.ndarray
         if isinstance(audios, one) or hasattr(audios, "read"):
             raise TypeError(f"transcribe_batch takes a list of recordings, got one {type(audios).__name__}; "
@@ -254,28 +278,94 @@ class Session:
         if names is not None and (len(names) != len(audios) or not all(isinstance(n, str) for n in names)):
             raise ValueError(f"names must be {len(audios)} strings, one per recording")
         opts = self.options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos,
-                            vad, word_timestamps)
+                            vad, word_timestamps, silence_schedule=silence_schedule, dynamic_silence=dynamic_silence,
+                            max_end_silence_time=max_end_silence_time)
         return self._run(list(audios), sample_rate, opts, batch_size=batch_size, progress=progress,
-                         raise_errors=False, names=names)
+                         raise_errors=False, names=names, warn=warn)
 
     def stream(self, language: str | None = None, itn: bool = True, hotwords: list[str] | str | None = None, *,
-               max_new_tokens: int = 512, repetition_guard: bool = True, stream_options: Any = None,
-               decoder: Any = None) -> Any:
-        """A live stream (:class:`fun_asr.asr.stream.Stream`): ``feed(pcm, sample_rate=16000)`` any chunk of
-        float32 or int16 audio, get ``partial`` and ``sentence`` events; ``close()`` flushes. FunASR
-        1.4.16's realtime-server semantics; needs the VAD. ``stream_options``: a
+               max_new_tokens: int | None = None, repetition_guard: bool = True, stream_options: Any = None,
+               decoder: Any = None, mode: str = "vad", chunk_ms: int | None = None,
+               rollback_chars: int | None = None) -> Any:
+        """A live stream: ``feed(pcm, sample_rate=16000)`` any chunk of float32 or int16 audio (or int16
+        bytes) and get events; ``close()`` flushes.
+
+        ``mode="vad"`` (default, :class:`fun_asr.asr.stream.Stream`): FunASR 1.4.16's realtime-server
+        semantics, ``partial`` and ``sentence`` events; needs the VAD. ``stream_options``: a
         :class:`fun_asr.asr.stream.StreamOptions`; ``decoder``: a replacement decode function (the server
-        shares one batched decoder between streams)."""
+        shares one batched decoder between streams). ``max_new_tokens`` default 512.
+
+        ``mode="chunked"`` (:class:`fun_asr.asr.chunked.ChunkedStream`): Fun-ASR-Nano's streaming SDK
+        (``FunASRNanoStreamingVLLM``): every ``chunk_ms`` (720) of audio the whole audio so far is encoded
+        again and decoded with the fixed text as the answer's start (``prev_text``); all but the last
+        ``rollback_chars`` (8) characters become fixed and are never rewritten. No VAD needed.
+        ``max_new_tokens`` default 200 per chunk; ``stream_options``: a
+        :class:`fun_asr.asr.chunked.ChunkedOptions` (window, prev_text, ...)."""
+        if mode not in ("vad", "chunked"):
+            raise ValueError(f"mode must be 'vad' (FunASR's realtime server: VAD sentences and partials) or "
+                             f"'chunked' (Fun-ASR-Nano's streaming SDK: fixed and unfixed text), got {mode!r}")
+        if mode == "chunked":
+            from fun_asr.asr.chunked import ChunkedOptions, ChunkedStream
+
+            if decoder is not None:
+                raise ValueError("mode='chunked' decodes with the fixed text forced as the answer's start; a "
+                                 "replacement decoder= is for mode='vad' only")
+            if stream_options is not None and not isinstance(stream_options, ChunkedOptions):
+                raise TypeError(f"mode='chunked' takes stream_options=ChunkedOptions(...), got "
+                                f"{type(stream_options).__name__}")
+            copts = stream_options or ChunkedOptions()
+            given = {k: v for k, v in (("chunk_ms", chunk_ms), ("rollback_chars", rollback_chars),
+                                       ("max_new_tokens", max_new_tokens)) if v is not None}
+            copts = copts.replace(**given)
+            if copts.window_seconds > self.max_segment_seconds:
+                raise ValueError(f"window_seconds ({copts.window_seconds:g}) is longer than the encoder's window "
+                                 f"({self.max_segment_seconds:.2f} s)")
+            opts = self.options(language, itn, hotwords, copts.max_new_tokens, copts.window_seconds,
+                                repetition_guard, vad=False)
+            return ChunkedStream(self, opts, copts)
+        if chunk_ms is not None or rollback_chars is not None:
+            raise ValueError("chunk_ms and rollback_chars are options of mode='chunked' (Fun-ASR-Nano's streaming "
+                             "SDK); mode='vad' takes stream_options=StreamOptions(...)")
         from fun_asr.asr.stream import Stream, StreamOptions
 
+        max_new_tokens = 512 if max_new_tokens is None else max_new_tokens
         opts = self.options(language, itn, hotwords, max_new_tokens, 30.0, repetition_guard)
         # a partial never needs more tokens than a closed sentence (FunASR: 200 and 512)
         sopts = stream_options or StreamOptions(max_new_tokens=max_new_tokens,
                                                 partial_max_new_tokens=min(200, max_new_tokens))
         return Stream(self, opts, sopts, decoder)
 
+    def _decode_audio(self, samples: np.ndarray, opts: TranscribeOptions, forced: list[int],
+                      max_new_tokens: int) -> tuple[list[int], str, dict[str, float]]:
+        """16 kHz samples as one segment (no VAD, no cutting): features -> encoder -> greedy decoding with the
+        prompt of ``opts``, the answer forced to start with the token ids ``forced`` (FunASR's ``prev_text``).
+        Returns the new tokens (stop ids removed), the stop reason and timings (``encode_ms``,
+        ``decode_ms``). With ``forced`` empty the tokens are those ``transcribe(samples, vad=False)`` gives
+        a recording of at most ``segment_seconds``."""
+        t0 = time.perf_counter()
+        feats = features(np.ascontiguousarray(samples, np.float32), self.frontend)
+        if feats.shape[0] == 0:  # shorter than one 25 ms frame: nothing to hear
+            return [], "empty", {"encode_ms": 0.0, "decode_ms": 0.0}
+        before, after = self.prompt_ids(opts)
+        stop = [] if opts.ignore_eos else self.stop_ids
+        with self._lock:
+            out = self.model.encode(feats)
+            rows = out[: fake_token_len(feats.shape[0], self.prompt.fake_token_halvings)]
+            prefix = self.model.embed(before)
+            parts = [prefix, rows, self.model.embed(after)]
+            if forced:
+                parts.append(self.model.embed(list(forced)))
+            t1 = time.perf_counter()
+            self._use_prefix(before, prefix)
+            (tokens, reason), = self.model.generate_batch([np.ascontiguousarray(np.concatenate(parts))],
+                                                          max_new_tokens, stop, repetition_guard=opts.repetition_guard)
+        t2 = time.perf_counter()
+        return ([t for t in tokens if t not in self.stop_ids], reason,
+                {"encode_ms": (t1 - t0) * 1e3, "decode_ms": (t2 - t1) * 1e3})
+
     def _run(self, audios: list[AudioInput], sample_rate: int | None, opts: TranscribeOptions, batch_size: int,
-             progress: bool, raise_errors: bool, names: list[str] | None = None) -> list[Transcription]:
+             progress: bool, raise_errors: bool, names: list[str] | None = None,
+             warn: bool = True) -> list[Transcription]:
         """Each recording streams through read -> 16 kHz -> fbank -> VAD (or the pause splitter) -> the
         segment's features -> encoder, block by block, so that no recording is held whole (_stream); the
         segments' adaptor rows wait for decoding, all recordings' together (longest first), in waves when
@@ -341,10 +431,11 @@ class Session:
                    "repetition_guard": opts.repetition_guard}
         if opts.word_timestamps:
             options["word_timestamps"] = True if self.aligner is not None else f"unavailable: {self.ctc_reason}"
+        options.update(opts.vad_options.to_dict())  # the VAD kwargs given (none: the VAD's defaults)
         total_ms = (time.perf_counter() - t_start) * 1e3
         results = []
         for item in items:  # a loop, not a comprehension: warnings point at the caller (stacklevel)
-            results.append(self._result(item, opts, options, total_ms if len(items) == 1 else None))
+            results.append(self._result(item, opts, options, total_ms if len(items) == 1 else None, warn))
         return results
 
     def _encode(self, item: _Item, a: int, b: int, opts: TranscribeOptions,
@@ -480,7 +571,7 @@ class Session:
         return features(item.samples[a:b], self.frontend)
 
     def _result(self, item: _Item, opts: TranscribeOptions, options: dict[str, Any],
-                total_ms: float | None) -> Transcription:
+                total_ms: float | None, warn: bool = True) -> Transcription:
         # conditions of the whole Session: logged once (Session.__init__, _align), recorded in every result
         session_notes = []
         if opts.no_vad and item.segmentation == "pauses":
@@ -488,7 +579,13 @@ class Session:
         if opts.word_timestamps and self.aligner is None:
             session_notes.append(Notice("word_timestamps_unavailable", f"word timestamps unavailable: "
                                         f"{self.ctc_reason}; segment-level times only"))
-        return assemble(item, opts, options, total_ms, self.spec, session_notes)
+        unknown = language_notice(self.spec, opts.language)  # recorded in every result, logged once per language
+        if unknown is not None:
+            session_notes.append(unknown)
+            if opts.language not in self._told_languages:
+                self._told_languages.add(opts.language)
+                log.warning("%s", unknown)
+        return assemble(item, opts, options, total_ms, self.spec, session_notes, warn)
 
     def _decode(self, jobs: list[tuple[_Item, int, np.ndarray]], opts: TranscribeOptions, batch_size: int,
                 progress: bool, raise_errors: bool, prefix: np.ndarray | None = None,

@@ -11,6 +11,11 @@ cap. The text of a closed sentence is exactly what ``Session.transcribe`` gives 
 
 The decisions are made on the audio's own clock (every 60 ms step), never on how it was chunked, so
 feeding a file in pieces of 10 ms, 1 s or all at once gives the same sentences.
+
+``StreamOptions(endpoint="client")`` is FunASR's client endpoint mode (``realtime_ws.py --endpoint-mode
+client``): no VAD runs; the caller ends each utterance with :meth:`Stream.commit` (the protocol's ``COMMIT``),
+which decodes all audio since the previous commit as one sentence; partials follow the same schedule,
+counted from the utterance's start.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ class StreamOptions:
     lookback_s: float = 5.0  # audio kept before the open sentence (the VAD reports starts late)
     vad_chunk_ms: int = 60
     max_sentence_s: float = 30.0  # the VAD's forced cut (max_single_segment_time)
+    endpoint: str = "server"  # "server": the VAD ends sentences; "client": commit() does (FunASR's COMMIT)
 
     def check(self) -> None:
         for name in ("first_partial_ms", "partial_interval_ms", "partial_max_new_tokens", "max_new_tokens",
@@ -80,6 +86,9 @@ class StreamOptions:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         if not self.partial_window_s > 0 or not self.max_sentence_s >= 1:
             raise ValueError("partial_window_s must be > 0 and max_sentence_s >= 1")
+        if self.endpoint not in ("server", "client"):
+            raise ValueError(f"endpoint must be 'server' (the VAD ends sentences) or 'client' (commit() does), got "
+                             f"{self.endpoint!r}")
 
 
 def _percentiles(values: list[float]) -> dict[str, float | int]:
@@ -95,18 +104,26 @@ class Stream:
 
     def __init__(self, session: Session, opts: TranscribeOptions, stream_opts: StreamOptions | None = None,
                  decoder: Decoder | None = None) -> None:
-        if session.vad is None:
-            raise ValueError("streaming needs the FSMN-VAD: create the Session with vad='fsmn' (and vad_model=) "
-                             "or a hub model, which brings it")
-        self.session = session
-        self.opts = opts
         self.sopts = stream_opts or StreamOptions()
         self.sopts.check()
+        self.client_endpoints = self.sopts.endpoint == "client"
+        if session.vad is None and not self.client_endpoints:
+            raise ValueError("streaming needs the FSMN-VAD: create the Session with vad='fsmn' (and vad_model=) "
+                             "or a hub model, which brings it (or StreamOptions(endpoint='client'): the caller "
+                             "ends each utterance with commit())")
+        self.session = session
+        self.opts = opts
         self._decode_fn = decoder or self._decode_local
-        import dataclasses
+        # applied to each closed sentence's text (the server's POSTPROCESS_HOTWORDS); tokens stay as decoded
+        self.postprocess: Callable[[str], str] | None = None
+        self._vad: Any = None
+        if not self.client_endpoints:
+            import dataclasses
 
-        cfg = dataclasses.replace(session.vad.cfg, max_single_segment_ms=int(round(self.sopts.max_sentence_s * 1000)))
-        self._vad = session.vad.stream(self.sopts.vad_chunk_ms, cfg, schedule="server")
+            assert session.vad is not None
+            cfg = dataclasses.replace(session.vad.cfg,
+                                      max_single_segment_ms=int(round(self.sopts.max_sentence_s * 1000)))
+            self._vad = session.vad.stream(self.sopts.vad_chunk_ms, cfg, schedule="server")
         self._step = SAMPLE_RATE * self.sopts.vad_chunk_ms // 1000
         self._pending = np.zeros(0, np.float32)  # < one VAD step, not yet processed
         self._buf = np.zeros(0, np.float32)  # audio from absolute sample _buf_start on
@@ -126,6 +143,8 @@ class Stream:
         self._close_delays: list[float] = []  # the audio that closed the sentence arrived -> sentence event
         self._first_partial_delays: list[float] = []
         self._partial_seen_for: int | None = None
+        self._commit_mark = 0  # samples received when the last utterance was committed (client endpoints)
+        self._committed: list[StreamEvent] = []  # the last commit's sentence (client endpoints)
 
     # -- input ---------------------------------------------------------------------------------------
 
@@ -180,7 +199,8 @@ class Stream:
 
     def close(self) -> list[StreamEvent]:
         """End of audio: flushes the VAD (FunASR's finalize), decodes the open sentence, returns the
-        last events. Afterwards ``response(is_final=True)`` is the final result."""
+        last events (client endpoints: commits the last utterance). Afterwards ``response(is_final=True)``
+        is the final result."""
         if self.closed:
             return []
         if self._resampler is not None:
@@ -188,11 +208,44 @@ class Stream:
             if tail.size:
                 self._received += tail.size
                 self._pending = np.concatenate([self._pending, tail.astype(np.float32)])
-        events = self._process(self._pending, final=True)
+        if self.client_endpoints:
+            events = self.commit()
+        else:
+            events = self._process(self._pending, final=True)
         self._pending = np.zeros(0, np.float32)
         self.closed = True
         self.partial = None
         return events
+
+    def commit(self) -> list[StreamEvent]:
+        """Client endpoints (FunASR's ``COMMIT``): ends the utterance: all audio received since the last
+        commit is decoded as one sentence (none if under ``min_sentence_ms`` or no text); returns its
+        event. Afterwards ``response(is_final=True)`` holds that sentence only, as FunASR's commit result."""
+        if not self.client_endpoints:
+            raise RuntimeError("commit() ends utterances in client endpoint mode (StreamOptions(endpoint='client')); "
+                               "this stream's VAD ends them itself")
+        if self.closed:
+            raise RuntimeError("the stream is closed")
+        if self._pending.size:
+            self._process(self._pending, final=False, partial_ok=False)
+            self._pending = np.zeros(0, np.float32)
+        events: list[StreamEvent] = []
+        if self.speech_start is not None:
+            events = self._close_sentence(self.speech_start, self.duration_ms)
+        self._committed = events
+        self.speech_start = None
+        self.partial = None
+        self._buf = np.zeros(0, np.float32)  # FunASR releases the utterance's audio
+        self._buf_start = self.total_samples
+        self._first_decode_done = False
+        self._last_decode = self.total_samples
+        self._commit_mark = self._received
+        return events
+
+    @property
+    def uncommitted_samples(self) -> int:
+        """Samples received since the last commit (or the start): what a ``COMMIT`` or ``STOP`` would end."""
+        return self._received - self._commit_mark
 
     # -- the realtime loop ---------------------------------------------------------------------------
 
@@ -204,6 +257,13 @@ class Stream:
         self._buf = np.concatenate([self._buf, piece]) if self._buf.size else piece.copy()
         self.total_samples += piece.size
         events: list[StreamEvent] = []
+        if self.client_endpoints:  # no VAD: the utterance starts with its first audio (ClientEndpointVAD)
+            if piece.size and self.speech_start is None:
+                self.speech_start = (self.total_samples - piece.size) * 1000 // SAMPLE_RATE
+            if partial_ok and self._should_decode():
+                events += self._partial()
+            self._compact()
+            return events
         if final:  # DynamicStreamingVAD.finalize(): 10 ms of zeros with is_final
             vad_events = self._vad.feed(np.concatenate([piece, np.zeros(SAMPLE_RATE // 100, np.float32)]),
                                         is_final=True)
@@ -244,6 +304,8 @@ class Stream:
         if end_ms <= start_ms or audio.size < self.sopts.min_sentence_ms * SAMPLE_RATE // 1000:
             return []
         text, tokens = self._decode_fn(audio, self.sopts.max_new_tokens)
+        if self.postprocess is not None:
+            text = self.postprocess(text)
         if not text.strip():
             return []
         ev = StreamEvent("sentence", text, start_ms, end_ms, list(tokens))
@@ -253,7 +315,11 @@ class Stream:
         return [ev]
 
     def _partial(self) -> list[StreamEvent]:
-        if self.total_samples < self.sopts.first_partial_ms * SAMPLE_RATE // 1000:
+        first = self.sopts.first_partial_ms * SAMPLE_RATE // 1000
+        if self.client_endpoints:  # counted from the utterance's start
+            if self.speech_start is None or self.total_samples - self.speech_start * SAMPLE_RATE // 1000 < first:
+                return []
+        elif self.total_samples < first:
             return []
         if self.speech_start is None:
             self._last_decode = self.total_samples
@@ -308,8 +374,11 @@ class Stream:
         return 0.0
 
     def response(self, is_final: bool = False) -> dict[str, Any]:
-        """FunASR's realtime result: every closed sentence so far, the open one's partial text."""
-        sentences = [{"text": s.text, "start": s.start, "end": s.end} for s in self.sentences]
+        """FunASR's realtime result: every closed sentence so far, the open one's partial text. Client
+        endpoints: the final result (after commit() or close()) holds the committed utterance's sentence; the
+        others hold none (FunASR's locked sentences are reset at each commit)."""
+        shown = (self._committed if is_final else []) if self.client_endpoints else self.sentences
+        sentences = [{"text": s.text, "start": s.start, "end": s.end} for s in shown]
         if is_final:
             return {"sentences": sentences, "partial": "", "partial_start_ms": 0, "duration_ms": self.duration_ms,
                     "is_final": True}

@@ -12,6 +12,7 @@ import threading
 import warnings
 
 from fun_asr.asr.messages import cli_words
+from fun_asr.cli.transcribe import UsageError, add_vad_arguments, vad_kwargs
 from fun_asr.converter.hub import DEFAULT_REPO
 
 PROG = "fun-asr-batch"
@@ -24,15 +25,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Transcribe a corpus into a folder of JSONL shards (one object per recording) and summary.json. "
                     "Rerunning the same command skips what is done, so a stopped job resumes.",
         epilog="Inputs: directories (searched recursively), globs ('data/**/*.flac'), lists of paths (.txt/.lst), "
-               "JSONL or CSV/TSV manifests (id, audio, optional text, language, hotwords), Kaldi wav.scp (a 'text' "
-               "file beside it gives the references). Local paths or fsspec URLs (s3://, gs://, https://, ...).")
+               "JSONL or CSV/TSV manifests (id, audio, optional text, language, hotwords; FunASR's JSONL key, source, "
+               "target, text_language too), Kaldi wav.scp (a 'text' file beside it gives the references). Local "
+               "paths or fsspec URLs (s3://, gs://, https://, ...).")
     ap.add_argument("inputs", nargs="+", metavar="INPUT", help="what to transcribe (see below)")
     ap.add_argument("-o", "--output-dir", required=True, help="result folder (created if missing; a rerun resumes)")
     ap.add_argument("-m", "--model", default=DEFAULT_REPO,
                     help=f"GGUF file, checkpoint folder or hub repo id (default {DEFAULT_REPO}, fetched and "
                          "converted once); with --ray it must exist at this path on every node, or be a hub id")
-    ap.add_argument("--language", help="zh, en, ja (or chinese/english/japanese, 中文/英文/日文); leave it out for "
-                                       "automatic; a manifest's per-item 'language' overrides it")
+    ap.add_argument("--language", help="zh, en, ja (or chinese/english/japanese, 中文/英文/日文, FunASR's aliases; any "
+                                       "other name reaches the prompt as written); leave it out for automatic; a "
+                                       "manifest's per-item 'language' overrides it")
     ap.add_argument("--no-itn", action="store_true", help="no inverse text normalization")
     ap.add_argument("--hotwords", help="comma-separated words to favour; a manifest's per-item 'hotwords' override")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
@@ -43,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--vad", default="auto", choices=["auto", "fsmn", "none"],
                     help="FunASR's FSMN-VAD in front of the recognizer (default auto: when available)")
     ap.add_argument("--vad-model", help="FSMN-VAD model: a .gguf, a FunASR fsmn-vad folder, or a hub repo id")
+    add_vad_arguments(ap)
     ap.add_argument("--no-repetition-guard", action="store_true", help="do not stop n-gram loops early")
     ap.add_argument("--batch-size", type=int, default=8,
                     help="recordings per batch, and segments decoded together (default 8)")
@@ -104,6 +108,10 @@ def _check(args: argparse.Namespace) -> str | None:
             normalize_language(load_spec(), args.language)
         except ValueError as exc:
             return f"--language {args.language}: {exc}"
+    try:
+        args.vad_kwargs = vad_kwargs(args)
+    except UsageError as exc:
+        return str(exc)
     return None
 
 
@@ -148,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                       batch_size=args.batch_size, reference=args.reference, input_format=args.input_format,
                       workers=args.workers, shard_size=args.shard_size, retry_failed=args.retry_failed, ray=ray,
                       actors=args.actors, threads_per_actor=args.threads_per_actor, progress=progress,
-                      stop=stop, progress_interval=interval)
+                      stop=stop, progress_interval=interval, **args.vad_kwargs)
     except KeyboardInterrupt:
         code = 128 + (received[0] if received else signal.SIGINT)
         print(f"\n{PROG}: interrupted; rerun the same command to resume", file=sys.stderr)

@@ -37,12 +37,30 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ws-port", type=int, default=10095,
                     help="also serve on FunASR's realtime port, so its WebSocket clients connect unchanged "
                          "(ws://HOST:10095/; 0 = off; the main port serves WebSockets on every path too)")
+    ap.add_argument("--ssl-certfile", help="TLS certificate (PEM): serve https:// and wss:// on every port "
+                                           "(FunASR's clients connect with --ssl 1)")
+    ap.add_argument("--ssl-keyfile", help="TLS private key (PEM), unless the certificate file holds it")
     ap.add_argument("--max-streams", type=int, default=16, help="concurrent realtime WebSocket streams")
     ap.add_argument("--stream-idle-seconds", type=float, default=60.0,
                     help="close a WebSocket that sends nothing for this long")
     ap.add_argument("--stream-max-seconds", type=float, default=4 * 3600.0, help="longest audio per stream")
     ap.add_argument("--stream-buffer-seconds", type=float, default=30.0,
-                    help="audio a stream may have waiting; frames past it get an error event")
+                    help="audio a stream may have waiting; past it the server stops reading the connection until "
+                         "it caught up (TCP back-pressure: no audio is refused)")
+    ap.add_argument("--hotword-file", default=None,
+                    help="FunASR's hotword file, one hotword per line: every WebSocket stream's hotwords until "
+                         "the client sends HOTWORDS: (default: ./热词列表 when it exists, as FunASR)")
+    ap.add_argument("--postprocess-hotword-file", default=None,
+                    help="FunASR's 'wrong=>right' lines: text replacements in every closed WebSocket sentence")
+    ap.add_argument("--language", default=None,
+                    help="WebSocket streams' language until the client sends LANGUAGE: (default: automatic)")
+    ap.add_argument("--endpoint-mode", choices=["server", "client"], default="server",
+                    help="who ends WebSocket sentences: the server's VAD, or the client's COMMIT (FunASR's modes)")
+    ap.add_argument("--enable-spk", action="store_true", help="FunASR's speaker diarization: not available yet")
+    ap.add_argument("--ws-ping-interval", type=float, default=20.0, help="WebSocket ping interval; <= 0: no pings")
+    ap.add_argument("--ws-ping-timeout", type=float, default=0.0,
+                    help="close a WebSocket whose pong is this late; <= 0: never (a stream that fell behind is not "
+                         "read, so it cannot answer; FunASR's default)")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all cores)")
     ap.add_argument("--max-upload-mb", type=float, default=100.0, help="largest accepted upload, in MB (413 above)")
@@ -86,8 +104,23 @@ def main(argv: list[str] | None = None) -> int:
         if value < low:
             print(f"{PROG}: error: {name} must be {low} or more, got {value}", file=sys.stderr)
             return 2
+    if args.ssl_keyfile and not args.ssl_certfile:
+        print(f"{PROG}: error: --ssl-keyfile needs --ssl-certfile", file=sys.stderr)
+        return 2
+    if args.ssl_certfile:  # checked before the model loads (uvicorn would fail only after it)
+        import ssl
+
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+        except (OSError, ssl.SSLError) as exc:
+            print(f"{PROG}: error: cannot load the TLS certificate {args.ssl_certfile}: {exc}", file=sys.stderr)
+            return 2
     if not args.max_upload_mb > 0:
         print(f"{PROG}: error: --max-upload-mb must be positive, got {args.max_upload_mb:g}", file=sys.stderr)
+        return 2
+    if args.enable_spk:  # FunASR's flag: refused, never ignored
+        print(f"{PROG}: error: --enable-spk: speaker diarization is not available yet in fun-asr (drop the flag; "
+              "sentences carry no 'spk' field)", file=sys.stderr)
         return 2
     try:
         import uvicorn
@@ -125,11 +158,14 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"{PROG}: error: cannot load model {args.model}: {exc}", file=sys.stderr)
         return 1
-    from fun_asr.serve.ws_realtime import RealtimeLimits
+    from fun_asr.serve.ws_realtime import realtime_limits, uvicorn_ws_options
 
     try:
-        limits = RealtimeLimits(args.max_streams, args.stream_idle_seconds, args.stream_max_seconds,
-                                args.stream_buffer_seconds)
+        limits = realtime_limits(session, max_new_tokens=args.max_new_tokens, max_streams=args.max_streams,
+                                 idle_seconds=args.stream_idle_seconds, max_seconds=args.stream_max_seconds,
+                                 buffer_seconds=args.stream_buffer_seconds, language=args.language,
+                                 hotword_file=args.hotword_file, postprocess_hotword_file=args.postprocess_hotword_file,
+                                 endpoint_mode=args.endpoint_mode)
         app = create_app(session, model_id=args.model_id, max_upload_mb=args.max_upload_mb,
                          max_concurrency=args.max_concurrency, max_new_tokens=args.max_new_tokens,
                          segment_seconds=args.max_segment_seconds, realtime=limits,
@@ -142,13 +178,17 @@ def main(argv: list[str] | None = None) -> int:
         msg = cli_words(str(exc), segment_flag="--max-segment-seconds", max_audio_flag="--max-audio-seconds")
         print(f"{PROG}: error: {msg}", file=sys.stderr)
         return 2
-    config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", timeout_graceful_shutdown=30)
+    config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", timeout_graceful_shutdown=30,
+                            ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
+                            **uvicorn_ws_options(args.max_upload_mb, args.ws_ping_interval, args.ws_ping_timeout))
     server = uvicorn.Server(config)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    ws = " and ".join(f"ws://{shown}:{sk.getsockname()[1]}/" for sk in sockets)
-    realtime = f"; realtime WebSocket {ws}" if session.vad is not None else "; no realtime WebSocket (no VAD)"
-    print(f"{PROG}: {args.model_id} listening on http://{shown}:{port}/v1 ({session.model.info()['backend']})"
+    tls = "s" if args.ssl_certfile else ""
+    ws = " and ".join(f"ws{tls}://{shown}:{sk.getsockname()[1]}/" for sk in sockets)
+    streams = session.vad is not None or args.endpoint_mode == "client"
+    realtime = f"; realtime WebSocket {ws}" if streams else "; no realtime WebSocket (no VAD)"
+    print(f"{PROG}: {args.model_id} listening on http{tls}://{shown}:{port}/v1 ({session.model.info()['backend']})"
           f"{realtime}", file=sys.stderr, flush=True)
     try:
         server.run(sockets=sockets)

@@ -31,8 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("-m", "--model", default=DEFAULT_REPO,
                     help=f"GGUF file, checkpoint folder or hub repo id (default {DEFAULT_REPO}, fetched and "
                          "converted once)")
-    ap.add_argument("--language", help="zh, en, ja (or chinese/english/japanese, 中文/英文/日文); "
-                                       "leave it out for automatic")
+    ap.add_argument("--language", help="zh, en, ja (or chinese/english/japanese, 中文/英文/日文, FunASR's aliases); "
+                                       "any other name reaches the prompt as written, with a warning; leave it "
+                                       "out for automatic")
     ap.add_argument("--no-itn", action="store_true", help="no inverse text normalization")
     ap.add_argument("--hotwords", help="comma-separated words to favour, e.g. 'FunASR,ggml'")
     ap.add_argument("-f", "--format", default="txt", choices=[*FORMATS, "all"], help="output format (default txt)")
@@ -40,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                "printing to stdout (created if missing)")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (default 0: all cores)")
-    ap.add_argument("--max-new-tokens", type=int, default=512, help="decoding limit per segment (default 512)")
+    ap.add_argument("--max-new-tokens", type=int, default=None,
+                    help="decoding limit per segment (default 512; --stream-mode chunked: per chunk, default 200)")
     ap.add_argument("--segment-seconds", "--max-segment-seconds", dest="segment_seconds", type=float, default=30.0,
                     help="longest segment in seconds: the VAD's forced cut, or the pause splitter's limit (default 30)")
     ap.add_argument("--vad", default="auto", choices=["auto", "fsmn", "none"],
@@ -49,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "cut long audio at pauses (default auto)")
     ap.add_argument("--vad-model", help="FSMN-VAD model: a .gguf, a FunASR fsmn-vad folder, or a hub repo id "
                                         "(default funasr/fsmn-vad)")
+    add_vad_arguments(ap)
     ap.add_argument("--no-repetition-guard", action="store_true", help="do not stop n-gram loops early")
     ap.add_argument("--word-timestamps", action="store_true",
                     help="per-word (CTC token) times from the checkpoint's CTC head, as FunASR: in json, and srt/vtt "
@@ -59,9 +62,57 @@ def build_parser() -> argparse.ArgumentParser:
                     help="real-time streaming: FILE is '-' (raw 16 kHz mono int16 PCM on stdin, e.g. from arecord) "
                          "or an audio file; prints partial results and timed sentences (-f json: one event per line)")
     ap.add_argument("--realtime", action="store_true", help="with --stream FILE: feed the file at real-time pace")
+    ap.add_argument("--stream-mode", default="vad", choices=["vad", "chunked"],
+                    help="with --stream: vad = FunASR's realtime server (VAD sentences + partials, default); "
+                         "chunked = Fun-ASR-Nano's streaming SDK (the whole audio re-decoded every --chunk-ms, "
+                         "text that never changes once fixed; no VAD needed)")
+    ap.add_argument("--chunk-ms", type=int, default=None,
+                    help="--stream-mode chunked: a decode every this many ms of audio (default 720)")
+    ap.add_argument("--rollback-chars", type=int, default=None,
+                    help="--stream-mode chunked: characters at the end that stay unfixed (default 8)")
     ap.add_argument("--quiet", action="store_true", help="no progress, warnings or 'wrote' lines on stderr")
     ap.add_argument("--verbose", action="store_true", help="full tracebacks and logging")
     return ap
+
+
+def add_vad_arguments(ap: argparse.ArgumentParser) -> None:
+    """FunASR 1.4.16's per-call FSMN-VAD kwargs as flags (shared with fun-asr-batch)."""
+    ap.add_argument("--silence-schedule", metavar="MS:SILENCE,...",
+                    help="FunASR's dynamic end-silence schedule (generate(silence_schedule=...)): pairs of "
+                         "accumulated speech ms : end silence ms, the first row whose limit is reached applies, e.g. "
+                         "'10000:2000,20000:1000,30000:800,40000:600,50000:400,60000:200,inf:100' (the default)")
+    ap.add_argument("--dynamic-silence", action=argparse.BooleanOptionalAction, default=None,
+                    help="FunASR's dynamic_silence: the schedule on or off (default on unless --max-end-silence-time "
+                         "is given; off = a fixed end silence, the VAD config's 800 ms)")
+    ap.add_argument("--max-end-silence-time", type=int, metavar="MS",
+                    help="FunASR's max_end_silence_time: a fixed end silence in ms (turns the schedule off unless "
+                         "--dynamic-silence)")
+
+
+def vad_kwargs(args: argparse.Namespace) -> dict:
+    """The VAD flags checked (UsageError naming the flag) -> Session.transcribe kwargs (only those given)."""
+    from fun_asr.asr.options import check_vad_options
+
+    try:
+        opts = check_vad_options(args.silence_schedule, args.dynamic_silence, args.max_end_silence_time)
+    except (TypeError, ValueError) as exc:
+        msg = str(exc)
+        for name in ("silence_schedule", "dynamic_silence", "max_end_silence_time"):
+            msg = msg.replace(name, "--" + name.replace("_", "-"))
+        msg = msg.replace("--dynamic-silence=True", "--dynamic-silence").replace("--dynamic-silence=False",
+                                                                                 "--no-dynamic-silence")
+        raise UsageError(msg.replace("silence --silence-schedule", "silence schedule")) from None
+    if opts.given and args.vad == "none":
+        raise UsageError("--silence-schedule, --dynamic-silence and --max-end-silence-time set the FSMN-VAD; "
+                         "drop --vad none")
+    kw = {}
+    if opts.silence_schedule is not None:
+        kw["silence_schedule"] = opts.silence_schedule
+    if opts.dynamic_silence is not None:
+        kw["dynamic_silence"] = opts.dynamic_silence
+    if opts.max_end_silence_time is not None:
+        kw["max_end_silence_time"] = opts.max_end_silence_time
+    return kw
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,50 +133,52 @@ def _error(msg: str) -> None:
     print(f"{PROG}: error: {msg}", file=sys.stderr)
 
 
-def _language_names() -> str:
-    from fun_asr.model.spec import load_spec
-
-    langs = load_spec()["languages"]
-    return "; ".join(f"{code} ({', '.join(n for n in e['names'] if n != code)})" for code, e in langs.items())
-
-
 def check_options(args: argparse.Namespace) -> None:
     """Everything that can be checked without the model, once, before it loads."""
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be 1 or more, got {args.batch_size}")
-    if args.max_new_tokens < 1:
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be 1 or more, got {args.max_new_tokens}")
+    chunked_stream = args.stream and args.stream_mode == "chunked"
+    if args.max_new_tokens is None and not chunked_stream:
+        args.max_new_tokens = 512
     if not args.segment_seconds >= 1.0:
         raise UsageError(f"--segment-seconds must be at least 1, got {args.segment_seconds:g}")
     if args.threads < 0:
         raise UsageError(f"--threads must be 0 (all cores) or more, got {args.threads}")
-    if args.language is not None:
-        from fun_asr.asr.session import normalize_language
-        from fun_asr.model.funasr_checkpoint import languages_for
+    if args.language is not None:  # any name reaches the prompt (as FunASR); a control character, too long: no
+        from fun_asr.asr.language import normalize_language
         from fun_asr.model.spec import load_spec
 
-        spec = load_spec()
-        known = False
-        for variant in spec.get("language_tables", {}).get("variants", {"nano": {}}):
-            try:
-                normalize_language({"languages": languages_for(spec, variant)}, args.language)
-                known = True
-            except ValueError:
-                pass
-        if not known:  # no model knows it; whether this model does is checked once it is loaded
-            raise UsageError(f"--language {args.language}: not supported; accepted: {_language_names()} "
-                             "(Fun-ASR-MLT-Nano: 31 languages); leave --language out for automatic")
+        try:
+            normalize_language(load_spec(), args.language)
+        except ValueError as exc:
+            raise UsageError(f"--language {args.language!r}: {exc}") from None
     if args.vad_model and args.vad == "none":
         raise UsageError("--vad-model with --vad none: choose one")
     if args.files.count(STDIN) > 1:
         raise UsageError("'-' (standard input) can be given once")
     if args.realtime and not args.stream:
         raise UsageError("--realtime paces --stream FILE; add --stream")
+    args.vad_kwargs = vad_kwargs(args)
+    chunked = args.stream_mode == "chunked"
+    if not (args.stream and chunked) and (args.chunk_ms is not None or args.rollback_chars is not None):
+        raise UsageError("--chunk-ms and --rollback-chars are for --stream --stream-mode chunked")
+    if args.stream_mode != "vad" and not args.stream:
+        raise UsageError("--stream-mode is for --stream; add --stream")
+    if args.chunk_ms is not None and not 1 <= args.chunk_ms <= 60000:
+        raise UsageError(f"--chunk-ms must be between 1 and 60000, got {args.chunk_ms}")
+    if args.rollback_chars is not None and args.rollback_chars < 0:
+        raise UsageError(f"--rollback-chars must be 0 or more, got {args.rollback_chars}")
     if args.stream:
         if len(args.files) != 1:
             raise UsageError("--stream takes one input: '-' (raw 16 kHz int16 PCM on stdin) or one audio file")
-        if args.vad == "none":
-            raise UsageError("--stream needs the VAD (it closes the sentences); drop --vad none")
+        if args.vad == "none" and not chunked:
+            raise UsageError("--stream needs the VAD (it closes the sentences); drop --vad none, or use "
+                             "--stream-mode chunked")
+        if args.vad_kwargs:
+            raise UsageError("--silence-schedule, --dynamic-silence and --max-end-silence-time apply to file "
+                             "transcription (FunASR's offline VAD); --stream uses the realtime server's schedule")
         if args.format not in ("txt", "json") or args.output_dir:
             raise UsageError("--stream prints to stdout: -f txt (lines) or -f json (one event per line), no -o")
     formats = list(FORMATS) if args.format == "all" else [args.format]
@@ -315,8 +368,9 @@ def _main(argv: list[str] | None) -> int:
         _error(f"cannot load model {args.model}: {exc}")
         return 1
     try:
-        session.options(None, not args.no_itn, args.hotwords, args.max_new_tokens, args.segment_seconds,
-                        not args.no_repetition_guard)
+        if not (args.stream and args.stream_mode == "chunked"):
+            session.options(None, not args.no_itn, args.hotwords, args.max_new_tokens, args.segment_seconds,
+                            not args.no_repetition_guard, **args.vad_kwargs)
         language = session.normalize_language(args.language)
     except (ValueError, TypeError) as exc:
         _error(cli_words(str(exc)))
@@ -335,7 +389,7 @@ def _main(argv: list[str] | None) -> int:
             inputs, language=language, itn=not args.no_itn, hotwords=args.hotwords,
             max_new_tokens=args.max_new_tokens, segment_seconds=args.segment_seconds,
             repetition_guard=not args.no_repetition_guard, batch_size=step, progress=interactive,
-            word_timestamps=args.word_timestamps,
+            word_timestamps=args.word_timestamps, **args.vad_kwargs,
         )
         for i, (name, result) in enumerate(zip(group, results, strict=True)):
             shown = "<stdin>" if name == STDIN else name
@@ -366,17 +420,45 @@ def _stream(session, args: argparse.Namespace, language: str | None) -> int:  # 
 
     from fun_asr.audio.decode import SAMPLE_RATE, decode_audio
 
+    chunked = args.stream_mode == "chunked"
     try:
-        stream = session.stream(language, not args.no_itn, args.hotwords, max_new_tokens=args.max_new_tokens,
-                                repetition_guard=not args.no_repetition_guard)
-    except ValueError as exc:
+        if chunked:
+            stream = session.stream(language, not args.no_itn, args.hotwords, mode="chunked",
+                                    max_new_tokens=args.max_new_tokens,
+                                    repetition_guard=not args.no_repetition_guard, chunk_ms=args.chunk_ms,
+                                    rollback_chars=args.rollback_chars)
+        else:
+            stream = session.stream(language, not args.no_itn, args.hotwords, max_new_tokens=args.max_new_tokens,
+                                    repetition_guard=not args.no_repetition_guard)
+    except (ValueError, TypeError) as exc:
         _error(cli_words(str(exc)))
         return 2
     as_json = args.format == "json"
     tty = sys.stdout.isatty()
     shown_partial = [False]
+    shown_fixed = [0]
+
+    def show_chunks(events: list, final: bool = False) -> None:
+        """Chunked mode: -f json one SDK result per line; a terminal shows the fixed text and, dimmed, the
+        unfixed end on one refreshed line; otherwise the text is written as it becomes fixed."""
+        for ev in events:
+            if as_json:
+                print(json.dumps(ev.to_dict(), ensure_ascii=False), flush=True)
+            elif tty:
+                width = os.get_terminal_size().columns - 1
+                line = ev.fixed_text + "\033[2m" + ev.unfixed_text + "\033[0m"
+                tail = ev.text[-width:] if len(ev.text) > width else None
+                sys.stdout.write("\r\033[K" + (tail if tail is not None else line) + ("\n" if ev.is_final else ""))
+                sys.stdout.flush()
+            else:
+                sys.stdout.write(ev.fixed_text[shown_fixed[0]:] + ("\n" if ev.is_final else ""))
+                sys.stdout.flush()
+                shown_fixed[0] = len(ev.fixed_text)
 
     def show(events: list, final: bool = False) -> None:
+        if chunked:
+            show_chunks(events, final)
+            return
         for ev in events:
             if as_json:
                 print(json.dumps(ev.to_dict(), ensure_ascii=False), flush=True)

@@ -81,7 +81,8 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
         workers: int | None = None, shard_size: int = 1000, retry_failed: bool = False,
         ray: bool | str | RaySettings | None = None, actors: int | None = None,
         threads_per_actor: int | None = None, progress: bool | str = False, session: Any = None,
-        stop: threading.Event | None = None, progress_interval: float = 10.0) -> dict:
+        stop: threading.Event | None = None, progress_interval: float = 10.0, silence_schedule: Any = None,
+        dynamic_silence: bool | None = None, max_end_silence_time: int | None = None) -> dict:
     """Transcribes a corpus into ``output_dir`` (see the module doc) and returns the summary (also
     written to ``output_dir/summary.json``).
 
@@ -94,6 +95,8 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
     stderr every ``progress_interval`` seconds: done/total, audio hours, speed, ETA; for logs).
     ``stop``: when set (e.g. from a signal handler), the job stops after writing the batch in flight;
     the summary then says ``interrupted`` and a rerun resumes.
+    ``silence_schedule``, ``dynamic_silence``, ``max_end_silence_time``: FunASR's per-call VAD kwargs, as
+    ``Session.transcribe`` takes them.
     """
     if progress not in (False, True, None, "bar", "lines"):
         raise BatchError(f"progress must be False, True (a bar) or 'lines', got {progress!r}")
@@ -105,8 +108,14 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
         vad = None
     if isinstance(hotwords, str):
         hotwords = [h.strip() for h in hotwords.split(",")]
+    from fun_asr.asr.options import check_vad_options
+
+    try:
+        vad_options = check_vad_options(silence_schedule, dynamic_silence, max_end_silence_time).to_dict()
+    except (TypeError, ValueError) as exc:
+        raise BatchError(str(exc)) from None
     opts = JobOptions(language, tuple(h.strip() for h in (hotwords or []) if h and h.strip()), bool(itn),
-                      max_new_tokens, float(segment_seconds), bool(repetition_guard), batch_size)
+                      max_new_tokens, float(segment_seconds), bool(repetition_guard), batch_size, vad_options)
     use_ray = ray is not None and ray is not False
     if use_ray:
         if session is not None:
@@ -176,7 +185,7 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
                     session = Session(model_arg, device=device, threads=threads, progress=bar_mode == "bar",
                                       vad=vad, vad_model=vad_model)
                 session.options(language, itn, list(opts.hotwords), max_new_tokens, segment_seconds,
-                                repetition_guard)
+                                repetition_guard, **vad_options)
                 bar.begin()
                 _local_engine(todo, session, opts, emit, workers or min(4, os.cpu_count() or 1), stop)
                 engine_info = {"workers": workers or min(4, os.cpu_count() or 1)}

@@ -17,9 +17,15 @@ from typing import Any
 AUDIO_EXTENSIONS = frozenset({".wav", ".wave", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aif", ".aiff", ".aifc",
                               ".au", ".snd", ".w64", ".rf64", ".caf", ".sph", ".nist", ".wv", ".voc"})
 INPUT_FORMATS = ("auto", "dir", "glob", "list", "jsonl", "csv", "scp", "audio")
+# Accepted manifest keys, first found wins. FunASR's JSONL (funasr/datasets/audio_datasets/scp2jsonl.py, what
+# AutoModel.generate(input="x.jsonl") and its training read): "key", "source" (the audio), "target" (the
+# transcript), optional "text_language"; its "source_len"/"target_len" are lengths, not needed here.
 _ID_KEYS = ("id", "key", "utt", "utt_id", "uttid")
 _AUDIO_KEYS = ("audio", "path", "audio_filepath", "wav", "file", "source")
-_TEXT_KEYS = ("text", "reference", "transcript", "sentence")
+_TEXT_KEYS = ("text", "reference", "transcript", "sentence", "target")
+_LANGUAGE_KEYS = ("language", "lang", "text_language")
+
+
 class BatchError(ValueError):
     """A problem with the job as a whole (an unreadable manifest, duplicate ids, a busy output
     folder): reported before any work. Problems with one recording are recorded, never raised."""
@@ -188,6 +194,15 @@ def _hotwords(value: object) -> tuple[str, ...] | None:
     raise BatchError(f"hotwords must be a list or a comma-separated string, got {type(value).__name__}")
 
 
+def _language_tag(value: str) -> str | None:
+    """A manifest's language: SenseVoice-style tags (FunASR's ``text_language``: ``<|en|>``) unwrapped; ``auto``
+    and ``nospeech`` (its tag for clips without speech) mean none (automatic)."""
+    value = value.strip()
+    if value.startswith("<|") and value.endswith("|>"):
+        value = value[2:-2].strip()
+    return None if value.lower() in ("", "auto", "nospeech") else value
+
+
 def _first(row: dict, keys: Sequence[str]) -> Any:
     for k in keys:
         if k in row and row[k] is not None and row[k] != "":
@@ -204,13 +219,13 @@ def _manifest_items(rows: Iterable[tuple[int, dict]], name: str, base: str) -> l
         audio = _resolve(str(audio), base)
         key = _first(row, _ID_KEYS)
         ref = _first(row, _TEXT_KEYS)
-        lang = _first(row, ("language", "lang"))
+        lang = _first(row, _LANGUAGE_KEYS)
         try:
             hw = _hotwords(row.get("hotwords"))
         except BatchError as exc:
             raise BatchError(f"{name}:{n}: {exc}") from None
         items.append(Item(str(key) if key is not None else "", audio, None if ref is None else str(ref),
-                          None if lang is None else str(lang), hw))
+                          None if lang is None else _language_tag(str(lang)), hw))
     missing = [i for i, it in enumerate(items) if not it.id]
     if missing:
         ids = _path_list_ids([items[i].audio for i in missing])
@@ -228,7 +243,8 @@ def _read_jsonl(path: str) -> list[Item]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise BatchError(f"{path}:{n}: not JSON ({exc.msg}); a JSONL manifest has one object per line with "
-                             "'id', 'audio' and optional 'text', 'language', 'hotwords'") from None
+                             "'id', 'audio' and optional 'text', 'language', 'hotwords' (or FunASR's 'key', 'source', "
+                             "'target', 'text_language')") from None
         if not isinstance(obj, dict):
             raise BatchError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
         rows.append((n, obj))

@@ -30,6 +30,7 @@ class JobOptions:
     segment_seconds: float = 30.0
     repetition_guard: bool = True
     batch_size: int = 8
+    vad_options: dict[str, Any] = field(default_factory=dict)  # FunASR's VAD kwargs (silence_schedule, ...)
 
     def for_item(self, item: Item) -> tuple[str | None, tuple[str, ...]]:
         return (self.language if item.language is None else item.language,
@@ -103,7 +104,8 @@ def _call(session: Any, loaded: list[Loaded], language: str | None, hotwords: tu
         return session.transcribe_batch(
             [ld.samples for ld in loaded], sample_rate=16000, language=language, itn=opts.itn, hotwords=list(hotwords),
             max_new_tokens=opts.max_new_tokens, segment_seconds=opts.segment_seconds,
-            repetition_guard=opts.repetition_guard, batch_size=opts.batch_size, names=[ld.item.audio for ld in loaded])
+            repetition_guard=opts.repetition_guard, batch_size=opts.batch_size, names=[ld.item.audio for ld in loaded],
+            **opts.vad_options)
 
 
 def transcribe_loaded(session: Any, loaded: Sequence[Loaded], opts: JobOptions) -> list[dict]:

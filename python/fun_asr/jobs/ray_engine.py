@@ -52,7 +52,7 @@ class RayTranscriber:
         self.session = Session(model, device=device, threads=threads, progress=False, vad=vad, vad_model=vad_model)
         o = self.opts  # the job's own options must be valid: fail the job, not every item
         self.session.options(o.language, o.itn, list(o.hotwords), o.max_new_tokens, o.segment_seconds,
-                             o.repetition_guard)
+                             o.repetition_guard, **o.vad_options)
 
     def __call__(self, batch: Any) -> Any:
         import pyarrow as pa
@@ -129,7 +129,8 @@ def _ray_engine(todo: list[Item], model: str, device: str, vad: str | None, vad_
                             memory=_READ_TASK_MEMORY)
         options = {"language": opts.language, "hotwords": list(opts.hotwords), "itn": opts.itn,
                    "max_new_tokens": opts.max_new_tokens, "segment_seconds": opts.segment_seconds,
-                   "repetition_guard": opts.repetition_guard, "batch_size": opts.batch_size}
+                   "repetition_guard": opts.repetition_guard, "batch_size": opts.batch_size,
+                   "vad_options": opts.vad_options}
         remote: dict[str, Any] = {"num_cpus": actor_cpus}
         if gpus_per_actor:
             remote["num_gpus"] = gpus_per_actor

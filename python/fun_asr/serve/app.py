@@ -1,7 +1,9 @@
 """The server (`fun-asr-serve`) put together over one shared Session: the FastAPI app with its lifespan (the
-batcher), the API key, request ids and one access-log line per request, errors in OpenAI's shape, and the routes:
-OpenAI's transcription API (:mod:`~fun_asr.serve.openai`), FunASR's realtime WebSocket on every path
-(:mod:`~fun_asr.serve.ws_realtime`), GET /health.
+batcher), the API key (a header, or ``?api_key=`` in the URL: :func:`api_key_ok`), request ids and one access-log
+line per request (never the query string), errors in OpenAI's shape (FastAPI's on FunASR's routes), and the routes:
+OpenAI's transcription API (:mod:`~fun_asr.serve.openai`), FunASR's offline ``POST /asr``
+(:mod:`~fun_asr.serve.funasr_http`), FunASR's realtime WebSocket on every path (:mod:`~fun_asr.serve.ws_realtime`),
+GET /health.
 """
 
 from __future__ import annotations
@@ -10,27 +12,77 @@ import contextlib
 import hmac
 import json
 import logging
+import re
 import time
 import uuid
-import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request, WebSocket
+from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fun_asr.asr.session import Session
-from fun_asr.notices import FunAsrWarning
 from fun_asr.serve.batcher import Batcher
-from fun_asr.serve.errors import ApiError, _error
+from fun_asr.serve.errors import ApiError, error_for, is_funasr_path
+from fun_asr.serve.funasr_http import add_funasr_routes
 from fun_asr.serve.openai import RESPONSE_FORMATS, ServerContext, add_openai_routes, verbose_json  # noqa: F401
+from fun_asr.serve.ws_2pass import serve_websocket  # the runtime (2pass) protocol, or hands over to ws_realtime
 from fun_asr.serve.ws_realtime import RealtimeLimits
-from fun_asr.serve.ws_realtime import handle as realtime_handle
 
 log = logging.getLogger("fun_asr.server")
 access_log = logging.getLogger("fun_asr.access")
+
+API_KEY_PARAM = "api_key"  # ?api_key=KEY: for clients that cannot set headers (a browser's WebSocket)
+_KEY_IN_URL = re.compile(r"((?:^|[?&])api(?:_|%5f)key=)[^&#\s\"]*", re.IGNORECASE)  # also API_KEY, api%5Fkey
+
+
+def api_key_ok(api_key: str | None, headers: Mapping[str, str], query: Mapping[str, str] | None = None) -> bool:
+    """Whether a request may pass: no key is configured, or it sends the key as ``Authorization: Bearer KEY``
+    or as the URL's ``?api_key=KEY`` (browsers cannot set headers on a WebSocket; a key in a URL can land in
+    proxies' logs and browser history, which this server's own access log never records). Constant-time."""
+    if not api_key:
+        return True
+    want = api_key.encode()
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), want):
+        return True
+    given = query.get(API_KEY_PARAM) if query is not None else None
+    return given is not None and hmac.compare_digest(given.encode(), want)
+
+
+def redact_api_key(text: str) -> str:
+    """A URL or log line with any ``api_key=`` value replaced by ``***``."""
+    return _KEY_IN_URL.sub(r"\1***", text)
+
+
+class _RedactApiKey(logging.Filter):
+    """Hides ``?api_key=`` values in uvicorn's own log lines (its access log and its WebSocket lines print
+    the path with the query string)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(isinstance(a, str) and _KEY_IN_URL.search(a) for a in record.args):
+            record.args = tuple(redact_api_key(a) if isinstance(a, str) else a for a in record.args)
+        if isinstance(record.msg, str) and _KEY_IN_URL.search(record.msg):
+            record.msg = redact_api_key(record.msg)
+        return True
+
+
+def _redact_uvicorn_logs() -> None:
+    for name in ("uvicorn.access", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _RedactApiKey) for f in logger.filters):
+            logger.addFilter(_RedactApiKey())
+
+
+def _routes(app: FastAPI) -> str:
+    """The app's HTTP routes for a 404 message: ``POST /v1/audio/transcriptions, GET /v1/models, ...``."""
+    out = [f"{m} {r.path}" for r in app.routes if isinstance(r, APIRoute) for m in sorted(r.methods)]
+    return ", ".join(out) + ", and FunASR's realtime WebSocket on every path"
 
 
 def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0, max_concurrency: int = 8,
@@ -50,22 +102,19 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
         finally:
             await anyio.to_thread.run_sync(ctx.batcher.close)
 
-    # Each result's warnings are logged once per request (below); the Session's own Python warnings
-    # for the same events would print them a second time.
-    warnings.filterwarnings("ignore", category=FunAsrWarning, module=r"fun_asr\.serve\.")  # (the batcher)
     app = FastAPI(title="fun-asr", description="OpenAI-compatible speech-to-text with Fun-ASR-Nano", lifespan=lifespan)
+    app.state.context = ctx  # the routes' shared state (the batcher once started), for tests and extensions
     if cors_origins:  # none unless asked
         from fastapi.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "X-Request-Id"])
 
-    def authorized(headers: Any) -> bool:
-        if not api_key:
-            return True
-        got = headers.get("authorization", "")
-        scheme, _, token = got.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+    _redact_uvicorn_logs()  # uvicorn prints paths with their query string: never a key
+
+    def authorized(headers: Any, query: Mapping[str, str] | None = None) -> bool:
+        """The API key check of every HTTP route and of the WebSocket (pass ``ws.query_params`` for ?api_key=)."""
+        return api_key_ok(api_key, headers, query)
 
     @app.middleware("http")
     async def access(request: Request, call_next: Any) -> Response:
@@ -73,9 +122,9 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
         rid = request.headers.get("x-request-id") or uuid.uuid4().hex[:16]
         request.state.rid = rid
         t0 = time.perf_counter()
-        if request.url.path != "/health" and not authorized(request.headers):
-            response: Response = _error(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", None,
-                                        "invalid_api_key")
+        if request.url.path != "/health" and not authorized(request.headers, request.query_params):
+            response: Response = error_for(request.url.path, 401, "missing or wrong API key: send 'Authorization: "
+                                           "Bearer <key>' (or ?api_key=<key> in the URL)", None, "invalid_api_key")
         else:
             response = await call_next(request)
         response.headers["X-Request-Id"] = rid
@@ -87,28 +136,32 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
         return response
 
     @app.exception_handler(ApiError)
-    async def _api_error(_req: Request, exc: ApiError) -> JSONResponse:
-        return _error(exc.status, exc.message, exc.param, exc.code, exc.kind)
+    async def _api_error(req: Request, exc: ApiError) -> JSONResponse:
+        return error_for(req.url.path, exc.status, exc.message, exc.param, exc.code, exc.kind)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(req: Request, exc: RequestValidationError) -> JSONResponse:
+        if is_funasr_path(req.url.path):  # FunASR's server answers FastAPI's 422 with its "detail" list
+            return await request_validation_exception_handler(req, exc)
         first = exc.errors()[0] if exc.errors() else {}
         param = str(first.get("loc", ["", ""])[-1]) or None
-        return _error(400, f"invalid request: {first.get('msg', 'bad input')}", param, "invalid_value")
+        return error_for(req.url.path, 400, f"invalid request: {first.get('msg', 'bad input')}", param,
+                         "invalid_value")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        path = req.url.path
         if exc.status_code == 404:
-            return _error(404, f"unknown route {req.method} {req.url.path}: this server has POST "
-                               "/v1/audio/transcriptions, GET /v1/models, GET /health", None, "not_found")
+            return error_for(path, 404, f"unknown route {req.method} {path}: this server has {_routes(app)}", None,
+                             "not_found")
         if exc.status_code == 405:
-            return _error(405, f"method {req.method} is not allowed on {req.url.path}", None, "method_not_allowed")
-        return _error(exc.status_code, str(exc.detail), None, None)
+            return error_for(path, 405, f"method {req.method} is not allowed on {path}", None, "method_not_allowed")
+        return error_for(path, exc.status_code, str(exc.detail), None, None)
 
     @app.exception_handler(Exception)
-    async def _internal(_req: Request, exc: Exception) -> JSONResponse:
+    async def _internal(req: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error")
-        return _error(500, f"internal error: {exc}", None, None, "server_error")
+        return error_for(req.url.path, 500, f"internal error: {exc}", None, None, "server_error")
 
     limits = realtime or RealtimeLimits()
     live = [0]  # streams connected now
@@ -116,24 +169,14 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
     @app.websocket("/{path:path}")
     async def realtime_ws(ws: WebSocket, path: str) -> None:  # noqa: ARG001 - FunASR serves any path
         """FunASR's realtime protocol on every path (ws://host:port/ as FunASR's clients connect)."""
-        if not authorized(ws.headers):
-            access_log.info("%s", json.dumps({"ts": round(time.time(), 3), "method": "WEBSOCKET",
-                                              "path": ws.url.path, "status": 403, "reason": "api key"}))
-            await ws.close(code=1008)  # before accept: the upgrade is refused (HTTP 403)
-            return
-        if session.vad is None:
-            await ws.accept()
-            await ws.send_text(json.dumps({"event": "error", "error": "streaming needs the FSMN-VAD; start the "
-                                                                      "server with --vad fsmn (or --vad-model)"}))
-            await ws.close(code=1011)
-            return
-        assert ctx.batcher is not None
-        await realtime_handle(ws, session, ctx.batcher.submit, limits, live, max_new_tokens)
+        await serve_websocket(ws, session, ctx.batcher, limits, live, max_new_tokens,
+                              authorized=authorized(ws.headers, ws.query_params))
 
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok", "model": model_id}
 
     add_openai_routes(app, ctx)
+    add_funasr_routes(app, ctx)
 
     return app

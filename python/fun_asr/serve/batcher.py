@@ -57,18 +57,20 @@ class Batcher:
                 return
 
     def _run(self, batch: list[tuple[tuple, tuple[np.ndarray, str], Future]]) -> None:
-        # options: (language, itn, hotwords, max_new_tokens, segment_seconds, vad, word_timestamps); None =
-        # the server's setting. Streams decode their VAD sentences without running the offline VAD again.
+        # options: (language, itn, hotwords, max_new_tokens, segment_seconds, vad, word_timestamps[, vad_kwargs]);
+        # None = the server's setting; vad_kwargs: FunASR's VAD kwargs as a tuple of (name, value) pairs.
+        # Streams decode their VAD sentences without running the offline VAD again.
         batch = [job for job in batch if job[2].set_running_or_notify_cancel()]  # drop timed-out requests
         if not batch:
             return
-        language, itn, hotwords, max_new, seconds, vad, words = batch[0][0]
+        language, itn, hotwords, max_new, seconds, vad, words, *rest = batch[0][0]
+        vad_kwargs = dict(rest[0]) if rest else {}
         try:
             results = self.session.transcribe_batch(
                 [job[1][0] for job in batch], sample_rate=SAMPLE_RATE, language=language, itn=itn,
                 hotwords=list(hotwords), max_new_tokens=max_new or self.max_new_tokens, batch_size=len(batch),
                 segment_seconds=seconds or self.segment_seconds, names=[job[1][1] for job in batch], vad=vad,
-                word_timestamps=words)
+                word_timestamps=words, warn=False, **vad_kwargs)  # each route reports its results' warnings itself
         except Exception as exc:  # noqa: BLE001 - handed to every waiting request
             for _, _, fut in batch:
                 fut.set_exception(exc)

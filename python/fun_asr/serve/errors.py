@@ -1,11 +1,18 @@
-"""Errors in OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``) and the request-field helpers
-shared by the server's routes."""
+"""Errors in OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``) and, on FunASR's routes, in
+FastAPI's shape as FunASR's servers answer (``{"detail": ...}``); and the request-field helpers shared by the
+server's routes."""
 
 from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
 from fun_asr.asr.messages import cli_words
+
+# The routes that speak FunASR's offline HTTP protocol (serve/funasr_http.py): their errors are FastAPI's.
+FUNASR_PATHS = ("/asr",)
+
+SPEAKERS_UNAVAILABLE = ("spk=true asks for speaker labels (diarization), which fun-asr-serve does not have yet; "
+                        "send spk=false or leave spk out")
 
 
 class ApiError(Exception):
@@ -19,6 +26,24 @@ def _error(status: int, message: str, param: str | None = None, code: str | None
            kind: str = "invalid_request_error") -> JSONResponse:
     return JSONResponse(status_code=status,
                         content={"error": {"message": message, "type": kind, "param": param, "code": code}})
+
+
+def is_funasr_path(path: str) -> bool:
+    """Whether a request path is one of FunASR's routes (errors as ``{"detail": ...}``)."""
+    return path.rstrip("/") in FUNASR_PATHS
+
+
+def detail_error(status: int, message: str) -> JSONResponse:
+    """An error as FastAPI's HTTPException answers it (FunASR's servers): ``{"detail": "message"}``."""
+    return JSONResponse(status_code=status, content={"detail": message})
+
+
+def error_for(path: str, status: int, message: str, param: str | None = None, code: str | None = None,
+              kind: str = "invalid_request_error") -> JSONResponse:
+    """The error in the shape of the route it answers: FunASR's on FunASR's routes, else OpenAI's."""
+    if is_funasr_path(path):
+        return detail_error(status, message)
+    return _error(status, message, param, code, kind)
 
 
 def _bool(value: str | None, name: str, default: bool) -> bool:
@@ -36,4 +61,3 @@ def _words(exc: BaseException) -> str:
     """A Session/audio message in a client's words (request fields, the server's flags)."""
     return cli_words(str(exc), segment_flag="fun-asr-serve --max-segment-seconds",
                      max_audio_flag="fun-asr-serve --max-audio-seconds", hotwords="hotwords")
-

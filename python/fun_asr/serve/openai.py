@@ -1,33 +1,39 @@
 """OpenAI's transcription API: ``POST /v1/audio/transcriptions`` (multipart, as OpenAI's: file, model, language,
 prompt (used as comma-separated hotwords), response_format (json, text, srt, vtt, verbose_json), temperature (only
-0), plus the extensions itn and hotwords) and ``GET /v1/models``."""
+0), stream (OpenAI's server-sent ``transcript.text.delta`` / ``transcript.text.done`` events), plus the extensions
+itn, hotwords and FunASR's spk) and ``GET /v1/models``; and the upload/decode/batcher steps every route shares."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile
 
+from fun_asr.asr.assemble import join_text
 from fun_asr.asr.formats import render
+from fun_asr.asr.language import english_name
 from fun_asr.asr.prompt import split_hotwords
 from fun_asr.asr.session import Session, Transcription
 from fun_asr.audio.decode import AudioError
 from fun_asr.notices import Notice
 from fun_asr.serve.batcher import Batcher, _decode
-from fun_asr.serve.errors import ApiError, _bool, _words
+from fun_asr.serve.errors import SPEAKERS_UNAVAILABLE, ApiError, _bool, _words
 
 log = logging.getLogger("fun_asr.server")
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+STREAM_FORMATS = ("json", "text")  # as OpenAI: a stream of transcript.text events replaces these two
 MODEL_ALIASES = ("fun-asr", "fun-asr-nano", "whisper-1")
-LANGUAGE_NAMES = {"zh": "chinese", "en": "english", "ja": "japanese"}
+LANGUAGE_NAMES = {"zh": "chinese", "en": "english", "ja": "japanese", "ko": "korean"}
 
 
 @dataclass
@@ -49,14 +55,65 @@ class ServerContext:
         return int(self.max_upload_mb * 1024 * 1024)
 
 
-def verbose_json(t: Transcription, words: bool = False) -> dict[str, Any]:
+async def read_upload(upload: UploadFile, ctx: ServerContext) -> bytes:
+    """The uploaded file's bytes: 413 past ``--max-upload-mb``, 400 for an empty file."""
+    data = await upload.read(ctx.max_bytes + 1)
+    if len(data) > ctx.max_bytes:
+        raise ApiError(413, f"upload exceeds the limit of {ctx.max_upload_mb:g} MB", "file", "file_too_large")
+    if not data:
+        raise ApiError(400, "the uploaded file is empty", "file", "empty_file")
+    return data
+
+
+async def transcribe_upload(ctx: ServerContext, data: bytes, name: str, options: tuple) -> Transcription:
+    """Decodes an upload off the event loop and transcribes it through the shared batcher (``options`` as
+    :meth:`Batcher.submit` takes them): 400 for audio that cannot be read, 429 past ``--max-queue`` waiting
+    requests, 504 past ``--request-timeout``. The result's warnings are logged once, here."""
+    try:
+        samples, info = await anyio.to_thread.run_sync(_decode, data, name)
+    except AudioError as exc:
+        raise ApiError(400, _words(exc), "file", "invalid_audio") from None
+    batcher = ctx.batcher
+    assert batcher is not None
+    if batcher.jobs.qsize() >= ctx.max_queue:
+        raise ApiError(429, f"server busy: {batcher.jobs.qsize()} requests are waiting (limit {ctx.max_queue}); "
+                            "retry later", None, "rate_limit_exceeded", "rate_limit_error")
+    fut = batcher.submit(samples, options, name)
+    try:
+        result: Transcription = await asyncio.wait_for(asyncio.wrap_future(fut), timeout=ctx.request_timeout)
+    except asyncio.TimeoutError:
+        fut.cancel()
+        raise ApiError(504, f"the transcription took longer than {ctx.request_timeout:g} s", None, "timeout",
+                       "server_error") from None
+    except ValueError as exc:
+        raise ApiError(400, _words(exc), None, "invalid_value") from None
+    if info.truncated:
+        result.input_truncated = True
+        result.warnings[:0] = [Notice("input_truncated", w) for w in info.warnings]
+    for w in result.warnings:
+        log.warning("%s", w)
+    return result
+
+
+def segment_words(segment: Any) -> list[dict[str, Any]]:
+    """A segment's word (CTC token) times as OpenAI and FunASR give them: ``{"word", "start", "end"}`` (s)."""
+    return [{"word": w["word"], "start": w["start"], "end": w["end"]} for w in (segment.words or [])]
+
+
+def verbose_json(t: Transcription, words: bool = False, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    """OpenAI's verbose_json, with FunASR's ``words`` inside each segment (``[]`` unless word timestamps were
+    asked for) and fun-asr's extensions (truncation flags, warnings, segmentation, timings)."""
     lang = t.detected_language  # the requested language, else inferred from the text's script
+    if spec is not None:
+        language = english_name(spec, lang) or "unknown"
+    else:
+        language = LANGUAGE_NAMES.get(lang or "", lang or "unknown")
     extra: dict[str, Any] = {}
     if words:  # timestamp_granularities=["word"]: OpenAI's words list (empty without a CTC head)
-        extra["words"] = [{"word": w["word"], "start": w["start"], "end": w["end"]} for w in (t.words or [])]
+        extra["words"] = [w for s in t.segments for w in segment_words(s)]
     return {
         "task": "transcribe",
-        "language": LANGUAGE_NAMES.get(lang or "", lang or "unknown"),
+        "language": language,
         "duration": round(t.duration, 3),
         "text": t.text,
         "truncated": t.truncated,
@@ -67,7 +124,7 @@ def verbose_json(t: Transcription, words: bool = False) -> dict[str, Any]:
         "segments": [
             {"id": i, "seek": int(s.start * 100), "start": s.start, "end": s.end, "text": s.text,
              "tokens": s.tokens, "temperature": 0.0, "stop_reason": s.stop_reason, "truncated": s.truncated,
-             "repetition": s.repetition}
+             "repetition": s.repetition, "words": segment_words(s) if words else []}
             for i, s in enumerate(t.segments)
         ],
         "timings": t.timings,
@@ -75,11 +132,44 @@ def verbose_json(t: Transcription, words: bool = False) -> dict[str, Any]:
     }
 
 
+def stream_events(t: Transcription, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """OpenAI's streamed transcription: one ``transcript.text.delta`` per decoded segment with text (its text,
+    after the separator the transcript puts before it, so that the deltas add up to the text exactly), then
+    ``transcript.text.done`` with the whole text (and the json format's truncation flags)."""
+    events: list[dict[str, Any]] = []
+    shown: list[Any] = []
+    text = ""
+    for s in t.segments:
+        if not s.text:
+            continue
+        shown.append(s)
+        joined = join_text(shown, t.language, spec)  # the transcript so far, joined as the full text is
+        events.append({"type": "transcript.text.delta", "delta": joined[len(text):]})
+        text = joined
+    if text != t.text:  # never expected (join_text builds t.text); the deltas must add up to the text
+        raise RuntimeError(f"streamed deltas {text!r} do not add up to the transcript {t.text!r}")
+    events.append({"type": "transcript.text.done", "text": t.text, "truncated": t.truncated,
+                   "input_truncated": t.input_truncated})
+    return events
+
+
+def sse_response(events: list[dict[str, Any]]) -> StreamingResponse:
+    """Server-sent events as OpenAI sends them: ``data: <json>`` blocks, then ``data: [DONE]``."""
+
+    async def body() -> AsyncIterator[str]:
+        for event in events:
+            yield f"data: {json.dumps(event, ensure_ascii=False, separators=(',', ':'))}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
 def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
     """GET /v1/models and POST /v1/audio/transcriptions on ``app``."""
     session, model_id, max_upload_mb = ctx.session, ctx.model_id, ctx.max_upload_mb
     max_bytes, max_new_tokens, segment_seconds = ctx.max_bytes, ctx.max_new_tokens, ctx.segment_seconds
-    max_queue, request_timeout, created = ctx.max_queue, ctx.request_timeout, ctx.created
+    created = ctx.created
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -103,11 +193,7 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
         if not isinstance(upload, UploadFile):
             raise ApiError(400, "missing 'file': send the audio as a multipart file field named 'file'", "file",
                            "missing_file")
-        data = await upload.read(max_bytes + 1)
-        if len(data) > max_bytes:
-            raise ApiError(413, f"upload exceeds the limit of {max_upload_mb:g} MB", "file", "file_too_large")
-        if not data:
-            raise ApiError(400, "the uploaded file is empty", "file", "empty_file")
+        data = await read_upload(upload, ctx)
 
         def field(name: str) -> str | None:
             v = form.get(name)
@@ -121,6 +207,13 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
         if fmt not in RESPONSE_FORMATS:
             raise ApiError(400, f"unsupported response_format {fmt!r}: accepted {', '.join(RESPONSE_FORMATS)}",
                            "response_format", "invalid_value")
+        stream = _bool(field("stream"), "stream", False)
+        if stream and fmt not in STREAM_FORMATS:
+            raise ApiError(400, f"stream=true sends OpenAI's transcript.text events, which replace response_format "
+                                f"{' or '.join(STREAM_FORMATS)}; got response_format {fmt!r} (send stream=false for "
+                                "it)", "stream", "invalid_value")
+        if _bool(field("spk"), "spk", False):
+            raise ApiError(400, SPEAKERS_UNAVAILABLE, "spk", "unsupported_value")
         temperature = field("temperature")
         if temperature is not None:
             try:
@@ -147,40 +240,20 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
         words = "word" in granularities
         language = field("language")
         try:
-            session.normalize_language(language)
-        except ValueError as exc:
+            session.normalize_language(language)  # a name the model lacks is used as written (as FunASR)
+        except (ValueError, TypeError) as exc:
             raise ApiError(400, str(exc), "language", "invalid_value") from None
 
         name = upload.filename or "upload"
-        try:
-            samples, info = await anyio.to_thread.run_sync(_decode, data, name)
-        except AudioError as exc:
-            raise ApiError(400, _words(exc), "file", "invalid_audio") from None
-        batcher = ctx.batcher
-        assert batcher is not None
-        if batcher.jobs.qsize() >= max_queue:
-            raise ApiError(429, f"server busy: {batcher.jobs.qsize()} requests are waiting (limit {max_queue}); "
-                                "retry later", None, "rate_limit_exceeded", "rate_limit_error")
-        fut = batcher.submit(samples, (language, itn, tuple(hotwords), None, None, None, words), name)
-        try:
-            result: Transcription = await asyncio.wait_for(asyncio.wrap_future(fut), timeout=request_timeout)
-        except asyncio.TimeoutError:
-            fut.cancel()
-            raise ApiError(504, f"the transcription took longer than {request_timeout:g} s", None, "timeout",
-                           "server_error") from None
-        except ValueError as exc:
-            raise ApiError(400, _words(exc), None, "invalid_value") from None
-        if info.truncated:
-            result.input_truncated = True
-            result.warnings[:0] = [Notice("input_truncated", w) for w in info.warnings]
-        for w in result.warnings:
-            log.warning("%s", w)
+        result = await transcribe_upload(ctx, data, name, (language, itn, tuple(hotwords), None, None, None, words))
 
+        if stream:
+            return sse_response(stream_events(result, session.spec))
         if fmt == "json":
             return JSONResponse({"text": result.text, "truncated": result.truncated,
                                  "input_truncated": result.input_truncated})
         if fmt == "verbose_json":
-            return JSONResponse(verbose_json(result, words))
+            return JSONResponse(verbose_json(result, words, session.spec))
         media = {"text": "text/plain", "srt": "application/x-subrip", "vtt": "text/vtt"}[fmt]
         body = render(result, "txt" if fmt == "text" else fmt)
         return PlainTextResponse(body, media_type=f"{media}; charset=utf-8")

@@ -1,18 +1,42 @@
-"""FunASR's realtime WebSocket protocol (``funasr/bin/realtime_ws.py``, DESIGN §8) over ``Stream``.
+"""FunASR's realtime WebSocket protocol (1.4.16 ``funasr/bin/realtime_ws.py``, DESIGN §8) over ``Stream``.
 
-Client -> server: text ``START``, ``STOP``, ``HOTWORDS:a,b``, ``LANGUAGE:x`` (case-insensitive, as
-FunASR); binary frames of 16 kHz mono little-endian int16 PCM (after START). Server -> client:
-``{"event": "started" | "stopped" | "hotwords_set" | "language_set" | "error", ...}`` and results
-``{"sentences": [{"text", "start", "end"}], "partial", "partial_start_ms", "duration_ms", "is_final"}``
-(``sentences`` cumulative; the STOP result has ``is_final: true`` and an empty partial, also when no
-audio came: then with no sentences). A START while a stream runs gets an ``error`` event (the stream
-goes on; FunASR would silently restart it, dropping what it had).
+Client -> server, text (commands are case-insensitive, as FunASR's):
 
-Each connection's audio goes through a bounded queue (``buffer_seconds`` of audio): a client sending
-faster than the machine transcribes is served as fast as it can be; past the bound a frame is refused
-with an ``error`` event (nothing is silently dropped). Idle connections and streams longer than
-``max_seconds`` are closed with an ``error`` event; a disconnect frees everything. Decoding goes through
-the server's shared batched decoder, so concurrent streams share decoding passes.
+- ``START`` opens a stream. ``STOP`` ends it: always one result with ``is_final: true`` (also when no
+  audio came: then with no sentences), then ``{"event": "stopped"}``.
+- ``HOTWORDS:a,b`` (commas or line breaks; replaces the server's ``--hotword-file`` words for this
+  connection; ``HOTWORDS:`` clears them) -> ``{"event": "hotwords_set", "hotwords": [...]}``.
+- ``LANGUAGE:x`` (empty: automatic; replaces the server's ``--language``) -> ``{"event": "language_set",
+  "language": "x"}`` (as sent).
+- ``POSTPROCESS_HOTWORDS:wrong=>right,...`` (``=>``, ``->`` or ``→``; a bare word maps to itself; lines
+  starting with ``#`` are skipped) -> ``{"event": "postprocess_hotwords_set", "postprocess_hotwords":
+  {wrong: right}}``: text replacements in each closed sentence (longest key first), never in partials, on
+  top of the server's ``--postprocess-hotword-file``; they do not bias decoding.
+- ``COMMIT`` (only with ``--endpoint-mode client``: no VAD runs and the client ends each utterance) ->
+  one ``is_final`` result holding that utterance's sentence; the stream goes on. In that mode STOP's
+  final result comes when audio arrived after the last COMMIT, or when the stream has had none yet.
+  Without it: ``{"event": "error", "error": "COMMIT requires --endpoint-mode client"}``.
+- ``SPK:true`` gets an error event (speaker diarization is not available yet); ``SPK:false`` ->
+  ``{"event": "spk_set", "spk": false}``.
+
+Client -> server, binary (after START): 16 kHz mono little-endian int16 PCM, frames of any size up to the
+server's upload limit (``--max-upload-mb``; larger frames close the connection with code 1009): a
+recording may come as one frame or many. Server -> client: the events above, ``{"event": "error",
+"error": ...}`` (the connection stays usable), and results ``{"sentences": [{"text", "start", "end"}],
+"partial", "partial_start_ms", "duration_ms", "is_final"}`` (``sentences`` cumulative; with client
+endpoints a result holds the current utterance's sentences only, as FunASR's).
+
+No audio is refused or dropped. A frame is split into pieces of at most 1 s that wait in a queue of
+``buffer_seconds`` of audio; while it is full the server stops reading the connection (TCP back-pressure:
+the client's sends wait), so a stream that falls behind is transcribed completely, later. Only an explicit
+limit ends a stream, with an error event naming it: ``max_seconds`` of audio (the audio past it is not
+transcribed; the stream gets its final result) or ``idle_seconds`` without a message (the open stream gets
+its final result, then the connection closes). A client that reads results slower than they come gets the
+newest: a non-final result not yet sent is replaced by the next (results are cumulative; events and final
+results are never replaced). Keepalive pings cannot be answered while reading waits, so the server's ping
+timeout is off by default (FunASR's ``--ws-ping-timeout 0``) and FunASR's clients connect with
+``ping_interval=None``. Decoding goes through the server's shared batched decoder, so concurrent streams
+share decoding passes. Every connection writes one JSON line to the ``fun_asr.access`` log.
 """
 
 from __future__ import annotations
@@ -22,8 +46,13 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
+import time
+import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -33,195 +62,539 @@ from fun_asr.asr.prompt import split_hotwords
 from fun_asr.audio.decode import SAMPLE_RATE, AudioError
 
 log = logging.getLogger("fun_asr.server")
+access_log = logging.getLogger("fun_asr.access")
+
+PIECE_BYTES = SAMPLE_RATE * 2  # frames enter a stream's queue in pieces of at most 1 s of audio
+DEFAULT_HOTWORD_FILE = "热词列表"  # FunASR's --hotword-file default: read when it exists in the working folder
+ENDPOINT_MODES = ("server", "client")
+_SPK_ON, _SPK_OFF = ("true", "1", "on", "yes"), ("false", "0", "off", "no")
+SPK_UNAVAILABLE = "speaker diarization is not available yet in fun-asr: sentences carry no 'spk' field"
+_ARROWS = ("=>", "->", "→")  # FunASR's postprocess hotword separators, in the order it tries them
+COMMANDS = ("START, STOP, HOTWORDS:a,b, LANGUAGE:x, POSTPROCESS_HOTWORDS:wrong=>right, COMMIT (--endpoint-mode "
+            "client), SPK:false, and binary 16 kHz mono int16 PCM frames")
 
 
 @dataclass(frozen=True)
 class RealtimeLimits:
-    max_streams: int = 16  # concurrent streams; more are refused with an error event
-    idle_seconds: float = 60.0  # no message for this long closes the connection
+    """Per-connection limits and the server-wide stream defaults (FunASR's realtime-server flags);
+    :func:`realtime_limits` builds one from the flags and checks it against the Session."""
+
+    max_streams: int = 16  # concurrent connections; more are refused with an error event (close 1013)
+    idle_seconds: float = 60.0  # no message for this long (while the server is reading) closes the connection
     max_seconds: float = 4 * 3600.0  # audio per stream
-    buffer_seconds: float = 30.0  # audio waiting to be processed, per stream
+    buffer_seconds: float = 30.0  # audio read but not processed yet, per stream; past it reading waits
+    language: str | None = None  # --language (a normalized code); LANGUAGE: replaces it per connection
+    hotwords: tuple[str, ...] = ()  # --hotword-file; HOTWORDS: replaces them per connection
+    postprocess_hotwords: tuple[tuple[str, str], ...] = ()  # --postprocess-hotword-file (wrong, right)
+    endpoint_mode: str = "server"  # --endpoint-mode: "server" (the VAD ends sentences) or "client" (COMMIT)
 
 
-class _State:
-    def __init__(self) -> None:
-        self.language: str | None = None
-        self.hotwords: list[str] = []
+# -- FunASR's files and the POSTPROCESS_HOTWORDS command ----------------------------------------------------
+
+def read_hotword_file(path: str | os.PathLike[str]) -> list[str]:
+    """FunASR's ``--hotword-file``: one hotword per line (each stripped; blank lines skipped; a comma is part
+    of its hotword, as FunASR reads the file). UTF-8 (a byte-order mark is skipped)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise ValueError(f"hotword file {str(path)!r} does not exist (FunASR's format: one hotword per line)") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"hotword file {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def _postprocess_line(line: str) -> tuple[str, str] | None:
+    """One line of FunASR's postprocess hotwords: ``wrong=>right`` -> (wrong, right); a bare word -> (word,
+    word) (FunASR's fuzzy target, which its realtime server does not match fuzzily); a blank line, a ``#``
+    comment, or a pair with an empty side -> None."""
+    s = line.strip()
+    if not s or s.startswith("#"):
+        return None
+    for arrow in _ARROWS:
+        if arrow in s:
+            wrong, right = (x.strip() for x in s.split(arrow, 1))
+            return (wrong, right) if wrong and right else None
+    return s, s
+
+
+def parse_postprocess_hotwords(payload: str) -> dict[str, str]:
+    """The ``POSTPROCESS_HOTWORDS:`` command's text: pairs separated by commas or line breaks."""
+    pairs = (_postprocess_line(line) for line in payload.replace(",", "\n").splitlines())
+    return {w: r for w, r in (p for p in pairs if p is not None)}
+
+
+def read_postprocess_hotword_file(path: str | os.PathLike[str]) -> dict[str, str]:
+    """FunASR's ``--postprocess-hotword-file``: ``wrong=>right`` per line (a comma belongs to its line)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise ValueError(f"postprocess hotword file {str(path)!r} does not exist (FunASR's format: one "
+                         "'wrong=>right' pair per line)") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"postprocess hotword file {str(path)!r} is not UTF-8 text ({exc.reason} at byte "
+                         f"{exc.start})") from None
+    pairs = (_postprocess_line(line) for line in text.splitlines())
+    return {w: r for w, r in (p for p in pairs if p is not None)}
+
+
+def apply_postprocess_hotwords(text: str, pairs: dict[str, str]) -> str:
+    """FunASR's exact replacements: longest ``wrong`` first, every occurrence, left to right, never inside
+    a replacement just made."""
+    for wrong in sorted(pairs, key=len, reverse=True):
+        right, at = pairs[wrong], 0
+        while (i := text.find(wrong, at)) >= 0:
+            text = text[:i] + right + text[i + len(wrong):]
+            at = i + len(right)
+    return text
+
+
+def realtime_limits(session: Any, *, max_new_tokens: int = 512, max_streams: int = 16, idle_seconds: float = 60.0,
+                    max_seconds: float = 4 * 3600.0, buffer_seconds: float = 30.0, language: str | None = None,
+                    hotword_file: str | os.PathLike[str] | None = None,
+                    postprocess_hotword_file: str | os.PathLike[str] | None = None,
+                    endpoint_mode: str = "server") -> RealtimeLimits:
+    """The realtime limits and server-wide defaults from FunASR's flags, checked against the Session
+    (ValueError naming the flag). ``hotword_file`` None reads FunASR's default ``热词列表`` when it exists
+    in the working folder (logged)."""
+    if isinstance(max_streams, bool) or not isinstance(max_streams, int) or max_streams < 1:
+        raise ValueError(f"--max-streams must be a positive integer, got {max_streams!r}")
+    for name, value in (("--stream-idle-seconds", idle_seconds), ("--stream-max-seconds", max_seconds),
+                        ("--stream-buffer-seconds", buffer_seconds)):
+        if not value > 0:
+            raise ValueError(f"{name} must be positive, got {value:g}")
+    if endpoint_mode not in ENDPOINT_MODES:
+        raise ValueError(f"--endpoint-mode must be 'server' (the VAD ends sentences) or 'client' (the client sends "
+                         f"COMMIT), got {endpoint_mode!r}")
+    words: list[str] = []
+    if hotword_file is not None:
+        words = read_hotword_file(hotword_file)
+        log.info("loaded %d hotwords from %s", len(words), hotword_file)
+    elif Path(DEFAULT_HOTWORD_FILE).is_file():  # FunASR's default, as FunASR reads it
+        words = read_hotword_file(DEFAULT_HOTWORD_FILE)
+        log.warning("read %d hotwords from ./%s (FunASR's default --hotword-file)", len(words), DEFAULT_HOTWORD_FILE)
+    pairs = read_postprocess_hotword_file(postprocess_hotword_file) if postprocess_hotword_file is not None else {}
+    try:
+        code = session.normalize_language(language)
+        session.options(code, True, words, max_new_tokens, 30.0)  # the Session's hotword and context limits
+    except (ValueError, TypeError) as exc:
+        flag = "--hotword-file" if "hotword" in str(exc) else "--language"
+        raise ValueError(f"{flag}: {exc}") from None
+    return RealtimeLimits(max_streams, float(idle_seconds), float(max_seconds), float(buffer_seconds), code,
+                          tuple(words), tuple(pairs.items()), endpoint_mode)
+
+
+def uvicorn_ws_options(max_upload_mb: float, ping_interval: float = 20.0, ping_timeout: float = 0.0) -> dict[str, Any]:
+    """uvicorn.Config's WebSocket settings: the largest message is the upload limit (a recording may come as
+    one frame); pings every ``ping_interval`` s; no ping timeout unless asked (``<= 0``: off, FunASR's
+    default), since a stream that falls behind is not read (back-pressure) and cannot answer a ping."""
+    return {"ws_max_size": max(1, int(max_upload_mb * 1024 * 1024)),
+            "ws_ping_interval": ping_interval if ping_interval > 0 else None,
+            "ws_ping_timeout": ping_timeout if ping_timeout > 0 else None}
+
+
+# -- one connection -----------------------------------------------------------------------------------------
+
+class _Outbox:
+    """What the server sends, in order, from one task (the handler never waits on a slow reader). A
+    non-final result not yet sent is replaced by a newer one (results are cumulative)."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.items: deque[tuple[bool, str]] = deque()
+        self.ready = asyncio.Event()
+        self.empty = asyncio.Event()
+        self.empty.set()
+        self.broken = False
+
+    def put(self, obj: dict[str, Any], replaceable: bool = False) -> None:
+        if self.broken:
+            return
+        text = json.dumps(obj, ensure_ascii=False)
+        if replaceable and self.items and self.items[-1][0]:
+            self.items[-1] = (True, text)
+        else:
+            self.items.append((replaceable, text))
+        self.empty.clear()
+        self.ready.set()
+
+    async def run(self) -> None:
+        while True:
+            await self.ready.wait()
+            while self.items:
+                _, text = self.items[0]
+                try:
+                    await self.ws.send_text(text)
+                except Exception:  # noqa: BLE001 - the client is gone: nothing more can be sent
+                    self.broken = True
+                    self.items.clear()
+                    break
+                self.items.popleft()
+            self.ready.clear()
+            self.empty.set()
+
+    async def flush(self, timeout: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.empty.wait(), timeout)
+
+
+class _Connection:
+    def __init__(self, ws: Any, session: Any, submit: Callable[..., Any], limits: RealtimeLimits,
+                 max_new_tokens: int, stats: dict[str, Any]) -> None:
+        self.ws, self.session, self.submit, self.limits = ws, session, submit, limits
+        self.max_new_tokens, self.stats = max_new_tokens, stats
+        self.language: str | None = limits.language
+        self.hotwords: list[str] = list(limits.hotwords)
+        self.client_pairs: dict[str, str] = {}
+        self.server_pairs: dict[str, str] = dict(limits.postprocess_hotwords)
         self.stream: Any = None
         self.active = False
+        self.fed = 0  # samples this stream took
+        self.finals = 0  # final results this stream sent
+        self.ended_by_limit = False
+        self.told_inactive = False  # a run of frames outside a stream gets one error event
+        self.out = _Outbox(ws)
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self.queued = 0  # bytes waiting in the queue
+        self.limit_bytes = max(2, int(limits.buffer_seconds * SAMPLE_RATE) * 2)
+        self.room = asyncio.Event()
+        self.room.set()
+        self.max_samples = int(limits.max_seconds * SAMPLE_RATE)
+
+    # -- the reader: one message at a time, none while the queue is full ----------------------------------
+
+    async def run(self) -> None:
+        while True:
+            await self._wait_for_room()
+            try:
+                msg = await asyncio.wait_for(self.ws.receive(), timeout=self.limits.idle_seconds)
+            except asyncio.TimeoutError:
+                await self._idle()
+                return
+            if msg.get("type") == "websocket.disconnect":
+                self.stats["status"] = int(msg.get("code") or 1005)
+                return
+            text, data = msg.get("text"), msg.get("bytes")
+            if text is not None:
+                self.told_inactive = False
+                await self._command(text.strip())
+            elif data is not None:
+                self.stats["bytes_in"] += len(data)
+                await self._audio(data)
+
+    async def _wait_for_room(self) -> None:
+        while self.queued >= self.limit_bytes:  # back-pressure: the client's sends wait in TCP
+            self.room.clear()
+            await self.room.wait()
+
+    async def _audio(self, data: bytes) -> None:
+        if not self.active:
+            if not self.told_inactive:
+                self.told_inactive = True
+                if self.ended_by_limit:
+                    msg = (f"the stream ended at its length limit ({self._max_words()}): this audio is not "
+                           "transcribed, nor any before the next START")
+                else:
+                    msg = "audio before START is not transcribed: send the text message START first"
+                self.out.put({"event": "error", "error": msg})
+            return
+        if len(data) % 2:
+            self.out.put({"event": "error", "error": f"binary frames must be 16 kHz mono int16 PCM (an even number "
+                                                     f"of bytes), got {len(data)} bytes: this frame is not "
+                                                     "transcribed"})
+            return
+        for at in range(0, len(data), PIECE_BYTES):  # a big frame enters the queue piece by piece
+            await self._wait_for_room()
+            if not self.active:  # the stream ended at its length limit meanwhile (reported there)
+                return
+            piece = data[at : at + PIECE_BYTES]
+            self.queued += len(piece)
+            self.queue.put_nowait(piece)
+
+    # -- the worker: the queued audio, in order -------------------------------------------------------------
+
+    async def work(self) -> None:
+        while True:
+            pieces = [await self.queue.get()]
+            # audio that queued up while the last feed ran is fed in one piece, so that the stream decodes
+            # one partial for the newest audio instead of one per stale frame (it catches up)
+            while not self.queue.empty():
+                pieces.append(self.queue.get_nowait())
+            data = b"".join(pieces)
+            try:
+                await self._feed(data)
+            except Exception as exc:  # noqa: BLE001 - must not kill the worker (STOP waits on the queue)
+                log.exception("realtime stream: %s", exc)
+                self.out.put({"event": "error", "error": f"internal error: {type(exc).__name__}: {exc}"})
+            finally:
+                self.queued -= len(data)
+                self.room.set()
+                for _ in pieces:
+                    self.queue.task_done()
+
+    async def _feed(self, data: bytes) -> None:
+        stream = self.stream
+        if stream is None or stream.closed or not self.active:
+            return  # the stream ended at a limit, which was reported
+        room = self.max_samples - self.fed
+        over = len(data) // 2 > room
+        if over:
+            data = data[: room * 2]
+        if data:
+            try:
+                events = await anyio.to_thread.run_sync(stream.feed, data)
+            except (AudioError, ValueError, RuntimeError) as exc:
+                self.out.put({"event": "error", "error": str(exc)})
+                return
+            self.fed += len(data) // 2
+            self.stats["audio_s"] += len(data) / 2 / SAMPLE_RATE
+            if events:
+                self.out.put(stream.response(is_final=False), replaceable=True)
+        if over:
+            self.out.put({"event": "error", "error": f"stream length limit reached ({self._max_words()}): the audio "
+                                                     f"after {self.limits.max_seconds:g} s is not transcribed; this "
+                                                     "stream ends here (send START for a new one)"})
+            self.ended_by_limit = True
+            await self._finish()
+
+    def _max_words(self) -> str:
+        return f"{self.limits.max_seconds:g} s of audio per stream: fun-asr-serve --stream-max-seconds"
+
+    async def _drain(self) -> None:
+        """Waits until the audio queued so far has been processed (commands apply after earlier audio)."""
+        await self.queue.join()
+
+    # -- streams ------------------------------------------------------------------------------------------
+
+    def _decoder(self, audio: np.ndarray, max_new: int) -> tuple[str, list[int]]:
+        seconds = min(self.session.max_segment_seconds, max(30.0, audio.size / SAMPLE_RATE + 1.0))
+        result = self.submit(audio, (self.language, True, tuple(self.hotwords), max_new, seconds, False, False),
+                             "stream").result()
+        return result.text, [t for s in result.segments for t in s.tokens]
+
+    def _postprocess(self, text: str) -> str:
+        # FunASR: the command's pairs, then the file's (a file pair wins for the same wrong text)
+        return apply_postprocess_hotwords(text, {**self.client_pairs, **self.server_pairs})
+
+    def _new_stream(self) -> Any:
+        from fun_asr.asr.stream import StreamOptions
+
+        sopts = StreamOptions(max_new_tokens=self.max_new_tokens, partial_max_new_tokens=min(200, self.max_new_tokens),
+                              endpoint=self.limits.endpoint_mode)
+        stream = self.session.stream(self.language, True, self.hotwords, max_new_tokens=self.max_new_tokens,
+                                     stream_options=sopts, decoder=self._decoder)
+        stream.postprocess = self._postprocess
+        return stream
+
+    async def _final(self, stream: Any, close: bool) -> None:
+        """The stream's final result (also after a failure: the sentences so far), after any error event."""
+        if close:
+            try:
+                await anyio.to_thread.run_sync(stream.close)
+            except (AudioError, ValueError, RuntimeError) as exc:  # the last sentence could not be decoded
+                self.out.put({"event": "error", "error": str(exc)})
+            except Exception as exc:  # noqa: BLE001
+                log.exception("realtime stream: %s", exc)
+                self.out.put({"event": "error", "error": f"internal error: {type(exc).__name__}: {exc}"})
+        self.out.put(stream.response(is_final=True))
+        self.finals += 1
+
+    async def _finish(self) -> None:
+        stream, self.stream, self.active = self.stream, None, False
+        if stream is not None:
+            if self.limits.endpoint_mode == "client":
+                # FunASR: a final when audio came after the last COMMIT; here also when the stream had none
+                if stream.uncommitted_samples > 0 or self.finals == 0:
+                    await self._final(stream, close=True)
+            else:
+                await self._final(stream, close=stream.total_samples + stream._pending.size > 0)
+        self.out.put({"event": "stopped"})
+
+    async def _idle(self) -> None:
+        tail = "; the open stream gets its final result first" if self.active else ""
+        self.out.put({"event": "error", "error": f"idle for {self.limits.idle_seconds:g} s (the idle limit: fun-asr-"
+                                                 f"serve --stream-idle-seconds): closing the connection{tail}"})
+        if self.active:
+            await self._drain()
+            await self._finish()
+        self.stats["status"] = 1000
+        await self.out.flush(10.0)
+        with contextlib.suppress(Exception):
+            await self.ws.close(code=1000, reason="idle")
+
+    # -- commands -----------------------------------------------------------------------------------------
+
+    def _check(self, language: str | None, hotwords: list[str]) -> None:
+        """ValueError/TypeError unless a stream with these options can be opened (the Session's limits)."""
+        self.session.options(language, True, hotwords, self.max_new_tokens, 30.0)
+
+    async def _command(self, cmd: str) -> None:
+        upper = cmd.upper()
+        if upper == "START":
+            await self._start()
+        elif upper == "STOP":
+            await self._drain()
+            await self._finish()
+        elif upper == "COMMIT":
+            await self._commit()
+        elif upper.startswith("HOTWORDS:"):
+            await self._hotwords(cmd[len("HOTWORDS:"):])
+        elif upper.startswith("POSTPROCESS_HOTWORDS:"):
+            pairs = parse_postprocess_hotwords(cmd.split(":", 1)[1])
+            await self._drain()  # later sentences use them
+            self.client_pairs = pairs
+            self.out.put({"event": "postprocess_hotwords_set", "postprocess_hotwords": pairs})
+        elif upper.startswith("LANGUAGE:"):
+            await self._language(cmd[len("LANGUAGE:"):].strip())
+        elif upper.startswith("SPK:"):
+            value = cmd[len("SPK:"):].strip()
+            if value.lower() in _SPK_OFF:
+                self.out.put({"event": "spk_set", "spk": False})
+            elif value.lower() in _SPK_ON:
+                self.out.put({"event": "error", "error": f"SPK:{value}: {SPK_UNAVAILABLE} (send SPK:false or "
+                                                         "nothing)"})
+            else:
+                self.out.put({"event": "error", "error": f"SPK: takes true/1/on/yes or false/0/off/no, got "
+                                                         f"{value[:40]!r} ({SPK_UNAVAILABLE})"})
+        else:
+            shown = cmd if len(cmd) <= 40 else cmd[:37] + "..."
+            self.out.put({"event": "error", "error": f"unknown command {shown!r}: accepted {COMMANDS}"})
+
+    async def _start(self) -> None:
+        if self.active:
+            self.out.put({"event": "error", "error": "START during a stream: send STOP first to end it (the stream "
+                                                     "started before goes on)"})
+            return
+        await self._drain()
+        try:
+            stream = self._new_stream()
+        except (ValueError, TypeError) as exc:  # options over the Session's limits
+            self.out.put({"event": "error", "error": _protocol_words(str(exc))})
+            return
+        self.stream, self.active = stream, True
+        self.fed, self.finals, self.ended_by_limit = 0, 0, False
+        self.stats["streams"] += 1
+        self.out.put({"event": "started"})
+
+    async def _commit(self) -> None:
+        if self.limits.endpoint_mode != "client":
+            self.out.put({"event": "error", "error": "COMMIT requires --endpoint-mode client"})
+            return
+        if not self.active:
+            self.out.put({"event": "error", "error": "Session is not active; send START first"})
+            return
+        await self._drain()
+        stream = self.stream
+        if stream is None or not self.active:  # it ended at its length limit while the queue drained
+            self.out.put({"event": "error", "error": "Session is not active; send START first"})
+            return
+        try:
+            await anyio.to_thread.run_sync(stream.commit)
+        except (AudioError, ValueError, RuntimeError) as exc:
+            self.out.put({"event": "error", "error": str(exc)})
+        self.out.put(stream.response(is_final=True))
+        self.finals += 1
+
+    async def _hotwords(self, text: str) -> None:
+        words = split_hotwords(text)  # commas (FunASR) or line breaks
+        try:
+            self._check(self.language, words)  # the Session's hotword limits, before they reach a stream
+        except (ValueError, TypeError) as exc:
+            self.out.put({"event": "error", "error": _protocol_words(str(exc))})
+            return
+        await self._drain()  # audio sent before the command was taken with the words before it
+        self.hotwords = words
+        if self.stream is not None:
+            self.stream.opts = dataclasses.replace(self.stream.opts, hotwords=tuple(words))
+        self.out.put({"event": "hotwords_set", "hotwords": words})
+
+    async def _language(self, lang: str) -> None:
+        try:
+            code = self.session.normalize_language(lang or None)
+            self._check(code, self.hotwords)
+        except (ValueError, TypeError) as exc:
+            self.out.put({"event": "error", "error": str(exc)})
+            return
+        await self._drain()
+        self.language = code
+        if self.stream is not None:
+            self.stream.opts = dataclasses.replace(self.stream.opts, language=code)
+        self.out.put({"event": "language_set", "language": lang})
 
 
 async def handle(ws: Any, session: Any, submit: Callable[[np.ndarray, tuple, str], Any], limits: RealtimeLimits,
-                 counter: list[int], max_new_tokens: int) -> None:
-    """One WebSocket connection (Starlette ``WebSocket``), FunASR's realtime protocol."""
+                 counter: list[int], max_new_tokens: int, stats: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One accepted WebSocket connection (Starlette ``WebSocket``), FunASR's realtime protocol. ``counter``
+    holds the connections open now; ``stats`` (filled in, also returned): ``status`` (the close code),
+    ``audio_s`` (audio the streams took), ``bytes_in``, ``streams``."""
     from starlette.websockets import WebSocketDisconnect
 
+    stats = stats if stats is not None else {}
+    for key, value in (("status", 1000), ("audio_s", 0.0), ("bytes_in", 0), ("streams", 0)):
+        stats.setdefault(key, value)
     await ws.accept()
     if counter[0] >= limits.max_streams:
         await ws.send_text(json.dumps({"event": "error", "error": f"too many concurrent streams (limit "
-                                       f"{limits.max_streams}); try again later"}))
+                                       f"{limits.max_streams}: fun-asr-serve --max-streams); try again later"}))
         await ws.close(code=1013)
-        return
+        stats["status"] = 1013
+        return stats
     counter[0] += 1
-    state = _State()
-    queue: asyncio.Queue[bytes] = asyncio.Queue()
-    queued = [0]  # bytes waiting
-    limit_bytes = int(limits.buffer_seconds * SAMPLE_RATE) * 2
-
-    async def send(obj: dict[str, Any]) -> None:
-        with contextlib.suppress(Exception):
-            await ws.send_text(json.dumps(obj, ensure_ascii=False))
-
-    def decoder(audio: np.ndarray, max_new: int) -> tuple[str, list[int]]:
-        seconds = min(session.max_segment_seconds, max(30.0, audio.size / SAMPLE_RATE + 1.0))
-        result = submit(audio, (state.language, True, tuple(state.hotwords), max_new, seconds, False, False),
-                        "stream").result()
-        return result.text, [t for s in result.segments for t in s.tokens]
-
-    def new_stream() -> Any:
-        from fun_asr.asr.stream import StreamOptions
-
-        return session.stream(state.language, True, state.hotwords, max_new_tokens=max_new_tokens,
-                              stream_options=StreamOptions(max_new_tokens=max_new_tokens,
-                                                           partial_max_new_tokens=min(200, max_new_tokens)),
-                              decoder=decoder)
-
-    async def worker() -> None:
-        while True:
-            frames = [await queue.get()]
-            # audio that queued up while the last decode ran is fed in one piece, so that the stream
-            # decodes one partial for the newest audio instead of one per stale frame (catches up)
-            while not queue.empty():
-                frames.append(queue.get_nowait())
-            try:
-                await process(b"".join(frames))
-            except Exception as exc:  # an unexpected failure must not kill the worker (STOP waits on the queue)
-                log.exception("realtime stream: %s", exc)
-                await send({"event": "error", "error": f"internal error: {type(exc).__name__}: {exc}"})
-            finally:
-                for _ in frames:
-                    queue.task_done()
-
-    async def process(data: bytes) -> None:
-        queued[0] -= len(data)
-        stream = state.stream
-        if stream is None or stream.closed:
-            return
-        try:
-            events = await anyio.to_thread.run_sync(stream.feed, data)
-        except (AudioError, ValueError, RuntimeError) as exc:
-            await send({"event": "error", "error": str(exc)})
-            return
-        if events:
-            await send(stream.response(is_final=False))
-        if stream.duration_ms > limits.max_seconds * 1000:
-            await send({"event": "error", "error": f"stream longer than {limits.max_seconds:g} s; stopping"})
-            await finish()
-
-    async def finish() -> None:
-        stream, state.stream, state.active = state.stream, None, False
-        if stream is not None and stream.total_samples + stream._pending.size > 0:
-            try:
-                await anyio.to_thread.run_sync(stream.close)
-                await send(stream.response(is_final=True))
-            except (AudioError, ValueError, RuntimeError) as exc:  # the last sentence could not be decoded
-                await send({"event": "error", "error": str(exc)})
-        elif stream is not None:  # START then STOP with no audio: still a final result (no sentences)
-            await send(stream.response(is_final=True))
-        await send({"event": "stopped"})
-
-    def check(language: str | None, hotwords: list[str]) -> None:
-        """ValueError/TypeError unless a stream with these options can be opened (the Session's limits)."""
-        session.options(language, True, hotwords, max_new_tokens, 30.0)
-
-    task = asyncio.create_task(worker())
+    conn = _Connection(ws, session, submit, limits, max_new_tokens, stats)
+    worker = asyncio.create_task(conn.work())
+    sender = asyncio.create_task(conn.out.run())
     try:
-        while True:
-            try:
-                msg = await asyncio.wait_for(ws.receive(), timeout=limits.idle_seconds)
-            except asyncio.TimeoutError:
-                await send({"event": "error", "error": f"idle for {limits.idle_seconds:g} s; closing"})
-                break
-            if msg.get("type") == "websocket.disconnect":
-                break
-            text, data = msg.get("text"), msg.get("bytes")
-            if text is not None:
-                if not await _command(text.strip(), state, session, send, new_stream, queue, finish, check):
-                    break
-            elif data is not None:
-                if not state.active:
-                    await send({"event": "error", "error": "audio before START: send the text message START first"})
-                elif len(data) % 2:
-                    await send({"event": "error", "error": f"binary frames must be 16 kHz mono int16 PCM (an even "
-                                                           f"number of bytes), got {len(data)} bytes"})
-                elif queued[0] + len(data) > limit_bytes:
-                    await send({"event": "error", "error": f"input buffer full ({limits.buffer_seconds:g} s of "
-                                                           "audio waiting): this frame was not accepted; send "
-                                                           "at real time or slower"})
-                else:
-                    queued[0] += len(data)
-                    await queue.put(data)
-    except WebSocketDisconnect:
-        pass
+        await conn.run()
+    except WebSocketDisconnect as exc:
+        stats["status"] = exc.code
     finally:
         counter[0] -= 1
-        task.cancel()
+        worker.cancel()
         with contextlib.suppress(BaseException):
-            await task
-        state.stream = None
+            await worker
+        conn.stream = None
+        await conn.out.flush(5.0)
+        sender.cancel()
+        with contextlib.suppress(BaseException):
+            await sender
         with contextlib.suppress(Exception):
             await ws.close()
+    return stats
 
 
-async def _command(cmd: str, state: _State, session: Any, send: Any, new_stream: Any, queue: asyncio.Queue,
-                   finish: Any, check: Any) -> bool:
-    upper = cmd.upper()
-    if upper == "START" and state.active:
-        await send({"event": "error", "error": "START during a stream: send STOP first to end it (the stream "
-                                               "started before goes on)"})
-    elif upper == "START":
-        await _drain(queue)
-        try:
-            stream = new_stream()
-        except (ValueError, TypeError) as exc:  # options over the Session's limits
-            await send({"event": "error", "error": _protocol_words(str(exc))})
-            return True
-        state.stream, state.active = stream, True
-        await send({"event": "started"})
-    elif upper == "STOP":
-        await _drain(queue)
-        await finish()
-    elif upper.startswith("HOTWORDS:"):
-        words = split_hotwords(cmd[len("HOTWORDS:"):])  # commas (FunASR) or line breaks
-        try:
-            check(state.language, words)  # the Session's hotword limits, before they reach a stream
-        except (ValueError, TypeError) as exc:
-            await send({"event": "error", "error": _protocol_words(str(exc))})
-            return True
-        state.hotwords = words
-        if state.stream is not None:
-            state.stream.opts = dataclasses.replace(state.stream.opts, hotwords=tuple(words))
-        await send({"event": "hotwords_set", "hotwords": words})
-    elif upper.startswith("LANGUAGE:"):
-        lang = cmd[len("LANGUAGE:"):].strip()
-        try:
-            code = session.normalize_language(lang or None)
-            check(code, state.hotwords)
-        except (ValueError, TypeError) as exc:
-            await send({"event": "error", "error": str(exc)})
-            return True
-        state.language = code
-        if state.stream is not None:
-            state.stream.opts = dataclasses.replace(state.stream.opts, language=code)
-        await send({"event": "language_set", "language": lang})
-    elif upper == "COMMIT":
-        await send({"event": "error", "error": "COMMIT requires client endpoint mode; this server ends "
-                                               "sentences itself (server endpoint mode)"})
-    else:
-        shown = cmd if len(cmd) <= 40 else cmd[:37] + "..."
-        await send({"event": "error", "error": f"unknown command {shown!r}: accepted START, STOP, HOTWORDS:a,b, "
-                                               "LANGUAGE:x, and binary 16 kHz int16 PCM frames"})
-    return True
+async def serve_websocket(ws: Any, session: Any, batcher: Any, limits: RealtimeLimits, counter: list[int],
+                          max_new_tokens: int, *, authorized: bool) -> None:
+    """The realtime route's whole body: refuses the upgrade without the API key (close 1008: HTTP 403),
+    answers an error event when streams cannot run (no VAD in server endpoint mode: close 1011), else
+    :func:`handle`; then one JSON access-log line (``fun_asr.access``): ts, id, method ``WEBSOCKET``, path
+    (no query string), protocol ``funasr-realtime``, status (the close code; 403 for a refused upgrade), ms,
+    audio_s, bytes_in, streams, client."""
+    t0 = time.perf_counter()
+    stats: dict[str, Any] = {"status": 1000, "audio_s": 0.0, "bytes_in": 0, "streams": 0}
+    try:
+        if not authorized:
+            stats.update(status=403, reason="api key")
+            await ws.close(code=1008)  # before accept: the upgrade is refused (HTTP 403)
+            return
+        if limits.endpoint_mode == "server" and session.vad is None:
+            await ws.accept()
+            await ws.send_text(json.dumps({"event": "error", "error": "streaming needs the FSMN-VAD; start the "
+                                                                      "server with --vad fsmn (or --vad-model), or "
+                                                                      "with --endpoint-mode client"}))
+            await ws.close(code=1011)
+            stats["status"] = 1011
+            return
+        if batcher is None:
+            raise RuntimeError("the server's decoder is not running (the app's lifespan has not started)")
+        await handle(ws, session, batcher.submit, limits, counter, max_new_tokens, stats)
+    finally:
+        line = {"ts": round(time.time(), 3), "id": ws.headers.get("x-request-id") or uuid.uuid4().hex[:16],
+                "method": "WEBSOCKET", "path": ws.url.path, "protocol": "funasr-realtime", "status": stats["status"],
+                "ms": round((time.perf_counter() - t0) * 1e3, 1), "audio_s": round(stats["audio_s"], 3),
+                "bytes_in": stats["bytes_in"], "streams": stats["streams"],
+                "client": ws.client.host if ws.client else None}
+        if "reason" in stats:
+            line["reason"] = stats["reason"]
+        access_log.info("%s", json.dumps(line, ensure_ascii=False))
 
 
 def _protocol_words(msg: str) -> str:
@@ -231,9 +604,6 @@ def _protocol_words(msg: str) -> str:
     return msg
 
 
-async def _drain(queue: asyncio.Queue) -> None:
-    """Waits until the audio queued so far has been processed (commands apply after earlier audio)."""
-    await queue.join()
-
-
-__all__ = ["RealtimeLimits", "handle"]
+__all__ = ["RealtimeLimits", "apply_postprocess_hotwords", "handle", "parse_postprocess_hotwords",
+           "read_hotword_file", "read_postprocess_hotword_file", "realtime_limits", "serve_websocket",
+           "uvicorn_ws_options"]

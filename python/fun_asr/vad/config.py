@@ -89,7 +89,7 @@ class VadConfig:
     sample_rate: int = 16000
     detect_mode: int = 1  # 1 = multiple utterances (reset after each end point), 0 = single utterance
     snr_mode: int = 0
-    max_end_silence_time: int = 800  # ms; used when the dynamic schedule is off (max_end_silence_ms given)
+    max_end_silence_time: int = 800  # ms; the end silence with the schedule off and no max_end_silence_ms
     max_start_silence_time: int = 3000
     do_start_point_detection: bool = True
     do_end_point_detection: bool = True
@@ -119,17 +119,28 @@ class VadConfig:
     # Forced cut of a segment longer than this (FunASR's max_single_segment_time, as FunASR's ASR pipeline
     # passes it: vad_kwargs={"max_single_segment_time": 30000}); None = the config's value.
     max_single_segment_ms: int | None = 30000
-    # Fixed end silence (FunASR: generate(max_end_silence_time=...), which turns the dynamic schedule off);
-    # None = FunASR 1.4.16's default dynamic schedule.
+    # Fixed end silence (FunASR: generate(max_end_silence_time=...), which turns the dynamic schedule off
+    # unless dynamic_silence=True); None = the config's max_end_silence_time when the schedule is off.
     max_end_silence_ms: int | None = None
-    silence_schedule: tuple[tuple[float, int], ...] = DEFAULT_SILENCE_SCHEDULE
+    silence_schedule: tuple[tuple[float, int], ...] = DEFAULT_SILENCE_SCHEDULE  # generate(silence_schedule=...)
+    # generate(dynamic_silence=...): the schedule on/off; None = FunASR's default, on unless
+    # max_end_silence_ms (max_end_silence_time) is given.
+    dynamic_silence: bool | None = None
     dynamic_speech_noise_thres: float = 0.5  # what 1.4.16's dynamic schedule sets speech_noise_thres to
     offline_chunk_ms: int = 60000  # FunASR's offline inference() chunk_size
     frontend: VadFrontendConfig = field(default_factory=VadFrontendConfig)
 
     @property
     def dynamic(self) -> bool:
-        return self.max_end_silence_ms is None
+        """The dynamic end-silence schedule is on (FunASR: ``kwargs.get("dynamic_silence",
+        kwargs.get("max_end_silence_time") is None)``)."""
+        return self.max_end_silence_ms is None if self.dynamic_silence is None else self.dynamic_silence
+
+    @property
+    def end_silence_ms(self) -> int:
+        """The end silence a stream starts with (FunASR's ``init_cache``: ``max_end_silence_time`` given to
+        generate, else the config's); the schedule, when on, replaces it before the first chunk."""
+        return self.max_end_silence_time if self.max_end_silence_ms is None else self.max_end_silence_ms
 
     @property
     def segment_limit_ms(self) -> int:
@@ -140,7 +151,7 @@ class VadConfig:
         """From a parsed config.yaml (``model_conf`` and ``frontend_conf`` sections); unknown keys are ignored."""
         if not isinstance(conf, Mapping):
             raise ValueError(f"VAD config must be a mapping (config.yaml), got {type(conf).__name__}")
-        kw = _typed_section(cls, conf, "model_conf", skip={"frontend"})
+        kw = _typed_section(cls, conf, "model_conf", skip={"frontend", "dynamic_silence"})
         if "sil_pdf_ids" in kw:
             ids = kw["sil_pdf_ids"]
             if not isinstance(ids, list | tuple) or not ids or not all(
@@ -184,3 +195,7 @@ class VadConfig:
             raise ValueError(f"silence_pdf_num={self.silence_pdf_num} but sil_pdf_ids={self.sil_pdf_ids}")
         if self.window_size_ms < self.frame_in_ms:
             raise ValueError(f"window_size_ms={self.window_size_ms} is shorter than one frame")
+        if self.dynamic_silence is not None and not isinstance(self.dynamic_silence, bool):
+            raise ValueError(f"dynamic_silence must be True, False or None, got {self.dynamic_silence!r}")
+        if not self.silence_schedule:
+            raise ValueError("silence_schedule needs at least one (accumulated_speech_ms, silence_ms) row")

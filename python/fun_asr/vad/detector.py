@@ -351,8 +351,9 @@ class _ServerSchedule:
 
 
 def _new_detector(cfg: VadConfig) -> VadDetector:
-    # init_cache: a max_end_silence_time passed to generate() replaces the config's (and turns the schedule off)
-    return VadDetector(cfg, end_silence_ms=cfg.max_end_silence_time if cfg.dynamic else cfg.max_end_silence_ms)
+    # init_cache: a max_end_silence_time passed to generate() replaces the config's; the schedule, when on
+    # (dynamic_silence), sets its own before every chunk
+    return VadDetector(cfg, end_silence_ms=cfg.end_silence_ms)
 
 
 class _OfflineChunks:

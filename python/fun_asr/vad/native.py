@@ -6,12 +6,13 @@ memory) and :class:`VadStream` (FunASR's streaming events).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fun_asr.vad.config import VadConfig
+from fun_asr.vad.config import STREAMING_SILENCE_SCHEDULE, VadConfig
 from fun_asr.vad.detector import _new_detector, _OfflineChunks, _Schedule, _ServerSchedule, _silence_column
 from fun_asr.vad.frontend import (
     _fbank,
@@ -143,14 +144,15 @@ class FsmnVad:
             cfg = dataclasses.replace(cfg, **overrides)
         return OfflineVad(self, cfg)
 
-    def stream(self, chunk_ms: int = 60, cfg: VadConfig | None = None, schedule: str = "offline",
-               **overrides: Any) -> VadStream:
-        """Streaming VAD: ``schedule="offline"`` as ``AutoModel.generate(cache=..., chunk_size=60)``,
-        ``"server"`` as FunASR's realtime server (``DynamicStreamingVAD``)."""
+    def stream(self, chunk_ms: int = 60, cfg: VadConfig | None = None, schedule: str = "offline", *,
+               server_schedule: Sequence[tuple[float, int]] | None = None, **overrides: Any) -> VadStream:
+        """Streaming VAD: ``schedule="offline"`` as ``AutoModel.generate(cache=..., chunk_size=60)`` (the
+        config's ``silence_schedule``/``dynamic_silence``), ``"server"`` as FunASR's realtime server
+        (``DynamicStreamingVAD(silence_schedule=server_schedule)``, default ``STREAMING_SILENCE_SCHEDULE``)."""
         cfg = cfg or self.cfg
         if overrides:
             cfg = dataclasses.replace(cfg, **overrides)
-        return VadStream(self, chunk_ms, cfg, schedule)
+        return VadStream(self, chunk_ms, cfg, schedule, server_schedule=server_schedule)
 
 
 
@@ -248,7 +250,7 @@ class VadStream:
     schedule (``chunk_ms`` per piece crossed in speech) and the detector. Returns FunASR's events."""
 
     def __init__(self, vad: FsmnVad, chunk_ms: int = 60, cfg: VadConfig | None = None,
-                 schedule: str = "offline") -> None:
+                 schedule: str = "offline", *, server_schedule: Sequence[tuple[float, int]] | None = None) -> None:
         self.vad = vad
         self.cfg = cfg or vad.cfg
         if chunk_ms <= 0:
@@ -256,6 +258,19 @@ class VadStream:
         if schedule not in ("offline", "server"):
             raise ValueError(f"schedule must be 'offline' (AutoModel.generate) or 'server' (realtime server), "
                              f"got {schedule!r}")
+        if server_schedule is not None and schedule != "server":
+            raise ValueError("server_schedule is the realtime server's table (schedule='server'); the offline "
+                             "schedule's is the config's silence_schedule")
+        self.server_schedule = STREAMING_SILENCE_SCHEDULE
+        if server_schedule is not None:
+            try:
+                rows = tuple((float(a), int(b)) for a, b in server_schedule)
+            except (TypeError, ValueError):
+                rows = ()
+            if not rows or any(a < 0 or b < 0 for a, b in rows):
+                raise ValueError(f"server_schedule must be [(accumulated_ms, silence_ms), ...] with values >= 0, got "
+                                 f"{server_schedule!r:.80}")
+            self.server_schedule = rows
         self.chunk_ms = chunk_ms
         self.schedule = schedule
         self.reset()
@@ -275,7 +290,8 @@ class VadStream:
         self._emitted = 0  # VAD frames emitted
         self._cache = self.vad.new_cache()
         self._det = _new_detector(self.cfg)
-        self._sched = _Schedule(self.cfg, self.chunk_ms) if self.schedule == "offline" else _ServerSchedule(self.cfg)
+        self._sched = (_Schedule(self.cfg, self.chunk_ms) if self.schedule == "offline"
+                       else _ServerSchedule(self.cfg, self.server_schedule))
         self.frame_probs: list[np.ndarray] = []  # per piece, for tests/diagnostics (silence column)
 
     @property

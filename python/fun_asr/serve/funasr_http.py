@@ -1,0 +1,116 @@
+"""FunASR's offline HTTP service: ``POST /asr`` as FunASR's ``serve_vllm.py`` and ``funasr-server`` answer it
+(multipart ``file``, ``language``, ``hotwords``, ``spk``, ``timestamp`` -> ``{text, segments: [{text, start, end,
+words?}], duration, processing_time, rtf}``; errors as FastAPI's ``{"detail": ...}``), decoded through the
+server's shared batcher."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any
+
+from fastapi import FastAPI, File, Form, Request, UploadFile
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+
+from fun_asr.asr.options import check_vad_options, parse_silence_schedule
+from fun_asr.asr.prompt import split_hotwords
+from fun_asr.asr.session import Transcription
+from fun_asr.serve.errors import SPEAKERS_UNAVAILABLE, ApiError, _words
+from fun_asr.serve.openai import ServerContext, read_upload, segment_words, transcribe_upload
+
+ASR_PATH = "/asr"
+
+
+def asr_response(result: Transcription, words: bool, seconds: float) -> dict[str, Any]:
+    """FunASR's /asr answer: the text, each segment's text and times in seconds (with ``words``, FunASR's
+    ``{"word", "start", "end"}`` list, when word timestamps were computed), the audio's duration, the
+    processing time and its real-time factor; plus fun-asr's ``warnings`` and ``warning_codes``."""
+    segments = []
+    for s in result.segments:
+        seg: dict[str, Any] = {"text": s.text, "start": round(s.start, 3), "end": round(s.end, 3)}
+        if words:
+            seg["words"] = segment_words(s)
+        segments.append(seg)
+    duration = result.duration
+    return {"text": result.text, "segments": segments, "duration": duration,
+            "processing_time": round(seconds, 3), "rtf": round(seconds / duration, 4) if duration > 0 else 0,
+            "warnings": [str(w) for w in result.warnings], "warning_codes": result.warning_codes}
+
+
+def add_funasr_routes(app: FastAPI, ctx: ServerContext) -> None:
+    """``POST /asr`` on ``app``. Its fields are declared as FunASR declares them, so FastAPI checks them exactly
+    as FunASR's server does (a missing ``file`` or a ``spk``/``timestamp`` that is not a boolean: 422 with
+    FastAPI's ``detail`` list)."""
+    session = ctx.session
+    limit = ctx.max_bytes + 64 * 1024  # the multipart envelope around the file
+
+    class LimitedRoute(APIRoute):
+        """Refuses a body over the upload limit by its Content-Length, before the form is read."""
+
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
+
+            async def checked(request: Request) -> Response:
+                length = request.headers.get("content-length")
+                if length and length.isdigit() and int(length) > limit:
+                    raise ApiError(413, f"upload of {int(length)} bytes exceeds the limit of {ctx.max_upload_mb:g} "
+                                        "MB (fun-asr-serve --max-upload-mb)", "file", "file_too_large")
+                return await handler(request)
+
+            return checked
+
+    async def asr(request: Request, file: Annotated[UploadFile, File()],
+                  language: Annotated[str | None, Form()] = None, hotwords: Annotated[str, Form()] = "",
+                  spk: Annotated[bool, Form()] = False, timestamp: Annotated[bool, Form()] = True,
+                  silence_schedule: Annotated[str | None, Form()] = None,
+                  dynamic_silence: Annotated[bool | None, Form()] = None,
+                  max_end_silence_time: Annotated[int | None, Form()] = None) -> JSONResponse:
+        """FunASR's offline recognition of one uploaded file: text, segments with times (and word times with
+        timestamp=true on a model with a CTC head), duration, processing_time, rtf. Extensions: FunASR's
+        ``generate()`` VAD kwargs ``silence_schedule`` (``"10000:2000,...,inf:100"`` or a JSON list of pairs),
+        ``dynamic_silence``, ``max_end_silence_time``."""
+        if spk:
+            raise ApiError(400, SPEAKERS_UNAVAILABLE, "spk", "unsupported_value")
+        data = await read_upload(file, ctx)
+        words = split_hotwords(hotwords)  # FunASR splits at commas and strips each
+        try:  # the hotword limits, the language's characters, the decoder's context: a 400 before decoding
+            session.options(language=language, hotwords=words, max_new_tokens=ctx.max_new_tokens,
+                            segment_seconds=ctx.segment_seconds)
+        except (ValueError, TypeError) as exc:
+            raise ApiError(400, _words(exc), "hotwords", "invalid_value") from None
+        # timestamp=true is FunASR's default: word times where the model has a CTC head. Sent explicitly to a
+        # model without one, the result says so (word_timestamps_unavailable) instead of leaving them out.
+        sent = "timestamp" in (await request.form())
+        want_words = timestamp and (session.aligner is not None or sent)
+        try:
+            vad_kwargs = vad_options(session, silence_schedule, dynamic_silence, max_end_silence_time)
+        except (ValueError, TypeError) as exc:
+            raise ApiError(400, str(exc), "silence_schedule", "invalid_value") from None
+        t0 = time.perf_counter()
+        result = await transcribe_upload(ctx, data, file.filename or "upload",
+                                         (language, True, tuple(words), None, None, None, want_words, vad_kwargs))
+        seconds = time.perf_counter() - t0
+        return JSONResponse(asr_response(result, want_words and session.aligner is not None, seconds))
+
+    app.router.add_api_route(ASR_PATH, asr, methods=["POST"], route_class_override=LimitedRoute,
+                             summary="FunASR's offline recognition (serve_vllm.py POST /asr)")
+
+
+def vad_options(session: Any, silence_schedule: str | None, dynamic_silence: bool | None,
+                max_end_silence_time: int | None) -> tuple[tuple[str, Any], ...]:
+    """FunASR's VAD kwargs of a request, checked (ValueError/TypeError naming the field) as the batcher takes
+    them: (name, value) pairs of the given ones."""
+    kw: dict[str, Any] = {}
+    if silence_schedule is not None:
+        kw["silence_schedule"] = parse_silence_schedule(silence_schedule)
+    if dynamic_silence is not None:
+        kw["dynamic_silence"] = dynamic_silence
+    if max_end_silence_time is not None:
+        kw["max_end_silence_time"] = max_end_silence_time
+    if kw:
+        if session.vad is None:
+            raise ValueError("silence_schedule, dynamic_silence and max_end_silence_time set the FSMN-VAD, and this "
+                             "server has none")
+        check_vad_options(**kw)
+    return tuple(sorted(kw.items()))

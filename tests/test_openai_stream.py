@@ -1,0 +1,165 @@
+"""OpenAI's streamed transcription (stream=true: transcript.text.delta events, then transcript.text.done) through
+the official openai SDK against a real uvicorn server; and what uvicorn's own log lines show of a URL's API key."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import fun_asr
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+requests = pytest.importorskip("requests")
+
+from fun_asr.serve.app import create_app  # noqa: E402
+
+MAX_NEW = 8
+KEY = "stream-s3cret"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def demo(vad_dir: Path) -> fun_asr.Session:
+    return fun_asr.Session("demo", device="cpu", vad="fsmn", vad_model=vad_dir, progress=False)
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from trained_model import three_utterances_clip
+
+    clip, _ = three_utterances_clip(tmp_path_factory.mktemp("three"))
+    return clip
+
+
+@pytest.fixture(scope="module")
+def server(demo: fun_asr.Session):  # noqa: ANN201
+    """uvicorn on a free port, in a thread of this process, with its default access log on (log level info)."""
+    port = _free_port()
+    app = create_app(demo, model_id="fun-asr-nano", max_new_tokens=MAX_NEW, api_key=KEY)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="info", log_config=None)
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 60
+    while not srv.started:
+        if not thread.is_alive() or time.time() > deadline:
+            pytest.fail("uvicorn did not start")
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(30)
+
+
+def _client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def test_sdk_stream_deltas_then_done(server: str, demo: fun_asr.Session, three: Path) -> None:
+    want = demo.transcribe(three, max_new_tokens=MAX_NEW)
+    spoken = [s.text for s in want.segments if s.text]
+    assert len(spoken) == 3, "the clip must decode to several segments to check the deltas"
+    with three.open("rb") as f:
+        stream = _client(server).audio.transcriptions.create(model="fun-asr-nano", file=f, stream=True)
+        events = list(stream)
+    types = [type(e).__name__ for e in events]
+    assert types == ["TranscriptionTextDeltaEvent"] * 3 + ["TranscriptionTextDoneEvent"], types
+    deltas = [e.delta for e in events[:-1]]
+    assert [e.type for e in events] == ["transcript.text.delta"] * 3 + ["transcript.text.done"]
+    assert deltas == [spoken[0], " " + spoken[1], " " + spoken[2]]  # one per segment, the separator in front
+    assert "".join(deltas) == events[-1].text == want.text
+    with three.open("rb") as f:  # the same text as the json answer
+        assert _client(server).audio.transcriptions.create(model="fun-asr-nano", file=f).text == want.text
+
+
+def test_stream_wire_format(server: str, three: Path) -> None:
+    r = requests.post(server + "/v1/audio/transcriptions", files={"file": ("a.wav", three.read_bytes())},
+                      data={"stream": "true", "response_format": "text"}, headers={"Authorization": f"Bearer {KEY}"},
+                      timeout=120)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    blocks = r.text.split("\n\n")
+    assert blocks[-1] == "" and blocks[-2] == "data: [DONE]"
+    assert all(b.startswith("data: {") for b in blocks[:-2])
+    assert '"type":"transcript.text.done"' in blocks[-3]
+
+
+def test_stream_refusals(server: str, three: Path) -> None:
+    client = _client(server)
+    for fmt in ("verbose_json", "srt", "vtt"):
+        with pytest.raises(openai.BadRequestError, match="stream=true"):
+            client.audio.transcriptions.create(model="fun-asr-nano", file=("a.wav", three.read_bytes()),
+                                               stream=True, response_format=fmt)
+    with pytest.raises(openai.BadRequestError, match="audio"):  # an error before any event: a plain 400
+        list(client.audio.transcriptions.create(model="fun-asr-nano", file=("a.wav", b"not audio"), stream=True))
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server + "/v1", api_key="wrong", max_retries=0).audio.transcriptions.create(
+            model="fun-asr-nano", file=("a.wav", three.read_bytes()), stream=True)
+
+
+def test_uvicorn_logs_never_show_the_url_key(server: str, caplog: pytest.LogCaptureFixture) -> None:
+    websockets = pytest.importorskip("websockets.sync.client")
+    with caplog.at_level(logging.INFO, logger="uvicorn"):
+        assert requests.get(server + f"/v1/models?api_key={KEY}", timeout=30).status_code == 200
+        assert requests.get(server + "/v1/models?api_key=wrong-one", timeout=30).status_code == 401
+        ws_url = server.replace("http", "ws") + f"/?api_key={KEY}"
+        try:  # accepted or refused (the WebSocket route's own check): either way uvicorn logs the path
+            with websockets.connect(ws_url, open_timeout=10) as ws:
+                ws.close()
+        except Exception:  # noqa: BLE001, S110 - a refused upgrade raises; the log lines are what is checked
+            pass
+        time.sleep(0.3)
+    lines = [rec.getMessage() for rec in caplog.records if rec.name.startswith("uvicorn")]
+    assert any("/v1/models?api_key=***" in line for line in lines), lines
+    assert any("WebSocket /?api_key=***" in line for line in lines), lines
+    assert not [line for line in lines if KEY in line or "wrong-one" in line]
+
+
+def test_asr_through_requests_as_the_guide(server: str, demo: fun_asr.Session, three: Path) -> None:
+    """FunASR's guide, Python example: requests.post(url + "/asr", files={"file": open(...)}, data={...}),
+    over a real socket; then the answer's fields as the guide reads them (``result["text"]``, each segment's
+    text/start/end)."""
+    import requests
+
+    with three.open("rb") as f:
+        r = requests.post(f"{server}/asr?api_key={KEY}", files={"file": f},
+                          data={"language": "英文", "hotwords": "yes,no", "spk": "false", "timestamp": "true"},
+                          timeout=120)
+    assert r.status_code == 200, r.text
+    result = r.json()
+    want = demo.transcribe(three, language="英文", hotwords=["yes", "no"], max_new_tokens=MAX_NEW)
+    assert result["text"] == want.text and result["text"]
+    assert isinstance(result["duration"], float) and isinstance(result["processing_time"], float)
+    assert isinstance(result["rtf"], float)
+    assert [(s["text"], s["start"], s["end"]) for s in result["segments"]] == \
+        [(s.text, s.start, s.end) for s in want.segments]
+    r = requests.post(f"{server}/asr", files={"file": three.open("rb")}, timeout=60)  # no key
+    assert r.status_code == 401 and "detail" in r.json()
+
+
+def test_asr_takes_funasrs_vad_kwargs(server: str, demo: fun_asr.Session, three: Path) -> None:
+    """generate()'s VAD kwargs per request (an extension of /asr): a fixed 3 s end silence joins the three
+    utterances (their pauses are 1.6-1.8 s), as the Session does with the same kwargs; a bad schedule is a 400
+    naming it."""
+    import requests
+
+    def post(**data: str) -> requests.Response:
+        with three.open("rb") as f:
+            return requests.post(f"{server}/asr?api_key={KEY}", files={"file": f}, data=data, timeout=120)
+
+    plain = post().json()["segments"]
+    joined = post(dynamic_silence="false", max_end_silence_time="3000").json()["segments"]
+    want = demo.transcribe(three, max_new_tokens=MAX_NEW, dynamic_silence=False, max_end_silence_time=3000)
+    assert len(plain) == 3 and len(joined) < len(plain)
+    assert [(s["start"], s["end"]) for s in joined] == [(s.start, s.end) for s in want.segments]
+    r = post(silence_schedule="10000:2000,5000:100")
+    assert r.status_code == 400 and "silence" in r.json()["detail"]
