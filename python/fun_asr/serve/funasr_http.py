@@ -88,8 +88,10 @@ def add_funasr_routes(app: FastAPI, ctx: ServerContext) -> None:
         except (ValueError, TypeError) as exc:
             raise ApiError(400, str(exc), "silence_schedule", "invalid_value") from None
         t0 = time.perf_counter()
+        options = (language, True, tuple(words), None, None, None, want_words)
+        # with VAD kwargs, an 8th element; without, the same options as a /v1 request (batched together)
         result = await transcribe_upload(ctx, data, file.filename or "upload",
-                                         (language, True, tuple(words), None, None, None, want_words, vad_kwargs))
+                                         options + ((vad_kwargs,) if vad_kwargs else ()))
         seconds = time.perf_counter() - t0
         return JSONResponse(asr_response(result, want_words and session.aligner is not None, seconds))
 
