@@ -26,8 +26,10 @@ class _DefaultsOnce(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=PROG, description="OpenAI-compatible Fun-ASR-Nano transcription server "
-                                 "(POST /v1/audio/transcriptions, GET /v1/models, GET /health).",
+    ap = argparse.ArgumentParser(prog=PROG, description="Fun-ASR-Nano transcription server, OpenAI- and "
+                                 "FunASR-compatible: POST /v1/audio/transcriptions, GET /v1/models, FunASR's POST "
+                                 "/asr, GET /health, and FunASR's WebSocket protocols (realtime, and the runtime's "
+                                 "online/offline/2pass) on every path and on --ws-port.",
                                  formatter_class=_DefaultsOnce)
     ap.add_argument("-m", "--model", default=DEFAULT_REPO,
                     help="GGUF file, checkpoint folder or hub repo id (a repo is fetched and converted once)")
