@@ -357,6 +357,10 @@ def test_api_key_helper() -> None:
         assert not api_key_ok(KEY, headers, query)
     assert redact_api_key(f"/v1/models?x=1&api_key={KEY}&y=2") == "/v1/models?x=1&api_key=***&y=2"
     assert redact_api_key(f'"WebSocket /?api_key={KEY}" 403') == '"WebSocket /?api_key=***" 403'
+    # every spelling Starlette decodes to api_key (it authenticates, so it must not be logged either)
+    for name in ("%61pi_key", "api%5Fkey", "API_KEY", "%41PI%5FKEY"):
+        assert redact_api_key(f"GET /?{name}={KEY} HTTP/1.1") == f"GET /?{name}=*** HTTP/1.1", name
+    assert redact_api_key("/?not_api_key=keep&a=api_key=x") == "/?not_api_key=keep&a=api_key=x"
     assert redact_api_key(f"/?API_KEY={KEY}&api%5Fkey={KEY}") == "/?API_KEY=***&api%5Fkey=***"
     assert redact_api_key("/?my_api_key=public&x=api_key=") == "/?my_api_key=public&x=api_key="
 

@@ -163,3 +163,26 @@ def test_asr_takes_funasrs_vad_kwargs(server: str, demo: fun_asr.Session, three:
     assert [(s["start"], s["end"]) for s in joined] == [(s.start, s.end) for s in want.segments]
     r = post(silence_schedule="10000:2000,5000:100")
     assert r.status_code == 400 and "silence" in r.json()["detail"]
+    for bad in ({"dynamic_silence": "maybe"}, {"max_end_silence_time": "abc"}, {"max_end_silence_time": "-5"}):
+        r = post(**bad)
+        assert r.status_code == 400 and next(iter(bad)) in r.json()["detail"], (bad, r.text)
+
+
+@pytest.mark.parametrize("language", [None, "zh", "en", "klingon"])
+def test_stream_deltas_add_up_for_any_mix_of_scripts(language: str | None) -> None:
+    """The deltas of many segments (CJK next to Latin, empty ones between) add up to join_text's transcript
+    exactly, for each language's join rule; each delta is computed from its neighbour only."""
+    from fun_asr.asr.assemble import join_text
+    from fun_asr.asr.results import Segment, Transcription
+    from fun_asr.model.spec import load_spec
+    from fun_asr.serve.openai import stream_events
+
+    spec = load_spec()
+    pieces = ["你好", "世界", "hello", "", "world", "。好的", "ok", "天气"] * 300
+    segs = [Segment(i, i + 1.0, p, [], "eos", False, False) for i, p in enumerate(pieces)]
+    t = Transcription(join_text(segs, language, spec), segs, language, float(len(segs)), {})
+    events = stream_events(t, spec)
+    deltas = [e["delta"] for e in events if e["type"] == "transcript.text.delta"]
+    assert len(deltas) == sum(1 for p in pieces if p) and "".join(deltas) == t.text
+    assert events[-1] == {"type": "transcript.text.done", "text": t.text, "truncated": False,
+                          "input_truncated": False}

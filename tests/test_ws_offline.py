@@ -245,9 +245,6 @@ def test_ten_minutes_in_one_frame_and_the_frame_limit(session: fun_asr.Session, 
     with _server(session, RealtimeLimits(), max_upload_mb=2.0) as url:
         assert asyncio.run(too_big(url)) == 1009
         assert uvicorn_ws_options(2.0)["ws_max_size"] == 2 * 1024 * 1024
-    # FunASR's keepalive defaults: pings every 20 s, no pong timeout (a stream behind cannot answer one)
-    assert uvicorn_ws_options(100.0) == {"ws_max_size": 100 * 1024 * 1024, "ws_ping_interval": 20.0,
-                                         "ws_ping_timeout": None}
 
 
 # -- the explicit limits -------------------------------------------------------------------------------------
@@ -466,3 +463,188 @@ def test_spk_is_refused_never_ignored(session: fun_asr.Session, capsys: pytest.C
 
     assert main(["--enable-spk", "--no-access-log"]) == 2
     assert "--enable-spk: speaker diarization is not available yet" in capsys.readouterr().err
+
+
+# -- bounded memory per connection ---------------------------------------------------------------------------
+
+class _Gate:
+    """A fake Starlette WebSocket: ``receive`` yields ``messages`` (then disconnect), counting what was taken;
+    ``send_text`` waits while the gate is closed (a client that reads nothing)."""
+
+    def __init__(self, messages: Iterator[dict], open_: bool = False) -> None:
+        self.messages, self.taken, self.sent = messages, 0, []
+        self.gate = asyncio.Event()
+        if open_:
+            self.gate.set()
+
+    async def receive(self) -> dict:
+        await asyncio.sleep(0)  # a real socket yields to the loop
+        msg = next(self.messages, None)
+        if msg is None:
+            return {"type": "websocket.disconnect", "code": 1000}
+        self.taken += 1
+        return msg
+
+    async def send_text(self, text: str) -> None:
+        await self.gate.wait()
+        self.sent.append(json.loads(text))
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        return None
+
+
+async def _settle(cond, rounds: int = 2000) -> None:  # noqa: ANN001
+    for _ in range(rounds):
+        if cond():
+            return
+        await asyncio.sleep(0)
+
+
+def test_outbox_keeps_the_newest_partial_while_the_previous_one_is_sent() -> None:
+    """A partial being sent is not the one a newer partial replaces: the newer one is sent after it."""
+    from fun_asr.serve.ws_realtime import _Outbox
+
+    async def run() -> list[dict]:
+        ws = _Gate(iter(()))
+        out = _Outbox(ws)
+        sender = asyncio.create_task(out.run())
+        out.put({"partial": "a"}, replaceable=True)
+        await _settle(lambda: False, 50)  # the sender takes "a" and waits in send_text
+        out.put({"partial": "ab"}, replaceable=True)  # arrives while "a" is being sent
+        out.put({"partial": "abc"}, replaceable=True)  # replaces "ab", which was not sent yet
+        ws.gate.set()
+        await out.flush(10.0)
+        sender.cancel()
+        return ws.sent
+
+    assert asyncio.run(run()) == [{"partial": "a"}, {"partial": "abc"}]
+
+
+def _connection(ws: _Gate, limits: RealtimeLimits, session: object = None, submit: object = None):  # noqa: ANN202
+    from fun_asr.serve.ws_realtime import _Connection
+
+    return _Connection(ws, session, submit, limits, 64, {"status": 1000, "audio_s": 0.0, "bytes_in": 0, "streams": 0})
+
+
+def test_a_client_that_reads_nothing_stops_being_read() -> None:
+    """Unknown commands from a client that reads nothing: past the send queue's bound (256 events) the server
+    stops reading (back-pressure), answers everything once the client reads, and names the accepted commands
+    in the first unknown-command error only (each later one is short)."""
+    from fun_asr.serve.ws_realtime import COMMANDS, OUTBOX_MAX_EVENTS
+
+    n = 3000
+
+    async def run() -> tuple[int, int, int, list[dict], dict]:
+        ws = _Gate({"type": "websocket.receive", "text": "x"} for _ in range(n))
+        conn = _connection(ws, RealtimeLimits(idle_seconds=60.0))
+        sender = asyncio.create_task(conn.out.run())
+        reader = asyncio.create_task(conn.run())
+        await _settle(lambda: ws.taken >= n, 20000)
+        taken, queued, queued_bytes = ws.taken, len(conn.out.items), conn.out.bytes
+        assert not reader.done()
+        ws.gate.set()  # the client reads now: the reader goes on
+        await asyncio.wait_for(reader, 60)
+        await conn.out.flush(60.0)
+        sender.cancel()
+        return taken, queued, queued_bytes, ws.sent, conn.stats
+
+    taken, queued, queued_bytes, sent, stats = asyncio.run(run())
+    assert taken <= OUTBOX_MAX_EVENTS + 2 and queued <= OUTBOX_MAX_EVENTS and queued_bytes < 1 << 20, (taken, queued)
+    assert len(sent) == n and all(m["event"] == "error" for m in sent)  # every command answered, none dropped
+    assert COMMANDS in sent[0]["error"] and "'x'" in sent[0]["error"]
+    assert all(COMMANDS not in m["error"] and "'x'" in m["error"] and len(m["error"]) < 100 for m in sent[1:])
+    assert stats["status"] == 1000
+
+
+def test_a_client_that_never_reads_is_closed_after_the_idle_limit() -> None:
+    """The send queue full and nothing taken for --stream-idle-seconds: the connection ends (1008, logged)."""
+
+    async def run() -> dict:
+        ws = _Gate({"type": "websocket.receive", "text": "x"} for _ in range(10**5))
+        conn = _connection(ws, RealtimeLimits(idle_seconds=0.2))
+        sender = asyncio.create_task(conn.out.run())
+        await asyncio.wait_for(conn.run(), 60)
+        sender.cancel()
+        return {**conn.stats, "taken": ws.taken}
+
+    stats = asyncio.run(run())
+    assert stats["status"] == 1008 and "not reading" in stats["reason"] and stats["taken"] < 1000
+
+
+def test_uvicorn_reads_ahead_at_most_one_message() -> None:
+    """uvicorn's queue of received messages per connection (ws_max_queue, 32 by default: 32 frames of up to
+    --max-upload-mb each) is 1; FunASR's keepalive defaults: pings every 20 s, no pong timeout."""
+    opts = uvicorn_ws_options(100.0)
+    assert opts == {"ws_max_size": 100 * 1024 * 1024, "ws_max_queue": 1, "ws_ping_interval": 20.0,
+                    "ws_ping_timeout": None}
+    config = uvicorn.Config(lambda *a: None, **opts)
+    assert config.ws_max_queue == 1 and config.ws_max_size == 100 * 1024 * 1024
+
+
+class _NoVadSession:
+    vad = None
+    max_segment_seconds = 30.0
+
+
+def test_client_endpoints_bound_an_uncommitted_utterance() -> None:
+    """Client endpoints without COMMIT: the stream holds at most max_sentence_s of audio; at that length the
+    utterance is committed by the stream itself (FunASR's realtime_ws.py does not bound it), with a notice
+    in that final result."""
+    from fun_asr.asr.options import TranscribeOptions
+    from fun_asr.asr.stream import Stream, StreamOptions
+
+    decoded: list[int] = []
+
+    def decoder(audio: np.ndarray, max_new: int) -> tuple[str, list[int]]:
+        if max_new == 512:
+            decoded.append(audio.size)
+        return f"s{len(decoded)}", [1]
+
+    st = Stream(_NoVadSession(), TranscribeOptions(), StreamOptions(endpoint="client", max_sentence_s=6.0), decoder)
+    held, events = 0, []
+    for _ in range(15):  # 15 s in 1 s frames, no COMMIT
+        events += st.feed(np.zeros(SR, np.float32))
+        held = max(held, st.buffered_samples)
+    assert held <= 6 * SR
+    assert decoded == [6 * SR, 6 * SR]
+    assert [(e.text, e.start, e.end) for e in events if e.type == "sentence"] == [("s1", 0, 6000),
+                                                                                  ("s2", 6000, 12000)]
+    finals = st.take_auto_commits()
+    assert [(f["sentences"], f["duration_ms"]) for f in finals] == [([{"text": "s1", "start": 0, "end": 6000}], 6000),
+                                                                    ([{"text": "s2", "start": 6000, "end": 12000}],
+                                                                     12000)]
+    assert all(f["is_final"] and "COMMIT" in f["notice"] and "6 s" in f["notice"] for f in finals)
+    assert st.take_auto_commits() == [] and st.uncommitted_samples == 3 * SR
+    assert [e.text for e in st.commit()] == ["s3"] and decoded[-1] == 3 * SR
+
+
+def test_client_endpoint_server_sends_the_automatic_commit(session: fun_asr.Session) -> None:
+    """Over the protocol: an utterance that reaches the longest sentence (30 s) without COMMIT gets its final
+    result then (with a notice); STOP's final holds the rest."""
+    import types
+
+    def submit(audio: np.ndarray, opts: tuple, kind: str) -> object:
+        res = types.SimpleNamespace(text=f"{audio.size / SR:g}s", segments=[])
+        return types.SimpleNamespace(result=lambda: res)
+
+    pcm = np.zeros(32 * SR, np.int16).tobytes()
+    msgs = [{"type": "websocket.receive", "text": "START"}]
+    msgs += [{"type": "websocket.receive", "bytes": pcm[i : i + 2 * SR]} for i in range(0, len(pcm), 2 * SR)]
+    msgs += [{"type": "websocket.receive", "text": "STOP"}]
+
+    async def run() -> list[dict]:
+        ws = _Gate(iter(msgs), open_=True)
+        conn = _connection(ws, RealtimeLimits(endpoint_mode="client"), session, submit)
+        worker, sender = asyncio.create_task(conn.work()), asyncio.create_task(conn.out.run())
+        await asyncio.wait_for(conn.run(), 60)
+        await conn.out.flush(10.0)
+        worker.cancel()
+        sender.cancel()
+        return ws.sent
+
+    got = asyncio.run(run())
+    finals = _finals(got)
+    assert len(finals) == 2 and got[-1] == {"event": "stopped"} and not _errors(got)
+    assert finals[0]["sentences"] == [{"text": "30s", "start": 0, "end": 30000}] and "notice" in finals[0]
+    assert finals[0]["duration_ms"] == 30000
+    assert finals[1]["sentences"] == [{"text": "2s", "start": 30000, "end": 32000}] and "notice" not in finals[1]

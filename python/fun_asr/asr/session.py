@@ -582,7 +582,8 @@ class Session:
         unknown = language_notice(self.spec, opts.language)  # recorded in every result, logged once per language
         if unknown is not None:
             session_notes.append(unknown)
-            if opts.language not in self._told_languages:
+            # bounded: a server's clients can send any number of names (past 256, they are only in the results)
+            if opts.language not in self._told_languages and len(self._told_languages) < 256:
                 self._told_languages.add(opts.language)
                 log.warning("%s", unknown)
         return assemble(item, opts, options, total_ms, self.spec, session_notes, warn)

@@ -15,12 +15,20 @@ feeding a file in pieces of 10 ms, 1 s or all at once gives the same sentences.
 ``StreamOptions(endpoint="client")`` is FunASR's client endpoint mode (``realtime_ws.py --endpoint-mode
 client``): no VAD runs; the caller ends each utterance with :meth:`Stream.commit` (the protocol's ``COMMIT``),
 which decodes all audio since the previous commit as one sentence; partials follow the same schedule,
-counted from the utterance's start.
+counted from the utterance's start. An utterance is bounded: once ``max_sentence_s`` (30 s, the VAD's forced
+cut in server mode) of audio has come without a commit, the stream commits it itself, at that sample, and
+records that commit's final result with a ``notice`` (:meth:`Stream.take_auto_commits`); FunASR's
+``realtime_ws.py`` does not bound it (its buffer then grows until COMMIT).
+
+The stream keeps the audio it may still decode (the open sentence, and ``lookback_s`` before it) as a list of
+60 ms chunks, joined only for a decode, so each step costs the same however long the sentence has been open.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -75,7 +83,7 @@ class StreamOptions:
     min_sentence_ms: int = 100  # FunASR skips closed segments under 1600 samples
     lookback_s: float = 5.0  # audio kept before the open sentence (the VAD reports starts late)
     vad_chunk_ms: int = 60
-    max_sentence_s: float = 30.0  # the VAD's forced cut (max_single_segment_time)
+    max_sentence_s: float = 30.0  # the VAD's forced cut (max_single_segment_time); client endpoints: auto-commit
     endpoint: str = "server"  # "server": the VAD ends sentences; "client": commit() does (FunASR's COMMIT)
 
     def check(self) -> None:
@@ -126,8 +134,9 @@ class Stream:
             self._vad = session.vad.stream(self.sopts.vad_chunk_ms, cfg, schedule="server")
         self._step = SAMPLE_RATE * self.sopts.vad_chunk_ms // 1000
         self._pending = np.zeros(0, np.float32)  # < one VAD step, not yet processed
-        self._buf = np.zeros(0, np.float32)  # audio from absolute sample _buf_start on
+        self._chunks: deque[np.ndarray] = deque()  # audio from absolute sample _buf_start to total_samples
         self._buf_start = 0
+        self._max_utterance = int(self.sopts.max_sentence_s * SAMPLE_RATE)  # client endpoints: auto-commit here
         self.total_samples = 0  # processed (VAD'd) samples
         self._received = 0  # samples received (processed + pending)
         self._rate: int | None = None
@@ -145,6 +154,7 @@ class Stream:
         self._partial_seen_for: int | None = None
         self._commit_mark = 0  # samples received when the last utterance was committed (client endpoints)
         self._committed: list[StreamEvent] = []  # the last commit's sentence (client endpoints)
+        self._auto_finals: list[dict[str, Any]] = []  # final results of automatic commits not taken yet
 
     # -- input ---------------------------------------------------------------------------------------
 
@@ -226,21 +236,44 @@ class Stream:
                                "this stream's VAD ends them itself")
         if self.closed:
             raise RuntimeError("the stream is closed")
-        if self._pending.size:
-            self._process(self._pending, final=False, partial_ok=False)
+        events: list[StreamEvent] = []
+        if self._pending.size:  # (may reach max_sentence_s: that commit comes first)
+            events += self._process(self._pending, final=False, partial_ok=False)
             self._pending = np.zeros(0, np.float32)
+        return events + self._end_utterance()
+
+    def _end_utterance(self) -> list[StreamEvent]:
         events: list[StreamEvent] = []
         if self.speech_start is not None:
             events = self._close_sentence(self.speech_start, self.duration_ms)
         self._committed = events
         self.speech_start = None
         self.partial = None
-        self._buf = np.zeros(0, np.float32)  # FunASR releases the utterance's audio
+        self._chunks.clear()  # FunASR releases the utterance's audio
         self._buf_start = self.total_samples
         self._first_decode_done = False
         self._last_decode = self.total_samples
-        self._commit_mark = self._received
+        self._commit_mark = self.total_samples  # all audio received up to here has been processed
         return events
+
+    def _auto_commit(self) -> list[StreamEvent]:
+        """Client endpoints: the utterance reached ``max_sentence_s`` without a commit: commit it here."""
+        events = self._end_utterance()
+        self._auto_finals.append({**self.response(is_final=True), "notice": (
+            f"no COMMIT for {self.sopts.max_sentence_s:g} s of audio (the longest utterance): committed "
+            "automatically here; the stream goes on")})
+        return events
+
+    def take_auto_commits(self) -> list[dict[str, Any]]:
+        """Client endpoints: the final results (``response(is_final=True)`` then, plus ``notice``) of the
+        utterances the stream committed itself at ``max_sentence_s`` since the last call, oldest first."""
+        out, self._auto_finals = self._auto_finals, []
+        return out
+
+    @property
+    def buffered_samples(self) -> int:
+        """Samples the stream holds for decoding (the open sentence and the look-back before it)."""
+        return self.total_samples - self._buf_start
 
     @property
     def uncommitted_samples(self) -> int:
@@ -254,12 +287,16 @@ class Stream:
         return self.total_samples * 1000 // SAMPLE_RATE
 
     def _process(self, piece: np.ndarray, final: bool, partial_ok: bool = True) -> list[StreamEvent]:
-        self._buf = np.concatenate([self._buf, piece]) if self._buf.size else piece.copy()
+        if piece.size:
+            self._chunks.append(piece.copy())  # a copy: `piece` may be a view of a whole frame
         self.total_samples += piece.size
         events: list[StreamEvent] = []
         if self.client_endpoints:  # no VAD: the utterance starts with its first audio (ClientEndpointVAD)
             if piece.size and self.speech_start is None:
                 self.speech_start = (self.total_samples - piece.size) * 1000 // SAMPLE_RATE
+            if (self.speech_start is not None
+                    and self.total_samples - self.speech_start * SAMPLE_RATE // 1000 >= self._max_utterance):
+                return events + self._auto_commit()
             if partial_ok and self._should_decode():
                 events += self._partial()
             self._compact()
@@ -293,8 +330,21 @@ class Stream:
         return self.total_samples - self._last_decode >= wait * SAMPLE_RATE // 1000
 
     def _slice(self, a: int, b: int) -> np.ndarray:
-        lo, hi = max(0, a - self._buf_start), min(self._buf.size, b - self._buf_start)
-        return self._buf[lo:hi] if hi > lo else np.zeros(0, np.float32)
+        """The held audio from absolute sample ``a`` to ``b`` (clipped to what is held), as one array."""
+        lo, hi = max(a, self._buf_start), min(b, self.total_samples)
+        if hi <= lo:
+            return np.zeros(0, np.float32)
+        parts: list[np.ndarray] = []
+        end = self.total_samples
+        for c in reversed(self._chunks):  # the newest first: partials want the end
+            start = end - c.size
+            if start < hi and end > lo:
+                parts.append(c[max(0, lo - start) : min(c.size, hi - start)])
+            if start <= lo:
+                break
+            end = start
+        parts.reverse()
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _close_sentence(self, start_ms: int, end_ms: int) -> list[StreamEvent]:
         start_ms, end_ms = max(0, int(start_ms)), min(self.duration_ms, int(end_ms))
@@ -350,10 +400,15 @@ class Stream:
         else:
             keep = self.total_samples - int(self.sopts.lookback_s * SAMPLE_RATE)
         keep = min(self.total_samples, max(self._buf_start, keep))
-        drop = keep - self._buf_start
-        if drop > 0:
-            self._buf = self._buf[drop:].copy()
+        while self._chunks and self._buf_start + self._chunks[0].size <= keep:
+            self._buf_start += self._chunks.popleft().size
+        if self._chunks and keep > self._buf_start:  # a copy, so that the dropped samples are freed
+            self._chunks[0] = self._chunks[0][keep - self._buf_start :].copy()
             self._buf_start = keep
+        # arrival times of audio no longer held are not asked for again (kept 1 s back: ms rounding)
+        old = bisect.bisect_left(self._arrivals, self._buf_start - SAMPLE_RATE, key=lambda e: e[0])
+        if old:
+            del self._arrivals[:old]
 
     def _decode_local(self, audio: np.ndarray, max_new_tokens: int) -> tuple[str, list[int]]:
         o = self.opts

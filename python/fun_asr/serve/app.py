@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import unquote_plus
 
 import anyio
 from fastapi import FastAPI, Request, WebSocket
@@ -38,7 +39,7 @@ log = logging.getLogger("fun_asr.server")
 access_log = logging.getLogger("fun_asr.access")
 
 API_KEY_PARAM = "api_key"  # ?api_key=KEY: for clients that cannot set headers (a browser's WebSocket)
-_KEY_IN_URL = re.compile(r"((?:^|[?&])api(?:_|%5f)key=)[^&#\s\"]*", re.IGNORECASE)  # also API_KEY, api%5Fkey
+_QUERY_PAIR = re.compile(r"((?:^|[?&;])([^=&#;\s\"?]+)=)([^&#;\s\"]*)")
 
 
 def api_key_ok(api_key: str | None, headers: Mapping[str, str], query: Mapping[str, str] | None = None) -> bool:
@@ -56,8 +57,12 @@ def api_key_ok(api_key: str | None, headers: Mapping[str, str], query: Mapping[s
 
 
 def redact_api_key(text: str) -> str:
-    """A URL or log line with any ``api_key=`` value replaced by ``***``."""
-    return _KEY_IN_URL.sub(r"\1***", text)
+    """A URL or log line with any ``api_key=`` value replaced by ``***``: every query pair whose name, decoded as
+    Starlette decodes it (``%61pi_key``, ``api+key`` …, any case), is ``api_key``."""
+    def hide(m: re.Match[str]) -> str:
+        return m.group(1) + "***" if unquote_plus(m.group(2)).lower() == API_KEY_PARAM else m.group(0)
+
+    return _QUERY_PAIR.sub(hide, text)
 
 
 class _RedactApiKey(logging.Filter):
@@ -65,9 +70,9 @@ class _RedactApiKey(logging.Filter):
     the path with the query string)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple) and any(isinstance(a, str) and _KEY_IN_URL.search(a) for a in record.args):
+        if isinstance(record.args, tuple):
             record.args = tuple(redact_api_key(a) if isinstance(a, str) else a for a in record.args)
-        if isinstance(record.msg, str) and _KEY_IN_URL.search(record.msg):
+        if isinstance(record.msg, str):
             record.msg = redact_api_key(record.msg)
         return True
 
@@ -170,7 +175,7 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
     async def realtime_ws(ws: WebSocket, path: str) -> None:  # noqa: ARG001 - FunASR serves any path
         """FunASR's realtime protocol on every path (ws://host:port/ as FunASR's clients connect)."""
         await serve_websocket(ws, session, ctx.batcher, limits, live, max_new_tokens,
-                              authorized=authorized(ws.headers, ws.query_params))
+                              authorized=authorized(ws.headers, ws.query_params), max_file_mb=ctx.max_upload_mb)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

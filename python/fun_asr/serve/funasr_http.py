@@ -16,7 +16,7 @@ from fastapi.routing import APIRoute
 from fun_asr.asr.options import check_vad_options, parse_silence_schedule
 from fun_asr.asr.prompt import split_hotwords
 from fun_asr.asr.session import Transcription
-from fun_asr.serve.errors import SPEAKERS_UNAVAILABLE, ApiError, _words
+from fun_asr.serve.errors import SPEAKERS_UNAVAILABLE, ApiError, _bool, _words
 from fun_asr.serve.openai import ServerContext, read_upload, segment_words, transcribe_upload
 
 ASR_PATH = "/asr"
@@ -64,8 +64,8 @@ def add_funasr_routes(app: FastAPI, ctx: ServerContext) -> None:
                   language: Annotated[str | None, Form()] = None, hotwords: Annotated[str, Form()] = "",
                   spk: Annotated[bool, Form()] = False, timestamp: Annotated[bool, Form()] = True,
                   silence_schedule: Annotated[str | None, Form()] = None,
-                  dynamic_silence: Annotated[bool | None, Form()] = None,
-                  max_end_silence_time: Annotated[int | None, Form()] = None) -> JSONResponse:
+                  dynamic_silence: Annotated[str | None, Form()] = None,
+                  max_end_silence_time: Annotated[str | None, Form()] = None) -> JSONResponse:
         """FunASR's offline recognition of one uploaded file: text, segments with times (and word times with
         timestamp=true on a model with a CTC head), duration, processing_time, rtf. Extensions: FunASR's
         ``generate()`` VAD kwargs ``silence_schedule`` (``"10000:2000,...,inf:100"`` or a JSON list of pairs),
@@ -83,8 +83,16 @@ def add_funasr_routes(app: FastAPI, ctx: ServerContext) -> None:
         # model without one, the result says so (word_timestamps_unavailable) instead of leaving them out.
         sent = "timestamp" in (await request.form())
         want_words = timestamp and (session.aligner is not None or sent)
+        dynamic = None if dynamic_silence is None else _bool(dynamic_silence, "dynamic_silence", True)
+        end_silence = None
+        if max_end_silence_time is not None:
+            try:
+                end_silence = int(max_end_silence_time)
+            except ValueError:
+                raise ApiError(400, f"max_end_silence_time must be a whole number of milliseconds, got "
+                                    f"{max_end_silence_time!r:.40}", "max_end_silence_time", "invalid_value") from None
         try:
-            vad_kwargs = vad_options(session, silence_schedule, dynamic_silence, max_end_silence_time)
+            vad_kwargs = vad_options(session, silence_schedule, dynamic, end_silence)
         except (ValueError, TypeError) as exc:
             raise ApiError(400, str(exc), "silence_schedule", "invalid_value") from None
         t0 = time.perf_counter()

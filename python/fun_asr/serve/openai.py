@@ -29,6 +29,8 @@ from fun_asr.serve.batcher import Batcher, _decode
 from fun_asr.serve.errors import SPEAKERS_UNAVAILABLE, ApiError, _bool, _words
 
 log = logging.getLogger("fun_asr.server")
+# notices about the Session, not the request: logged once by the Session, still in every response
+SESSION_WIDE = frozenset({"no_vad", "word_timestamps_unavailable", "language_unknown"})
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 STREAM_FORMATS = ("json", "text")  # as OpenAI: a stream of transcript.text events replaces these two
@@ -91,7 +93,8 @@ async def transcribe_upload(ctx: ServerContext, data: bytes, name: str, options:
         result.input_truncated = True
         result.warnings[:0] = [Notice("input_truncated", w) for w in info.warnings]
     for w in result.warnings:
-        log.warning("%s", w)
+        if getattr(w, "code", None) not in SESSION_WIDE:  # those the Session logs once, not per request
+            log.warning("%s", w)
     return result
 
 
@@ -137,15 +140,18 @@ def stream_events(t: Transcription, spec: dict[str, Any]) -> list[dict[str, Any]
     after the separator the transcript puts before it, so that the deltas add up to the text exactly), then
     ``transcript.text.done`` with the whole text (and the json format's truncation flags)."""
     events: list[dict[str, Any]] = []
-    shown: list[Any] = []
-    text = ""
+    deltas: list[str] = []
+    prev = None
     for s in t.segments:
         if not s.text:
             continue
-        shown.append(s)
-        joined = join_text(shown, t.language, spec)  # the transcript so far, joined as the full text is
-        events.append({"type": "transcript.text.delta", "delta": joined[len(text):]})
-        text = joined
+        # the separator depends only on the text before it (its last character) and this segment: join the
+        # pair, not everything shown so far (linear in the transcript, also for hours of segments)
+        delta = s.text if prev is None else join_text([prev, s], t.language, spec)[len(prev.text):]
+        events.append({"type": "transcript.text.delta", "delta": delta})
+        deltas.append(delta)
+        prev = s
+    text = "".join(deltas)
     if text != t.text:  # never expected (join_text builds t.text); the deltas must add up to the text
         raise RuntimeError(f"streamed deltas {text!r} do not add up to the transcript {t.text!r}")
     events.append({"type": "transcript.text.done", "text": t.text, "truncated": t.truncated,

@@ -14,8 +14,11 @@ Client -> server, text (commands are case-insensitive, as FunASR's):
   top of the server's ``--postprocess-hotword-file``; they do not bias decoding.
 - ``COMMIT`` (only with ``--endpoint-mode client``: no VAD runs and the client ends each utterance) ->
   one ``is_final`` result holding that utterance's sentence; the stream goes on. In that mode STOP's
-  final result comes when audio arrived after the last COMMIT, or when the stream has had none yet.
-  Without it: ``{"event": "error", "error": "COMMIT requires --endpoint-mode client"}``.
+  final result comes when audio arrived after the last COMMIT, or when the stream has had none yet. An
+  utterance that reaches 30 s (the longest sentence, ``StreamOptions.max_sentence_s``) without COMMIT is
+  committed there by the server: its final result, as COMMIT's, adds ``"notice"`` saying so (FunASR does not
+  bound it: its buffer grows until COMMIT). Without the mode: ``{"event": "error", "error": "COMMIT requires
+  --endpoint-mode client"}``.
 - ``SPK:true`` gets an error event (speaker diarization is not available yet); ``SPK:false`` ->
   ``{"event": "spk_set", "spk": false}``.
 
@@ -31,12 +34,20 @@ No audio is refused or dropped. A frame is split into pieces of at most 1 s that
 the client's sends wait), so a stream that falls behind is transcribed completely, later. Only an explicit
 limit ends a stream, with an error event naming it: ``max_seconds`` of audio (the audio past it is not
 transcribed; the stream gets its final result) or ``idle_seconds`` without a message (the open stream gets
-its final result, then the connection closes). A client that reads results slower than they come gets the
-newest: a non-final result not yet sent is replaced by the next (results are cumulative; events and final
-results are never replaced). Keepalive pings cannot be answered while reading waits, so the server's ping
-timeout is off by default (FunASR's ``--ws-ping-timeout 0``) and FunASR's clients connect with
-``ping_interval=None``. Decoding goes through the server's shared batched decoder, so concurrent streams
-share decoding passes. Every connection writes one JSON line to the ``fun_asr.access`` log.
+its final result, then the connection closes). Read ahead per connection: that queue, the frame being split
+into it, and the next message in uvicorn (two with its legacy ``websockets`` implementation, whose
+``ws_max_queue`` is 1 here, not 32: :func:`uvicorn_ws_options`).
+
+A client that reads results slower than they come gets the newest: a non-final result not yet sent is
+replaced by the next (results are cumulative; events and final results are never replaced). What waits to be
+sent is bounded (``OUTBOX_MAX_EVENTS`` 256 events or ``OUTBOX_MAX_BYTES`` 1 MB): past it the server stops
+reading the connection until the client reads (the same back-pressure), and when nothing could be sent for
+``idle_seconds`` meanwhile the connection ends (close 1008, access-log reason ``client not reading``). Only
+the first unknown command's error lists the accepted commands. Keepalive pings cannot be answered while
+reading waits, so the server's ping timeout is off by default (FunASR's ``--ws-ping-timeout 0``) and
+FunASR's clients connect with ``ping_interval=None``. Decoding goes through the server's shared batched
+decoder, so concurrent streams share decoding passes. Every connection writes one JSON line to the
+``fun_asr.access`` log.
 """
 
 from __future__ import annotations
@@ -72,6 +83,10 @@ SPK_UNAVAILABLE = "speaker diarization is not available yet in fun-asr: sentence
 _ARROWS = ("=>", "->", "→")  # FunASR's postprocess hotword separators, in the order it tries them
 COMMANDS = ("START, STOP, HOTWORDS:a,b, LANGUAGE:x, POSTPROCESS_HOTWORDS:wrong=>right, COMMIT (--endpoint-mode "
             "client), SPK:false, and binary 16 kHz mono int16 PCM frames")
+# events waiting to be sent per connection (the client reads slower than it sends): past either bound the server
+# stops reading the connection until the client has read some (non-final results are replaced, never queued up)
+OUTBOX_MAX_EVENTS = 256
+OUTBOX_MAX_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -185,9 +200,14 @@ def realtime_limits(session: Any, *, max_new_tokens: int = 512, max_streams: int
 
 def uvicorn_ws_options(max_upload_mb: float, ping_interval: float = 20.0, ping_timeout: float = 0.0) -> dict[str, Any]:
     """uvicorn.Config's WebSocket settings: the largest message is the upload limit (a recording may come as
-    one frame); pings every ``ping_interval`` s; no ping timeout unless asked (``<= 0``: off, FunASR's
-    default), since a stream that falls behind is not read (back-pressure) and cannot answer a ping."""
+    one frame); uvicorn's legacy ``websockets`` implementation queues at most one received message for the
+    handler (``ws_max_queue`` 1; its default, 32, would let one connection park 32 frames of up to the upload
+    limit each before the server's back-pressure starts; the websockets-sansio implementation, uvicorn's
+    default, and wsproto pause the socket after each message anyway); pings every ``ping_interval`` s; no
+    ping timeout unless asked (``<= 0``: off, FunASR's default), since a stream that falls behind is not
+    read (back-pressure) and cannot answer a ping."""
     return {"ws_max_size": max(1, int(max_upload_mb * 1024 * 1024)),
+            "ws_max_queue": 1,
             "ws_ping_interval": ping_interval if ping_interval > 0 else None,
             "ws_ping_timeout": ping_timeout if ping_timeout > 0 else None}
 
@@ -196,41 +216,63 @@ def uvicorn_ws_options(max_upload_mb: float, ping_interval: float = 20.0, ping_t
 
 class _Outbox:
     """What the server sends, in order, from one task (the handler never waits on a slow reader). A
-    non-final result not yet sent is replaced by a newer one (results are cumulative)."""
+    non-final result not yet sent is replaced by a newer one (results are cumulative); the one being sent
+    is out of the queue already, so a newer one queues after it. ``full`` past ``max_events`` events or
+    ``max_bytes`` of JSON waiting: the connection's reader then stops reading (``room`` is clear)."""
 
-    def __init__(self, ws: Any) -> None:
+    def __init__(self, ws: Any, max_events: int = OUTBOX_MAX_EVENTS, max_bytes: int = OUTBOX_MAX_BYTES) -> None:
         self.ws = ws
-        self.items: deque[tuple[bool, str]] = deque()
+        self.max_events, self.max_bytes = max_events, max_bytes
+        self.items: deque[tuple[bool, str, int]] = deque()  # (replaceable, JSON, its UTF-8 size), not sent yet
+        self.bytes = 0  # UTF-8 bytes in items
+        self.sent = 0  # events sent so far
         self.ready = asyncio.Event()
         self.empty = asyncio.Event()
         self.empty.set()
+        self.room = asyncio.Event()  # set while not full
+        self.room.set()
         self.broken = False
+
+    @property
+    def full(self) -> bool:
+        return len(self.items) >= self.max_events or self.bytes >= self.max_bytes
 
     def put(self, obj: dict[str, Any], replaceable: bool = False) -> None:
         if self.broken:
             return
         text = json.dumps(obj, ensure_ascii=False)
+        size = len(text.encode("utf-8"))
         if replaceable and self.items and self.items[-1][0]:
-            self.items[-1] = (True, text)
+            self.bytes -= self.items[-1][2]
+            self.items[-1] = (True, text, size)
         else:
-            self.items.append((replaceable, text))
+            self.items.append((replaceable, text, size))
+        self.bytes += size
+        if self.full:
+            self.room.clear()
         self.empty.clear()
         self.ready.set()
 
     async def run(self) -> None:
         while True:
             await self.ready.wait()
+            self.ready.clear()
             while self.items:
-                _, text = self.items[0]
+                _, text, size = self.items.popleft()  # out of the queue before it is sent (never replaced then)
+                self.bytes -= size
+                if not self.full:
+                    self.room.set()
                 try:
                     await self.ws.send_text(text)
                 except Exception:  # noqa: BLE001 - the client is gone: nothing more can be sent
                     self.broken = True
                     self.items.clear()
+                    self.bytes = 0
+                    self.room.set()
                     break
-                self.items.popleft()
-            self.ready.clear()
-            self.empty.set()
+                self.sent += 1
+            if not self.items:
+                self.empty.set()
 
     async def flush(self, timeout: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -252,6 +294,7 @@ class _Connection:
         self.finals = 0  # final results this stream sent
         self.ended_by_limit = False
         self.told_inactive = False  # a run of frames outside a stream gets one error event
+        self.told_commands = False  # the first unknown command's error lists the accepted ones, later ones do not
         self.out = _Outbox(ws)
         self.queue: asyncio.Queue[bytes] = asyncio.Queue()
         self.queued = 0  # bytes waiting in the queue
@@ -265,6 +308,10 @@ class _Connection:
     async def run(self) -> None:
         while True:
             await self._wait_for_room()
+            if not await self._wait_for_outbox():
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.ws.close(code=1008, reason="client not reading"), 5.0)
+                return
             try:
                 msg = await asyncio.wait_for(self.ws.receive(), timeout=self.limits.idle_seconds)
             except asyncio.TimeoutError:
@@ -285,6 +332,21 @@ class _Connection:
         while self.queued >= self.limit_bytes:  # back-pressure: the client's sends wait in TCP
             self.room.clear()
             await self.room.wait()
+
+    async def _wait_for_outbox(self) -> bool:
+        """Back-pressure for what the server sends: while the send queue is full, no message is read. False
+        (the connection is to end) when nothing could be sent for ``idle_seconds``: the client reads nothing."""
+        while self.out.full:
+            sent = self.out.sent
+            try:
+                await asyncio.wait_for(self.out.room.wait(), timeout=self.limits.idle_seconds)
+            except asyncio.TimeoutError:
+                if self.out.sent == sent:
+                    log.warning("realtime stream: the client read no result for %g s (%d waiting): closing",
+                                self.limits.idle_seconds, len(self.out.items))
+                    self.stats.update(status=1008, reason="client not reading")
+                    return False
+        return True
 
     async def _audio(self, data: bytes) -> None:
         if not self.active:
@@ -347,6 +409,7 @@ class _Connection:
                 return
             self.fed += len(data) // 2
             self.stats["audio_s"] += len(data) / 2 / SAMPLE_RATE
+            self._auto_finals(stream)
             if events:
                 self.out.put(stream.response(is_final=False), replaceable=True)
         if over:
@@ -355,6 +418,13 @@ class _Connection:
                                                      "stream ends here (send START for a new one)"})
             self.ended_by_limit = True
             await self._finish()
+
+    def _auto_finals(self, stream: Any) -> None:
+        """Client endpoints: the final results of utterances the stream committed itself (no COMMIT for its
+        longest sentence, 30 s), each with its ``notice``."""
+        for final in stream.take_auto_commits():
+            self.out.put(final)
+            self.finals += 1
 
     def _max_words(self) -> str:
         return f"{self.limits.max_seconds:g} s of audio per stream: fun-asr-serve --stream-max-seconds"
@@ -395,6 +465,8 @@ class _Connection:
             except Exception as exc:  # noqa: BLE001
                 log.exception("realtime stream: %s", exc)
                 self.out.put({"event": "error", "error": f"internal error: {type(exc).__name__}: {exc}"})
+            if self.limits.endpoint_mode == "client":
+                self._auto_finals(stream)
         self.out.put(stream.response(is_final=True))
         self.finals += 1
 
@@ -419,7 +491,7 @@ class _Connection:
         self.stats["status"] = 1000
         await self.out.flush(10.0)
         with contextlib.suppress(Exception):
-            await self.ws.close(code=1000, reason="idle")
+            await asyncio.wait_for(self.ws.close(code=1000, reason="idle"), 5.0)
 
     # -- commands -----------------------------------------------------------------------------------------
 
@@ -457,7 +529,12 @@ class _Connection:
                                                          f"{value[:40]!r} ({SPK_UNAVAILABLE})"})
         else:
             shown = cmd if len(cmd) <= 40 else cmd[:37] + "..."
-            self.out.put({"event": "error", "error": f"unknown command {shown!r}: accepted {COMMANDS}"})
+            if self.told_commands:  # short: a client sending junk fast gets no long answer to each frame
+                self.out.put({"event": "error", "error": f"unknown command {shown!r} (the first one's error lists "
+                                                         "the accepted ones)"})
+            else:
+                self.told_commands = True
+                self.out.put({"event": "error", "error": f"unknown command {shown!r}: accepted {COMMANDS}"})
 
     async def _start(self) -> None:
         if self.active:
@@ -491,6 +568,7 @@ class _Connection:
             await anyio.to_thread.run_sync(stream.commit)
         except (AudioError, ValueError, RuntimeError) as exc:
             self.out.put({"event": "error", "error": str(exc)})
+        self._auto_finals(stream)
         self.out.put(stream.response(is_final=True))
         self.finals += 1
 
@@ -557,7 +635,7 @@ async def handle(ws: Any, session: Any, submit: Callable[[np.ndarray, tuple, str
         with contextlib.suppress(BaseException):
             await sender
         with contextlib.suppress(Exception):
-            await ws.close()
+            await asyncio.wait_for(ws.close(), 5.0)  # a client that reads nothing cannot take the close frame
     return stats
 
 
