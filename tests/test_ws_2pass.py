@@ -447,6 +447,21 @@ def test_idle_connection_gets_its_final_result_then_closes(tiny: fun_asr.Session
     assert msgs[-1]["is_final"] is True and msgs[-1]["mode"] == "2pass-offline"
 
 
+def test_stream_max_seconds_over_a_real_server(tiny: fun_asr.Session) -> None:
+    """funasr_wss_client.py against a 1 s limit: the error naming it, the utterance's final message and the
+    failed acknowledgement arrive (the connection is not closed under the client)."""
+    audio = _pcm(EXAMPLES / "en_hello.wav")
+    assert len(audio) > 3 * 32000
+    with _serve(tiny, MAX_NEW, max_seconds=1.0) as port:
+        msgs = funasr_wss_client(f"ws://127.0.0.1:{port}/", audio, "2pass")
+    errors = [m["error"] for m in msgs if "error" in m]
+    assert "--stream-max-seconds" in errors[0]
+    check_fields([m for m in msgs if "--stream-max-seconds" not in m.get("error", "") or m.get("is_final")
+                  or m.get("is_end")], "2pass")
+    assert msgs[-1]["is_end"] is True and msgs[-1]["is_final"] is False
+    assert "bytes of audio were not transcribed" in msgs[-1]["error"]
+
+
 def test_realtime_protocol_still_served_on_the_same_route(server: str) -> None:
     """A first message that is not a JSON object goes to ws_realtime.handle, replayed (its accept is a no-op)."""
     audio = _pcm(EXAMPLES / "en_hello.wav")
@@ -630,3 +645,302 @@ def test_offline_pass_timestamps_with_a_ctc_head(nano: dict[str, Path], vad_dir:
                 assert pairs and all(0 <= a <= b <= duration_ms + 60 for a, b in pairs)
                 assert [p for s in m["stamp_sents"] for p in s["ts_list"]] == pairs  # BMP text: one per unit
                 assert pairs == sorted(pairs)
+
+
+# -- the connection's plumbing, over a stand-in socket (fast: no model, no server) ------------------------------
+
+class _Socket:
+    """A Starlette WebSocket stand-in: ``inbox`` holds what the client sends (``receive`` waits on it; with
+    ``endless`` it returns that message whenever the inbox is empty), ``sent`` what the server sent;
+    ``stalled``: the client reads nothing, so every send waits (until ``unstalled`` is set)."""
+
+    def __init__(self, *, endless: dict[str, Any] | None = None, stalled: bool = False) -> None:
+        from types import SimpleNamespace
+
+        self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.endless = endless
+        self.unstalled = asyncio.Event()
+        if not stalled:
+            self.unstalled.set()
+        self.sent: list[dict[str, Any]] = []
+        self.received = 0
+        self.close_code: int | None = None
+        self.changed = asyncio.Event()
+        self.scope: dict[str, Any] = {"subprotocols": ["binary"]}
+        self.headers: dict[str, str] = {}
+        self.query_params: dict[str, str] = {}
+        self.url = SimpleNamespace(path="/")
+        self.client = None
+
+    def text(self, obj: Any) -> None:
+        self.inbox.put_nowait({"type": "websocket.receive", "text": obj if isinstance(obj, str) else json.dumps(obj)})
+
+    def audio(self, data: bytes) -> None:
+        self.inbox.put_nowait({"type": "websocket.receive", "bytes": data})
+
+    def hang_up(self) -> None:
+        self.inbox.put_nowait({"type": "websocket.disconnect", "code": 1000})
+
+    async def accept(self, subprotocol: str | None = None) -> None:
+        pass
+
+    async def receive(self) -> dict[str, Any]:
+        self.received += 1
+        if self.endless is not None and self.inbox.empty():
+            return self.endless
+        return await self.inbox.get()
+
+    async def send_text(self, text: str) -> None:
+        await self.unstalled.wait()
+        self.sent.append(json.loads(text))
+        self.changed.set()
+
+    async def close(self, code: int = 1000, reason: str | None = None) -> None:
+        if self.close_code is None:
+            self.close_code = code
+
+    async def until(self, pred: Any, timeout: float = 60.0) -> None:
+        async def wait() -> None:
+            while not pred():
+                self.changed.clear()
+                await self.changed.wait()
+        await asyncio.wait_for(wait(), timeout)  # (a safety net: nothing here is timed)
+
+    def acks(self) -> list[dict[str, Any]]:
+        return [m for m in self.sent if m.get("is_end")]
+
+
+class _FakeStream:
+    def __init__(self) -> None:
+        self.fed = 0
+        self.closed = False
+        self.postprocess = None
+
+    def feed(self, pcm: bytes, rate: int) -> list[Any]:
+        self.fed += len(pcm)
+        return []
+
+    def close(self) -> list[Any]:
+        self.closed = True
+        return []
+
+
+class _FakeSession:
+    """What the 2pass connection asks of a Session, with streams that count the bytes they take."""
+
+    max_segment_seconds = 30.0
+
+    def __init__(self) -> None:
+        self.vad = object()
+        self.streams: list[_FakeStream] = []
+
+    def stream(self, *args: Any, **kwargs: Any) -> _FakeStream:
+        self.streams.append(_FakeStream())
+        return self.streams[-1]
+
+    def options(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def normalize_language(self, value: Any) -> Any:
+        return None if value in (None, "", "auto") else value
+
+
+def _limits(**kw: Any) -> Any:
+    from fun_asr.serve.ws_realtime import RealtimeLimits
+
+    return RealtimeLimits(**kw)
+
+
+def _start(ws: _Socket, session: Any, limits: Any, counter: list[int]) -> asyncio.Task:
+    from types import SimpleNamespace
+
+    return asyncio.create_task(serve_websocket(ws, session, SimpleNamespace(submit=None), limits, counter, MAX_NEW,
+                                               authorized=True))
+
+
+def test_text_messages_are_bounded_by_back_pressure_too() -> None:
+    """A client that reads nothing (the worker waits on its send) and floods small JSON messages: the reader
+    stops reading after MAX_QUEUED_TEXTS of them, as it stops for audio, instead of queueing without end."""
+
+    async def run() -> tuple[int, int]:
+        ws = _Socket(endless={"type": "websocket.receive", "text": '{"x": 1}'}, stalled=True)
+        ws.text({"mode": "2pass", "x": 1})  # the worker answers it with a warning: stuck in that send
+        task = _start(ws, _FakeSession(), _limits(), [0])
+        for _ in range(20000):  # the event loop's turns, not time: unbounded, the reader takes ~1 a turn
+            await asyncio.sleep(0)
+        got, sent = ws.received, len(ws.sent)
+        ws.endless = None  # the client reads again, stops flooding and hangs up: all ends
+        ws.unstalled.set()
+        ws.hang_up()
+        await asyncio.wait_for(task, 60)
+        return got, sent
+
+    received, sent = asyncio.run(run())
+    assert sent == 0  # (the client read nothing)
+    assert received <= 64 + 3, received  # ws_2pass.MAX_QUEUED_TEXTS, the first message, one in hand
+
+
+def test_stream_max_seconds_ends_the_utterance_as_the_realtime_protocol_does() -> None:
+    """Past --stream-max-seconds: an error naming the limit first, the stream gets exactly the limit's audio
+    and is closed, the rest of the utterance is refused (counted in its final message), nothing later opens a
+    fresh stream for it, and the connection stays open for the next utterance."""
+
+    async def run() -> tuple[_Socket, _FakeSession, list[int]]:
+        ws, session, counter = _Socket(), _FakeSession(), [0]
+        ws.text({"mode": "2pass", "wav_name": "w", "wav_format": "pcm", "audio_fs": 16000, "is_speaking": True})
+        for _ in range(5):
+            ws.audio(b"\x01\x00" * 8000)  # 0.5 s each: 2.5 s in all, the limit is 1 s
+        ws.text({"is_speaking": False, "is_end": True})
+        ws.audio(b"\x01\x00" * 8000)  # the next utterance, under the limit
+        ws.text({"is_speaking": False, "is_end": True})
+        task = _start(ws, session, _limits(max_seconds=1.0), counter)
+        await ws.until(lambda: len(ws.acks()) == 2)
+        assert ws.close_code is None  # still open
+        ws.hang_up()
+        await asyncio.wait_for(task, 60)
+        return ws, session, counter
+
+    ws, session, counter = asyncio.run(run())
+    assert [s.fed for s in session.streams] == [32000, 16000] and all(s.closed for s in session.streams)
+    first_ack = ws.sent.index(ws.acks()[0])
+    errors = [m for m in ws.sent[:first_ack] if "error" in m]
+    assert "--stream-max-seconds" in errors[0]["error"] and "after 1 s is not transcribed" in errors[0]["error"]
+    final = ws.sent[first_ack - 1]
+    assert final["is_final"] is True and "48000 bytes of audio were not transcribed" in final["error"]
+    assert all(not m["is_final"] for m in ws.sent[:first_ack - 1])  # is_final on the utterance's last only
+    assert ws.acks()[0]["is_final"] is False and "--stream-max-seconds" in ws.acks()[0]["error"]
+    assert ws.acks()[1]["is_final"] is True and "error" not in ws.acks()[1]
+    assert ws.close_code == 1000 and counter == [0]
+
+
+def test_long_wav_name_is_cut_and_logged_safely(caplog: pytest.LogCaptureFixture) -> None:
+    name = "evil\nINFO forged log line " * 40  # 1000 characters with line breaks
+    assert len(name) > 256
+
+    async def run() -> _Socket:
+        ws = _Socket()
+        ws.text({"mode": "2pass", "wav_name": name, "is_speaking": True})
+        ws.text({"mode": "3pass", "wav_name": name})  # an error, which is logged with the name
+        ws.text({"wav_name": name, "is_speaking": False, "is_end": True})  # (html5 repeats the name)
+        task = _start(ws, _FakeSession(), _limits(), [0])
+        await ws.until(lambda: len(ws.acks()) == 1)
+        ws.hang_up()
+        await asyncio.wait_for(task, 60)
+        return ws
+
+    with caplog.at_level("INFO", logger="fun_asr.server"):
+        ws = asyncio.run(run())
+    assert all(m["wav_name"] == name[:256] for m in ws.sent)
+    cut = [m["warning"] for m in ws.sent if "wav_name of" in m.get("warning", "")]
+    assert cut == [f"wav_name of {len(name)} characters cut to its first 256: {name[:40]!r}..."]
+    lines = [r.getMessage() for r in caplog.records if r.name == "fun_asr.server" and "3pass" in r.getMessage()]
+    assert lines and all("\n" not in line for line in lines)
+
+
+def test_unknown_fields_are_named_once_per_connection() -> None:
+    async def run() -> _Socket:
+        ws = _Socket()
+        ws.text({"mode": "2pass", "bogus": 1, "is_speaking": True})
+        ws.text({"bogus": 2, "other": 3})
+        ws.text({"bogus": 3, "other": 4, "is_speaking": False, "is_end": True})
+        task = _start(ws, _FakeSession(), _limits(), [0])
+        await ws.until(lambda: len(ws.acks()) == 1)
+        ws.hang_up()
+        await asyncio.wait_for(task, 60)
+        return ws
+
+    ws = asyncio.run(run())
+    assert [m["warning"] for m in ws.sent if "warning" in m] == ["ignored unknown fields: bogus",
+                                                                   "ignored unknown fields: other"]
+
+
+def test_replay_reads_only_through_receive() -> None:
+    """ws_realtime reads with receive only; any other reader would skip the replayed first message, so the
+    replaying socket has none (and forwards no socket's own)."""
+
+    async def run() -> list[Any]:
+        ws = _Socket()
+        ws.text("START")
+        replay = ws_2pass._Replay(ws, {"type": "websocket.receive", "text": "LANGUAGE:en"})
+        got = [await replay.receive(), await replay.receive()]
+        for name in ("receive_text", "receive_bytes", "receive_json", "iter_text"):
+            with pytest.raises(AttributeError):
+                getattr(replay, name)
+        return got
+
+    assert [m["text"] for m in asyncio.run(run())] == ["LANGUAGE:en", "START"]
+
+
+def test_a_connection_awaiting_its_first_message_holds_a_stream() -> None:
+    """--max-streams counts a connection from its accept: while one waits for its first message (max 1), the
+    next is refused at once (close 1013) with a message both protocols' clients read; the waiting one is then
+    served by either protocol without being refused itself."""
+
+    async def run() -> tuple[_Socket, _Socket, _Socket, list[int]]:
+        limits, counter, session = _limits(max_streams=1), [0], _FakeSession()
+        quiet = _Socket()
+        first = _start(quiet, session, limits, counter)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert counter == [1]
+        late = _Socket()
+        await asyncio.wait_for(_start(late, session, limits, counter), 10)
+        quiet.text("LANGUAGE:")  # the realtime protocol, in the slot it held
+        await quiet.until(lambda: bool(quiet.sent))
+        quiet.hang_up()
+        await asyncio.wait_for(first, 60)
+        again = _Socket()  # the slot is free again: a 2pass connection
+        again.text({"mode": "offline", "is_speaking": False, "is_end": True})
+        task = _start(again, session, limits, counter)
+        await again.until(lambda: bool(again.acks()))
+        again.hang_up()
+        await asyncio.wait_for(task, 60)
+        return quiet, late, again, counter
+
+    quiet, late, again, counter = asyncio.run(run())
+    assert late.close_code == 1013 and len(late.sent) == 1
+    refusal = late.sent[0]
+    assert refusal["event"] == "error" and "--max-streams" in refusal["error"]  # the realtime clients' event
+    assert refusal["is_end"] is True and refusal["is_final"] is False and refusal["mode"] == "2pass"  # and 2pass'
+    assert quiet.sent[0] == {"event": "language_set", "language": ""}
+    assert again.acks()[0]["is_final"] is True
+    assert counter == [0]
+
+
+def test_app_gives_the_websocket_its_upload_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fun-asr-serve --max-upload-mb is the 2pass protocol's limit on a non-PCM upload too."""
+    from fastapi.routing import APIWebSocketRoute
+
+    from fun_asr.serve import app as app_mod
+
+    seen: dict[str, Any] = {}
+
+    async def recorder(*args: Any, **kwargs: Any) -> None:
+        seen.update(kwargs)
+
+    monkeypatch.setattr(app_mod, "serve_websocket", recorder)
+    app = app_mod.create_app(_FakeSession(), model_id="m", max_upload_mb=3.5)  # type: ignore[arg-type]
+    route = next(r for r in app.routes if isinstance(r, APIWebSocketRoute))
+    asyncio.run(route.endpoint(_Socket(), ""))
+    assert seen["max_file_mb"] == 3.5
+
+
+def test_file_upload_limit_is_max_file_mb() -> None:
+    """A non-PCM upload over max_file_mb is refused (reported), not held."""
+
+    async def run() -> _Socket:
+        from types import SimpleNamespace
+
+        ws = _Socket()
+        ws.text({"mode": "offline", "wav_format": "mp3", "is_speaking": True})
+        ws.audio(b"\x00" * 600_000)
+        ws.text({"is_speaking": False, "is_end": True})
+        task = asyncio.create_task(serve_websocket(ws, _FakeSession(), SimpleNamespace(submit=None), _limits(), [0],
+                                                   MAX_NEW, authorized=True, max_file_mb=0.5))
+        await ws.until(lambda: bool(ws.acks()))
+        ws.hang_up()
+        await asyncio.wait_for(task, 60)
+        return ws
+
+    ack = asyncio.run(run()).acks()[0]
+    assert ack["is_final"] is False and "file input over 0.5 MB" in ack["error"]

@@ -30,6 +30,10 @@ CTC head (the ModelScope checkpoint) offline-pass messages also carry ``timestam
 ``"[[start_ms,end_ms],...]"`` with one pair per unit the html5 page counts (a word of ASCII letters, else a
 character), and ``stamp_sents``, ``[{"text_seg", "punc", "start", "end", "ts_list"}]``. Problems give
 ``"error"`` (and ``"warning"``) fields in these messages; nothing is dropped silently.
+
+Limits are the realtime protocol's (docs/funasr_compat.md): ``--max-streams`` counts a connection from its
+accept, ``--stream-max-seconds`` ends an utterance as ws_realtime ends a stream (the connection stays open),
+and the read-ahead is bounded by ``--stream-buffer-seconds`` of audio and ``MAX_QUEUED_TEXTS`` text messages.
 """
 
 from __future__ import annotations
@@ -65,6 +69,9 @@ OUT_MODES = {"online": ("online", "online"), "offline": ("offline", "offline"),
              "2pass": ("2pass-online", "2pass-offline")}  # (online pass, offline pass)
 DEFAULT_WAV_NAME = "wav-default-id"  # funasr-runtime's default
 MAX_FILE_MB = 100.0  # a non-PCM upload is held in memory until it ends (the server's --max-upload-mb default)
+MAX_QUEUED_TEXTS = 64  # text messages read ahead of the worker; past it (or the audio bound) reading waits
+MAX_WAV_NAME = 256  # characters of wav_name kept (it is echoed in every reply): a longer one is cut, with a warning
+MAX_NAMED = 64  # unknown field names remembered per connection (each is named in one warning)
 # known FunASR fields that have nothing to do here (accepted as FunASR's servers accept them)
 _NO_EFFECT = ("chunk_interval", "encoder_chunk_look_back", "decoder_chunk_look_back")
 _KNOWN = {"mode", "chunk_size", "wav_name", "wav_format", "audio_fs", "is_speaking", "is_finished", "is_end",
@@ -340,11 +347,14 @@ class _Utterance:
     tail: str = ""  # the last character the client shows (sentence separators)
     records: deque = field(default_factory=deque)  # (text, Transcription) of each decode, in order
     refused: int = 0  # bytes not decoded because of an error
+    fed: int = 0  # PCM bytes the stream took (--stream-max-seconds of them at most)
 
 
 class _Replay:
-    """The Starlette WebSocket for ``ws_realtime.handle``: already accepted (a second accept does nothing),
-    its first receive returns the message read to tell the protocols apart."""
+    """The Starlette WebSocket for ``ws_realtime``: already accepted (a second accept does nothing), its first
+    ``receive`` returns the message read to tell the protocols apart; everything else (``send_text``,
+    ``close``, ``headers``, ...) is the socket's. ws_realtime reads with ``receive`` only: the socket's other
+    readers (``receive_text``, ``iter_json``, ...) would skip the replayed message, so there are none."""
 
     def __init__(self, ws: Any, first: dict[str, Any]) -> None:
         self._ws = ws
@@ -359,36 +369,29 @@ class _Replay:
             return msg
         return await self._ws.receive()
 
-    async def receive_text(self) -> str:
-        return (await self._data())["text"]
-
-    async def receive_bytes(self) -> bytes:
-        return (await self._data())["bytes"]
-
-    async def receive_json(self) -> Any:
-        msg = await self._data()
-        return json.loads(msg["text"] if msg.get("text") is not None else msg["bytes"].decode("utf-8"))
-
-    async def _data(self) -> dict[str, Any]:
-        from starlette.websockets import WebSocketDisconnect
-
-        msg = await self.receive()
-        if msg.get("type") == "websocket.disconnect":
-            raise WebSocketDisconnect(msg.get("code", 1000), msg.get("reason"))
-        return msg
-
     def __getattr__(self, name: str) -> Any:
+        if name.startswith(("receive", "iter_")):
+            raise AttributeError(f"{name}: read the replaying socket with receive()")
         return getattr(self._ws, name)
+
+
+def _too_many(limits: RealtimeLimits) -> str:
+    return (f"too many concurrent streams (limit {limits.max_streams}: fun-asr-serve --max-streams); try again "
+            "later")
 
 
 async def serve_websocket(ws: Any, session: Any, batcher: Any, limits: RealtimeLimits, counter: list[int],
                           max_new_tokens: int, *, authorized: bool, max_file_mb: float = MAX_FILE_MB) -> None:
     """The WebSocket route's whole body, in place of :func:`fun_asr.serve.ws_realtime.serve_websocket` (same
-    arguments): a refused API key, a server without its decoder or without the VAD go to it at once (it
-    refuses before accepting, or answers one error event); otherwise the connection is accepted (with the
-    ``binary`` subprotocol when the client offers it, as FunASR's servers do), and its first message decides:
-    a JSON object is FunASR's runtime protocol (one ``fun_asr.access`` line per connection, as the realtime
-    protocol writes), anything else the realtime protocol, with that message replayed."""
+    arguments, and ``max_file_mb``: the largest non-PCM upload, the server's --max-upload-mb): a refused API
+    key, a server without its decoder or without the VAD go to it at once (it refuses before accepting, or
+    answers one error event); otherwise the connection is accepted (with the ``binary`` subprotocol when the
+    client offers it, as FunASR's servers do) and counted in ``counter`` (--max-streams) from then on, also
+    while its first message is awaited: past the limit it is refused at once (close 1013) with one message
+    both protocols' clients read (realtime's error event and the runtime protocol's failed acknowledgement in
+    one). Its first message decides: a JSON object is FunASR's runtime protocol (one ``fun_asr.access`` line
+    per connection, as the realtime protocol writes), anything else the realtime protocol, with that message
+    replayed."""
     if not authorized or batcher is None or (limits.endpoint_mode == "server" and session.vad is None):
         # refused before accepting / an error event; both protocols need the VAD to close sentences
         await realtime_serve(ws, session, batcher, limits, counter, max_new_tokens, authorized=authorized)
@@ -397,28 +400,47 @@ async def serve_websocket(ws: Any, session: Any, batcher: Any, limits: RealtimeL
     await ws.accept(subprotocol="binary" if "binary" in offered else None)
     t0 = time.perf_counter()
     stats: dict[str, Any] = {"status": 1000, "audio_s": 0.0, "bytes_in": 0, "streams": 0}
-    try:
-        first = await asyncio.wait_for(ws.receive(), timeout=limits.idle_seconds)
-    except asyncio.TimeoutError:
+    if counter[0] >= limits.max_streams:
         with contextlib.suppress(Exception):
-            await ws.send_text(json.dumps({"event": "error", "error": f"idle for {limits.idle_seconds:g} s (the "
-                                           "idle limit: fun-asr-serve --stream-idle-seconds): closing the "
-                                           "connection"}))
-            await ws.close(code=1000, reason="idle")
+            await ws.send_text(json.dumps({"event": "error", "error": _too_many(limits), "mode": "2pass", "text": "",
+                                           "wav_name": DEFAULT_WAV_NAME, "is_final": False, "is_end": True}))
+            await ws.close(code=1013)
+        stats["status"] = 1013
         _access(ws, t0, stats, "none")
         return
-    if first.get("type") == "websocket.disconnect":
-        stats["status"] = int(first.get("code") or 1005)
-        _access(ws, t0, stats, "none")
-        return
-    text = first.get("text")
-    if text is None or not text.lstrip().startswith("{"):
-        await realtime_serve(_Replay(ws, first), session, batcher, limits, counter, max_new_tokens, authorized=True)
-        return
+    counter[0] += 1  # held from the accept (as ws_realtime counts), so idle sockets cannot pile up
+    held = True
     try:
-        await _TwoPass(ws, session, batcher.submit, limits, counter, max_new_tokens, max_file_mb, stats).run(text)
+        try:
+            first = await asyncio.wait_for(ws.receive(), timeout=limits.idle_seconds)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(Exception):
+                await ws.send_text(json.dumps({"event": "error", "error": f"idle for {limits.idle_seconds:g} s (the "
+                                               "idle limit: fun-asr-serve --stream-idle-seconds): closing the "
+                                               "connection"}))
+                await ws.close(code=1000, reason="idle")
+            _access(ws, t0, stats, "none")
+            return
+        if first.get("type") == "websocket.disconnect":
+            stats["status"] = int(first.get("code") or 1005)
+            _access(ws, t0, stats, "none")
+            return
+        text = first.get("text")
+        if text is None or not text.lstrip().startswith("{"):
+            # ws_realtime.handle counts the connection itself: the slot passes to it with no await in between
+            # (its accept here is a no-op that does not suspend), so no other connection can take it meanwhile
+            counter[0] -= 1
+            held = False
+            await realtime_serve(_Replay(ws, first), session, batcher, limits, counter, max_new_tokens,
+                                 authorized=True)
+            return
+        try:
+            await _TwoPass(ws, session, batcher.submit, limits, max_new_tokens, max_file_mb, stats).run(text)
+        finally:
+            _access(ws, t0, stats, "funasr-runtime")
     finally:
-        _access(ws, t0, stats, "funasr-runtime")
+        if held:
+            counter[0] -= 1
 
 
 def _access(ws: Any, t0: float, stats: dict[str, Any], protocol: str) -> None:
@@ -432,13 +454,13 @@ def _access(ws: Any, t0: float, stats: dict[str, Any], protocol: str) -> None:
 
 
 class _TwoPass:
-    """One connection of the runtime protocol: a reader (messages in order into a queue, bounded by the
-    audio waiting: past it the reader stops reading, so the client's sends wait) and a worker."""
+    """One connection of the runtime protocol: a reader (messages in order into a queue, bounded by the audio
+    and text waiting, and by the number of text messages: past either the reader stops reading, so the
+    client's sends wait) and a worker."""
 
     def __init__(self, ws: Any, session: Any, submit: Callable[[np.ndarray, tuple, str], Any],
-                 limits: RealtimeLimits, counter: list[int], max_new_tokens: int, max_file_mb: float,
-                 stats: dict[str, Any]) -> None:
-        self.ws, self.session, self.submit, self.limits, self.counter = ws, session, submit, limits, counter
+                 limits: RealtimeLimits, max_new_tokens: int, max_file_mb: float, stats: dict[str, Any]) -> None:
+        self.ws, self.session, self.submit, self.limits = ws, session, submit, limits
         self.max_new, self.stats = max_new_tokens, stats
         self.max_file_bytes = int(max_file_mb * 1024 * 1024)
         # the server's --language and --hotword-file are the defaults (funasr-runtime adds its hotword file's
@@ -448,11 +470,12 @@ class _TwoPass:
         self.cfg = _Config(language=limits.language)
         self.utt: _Utterance | None = None
         self.items: deque[tuple[str, Any]] = deque()
-        self.queued = 0  # audio bytes waiting
+        self.queued = 0  # bytes of audio and characters of text waiting
+        self.texts = 0  # text messages waiting
         self.has_items = asyncio.Event()
         self.space = asyncio.Event()
         self.busy = False
-        self.closing = False
+        self.named: set[str] = set()  # unknown fields already named in a warning (each once per connection)
 
     # -- plumbing ---------------------------------------------------------------------------------------
 
@@ -466,7 +489,7 @@ class _TwoPass:
     async def error(self, msg: str, fatal_for_utterance: bool = True) -> None:
         """An ``error`` message now (in the shape of a result, with empty text, so that every client shows it
         harmlessly); ``fatal_for_utterance``: the utterance's acknowledgement reports it too."""
-        log.info("runtime websocket %s: %s", self.cfg.wav_name, msg)
+        log.info("runtime websocket %r: %s", self.cfg.wav_name, msg)
         if fatal_for_utterance and self.utt is not None:
             self.utt.errors.append(msg)
         await self.send(self.message(OUT_MODES[self.cfg.mode][1], "", False, error=msg))
@@ -474,27 +497,24 @@ class _TwoPass:
     def _limit_bytes(self) -> int:
         return max(64 * 1024, int(self.limits.buffer_seconds * self.cfg.audio_fs) * 2)
 
+    def _full(self) -> bool:
+        return self.queued > self._limit_bytes() or self.texts >= MAX_QUEUED_TEXTS
+
     async def run(self, first: str) -> None:
         from starlette.websockets import WebSocketDisconnect
 
-        refusal = None
-        if self.counter[0] >= self.limits.max_streams:
-            refusal = (1013, f"too many concurrent streams (limit {self.limits.max_streams}: fun-asr-serve "
-                             "--max-streams); try again later")
-        elif self.session.vad is None:
-            refusal = (1011, "streaming needs the FSMN-VAD; start the server with --vad fsmn (or --vad-model)")
-        if refusal is not None:
+        if self.session.vad is None:
             await self.send({"mode": "2pass", "text": "", "wav_name": DEFAULT_WAV_NAME, "is_final": False,
-                             "is_end": True, "error": refusal[1]})
-            self.stats["status"] = refusal[0]
+                             "is_end": True, "error": "streaming needs the FSMN-VAD; start the server with --vad "
+                                                      "fsmn (or --vad-model)"})
+            self.stats["status"] = 1011
             with contextlib.suppress(Exception):
-                await self.ws.close(code=refusal[0])
+                await self.ws.close(code=1011)
             return
-        self.counter[0] += 1
         task = asyncio.create_task(self.worker())
         try:
             self.push("text", first)
-            while not task.done() and not self.closing:
+            while not task.done():
                 try:
                     msg = await asyncio.wait_for(self.ws.receive(), timeout=self.limits.idle_seconds)
                 except asyncio.TimeoutError:
@@ -510,19 +530,21 @@ class _TwoPass:
                 if msg.get("type") == "websocket.disconnect":
                     self.stats["status"] = int(msg.get("code") or 1005)
                     break
-                if msg.get("bytes") is not None:
-                    self.stats["bytes_in"] += len(msg["bytes"])
-                    while self.queued > self._limit_bytes() and not task.done():
-                        self.space.clear()
-                        await self.space.wait()  # backpressure: the client's sends wait, nothing is dropped
-                    self.queued += len(msg["bytes"])
-                    self.push("audio", msg["bytes"])
-                elif msg.get("text") is not None:
-                    self.push("text", msg["text"])
+                data, text = msg.get("bytes"), msg.get("text")
+                if data is None and text is None:
+                    continue
+                if data is not None:
+                    self.stats["bytes_in"] += len(data)
+                while self._full() and not task.done():
+                    self.space.clear()
+                    await self.space.wait()  # backpressure: the client's sends wait, nothing is dropped
+                if data is not None:
+                    self.push("audio", data)
+                else:
+                    self.push("text", text)
         except WebSocketDisconnect as exc:
             self.stats["status"] = exc.code
         finally:
-            self.counter[0] -= 1
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
@@ -530,9 +552,16 @@ class _TwoPass:
             with contextlib.suppress(Exception):
                 await self.ws.close()
 
-    def push(self, kind: str, payload: Any) -> None:
+    def push(self, kind: str, payload: bytes | str) -> None:
         self.items.append((kind, payload))
+        self.queued += len(payload)
+        self.texts += kind == "text"
         self.has_items.set()
+
+    def _taken(self, kind: str, payload: bytes | str) -> None:
+        self.queued -= len(payload)
+        self.texts -= kind == "text"
+        self.space.set()
 
     async def worker(self) -> None:
         while True:
@@ -541,16 +570,15 @@ class _TwoPass:
                 await self.has_items.wait()
                 continue
             kind, payload = self.items.popleft()
+            self._taken(kind, payload)
             self.busy = True
             try:
                 if kind == "audio":
                     parts = [payload]
                     while self.items and self.items[0][0] == "audio":  # what queued while decoding: in one piece
                         parts.append(self.items.popleft()[1])
-                    data = b"".join(parts)
-                    self.queued -= len(data)
-                    self.space.set()
-                    await self.on_audio(data)
+                        self._taken("audio", parts[-1])
+                    await self.on_audio(b"".join(parts))
                 else:
                     await self.on_text(payload)
             except Exception as exc:  # an unexpected failure must not kill the worker
@@ -572,6 +600,17 @@ class _TwoPass:
                              f"protocol: {{\"mode\": ..., \"is_speaking\": ...}}), got {shown!r}")
             return
         problems: list[str] = []
+        notes: list[str] = []
+
+        def wav_name(v: Any) -> str:
+            if not isinstance(v, str):
+                raise ValueError(f"wav_name must be a string, got {type(v).__name__}")
+            if len(v) <= MAX_WAV_NAME:
+                return v
+            cut = v[:MAX_WAV_NAME]
+            if cut != self.cfg.wav_name:  # (once per name: the clients repeat it in later messages)
+                notes.append(f"wav_name of {len(v)} characters cut to its first {MAX_WAV_NAME}: {cut[:40]!r}...")
+            return cut
 
         def take(key: str, fn: Callable[[Any], Any]) -> Any:
             """The checked value of ``key``; _MISSING when absent or refused (the problem is reported)."""
@@ -587,8 +626,7 @@ class _TwoPass:
             "mode": take("mode", lambda v: v if isinstance(v, str) and v in MODES else _raise(
                 f"mode {v!r} is not supported: accepted {', '.join(MODES)}")),
             "chunk_size": take("chunk_size", _chunk_size),
-            "wav_name": take("wav_name", lambda v: v if isinstance(v, str) else _raise(
-                f"wav_name must be a string, got {type(v).__name__}")),
+            "wav_name": take("wav_name", wav_name),
             "wav_format": take("wav_format", _wav_format),
             "audio_fs": take("audio_fs", lambda v: _int("audio_fs", v, Limits.min_sample_rate,
                                                           Limits.max_sample_rate)),
@@ -610,7 +648,12 @@ class _TwoPass:
             except (ValueError, TypeError) as exc:
                 problems.append(_limit_words(str(exc)))
                 new = dataclasses.replace(new, hotwords=self.cfg.hotwords, language=self.cfg.language)
-        unknown = sorted(set(msg) - _KNOWN)
+        # each unknown field is named once per connection (as shown: a long name by its first 37 characters)
+        unknown = sorted({k if len(k) <= 40 else k[:37] + "..." for k in set(msg) - _KNOWN} - self.named)
+        unknown = unknown[:max(0, MAX_NAMED - len(self.named))]
+        self.named.update(unknown)
+        if unknown:
+            notes.insert(0, f"ignored unknown fields: {', '.join(unknown)}")
         running = self.utt is not None and self.utt.got_audio
         if running:
             assert self.utt is not None
@@ -623,9 +666,8 @@ class _TwoPass:
             if self.utt is None:
                 self.utt = _Utterance(self.cfg)
             await self.error(p)  # the utterance fails: its audio is not decoded with settings it did not ask for
-        if unknown:
-            await self.send(self.message(OUT_MODES[self.cfg.mode][1], "", False,
-                                         warning=f"ignored unknown fields: {', '.join(unknown)}"))
+        if notes:
+            await self.send(self.message(OUT_MODES[self.cfg.mode][1], "", False, warning="; ".join(notes)))
         if speaking is False or finished is True or is_end is True:
             await self.finish(ack=is_end is True)
 
@@ -701,22 +743,46 @@ class _TwoPass:
         self.stats["streams"] += 1
         return stream
 
-    async def feed(self, utt: _Utterance, pcm: bytes | np.ndarray) -> None:
-        rate = utt.cfg.audio_fs if isinstance(pcm, bytes) else SAMPLE_RATE
+    async def feed(self, utt: _Utterance, pcm: bytes) -> None:
+        """PCM into the utterance's stream, up to --stream-max-seconds of it (see :meth:`at_limit`)."""
+        rate = utt.cfg.audio_fs
+        room = int(self.limits.max_seconds * rate) * 2 - utt.fed
+        over = len(pcm) > room
+        if over:
+            utt.refused += len(pcm) - room
+            pcm = pcm[:room]
+        if pcm:
+            try:
+                events = await anyio.to_thread.run_sync(utt.stream.feed, pcm, rate)
+            except (AudioError, ValueError, RuntimeError) as exc:
+                await self.error(str(exc))
+                events = None
+            if events is not None:
+                utt.fed += len(pcm)
+                self.stats["audio_s"] += len(pcm) / 2 / rate
+                for m in self.translate(utt, events):
+                    await self.send(m)
+        if over:
+            await self.at_limit(utt)
+
+    async def at_limit(self, utt: _Utterance) -> None:
+        """The utterance reached --stream-max-seconds, as the realtime protocol ends a stream there: an error
+        naming the limit, then the offline pass of what is left; the rest of its audio (until is_speaking
+        false) is not transcribed (counted in the final message's error), and the connection stays open for
+        the next utterance."""
+        limit = self.limits.max_seconds
+        await self.error(f"utterance length limit reached ({limit:g} s of audio per utterance: fun-asr-serve "
+                         f"--stream-max-seconds): the audio after {limit:g} s is not transcribed; this utterance "
+                         "ends here (send is_speaking false, then the next utterance)")
+        utt.refused += len(utt.carry)
+        stream, utt.stream, utt.carry = utt.stream, None, b""
         try:
-            events = await anyio.to_thread.run_sync(utt.stream.feed, pcm, rate)
+            events = await anyio.to_thread.run_sync(stream.close)
         except (AudioError, ValueError, RuntimeError) as exc:
-            await self.error(str(exc))
+            utt.errors.append(str(exc))
             return
-        self.stats["audio_s"] += (len(pcm) / 2 / rate) if isinstance(pcm, bytes) else pcm.size / SAMPLE_RATE
-        for m in self.translate(utt, events):
+        for m in self.translate(utt, events, closing=True):
             await self.send(m)
-        if utt.stream.duration_ms > self.limits.max_seconds * 1000:
-            await self.error(f"utterance longer than {self.limits.max_seconds:g} s; ending it and closing")
-            await self.finish(ack=False)
-            self.closing = True
-            with contextlib.suppress(Exception):
-                await self.ws.close(code=1009)
 
     async def finish(self, ack: bool) -> None:
         """End of the utterance: the offline pass of what is left, the last message (``is_final``), the
