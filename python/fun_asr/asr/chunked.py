@@ -46,7 +46,8 @@ import numpy as np
 
 from fun_asr.asr.language import _is_cjk
 from fun_asr.asr.options import TranscribeOptions
-from fun_asr.audio.decode import SAMPLE_RATE, AudioError
+from fun_asr.audio.decode import SAMPLE_RATE
+from fun_asr.audio.live import LiveAudio
 from fun_asr.audio.pauses import PauseSplitter
 
 
@@ -157,8 +158,7 @@ class ChunkedStream:
         self._chunk = SAMPLE_RATE * self.copts.chunk_ms // 1000
         self._splitter = PauseSplitter(self.copts.window_seconds, self.copts.search_seconds)
         self._freeze = self._splitter.max_len - self._splitter.search  # no more fixing past this (window-relative)
-        self._rate: int | None = None
-        self._resampler: Any = None
+        self._input = LiveAudio()  # pieces at any fixed rate -> 16 kHz
         self._buf = np.zeros(0, np.float32)  # audio from absolute sample self._wstart (the window's start) on
         self._wstart = 0
         self.received = 0  # 16 kHz samples received
@@ -178,35 +178,7 @@ class ChunkedStream:
     # -- input ---------------------------------------------------------------------------------------
 
     def _to_16k(self, pcm: Any, sample_rate: int) -> np.ndarray:
-        if isinstance(pcm, bytes | bytearray | memoryview):
-            if len(pcm) % 2:
-                raise AudioError(f"PCM bytes must be 16-bit samples (an even byte count), got {len(pcm)} bytes")
-            x = np.frombuffer(bytes(pcm), dtype="<i2").astype(np.float32) / 32768.0
-        else:
-            a = np.asarray(pcm)
-            if a.ndim != 1:
-                raise AudioError(f"stream audio must be mono 1-D samples, got shape {a.shape}")
-            if a.dtype == np.int16:
-                x = a.astype(np.float32) / 32768.0
-            elif a.dtype in (np.float32, np.float64):
-                x = a.astype(np.float32, copy=False)
-            else:
-                raise AudioError(f"stream audio must be float32 or int16 samples, got {a.dtype}")
-        if not np.isfinite(x).all():
-            raise AudioError("stream audio contains NaN or infinite samples")
-        if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate < 1000:
-            raise AudioError(f"sample_rate must be an integer number of Hz (>= 1000), got {sample_rate!r}")
-        if self._rate is None:
-            self._rate = sample_rate
-            if sample_rate != SAMPLE_RATE:
-                import soxr
-
-                self._resampler = soxr.ResampleStream(sample_rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
-        elif sample_rate != self._rate:
-            raise AudioError(f"sample_rate changed from {self._rate} to {sample_rate} Hz within one stream")
-        if self._resampler is not None:
-            x = self._resampler.resample_chunk(x)
-        return np.ascontiguousarray(x, dtype=np.float32)
+        return self._input.to_16k(pcm, sample_rate)
 
     def feed(self, pcm: Any, sample_rate: int = SAMPLE_RATE) -> list[ChunkEvent]:
         """More audio; returns one event per ``chunk_ms`` boundary it crossed (none while a chunk fills)."""
@@ -223,8 +195,9 @@ class ChunkedStream:
         """End of audio: decodes what came after the last chunk boundary; the final event has everything fixed."""
         if self.closed:
             return []
-        if self._resampler is not None:
-            self._append(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True).astype(np.float32))
+        tail = self._input.flush()
+        if tail.size:
+            self._append(tail)
         events = []
         while self.received >= self._next:  # (the resampler's tail may complete a chunk)
             events.append(self._step(self._next, final=False))

@@ -37,7 +37,8 @@ import numpy as np
 
 from fun_asr.asr.options import TranscribeOptions
 from fun_asr.asr.results import Transcription
-from fun_asr.audio.decode import SAMPLE_RATE, AudioError
+from fun_asr.audio.decode import SAMPLE_RATE
+from fun_asr.audio.live import LiveAudio
 from fun_asr.vad.native import FsmnVad
 
 
@@ -139,8 +140,7 @@ class Stream:
         self._max_utterance = int(self.sopts.max_sentence_s * SAMPLE_RATE)  # client endpoints: auto-commit here
         self.total_samples = 0  # processed (VAD'd) samples
         self._received = 0  # samples received (processed + pending)
-        self._rate: int | None = None
-        self._resampler: Any = None
+        self._input = LiveAudio()  # pieces at any fixed rate -> 16 kHz
         self.speech_start: int | None = None  # ms, the open sentence's start (VAD)
         self._last_decode = 0
         self._first_decode_done = False
@@ -159,35 +159,7 @@ class Stream:
     # -- input ---------------------------------------------------------------------------------------
 
     def _to_16k(self, pcm: Any, sample_rate: int) -> np.ndarray:
-        if isinstance(pcm, bytes | bytearray | memoryview):
-            if len(pcm) % 2:
-                raise AudioError(f"PCM bytes must be 16-bit samples (an even byte count), got {len(pcm)} bytes")
-            x = np.frombuffer(bytes(pcm), dtype="<i2").astype(np.float32) / 32768.0
-        else:
-            a = np.asarray(pcm)
-            if a.ndim != 1:
-                raise AudioError(f"stream audio must be mono 1-D samples, got shape {a.shape}")
-            if a.dtype == np.int16:
-                x = a.astype(np.float32) / 32768.0
-            elif a.dtype in (np.float32, np.float64):
-                x = a.astype(np.float32, copy=False)
-            else:
-                raise AudioError(f"stream audio must be float32 or int16 samples, got {a.dtype}")
-        if not np.isfinite(x).all():
-            raise AudioError("stream audio contains NaN or infinite samples")
-        if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate < 1000:
-            raise AudioError(f"sample_rate must be an integer number of Hz (>= 1000), got {sample_rate!r}")
-        if self._rate is None:
-            self._rate = sample_rate
-            if sample_rate != SAMPLE_RATE:
-                import soxr
-
-                self._resampler = soxr.ResampleStream(sample_rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
-        elif sample_rate != self._rate:
-            raise AudioError(f"sample_rate changed from {self._rate} to {sample_rate} Hz within one stream")
-        if self._resampler is not None:
-            x = self._resampler.resample_chunk(x)
-        return np.ascontiguousarray(x, dtype=np.float32)
+        return self._input.to_16k(pcm, sample_rate)
 
     def feed(self, pcm: Any, sample_rate: int = SAMPLE_RATE) -> list[StreamEvent]:
         """More audio: float32 in [-1, 1] or int16 samples (a numpy array), or raw little-endian int16
@@ -213,11 +185,10 @@ class Stream:
         is the final result."""
         if self.closed:
             return []
-        if self._resampler is not None:
-            tail = self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)
-            if tail.size:
-                self._received += tail.size
-                self._pending = np.concatenate([self._pending, tail.astype(np.float32)])
+        tail = self._input.flush()
+        if tail.size:
+            self._received += tail.size
+            self._pending = np.concatenate([self._pending, tail])
         if self.client_endpoints:
             events = self.commit()
         else:
