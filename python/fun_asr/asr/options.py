@@ -52,16 +52,16 @@ class VadOptions:
             kw["max_end_silence_ms"] = self.max_end_silence_time
         return dataclasses.replace(cfg, **kw) if kw else cfg
 
+    def kwargs(self) -> dict[str, Any]:
+        """The options given, as ``Session.transcribe``/``transcribe_batch`` keyword arguments."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
     def to_dict(self) -> dict[str, Any]:
         """The options given, JSON-ready (an infinite schedule limit is the string ``"inf"``)."""
-        out: dict[str, Any] = {}
+        out = self.kwargs()
         if self.silence_schedule is not None:
             out["silence_schedule"] = [["inf" if math.isinf(a) else (int(a) if a == int(a) else a), b]
                                        for a, b in self.silence_schedule]
-        if self.dynamic_silence is not None:
-            out["dynamic_silence"] = self.dynamic_silence
-        if self.max_end_silence_time is not None:
-            out["max_end_silence_time"] = self.max_end_silence_time
         return out
 
 

@@ -105,14 +105,7 @@ def vad_kwargs(args: argparse.Namespace) -> dict:
     if opts.given and args.vad == "none":
         raise UsageError("--silence-schedule, --dynamic-silence and --max-end-silence-time set the FSMN-VAD; "
                          "drop --vad none")
-    kw = {}
-    if opts.silence_schedule is not None:
-        kw["silence_schedule"] = opts.silence_schedule
-    if opts.dynamic_silence is not None:
-        kw["dynamic_silence"] = opts.dynamic_silence
-    if opts.max_end_silence_time is not None:
-        kw["max_end_silence_time"] = opts.max_end_silence_time
-    return kw
+    return opts.kwargs()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -111,16 +111,10 @@ def vad_options(session: Any, silence_schedule: str | None, dynamic_silence: boo
                 max_end_silence_time: int | None) -> tuple[tuple[str, Any], ...]:
     """FunASR's VAD kwargs of a request, checked (ValueError/TypeError naming the field) as the batcher takes
     them: (name, value) pairs of the given ones."""
-    kw: dict[str, Any] = {}
-    if silence_schedule is not None:
-        kw["silence_schedule"] = parse_silence_schedule(silence_schedule)
-    if dynamic_silence is not None:
-        kw["dynamic_silence"] = dynamic_silence
-    if max_end_silence_time is not None:
-        kw["max_end_silence_time"] = max_end_silence_time
-    if kw:
-        if session.vad is None:
-            raise ValueError("silence_schedule, dynamic_silence and max_end_silence_time set the FSMN-VAD, and this "
-                             "server has none")
-        check_vad_options(**kw)
-    return tuple(sorted(kw.items()))
+    schedule = None if silence_schedule is None else parse_silence_schedule(silence_schedule)
+    if schedule is None and dynamic_silence is None and max_end_silence_time is None:
+        return ()
+    if session.vad is None:
+        raise ValueError("silence_schedule, dynamic_silence and max_end_silence_time set the FSMN-VAD, and this "
+                         "server has none")
+    return tuple(sorted(check_vad_options(schedule, dynamic_silence, max_end_silence_time).kwargs().items()))
