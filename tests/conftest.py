@@ -85,3 +85,21 @@ def nano(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         out[f"{name}-f32"] = root / f"{name}-f32.gguf"
         convert(out[name], out[f"{name}-f32"], "f32", progress=False)
     return out
+
+
+@pytest.fixture(scope="module")
+def demo(vad_dir: Path):  # noqa: ANN201 - fun_asr.Session
+    """The 20-word demo model (-m demo) with the real FSMN-VAD: real words, one segment per utterance (as
+    FunASR's VAD). One per test module (tests replace its methods for a while)."""
+    import fun_asr
+
+    return fun_asr.Session("demo", device="cpu", vad="fsmn", vad_model=vad_dir, progress=False)
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/trained_model.py's three held-out utterances between silences, as one WAV."""
+    from trained_model import three_utterances_clip
+
+    clip, _ = three_utterances_clip(tmp_path_factory.mktemp("three"))
+    return clip

@@ -41,20 +41,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::fun_asr.notices.TruncatedOutput
 
 
 @pytest.fixture(scope="module")
-def demo(vad_dir: Path) -> fun_asr.Session:
-    """The 20-word demo model with the real FSMN-VAD: real words, one segment per utterance (as FunASR's VAD)."""
-    return fun_asr.Session("demo", device="cpu", vad="fsmn", vad_model=vad_dir, progress=False)
-
-
-@pytest.fixture(scope="module")
-def three(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trained_model import three_utterances_clip
-
-    clip, _ = three_utterances_clip(tmp_path_factory.mktemp("three"))
-    return clip
-
-
-@pytest.fixture(scope="module")
 def client(demo: fun_asr.Session):  # noqa: ANN201
     app = create_app(demo, model_id="fun-asr-nano", max_new_tokens=MAX_NEW, max_upload_mb=1, max_concurrency=8)
     with TestClient(app) as c:

@@ -30,19 +30,6 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def demo(vad_dir: Path) -> fun_asr.Session:
-    return fun_asr.Session("demo", device="cpu", vad="fsmn", vad_model=vad_dir, progress=False)
-
-
-@pytest.fixture(scope="module")
-def three(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trained_model import three_utterances_clip
-
-    clip, _ = three_utterances_clip(tmp_path_factory.mktemp("three"))
-    return clip
-
-
-@pytest.fixture(scope="module")
 def server(demo: fun_asr.Session):  # noqa: ANN201
     """uvicorn on a free port, in a thread of this process, with its default access log on (log level info)."""
     port = _free_port()

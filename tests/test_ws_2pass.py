@@ -597,11 +597,6 @@ def test_serve_cli_wss_on_both_ports(tiny_gguf, vad_dir, cert: tuple[Path, Path]
 
 # -- real words: the trained demo model -----------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def demo(vad_dir):  # noqa: ANN001, ANN201
-    return fun_asr.Session("demo", device="cpu", vad="fsmn", vad_model=vad_dir, progress=False)
-
-
 def test_real_words_arrive_in_2pass_and_online(demo: fun_asr.Session, tmp_path: Path) -> None:
     import trained_model
 
