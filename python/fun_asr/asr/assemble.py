@@ -75,4 +75,4 @@ def assemble(item: _Item, opts: TranscribeOptions, options: dict[str, Any], tota
     return Transcription(join_text(item.segments, opts.language, spec), item.segments, opts.language, duration,
                          {k: round(v, 3) if isinstance(v, float) else v for k, v in timings.items()},
                          dict(options), item.source, list(item.warnings), item.input_truncated,
-                         item.empty_reason, segmentation=item.segmentation)
+                         item.empty_reason, segmentation=item.segmentation, speakers=item.speaker_turns)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +36,8 @@ class _Item:
         self.input_truncated = False
         self.empty_reason: str | None = None
         self.error: str | None = None
+        self.speakers: Any = None  # diarize: the RecordingSpeakers collecting this recording's speaker windows
+        self.speaker_turns: list[tuple[float, float, int]] | None = None  # diarize: the speaker timeline
         self.timings = {"load_ms": 0.0, "frontend_ms": 0.0, "vad_ms": 0.0, "encode_ms": 0.0, "prefill_ms": 0.0,
                         "decode_ms": 0.0}
 

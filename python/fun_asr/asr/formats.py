@@ -1,4 +1,6 @@
-"""Output formats: txt, json, srt, vtt."""
+"""Output formats: txt, json, srt, vtt. With speaker labels (``diarize``): txt has one line per speaker turn
+(``[SPK0] text``), srt cues start with ``[SPK0]``, vtt cues are voice spans (``<v SPK0>text``), json has each
+segment's ``speaker`` and the speaker timeline."""
 
 from __future__ import annotations
 
@@ -21,7 +23,16 @@ def _stamp(seconds: float, sep: str) -> str:
 
 
 def to_txt(t: Transcription) -> str:
-    return t.text + "\n"
+    if t.speakers is None:
+        return t.text + "\n"
+    lines: list[tuple[str | None, list[str]]] = []  # consecutive segments of one speaker: one line
+    for s in _cues(t):
+        if lines and lines[-1][0] == s.speaker_label:
+            lines[-1][1].append(s.text)
+        else:
+            lines.append((s.speaker_label, [s.text]))
+    return "".join(f"[{spk}] {' '.join(texts)}\n" if spk else f"{' '.join(texts)}\n" for spk, texts in lines) \
+        or "\n"
 
 
 def to_json(t: Transcription) -> str:
@@ -33,29 +44,35 @@ def _cues(t: Transcription) -> list[Segment]:
     return [s for s in t.segments if s.text.strip()]
 
 
-def _timed(t: Transcription, words: bool) -> list[tuple[float, float, str]]:
-    """(start, end, text) cues: segments, or with ``words`` each word (CTC token) that has text. A segment
-    with text but no word times (its alignment failed, or none was computed) is one segment cue: a
+def _timed(t: Transcription, words: bool) -> list[tuple[float, float, str, str | None]]:
+    """(start, end, text, speaker label) cues: segments, or with ``words`` each word (CTC token) that has text.
+    A segment with text but no word times (its alignment failed, or none was computed) is one segment cue: a
     subtitle never loses text that the transcript has."""
     cues = []
     for s in _cues(t):
-        timed = [(w["start"], w["end"], w["word"].strip()) for w in (s.words or []) if w["word"].strip()] \
+        spk = s.speaker_label
+        timed = [(w["start"], w["end"], w["word"].strip(), spk) for w in (s.words or []) if w["word"].strip()] \
             if words else []
-        cues += timed or [(s.start, s.end, s.text)]
+        cues += timed or [(s.start, s.end, s.text, spk)]
     return cues
 
 
 def to_srt(t: Transcription, words: bool = False) -> str:
     blocks = []
-    for i, (a, b, text) in enumerate(_timed(t, words), 1):
-        blocks.append(f"{i}\n{_stamp(a, ',')} --> {_stamp(b, ',')}\n{text}\n")
+    for i, (a, b, text, spk) in enumerate(_timed(t, words), 1):
+        blocks.append(f"{i}\n{_stamp(a, ',')} --> {_stamp(b, ',')}\n{f'[{spk}] ' if spk else ''}{text}\n")
     return "\n".join(blocks)
+
+
+def _vtt_escape(text: str) -> str:
+    """Text inside a vtt voice span: ``&``, ``<`` and ``>`` escaped (WebVTT cue text syntax)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def to_vtt(t: Transcription, words: bool = False) -> str:
     lines = ["WEBVTT", ""]
-    for a, b, text in _timed(t, words):
-        lines += [f"{_stamp(a, '.')} --> {_stamp(b, '.')}", text, ""]
+    for a, b, text, spk in _timed(t, words):
+        lines += [f"{_stamp(a, '.')} --> {_stamp(b, '.')}", f"<v {spk}>{_vtt_escape(text)}" if spk else text, ""]
     return "\n".join(lines)
 
 

@@ -22,4 +22,8 @@ def cli_words(msg: str, *, segment_flag: str = "--segment-seconds", max_audio_fl
         msg = f"{hotwords}: {msg}"
     msg = re.sub(r"\bsegment_seconds\b", segment_flag, msg)
     msg = re.sub(r"\bmax_new_tokens\b", "--max-new-tokens", msg)
+    msg = msg.replace("(diarize=True, --diarize, spk=true)", "(--diarize)")
+    msg = msg.replace("(speaker_model= / --speaker-model:", "(--speaker-model:")
+    msg = msg.replace("diarize=True / --diarize", "--diarize")
+    msg = re.sub(r"\b(num|min|max)_speakers\b", r"--\1-speakers", msg)
     return msg

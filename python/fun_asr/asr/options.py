@@ -11,6 +11,7 @@ from typing import Any
 
 from fun_asr.asr.prompt import check_hotword, split_hotwords
 from fun_asr.audio.decode import Limits
+from fun_asr.speakers.diarize import SpeakerOptions
 from fun_asr.vad.config import VadConfig
 
 MAX_SILENCE_MS = 600_000  # an end silence longer than 10 minutes is a mistake, not a setting
@@ -78,6 +79,8 @@ class TranscribeOptions:
     word_timestamps: bool = False  # CTC forced alignment (checkpoints with the CTC head only)
     no_vad: bool = False  # the VAD would have run but the Session has none: results carry the no_vad warning
     vad_options: VadOptions = VadOptions()  # FunASR's per-call VAD kwargs (silence_schedule, dynamic_silence, ...)
+    diarize: bool = False  # speaker labels (CAM++ + FunASR's clustering): Segment.speaker
+    speakers: SpeakerOptions = SpeakerOptions()  # num_speakers / min_speakers / max_speakers
 
     def vad_config(self, base: VadConfig) -> VadConfig:
         """The VAD config this call runs with: the forced cut at ``segment_seconds`` (FunASR's

@@ -18,6 +18,19 @@ class Segment:
     truncated: bool  # hit max_new_tokens: the text may be cut
     repetition: bool  # the repetition guard stopped an n-gram loop
     words: list[dict[str, Any]] | None = None  # word_timestamps: [{"word", "start", "end", "score"}] (s)
+    speaker: int | None = None  # diarize: the speaker (0, 1, ... in order of first appearance; label SPK0, ...)
+
+    @property
+    def speaker_label(self) -> str | None:
+        """``SPK0``, ``SPK1``, ... (FunASR's server labels), or None without diarization."""
+        return None if self.speaker is None else f"SPK{self.speaker}"
+
+
+def _segment_dict(s: Segment) -> dict[str, Any]:
+    d = asdict(s)
+    if d["speaker"] is None:  # no diarization: the segment has no speaker key
+        del d["speaker"]
+    return d
 
 
 @dataclass
@@ -47,6 +60,15 @@ class Transcription:
     empty_reason: str | None = None  # "too_short" | "error" when text is empty for that reason
     error: str | None = None  # transcribe_batch: why this recording failed (its text is empty)
     segmentation: str | None = None  # "vad" (FSMN-VAD speech segments) | "pauses" (cut at quiet points)
+    # diarize: the speaker timeline [(start_s, end_s, speaker)] (FunASR's postprocess output); None without
+    speakers: list[tuple[float, float, int]] | None = None
+
+    @property
+    def num_speakers(self) -> int | None:
+        """How many speakers the diarization found (None without diarization)."""
+        if self.speakers is None:
+            return None
+        return len({s for _, _, s in self.speakers})
 
     @property
     def ok(self) -> bool:
@@ -90,7 +112,10 @@ class Transcription:
             "segmentation": self.segmentation,
             "warnings": [str(w) for w in self.warnings],
             "warning_codes": self.warning_codes,
-            "segments": [asdict(s) for s in self.segments],
+            "segments": [_segment_dict(s) for s in self.segments],
+            **({} if self.speakers is None else {
+                "num_speakers": self.num_speakers,
+                "speakers": [{"start": round(a, 3), "end": round(b, 3), "speaker": k} for a, b, k in self.speakers]}),
             "timings": self.timings,
             "options": self.options,
         }

@@ -31,6 +31,7 @@ from fun_asr.model.native import load_model, model_metadata
 from fun_asr.notices import (
     Notice,
 )
+from fun_asr.speakers.diarize import RecordingSpeakers, SpeakerOptions
 from fun_asr.vad.frontend import num_fbank_frames
 from fun_asr.vad.native import FsmnVad
 
@@ -47,6 +48,7 @@ def _default_package(device: str) -> str:
     if device == "auto" and any(d["type"] in ("gpu", "igpu") for d in _core.system_info()["devices"]):
         return "f16"
     return "q8_0"
+
 
 
 VAD_ENV = "FUN_ASR_VAD_MODEL"  # a user default VAD (a .gguf, a FunASR fsmn-vad folder, or a hub repo id)
@@ -74,13 +76,20 @@ class Session:
     Without a VAD, long audio is cut at its quietest points (``Transcription.segmentation`` says which):
     with ``"auto"`` that is logged once and every result carries the ``no_vad`` warning; ``None`` turns
     the VAD and that notice off. ``vad_source`` says where the VAD came from.
+
+    ``speaker_model``: FunASR's CAM++ for ``transcribe(..., diarize=True)`` (a GGUF from ``fun-asr-convert``, a
+    FunASR/ModelScope CAM++ folder, a hub repo id, or a loaded :class:`fun_asr.speakers.SpeakerModel`). ``"auto"``
+    (default) takes, when speakers are first asked for: the CAM++ embedded in the model package
+    (``fun-asr-convert --speaker-model``); ``$FUN_ASR_SPEAKER_MODEL``; for a hub ``model``, the hub's CAM++
+    (downloaded once); one already in fun-asr's cache. None: no speakers (``diarize=True`` then raises).
+    ``speaker_source`` says where it came from.
     One Session can be used from several threads; transcriptions run one at a time.
     """
 
     def __init__(self, model: str | os.PathLike[str] = DEFAULT_REPO, device: str = "auto", threads: int = 0, *,
                  package_type: str | None = None, revision: str | None = None, progress: bool = True,
                  vad: str | None = "auto", vad_model: str | os.PathLike[str] | None = None,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, speaker_model: Any = "auto") -> None:
         if vad not in ("auto", "fsmn", None, "none"):
             raise ValueError(f"vad must be 'auto', 'fsmn' or None, got {vad!r}")
         from_hub = not Path(model).expanduser().exists() and str(model) != DEMO  # the demo is local, no VAD
@@ -91,6 +100,7 @@ class Session:
         path = resolve_model(model, package_type or _default_package(device), revision, progress)
         self.path = path
         self.model = load_model(path, device=device, threads=threads)
+        self.threads = threads
         meta = model_metadata(path)
         missing = [k for k in ("tokenizer.huggingface.json", "fun_asr_nano.prompt", "fun_asr_nano.model_spec")
                    if k not in meta]
@@ -127,6 +137,30 @@ class Session:
         self.vad_missing = vad == "auto" and self.vad is None
         if self.vad_missing:
             log.warning("%s", NO_VAD_MESSAGE.format(model=path))
+        self._speaker_arg = speaker_model
+        self._from_hub = from_hub
+        self._progress = progress
+        self._speaker_model: Any = None
+        self.speaker_source: str | None = None
+        if speaker_model is not None and speaker_model != "auto":
+            self.speaker_model  # noqa: B018 - given: loaded now, so that a bad one fails here
+
+    @property
+    def speaker_model(self) -> Any:
+        """The CAM++ speaker model (:class:`fun_asr.speakers.SpeakerModel`), loaded on first use; ValueError
+        naming the ways to give one when there is none."""
+        if self._speaker_model is None:
+            from fun_asr.asr.speakers import find_speaker_model
+
+            self._speaker_model, self.speaker_source = find_speaker_model(
+                self._speaker_arg, self.path, self._model_arg, self._from_hub, self._progress)
+        return self._speaker_model
+
+    def embed_speakers(self, windows: list[np.ndarray]) -> np.ndarray:
+        """CAM++ embeddings ``[N, D]`` of 16 kHz windows (the speaker model, under the Session's lock)."""
+        model = self.speaker_model
+        with self._lock:
+            return model.embed(windows, threads=self.threads)
 
     def _load_vad(self, mode: str, vad_model: str | os.PathLike[str] | None, from_hub: bool,
                   progress: bool, meta: dict[str, Any]) -> tuple[FsmnVad | None, str | None]:
@@ -174,8 +208,11 @@ class Session:
                 max_new_tokens: int = 512, segment_seconds: float = 30.0, repetition_guard: bool = True,
                 ignore_eos: bool = False, vad: bool | None = None,
                 word_timestamps: bool = False, *, silence_schedule: Any = None, dynamic_silence: bool | None = None,
-                max_end_silence_time: int | None = None) -> TranscribeOptions:
+                max_end_silence_time: int | None = None, diarize: bool = False, num_speakers: int | None = None,
+                min_speakers: int | None = None, max_speakers: int | None = None) -> TranscribeOptions:
         """Checks transcription options once (ValueError/TypeError naming the option) and returns them.
+        ``diarize``: speaker labels (loads the speaker model now, so that a missing one fails before any audio is
+        read); ``num_speakers``, ``min_speakers``, ``max_speakers`` need it.
         ``silence_schedule``, ``dynamic_silence``, ``max_end_silence_time``: FunASR 1.4.16's per-call FSMN-VAD
         kwargs (:class:`fun_asr.asr.options.VadOptions`); they need the VAD to run."""
         words = check_hotwords(hotwords, self.limits)
@@ -189,10 +226,18 @@ class Session:
             why = "vad=False" if vad is False else "this Session has no VAD model (Session(vad='fsmn', vad_model=...))"
             raise ValueError(f"{named}: FSMN-VAD options, but the VAD does not run here ({why}); the audio would be "
                              "cut at pauses, so they would have no effect")
+        speakers = SpeakerOptions.check(num_speakers, min_speakers, max_speakers)
+        if not isinstance(diarize, bool):
+            raise TypeError(f"diarize must be True or False, got {diarize!r}")
+        if speakers.to_dict() and not diarize:
+            raise ValueError(f"{', '.join(speakers.to_dict())}: speaker options, but diarize is False (pass "
+                             "diarize=True / --diarize)")
+        if diarize:
+            self.speaker_model  # noqa: B018 - loads it, or raises naming how to give one
         opts = TranscribeOptions(self.normalize_language(language), bool(itn), words, max_new_tokens,
                                  float(segment_seconds), bool(repetition_guard), bool(ignore_eos), use_vad,
                                  bool(word_timestamps), no_vad=vad is None and self.vad_missing,
-                                 vad_options=vad_opts)
+                                 vad_options=vad_opts, diarize=diarize, speakers=speakers)
         # The longest decoder input + max_new_tokens must fit the decoder's context: checked here, once,
         # so that a long hotword list fails with a clear message instead of deep inside decoding.
         before, after = self.prompt_ids(opts)
@@ -222,7 +267,9 @@ class Session:
                    segment_seconds: float = 30.0, repetition_guard: bool = True,
                    progress: bool = False, ignore_eos: bool = False, batch_size: int = 8,
                    vad: bool | None = None, word_timestamps: bool = False, silence_schedule: Any = None,
-                   dynamic_silence: bool | None = None, max_end_silence_time: int | None = None) -> Transcription:
+                   dynamic_silence: bool | None = None, max_end_silence_time: int | None = None,
+                   diarize: bool = False, num_speakers: int | None = None, min_speakers: int | None = None,
+                   max_speakers: int | None = None) -> Transcription:
         """Transcribes one recording (path, bytes, binary file object, or array with ``sample_rate``).
 
         Its segments are decoded up to ``batch_size`` at a time (token for token the same as one by
@@ -237,13 +284,19 @@ class Session:
         ``"10000:2000,inf:100"``; default ``fun_asr.vad.DEFAULT_SILENCE_SCHEDULE``), ``dynamic_silence`` (the
         schedule on/off; default on unless ``max_end_silence_time`` is given) and ``max_end_silence_time``
         (a fixed end silence, ms). See :class:`fun_asr.asr.options.VadOptions`.
+
+        ``diarize=True``: who spoke when, FunASR's way (``spk_model="cam++"``): every segment gets
+        ``Segment.speaker`` (0, 1, ... in order of first appearance) and ``Transcription.speakers`` the speaker
+        timeline. ``num_speakers``: exactly that many (FunASR's ``preset_spk_num``); else the count is found in
+        ``min_speakers``..``max_speakers`` (default 1..15). Needs the Session's speaker model (``speaker_model``).
         """
         check_audio_input(audio)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         opts = self.options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos,
                             vad, word_timestamps, silence_schedule=silence_schedule, dynamic_silence=dynamic_silence,
-                            max_end_silence_time=max_end_silence_time)
+                            max_end_silence_time=max_end_silence_time, diarize=diarize, num_speakers=num_speakers,
+                            min_speakers=min_speakers, max_speakers=max_speakers)
         return self._run([audio], sample_rate, opts, batch_size=batch_size, progress=progress, raise_errors=True)[0]
 
     def transcribe_batch(self, audios: list[AudioInput], *, sample_rate: int | None = None,
@@ -253,7 +306,9 @@ class Session:
                          names: list[str] | None = None, vad: bool | None = None,
                          word_timestamps: bool = False, silence_schedule: Any = None,
                          dynamic_silence: bool | None = None,
-                         max_end_silence_time: int | None = None, warn: bool = True) -> list[Transcription]:
+                         max_end_silence_time: int | None = None, warn: bool = True, diarize: bool = False,
+                         num_speakers: int | None = None, min_speakers: int | None = None,
+                         max_speakers: int | None = None) -> list[Transcription]:
         """Transcribes several recordings with the same options, decoding up to ``batch_size``
         segments at once (one KV cache slot each: every decoding step reads the weights once for the
         whole batch). Results are in input order and token for token equal to ``transcribe``.
@@ -263,7 +318,8 @@ class Session:
         ``names`` labels the recordings in messages and ``Transcription.source`` (default: the file
         path, or ``input N <array>``). The timings of each result hold its share of the batch's prefill
         and decode time. ``silence_schedule``, ``dynamic_silence``, ``max_end_silence_time``: FunASR's VAD
-        kwargs, as in :meth:`transcribe`. ``warn=False``: the notices are only in each result's ``warnings``,
+        kwargs, and ``diarize``, ``num_speakers``, ``min_speakers``, ``max_speakers`` (each recording's speakers
+        on its own), as in :meth:`transcribe`. ``warn=False``: the notices are only in each result's ``warnings``,
         no Python warnings are issued (a server that reports them itself; warning filters are process-wide)."""
         one = str | bytes | bytearray | memoryview | os.PathLike | np.ndarray
         if isinstance(audios, one) or hasattr(audios, "read"):
@@ -279,7 +335,8 @@ class Session:
             raise ValueError(f"names must be {len(audios)} strings, one per recording")
         opts = self.options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos,
                             vad, word_timestamps, silence_schedule=silence_schedule, dynamic_silence=dynamic_silence,
-                            max_end_silence_time=max_end_silence_time)
+                            max_end_silence_time=max_end_silence_time, diarize=diarize, num_speakers=num_speakers,
+                            min_speakers=min_speakers, max_speakers=max_speakers)
         return self._run(list(audios), sample_rate, opts, batch_size=batch_size, progress=progress,
                          raise_errors=False, names=names, warn=warn)
 
@@ -394,6 +451,10 @@ class Session:
                 bar[0].refresh()
             try:
                 self._encode(item, a, b, opts, jobs, waiting)
+                if opts.diarize:
+                    if item.speakers is None:
+                        item.speakers = RecordingSpeakers(self.embed_speakers, self.speaker_model.sample_rate)
+                    item.speakers.add(a / SAMPLE_RATE, item.samples[a:b])
             finally:
                 bar[0].update(1)
 
@@ -432,6 +493,11 @@ class Session:
         if opts.word_timestamps:
             options["word_timestamps"] = True if self.aligner is not None else f"unavailable: {self.ctc_reason}"
         options.update(opts.vad_options.to_dict())  # the VAD kwargs given (none: the VAD's defaults)
+        if opts.diarize:
+            options["diarize"] = True
+            options.update(opts.speakers.to_dict())
+            for item in items:
+                self._label_speakers(item, opts)
         total_ms = (time.perf_counter() - t_start) * 1e3
         results = []
         for item in items:  # a loop, not a comprehension: warnings point at the caller (stacklevel)
@@ -458,6 +524,19 @@ class Session:
         if opts.word_timestamps and self.aligner is not None:
             item.feats[si] = feats
             waiting[0] += feats.nbytes
+
+    def _label_speakers(self, item: _Item, opts: TranscribeOptions) -> None:
+        """Each segment's speaker from the recording's windows (FunASR's clustering, vad_segment mode)."""
+        if item.error is not None:
+            return
+        t0 = time.perf_counter()
+        speakers = item.speakers or RecordingSpeakers(self.embed_speakers, self.speaker_model.sample_rate)
+        labels, timeline = speakers.label([(s.start, s.end) for s in item.segments], opts.speakers)
+        for seg, spk in zip(item.segments, labels, strict=True):
+            seg.speaker = spk
+        item.speaker_turns = timeline
+        item.timings["speaker_ms"] = speakers.embed_ms + (time.perf_counter() - t0) * 1e3
+        item.speakers = None
 
     def _use_prefix(self, before: list[int], prefix: np.ndarray) -> None:
         """The system prompt + instruction's K/V, computed once and reused by every segment's prefill

@@ -64,11 +64,14 @@ class StreamEvent:
     start: int  # ms from stream start
     end: int  # ms
     tokens: list[int] = field(default_factory=list)
+    speaker: int | None = None  # with a speaker tracker: the sentence's speaker (FunASR's "spk")
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"type": self.type, "text": self.text, "start": self.start, "end": self.end}
         if self.type == "sentence":
             d["tokens"] = list(self.tokens)
+            if self.speaker is not None:
+                d["spk"] = self.speaker
         return d
 
 
@@ -112,7 +115,7 @@ class Stream:
     """One live audio stream (see the module docstring). Not thread-safe: feed it from one thread."""
 
     def __init__(self, session: Session, opts: TranscribeOptions, stream_opts: StreamOptions | None = None,
-                 decoder: Decoder | None = None) -> None:
+                 decoder: Decoder | None = None, speakers: Any = None) -> None:
         self.sopts = stream_opts or StreamOptions()
         self.sopts.check()
         self.client_endpoints = self.sopts.endpoint == "client"
@@ -125,6 +128,9 @@ class Stream:
         self._decode_fn = decoder or self._decode_local
         # applied to each closed sentence's text (the server's POSTPROCESS_HOTWORDS); tokens stay as decoded
         self.postprocess: Callable[[str], str] | None = None
+        # FunASR's realtime speakers (--enable-spk): a fun_asr.speakers.tracker.SpeakerTracker gives each closed
+        # sentence a speaker as it closes, and re-clusters them all at close()/commit() (the final result)
+        self.speakers: Any = speakers
         self._vad: Any = None
         if not self.client_endpoints:
             import dataclasses
@@ -193,6 +199,7 @@ class Stream:
             events = self.commit()
         else:
             events = self._process(self._pending, final=True)
+            self.sentences = self._finalize_speakers(self.sentences)
         self._pending = np.zeros(0, np.float32)
         self.closed = True
         self.partial = None
@@ -217,7 +224,7 @@ class Stream:
         events: list[StreamEvent] = []
         if self.speech_start is not None:
             events = self._close_sentence(self.speech_start, self.duration_ms)
-        self._committed = events
+        self._committed = self._finalize_speakers(events)
         self.speech_start = None
         self.partial = None
         self._chunks.clear()  # FunASR releases the utterance's audio
@@ -330,10 +337,31 @@ class Stream:
         if not text.strip():
             return []
         ev = StreamEvent("sentence", text, start_ms, end_ms, list(tokens))
+        if self.speakers is not None:  # FunASR's assign_streaming: this sentence's windows, clustered with the last
+            sentence = {"text": text, "start": start_ms, "end": end_ms}
+            self.speakers.assign(audio, start_ms / 1000, end_ms / 1000, sentence)
+            ev.speaker = int(sentence["spk"])
         self.sentences.append(ev)
         self._sentence_delays.append(self._delay_ms(end_ms))
         self._close_delays.append(self._delay_ms(self.duration_ms))
         return [ev]
+
+    def _finalize_speakers(self, sentences: list[StreamEvent]) -> list[StreamEvent]:
+        """FunASR's final re-clustering (``HybridSpeakerTracker.finalize``): every sentence's speaker again from all
+        the windows held; a sentence that two speakers share for long enough is split (its text cut in proportion
+        to time, as FunASR does; the parts carry no token ids)."""
+        if self.speakers is None or not sentences:
+            return sentences
+        final = self.speakers.finalize([{"text": s.text, "start": s.start, "end": s.end, "spk": s.speaker}
+                                        for s in sentences])
+        by_key = {(s.text, s.start, s.end): s for s in sentences}
+        out = []
+        for d in final:
+            old = by_key.get((d["text"], int(d["start"]), int(d["end"])))
+            out.append(StreamEvent("sentence", d["text"], int(d["start"]), int(d["end"]),
+                                   list(old.tokens) if old is not None else [],
+                                   None if d.get("spk") is None else int(d["spk"])))
+        return out
 
     def _partial(self) -> list[StreamEvent]:
         first = self.sopts.first_partial_ms * SAMPLE_RATE // 1000
@@ -404,7 +432,8 @@ class Stream:
         endpoints: the final result (after commit() or close()) holds the committed utterance's sentence; the
         others hold none (FunASR's locked sentences are reset at each commit)."""
         shown = (self._committed if is_final else []) if self.client_endpoints else self.sentences
-        sentences = [{"text": s.text, "start": s.start, "end": s.end} for s in shown]
+        sentences = [{"text": s.text, "start": s.start, "end": s.end, **({} if s.speaker is None else
+                                                                          {"spk": s.speaker})} for s in shown]
         if is_final:
             return {"sentences": sentences, "partial": "", "partial_start_ms": 0, "duration_ms": self.duration_ms,
                     "is_final": True}

@@ -12,7 +12,14 @@ import threading
 import warnings
 
 from fun_asr.asr.messages import cli_words
-from fun_asr.cli.transcribe import UsageError, add_vad_arguments, vad_kwargs
+from fun_asr.cli.transcribe import (
+    UsageError,
+    add_speaker_arguments,
+    add_vad_arguments,
+    check_speaker_arguments,
+    speaker_kwargs,
+    vad_kwargs,
+)
 from fun_asr.converter.hub import DEFAULT_REPO
 
 PROG = "fun-asr-batch"
@@ -47,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="FunASR's FSMN-VAD in front of the recognizer (default auto: when available)")
     ap.add_argument("--vad-model", help="FSMN-VAD model: a .gguf, a FunASR fsmn-vad folder, or a hub repo id")
     add_vad_arguments(ap)
+    add_speaker_arguments(ap)
     ap.add_argument("--no-repetition-guard", action="store_true", help="do not stop n-gram loops early")
     ap.add_argument("--batch-size", type=int, default=8,
                     help="recordings per batch, and segments decoded together (default 8)")
@@ -110,6 +118,7 @@ def _check(args: argparse.Namespace) -> str | None:
             return f"--language {args.language}: {exc}"
     try:
         args.vad_kwargs = vad_kwargs(args)
+        check_speaker_arguments(args)
     except UsageError as exc:
         return str(exc)
     return None
@@ -156,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                       batch_size=args.batch_size, reference=args.reference, input_format=args.input_format,
                       workers=args.workers, shard_size=args.shard_size, retry_failed=args.retry_failed, ray=ray,
                       actors=args.actors, threads_per_actor=args.threads_per_actor, progress=progress,
-                      stop=stop, progress_interval=interval, **args.vad_kwargs)
+                      stop=stop, progress_interval=interval, **args.vad_kwargs, **speaker_kwargs(args),
+                      speaker_model=args.speaker_model)
     except KeyboardInterrupt:
         code = 128 + (received[0] if received else signal.SIGINT)
         print(f"\n{PROG}: interrupted; rerun the same command to resume", file=sys.stderr)

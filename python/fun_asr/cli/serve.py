@@ -58,7 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="WebSocket streams' language until the client sends LANGUAGE: (default: automatic)")
     ap.add_argument("--endpoint-mode", choices=["server", "client"], default="server",
                     help="who ends WebSocket sentences: the server's VAD, or the client's COMMIT (FunASR's modes)")
-    ap.add_argument("--enable-spk", action="store_true", help="FunASR's speaker diarization: not available yet")
+    ap.add_argument("--enable-spk", action="store_true",
+                    help="FunASR's realtime speakers: every WebSocket sentence carries 'spk', re-clustered at STOP "
+                         "(needs a speaker model; POST /asr and /v1 take spk=true without this flag)")
+    ap.add_argument("--speaker-model", default=None,
+                    help="CAM++ speaker model for spk=true and --enable-spk: a .gguf, a FunASR CAM++ folder or a hub "
+                         "repo id (default: the one embedded in the model package, $FUN_ASR_SPEAKER_MODEL, or the "
+                         "hub model's)")
     ap.add_argument("--ws-ping-interval", type=float, default=20.0, help="WebSocket ping interval; <= 0: no pings")
     ap.add_argument("--ws-ping-timeout", type=float, default=0.0,
                     help="close a WebSocket whose pong is this late; <= 0: never (a stream that fell behind is not "
@@ -120,10 +126,6 @@ def main(argv: list[str] | None = None) -> int:
     if not args.max_upload_mb > 0:
         print(f"{PROG}: error: --max-upload-mb must be positive, got {args.max_upload_mb:g}", file=sys.stderr)
         return 2
-    if args.enable_spk:  # FunASR's flag: refused, never ignored
-        print(f"{PROG}: error: --enable-spk: speaker diarization is not available yet in fun-asr (drop the flag; "
-              "sentences carry no 'spk' field)", file=sys.stderr)
-        return 2
     try:
         import uvicorn
 
@@ -152,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
 
         session = Session(args.model, device=args.device, threads=args.threads, progress=sys.stderr.isatty(),
                           vad=None if args.vad == "none" else args.vad, vad_model=args.vad_model,
-                          limits=Limits(max_audio_seconds=args.max_audio_seconds))
+                          limits=Limits(max_audio_seconds=args.max_audio_seconds),
+                          speaker_model=args.speaker_model or "auto")
     except Exception as exc:  # noqa: BLE001
         for sk in sockets:
             sk.close()
@@ -167,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                                  idle_seconds=args.stream_idle_seconds, max_seconds=args.stream_max_seconds,
                                  buffer_seconds=args.stream_buffer_seconds, language=args.language,
                                  hotword_file=args.hotword_file, postprocess_hotword_file=args.postprocess_hotword_file,
-                                 endpoint_mode=args.endpoint_mode)
+                                 endpoint_mode=args.endpoint_mode, enable_spk=args.enable_spk)
         app = create_app(session, model_id=args.model_id, max_upload_mb=args.max_upload_mb,
                          max_concurrency=args.max_concurrency, max_new_tokens=args.max_new_tokens,
                          segment_seconds=args.max_segment_seconds, realtime=limits,

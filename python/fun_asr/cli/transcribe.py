@@ -11,6 +11,7 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Any
 
 from fun_asr.asr.formats import FORMATS, render
 from fun_asr.asr.messages import cli_words
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--vad-model", help="FSMN-VAD model: a .gguf, a FunASR fsmn-vad folder, or a hub repo id "
                                         "(default funasr/fsmn-vad)")
     add_vad_arguments(ap)
+    add_speaker_arguments(ap)
     ap.add_argument("--no-repetition-guard", action="store_true", help="do not stop n-gram loops early")
     ap.add_argument("--word-timestamps", action="store_true",
                     help="per-word (CTC token) times from the checkpoint's CTC head, as FunASR: in json, and srt/vtt "
@@ -149,6 +151,9 @@ def check_options(args: argparse.Namespace) -> None:
             raise UsageError(f"--language {args.language!r}: {exc}") from None
     if args.vad_model and args.vad == "none":
         raise UsageError("--vad-model with --vad none: choose one")
+    check_speaker_arguments(args)
+    if args.diarize and args.stream:
+        raise UsageError("--diarize is for file transcription; for live speakers use fun-asr-serve --enable-spk")
     if args.files.count(STDIN) > 1:
         raise UsageError("'-' (standard input) can be given once")
     if args.realtime and not args.stream:
@@ -187,6 +192,41 @@ def check_options(args: argparse.Namespace) -> None:
         _check_outputs_are_not_inputs(Path(args.output_dir), args.files, args.names, formats)
         _check_output_dir(Path(args.output_dir))
     args.formats = formats
+
+
+def add_speaker_arguments(ap: argparse.ArgumentParser) -> None:
+    """--diarize, --num-speakers, --min-speakers, --max-speakers, --speaker-model (fun-asr-transcribe/-batch)."""
+    ap.add_argument("--diarize", action="store_true",
+                    help="who spoke when: each segment gets a speaker (SPK0, SPK1, ...; FunASR's CAM++ + clustering): "
+                         "[SPK0] in txt/srt, <v SPK0> in vtt, speaker in json")
+    ap.add_argument("--num-speakers", type=int, default=None, help="with --diarize: exactly this many speakers")
+    ap.add_argument("--min-speakers", type=int, default=None, help="with --diarize: at least this many (default 1)")
+    ap.add_argument("--max-speakers", type=int, default=None, help="with --diarize: at most this many (default 15)")
+    ap.add_argument("--speaker-model", help="CAM++ speaker model for --diarize: a .gguf, a FunASR CAM++ folder or a "
+                                            "hub repo id (default: the one embedded in the model package, "
+                                            "$FUN_ASR_SPEAKER_MODEL, or the hub model's)")
+
+
+def check_speaker_arguments(args: argparse.Namespace) -> None:
+    """The speaker flags need --diarize; the counts must make sense (UsageError before the model loads)."""
+    for flag in ("num_speakers", "min_speakers", "max_speakers", "speaker_model"):
+        if getattr(args, flag) is not None and not args.diarize:
+            raise UsageError(f"--{flag.replace('_', '-')} is for --diarize; add --diarize")
+    if args.diarize:
+        from fun_asr.speakers.diarize import SpeakerOptions
+
+        try:
+            SpeakerOptions.check(args.num_speakers, args.min_speakers, args.max_speakers)
+        except ValueError as exc:
+            raise UsageError(cli_words(str(exc))) from None
+
+
+def speaker_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """--diarize and its counts as transcribe() kwargs (none without --diarize)."""
+    if not getattr(args, "diarize", False):
+        return {}
+    return {"diarize": True, "num_speakers": args.num_speakers, "min_speakers": args.min_speakers,
+            "max_speakers": args.max_speakers}
 
 
 def _check_inputs(files: list[str]) -> None:
@@ -354,7 +394,8 @@ def _main(argv: list[str] | None) -> int:
         from fun_asr.asr.session import Session
 
         session = Session(args.model, device=args.device, threads=args.threads, progress=interactive,
-                          vad=None if args.vad == "none" else args.vad, vad_model=args.vad_model)
+                          vad=None if args.vad == "none" else args.vad, vad_model=args.vad_model,
+                          speaker_model=args.speaker_model or "auto")
     except Exception as exc:  # noqa: BLE001 - one clear line unless --verbose
         if args.verbose:
             raise
@@ -363,7 +404,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         if not (args.stream and args.stream_mode == "chunked"):
             session.options(None, not args.no_itn, args.hotwords, args.max_new_tokens, args.segment_seconds,
-                            not args.no_repetition_guard, **args.vad_kwargs)
+                            not args.no_repetition_guard, **args.vad_kwargs, **speaker_kwargs(args))
         language = session.normalize_language(args.language)
     except (ValueError, TypeError) as exc:
         _error(cli_words(str(exc)))
@@ -382,7 +423,7 @@ def _main(argv: list[str] | None) -> int:
             inputs, language=language, itn=not args.no_itn, hotwords=args.hotwords,
             max_new_tokens=args.max_new_tokens, segment_seconds=args.segment_seconds,
             repetition_guard=not args.no_repetition_guard, batch_size=step, progress=interactive,
-            word_timestamps=args.word_timestamps, **args.vad_kwargs,
+            word_timestamps=args.word_timestamps, **args.vad_kwargs, **speaker_kwargs(args),
         )
         for i, (name, result) in enumerate(zip(group, results, strict=True)):
             shown = "<stdin>" if name == STDIN else name

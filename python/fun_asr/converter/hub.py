@@ -281,3 +281,60 @@ def resolve_vad(model: str | os.PathLike[str] | None = None, *, download: bool =
         log.info("converting %s@%s to %s, once", name, snapshot.name[:12], out)
         convert_vad(snapshot, out, overwrite=True, repo_id=name, revision=snapshot.name)
     return out
+
+
+# FunASR's cam++ (name_maps_from_hub: "cam++" -> funasr/campplus on the Hugging Face hub,
+# iic/speech_campplus_sv_zh-cn_16k-common on ModelScope)
+DEFAULT_SPEAKER_REPO = "funasr/campplus"
+MODELSCOPE_SPEAKER_REPO = "iic/speech_campplus_sv_zh-cn_16k-common"
+SPEAKER_FILES = ["campplus_cn_common.bin", "model.pt", "config.yaml", "configuration.json"]
+SPEAKER_HINT = ("give --speaker-model (speaker_model=) a local CAM++ folder or .gguf, or use a model package that "
+                "embeds one (fun-asr-convert SRC --speaker-model DIR)")
+
+
+def resolve_speaker_model(model: str | os.PathLike[str] | None = None, *, download: bool = True,
+                          progress: bool = False) -> Path | None:
+    """A CAM++ speaker model to load: ``model`` itself when it is a path (a .gguf or a FunASR CAM++ folder), else
+    the converted GGUF of a hub repo (default ``funasr/campplus``; ``modelscope:owner/name`` from ModelScope),
+    converted once into the fun-asr cache. ``download=False`` looks only at what is already on this machine
+    (fun-asr's cache, then the local hub cache) and returns None when it is not there."""
+    if model is not None and Path(model).expanduser().exists():
+        return Path(model).expanduser()
+    name = str(model or DEFAULT_SPEAKER_REPO)
+    if name.startswith(MODELSCOPE):
+        repo = name[len(MODELSCOPE):]
+        if not download:
+            done = sorted((cache_dir() / "models").glob(f"modelscope--{repo.replace('/', '--')}--*-campplus.gguf"),
+                          key=lambda p: p.stat().st_mtime)
+            return done[-1] if done else None
+        snapshot = _modelscope_snapshot(repo, None, SPEAKER_FILES)
+        out = cache_dir() / "models" / f"modelscope--{repo.replace('/', '--')}--{_snapshot_tag(snapshot, None)}" \
+                                       "-campplus.gguf"
+        if not out.is_file():
+            from fun_asr.converter.speaker import convert_speaker
+
+            convert_speaker(snapshot, out, overwrite=True, repo_id=name)
+        return out
+    if not _REPO_ID.match(name):
+        raise FileNotFoundError(f"{name}: no such speaker model (a .gguf file, a FunASR CAM++ folder, or a hub repo "
+                                f"id such as {DEFAULT_SPEAKER_REPO})")
+    if not download:
+        done = sorted((cache_dir() / "models").glob(f"{name.replace('/', '--')}--*-campplus.gguf"),
+                      key=lambda p: p.stat().st_mtime)
+        if done:
+            return done[-1]
+        from huggingface_hub import snapshot_download
+
+        try:
+            snapshot = Path(snapshot_download(name, allow_patterns=SPEAKER_FILES, local_files_only=True)).resolve()
+        except Exception:  # noqa: BLE001 - not in the local hub cache
+            return None
+    else:
+        snapshot = _snapshot(name, None, SPEAKER_FILES, hint=SPEAKER_HINT)
+    out = cache_dir() / "models" / f"{name.replace('/', '--')}--{snapshot.name[:12]}-campplus.gguf"
+    if not out.is_file():
+        from fun_asr.converter.speaker import convert_speaker
+
+        log.info("converting %s@%s to %s, once", name, snapshot.name[:12], out)
+        convert_speaker(snapshot, out, overwrite=True, repo_id=name, revision=snapshot.name)
+    return out

@@ -82,7 +82,9 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
         ray: bool | str | RaySettings | None = None, actors: int | None = None,
         threads_per_actor: int | None = None, progress: bool | str = False, session: Any = None,
         stop: threading.Event | None = None, progress_interval: float = 10.0, silence_schedule: Any = None,
-        dynamic_silence: bool | None = None, max_end_silence_time: int | None = None) -> dict:
+        dynamic_silence: bool | None = None, max_end_silence_time: int | None = None, diarize: bool = False,
+        num_speakers: int | None = None, min_speakers: int | None = None, max_speakers: int | None = None,
+        speaker_model: str | os.PathLike[str] | None = None) -> dict:
     """Transcribes a corpus into ``output_dir`` (see the module doc) and returns the summary (also
     written to ``output_dir/summary.json``).
 
@@ -96,7 +98,8 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
     ``stop``: when set (e.g. from a signal handler), the job stops after writing the batch in flight;
     the summary then says ``interrupted`` and a rerun resumes.
     ``silence_schedule``, ``dynamic_silence``, ``max_end_silence_time``: FunASR's per-call VAD kwargs, as
-    ``Session.transcribe`` takes them.
+    ``Session.transcribe`` takes them. ``diarize`` (with ``num_speakers``, ``min_speakers``, ``max_speakers``):
+    speaker labels in every record's segments (``speaker_model``: the CAM++ to use, else the Session's lookup).
     """
     if progress not in (False, True, None, "bar", "lines"):
         raise BatchError(f"progress must be False, True (a bar) or 'lines', got {progress!r}")
@@ -114,8 +117,20 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
         vad_options = check_vad_options(silence_schedule, dynamic_silence, max_end_silence_time).to_dict()
     except (TypeError, ValueError) as exc:
         raise BatchError(str(exc)) from None
+    from fun_asr.speakers.diarize import SpeakerOptions
+
+    try:
+        counts = SpeakerOptions.check(num_speakers, min_speakers, max_speakers).to_dict()
+    except ValueError as exc:
+        raise BatchError(str(exc)) from None
+    if counts and not diarize:
+        raise BatchError(f"{', '.join(counts)}: speaker options, but diarize is False")
+    if speaker_model is not None and not diarize:
+        raise BatchError("speaker_model is for diarize=True")
+    speaker_options = {"diarize": True, **counts} if diarize else {}
     opts = JobOptions(language, tuple(h.strip() for h in (hotwords or []) if h and h.strip()), bool(itn),
-                      max_new_tokens, float(segment_seconds), bool(repetition_guard), batch_size, vad_options)
+                      max_new_tokens, float(segment_seconds), bool(repetition_guard), batch_size, vad_options,
+                      speaker_options)
     use_ray = ray is not None and ray is not False
     if use_ray:
         if session is not None:
@@ -177,15 +192,17 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
             elif use_ray:
                 bar.begin()
                 engine_info = _ray_engine(todo, model_arg, device, vad, None if vad_model is None else
-                                          _model_arg(vad_model), opts, emit, settings, bar_mode == "bar", stop)
+                                          _model_arg(vad_model), opts, emit, settings, bar_mode == "bar", stop,
+                                          _model_arg(speaker_model) if speaker_model else None)
             else:
                 if session is None:
                     from fun_asr.asr.session import Session
 
                     session = Session(model_arg, device=device, threads=threads, progress=bar_mode == "bar",
-                                      vad=vad, vad_model=vad_model)
+                                      vad=vad, vad_model=vad_model,
+                                      speaker_model=_model_arg(speaker_model) if speaker_model else "auto")
                 session.options(language, itn, list(opts.hotwords), max_new_tokens, segment_seconds,
-                                repetition_guard, **vad_options)
+                                repetition_guard, **vad_options, **speaker_options)
                 bar.begin()
                 _local_engine(todo, session, opts, emit, workers or min(4, os.cpu_count() or 1), stop)
                 engine_info = {"workers": workers or min(4, os.cpu_count() or 1)}

@@ -31,6 +31,7 @@ class JobOptions:
     repetition_guard: bool = True
     batch_size: int = 8
     vad_options: dict[str, Any] = field(default_factory=dict)  # FunASR's VAD kwargs (silence_schedule, ...)
+    speaker_options: dict[str, Any] = field(default_factory=dict)  # diarize=True and num/min/max_speakers
 
     def for_item(self, item: Item) -> tuple[str | None, tuple[str, ...]]:
         return (self.language if item.language is None else item.language,
@@ -105,7 +106,7 @@ def _call(session: Any, loaded: list[Loaded], language: str | None, hotwords: tu
             [ld.samples for ld in loaded], sample_rate=16000, language=language, itn=opts.itn, hotwords=list(hotwords),
             max_new_tokens=opts.max_new_tokens, segment_seconds=opts.segment_seconds,
             repetition_guard=opts.repetition_guard, batch_size=opts.batch_size, names=[ld.item.audio for ld in loaded],
-            **opts.vad_options)
+            **opts.vad_options, **opts.speaker_options)
 
 
 def transcribe_loaded(session: Any, loaded: Sequence[Loaded], opts: JobOptions) -> list[dict]:
@@ -127,7 +128,7 @@ def transcribe_loaded(session: Any, loaded: Sequence[Loaded], opts: JobOptions) 
             continue
         try:
             session.options(language, opts.itn, list(hotwords), opts.max_new_tokens, opts.segment_seconds,
-                            opts.repetition_guard)
+                            opts.repetition_guard, **opts.vad_options, **opts.speaker_options)
         except (ValueError, TypeError) as exc:
             for i in ok:
                 records[i] = _failed_record(loaded[i].item, _message(loaded[i].item.audio, exc), base_options,

@@ -45,14 +45,15 @@ class RayTranscriber:
     """A Ray actor holding one Session; maps blocks of decoded audio to result records."""
 
     def __init__(self, model: str, device: str, threads: int, vad: str | None, vad_model: str | None,
-                 options: dict) -> None:
+                 options: dict, speaker_model: str | None = None) -> None:
         from fun_asr.asr.session import Session
 
         self.opts = JobOptions(**{**options, "hotwords": tuple(options["hotwords"])})
-        self.session = Session(model, device=device, threads=threads, progress=False, vad=vad, vad_model=vad_model)
+        self.session = Session(model, device=device, threads=threads, progress=False, vad=vad, vad_model=vad_model,
+                               speaker_model=speaker_model or "auto")
         o = self.opts  # the job's own options must be valid: fail the job, not every item
         self.session.options(o.language, o.itn, list(o.hotwords), o.max_new_tokens, o.segment_seconds,
-                             o.repetition_guard, **o.vad_options)
+                             o.repetition_guard, **o.vad_options, **o.speaker_options)
 
     def __call__(self, batch: Any) -> Any:
         import pyarrow as pa
@@ -81,7 +82,7 @@ class RaySettings:
 
 def _ray_engine(todo: list[Item], model: str, device: str, vad: str | None, vad_model: str | None,
                 opts: JobOptions, emit: Callable[[list[dict]], None], settings: RaySettings, progress: bool,
-                stop: threading.Event | None = None) -> dict:
+                stop: threading.Event | None = None, speaker_model: str | None = None) -> dict:
     try:
         import ray
         import ray.data
@@ -130,7 +131,7 @@ def _ray_engine(todo: list[Item], model: str, device: str, vad: str | None, vad_
         options = {"language": opts.language, "hotwords": list(opts.hotwords), "itn": opts.itn,
                    "max_new_tokens": opts.max_new_tokens, "segment_seconds": opts.segment_seconds,
                    "repetition_guard": opts.repetition_guard, "batch_size": opts.batch_size,
-                   "vad_options": opts.vad_options}
+                   "vad_options": opts.vad_options, "speaker_options": opts.speaker_options}
         remote: dict[str, Any] = {"num_cpus": actor_cpus}
         if gpus_per_actor:
             remote["num_gpus"] = gpus_per_actor
@@ -138,7 +139,8 @@ def _ray_engine(todo: list[Item], model: str, device: str, vad: str | None, vad_
             RayTranscriber, batch_size=opts.batch_size, batch_format="pyarrow",
             compute=ray.data.ActorPoolStrategy(size=actors),
             fn_constructor_kwargs={"model": model, "device": device, "threads": tpa, "vad": vad,
-                                   "vad_model": vad_model, "options": options}, **remote)
+                                   "vad_model": vad_model, "options": options, "speaker_model": speaker_model},
+            **remote)
         for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
             emit([json.loads(s) for s in block.column("record").to_pylist()])
             if stop is not None and stop.is_set():  # what is still in the pipeline is redone on resume

@@ -58,7 +58,7 @@ class Batcher:
 
     def _run(self, batch: list[tuple[tuple, tuple[np.ndarray, str], Future]]) -> None:
         # options: (language, itn, hotwords, max_new_tokens, segment_seconds, vad, word_timestamps[, vad_kwargs]);
-        # None = the server's setting; vad_kwargs: FunASR's VAD kwargs as a tuple of (name, value) pairs.
+        # None = the server's setting; vad_kwargs: FunASR's VAD kwargs (and diarize for spk) as (name, value) pairs.
         # Streams decode their VAD sentences without running the offline VAD again.
         batch = [job for job in batch if job[2].set_running_or_notify_cancel()]  # drop timed-out requests
         if not batch:

@@ -11,8 +11,20 @@ from fun_asr.asr.messages import cli_words
 # The routes that speak FunASR's offline HTTP protocol (serve/funasr_http.py): their errors are FastAPI's.
 FUNASR_PATHS = ("/asr",)
 
-SPEAKERS_UNAVAILABLE = ("spk=true asks for speaker labels (diarization), which fun-asr-serve does not have yet; "
-                        "send spk=false or leave spk out")
+
+
+def speaker_options(session: object, spk: bool) -> tuple[tuple[str, bool], ...]:
+    """``spk=true``: the ``diarize`` kwarg for the batcher, after checking that the server has a speaker model
+    (ApiError 400 naming how to give one: fun-asr-serve --speaker-model); ``spk=false``: none."""
+    if not spk:
+        return ()
+    try:
+        session.options(diarize=True)  # type: ignore[attr-defined]  # loads the speaker model on first use
+    except (ValueError, OSError) as exc:
+        msg = str(exc).replace("(diarize=True, --diarize, spk=true)", "(spk=true)")
+        msg = msg.replace("(speaker_model= / --speaker-model:", "(fun-asr-serve --speaker-model:")
+        raise ApiError(400, f"spk=true: {msg}", "spk", "unsupported_value") from None
+    return (("diarize", True),)
 
 
 class ApiError(Exception):

@@ -16,7 +16,7 @@ from fastapi.routing import APIRoute
 from fun_asr.asr.options import check_vad_options, parse_silence_schedule
 from fun_asr.asr.prompt import split_hotwords
 from fun_asr.asr.session import Transcription
-from fun_asr.serve.errors import SPEAKERS_UNAVAILABLE, ApiError, _bool, _words
+from fun_asr.serve.errors import ApiError, _bool, _words, speaker_options
 from fun_asr.serve.openai import ServerContext, read_upload, segment_words, transcribe_upload
 
 ASR_PATH = "/asr"
@@ -31,6 +31,8 @@ def asr_response(result: Transcription, words: bool, seconds: float) -> dict[str
         seg: dict[str, Any] = {"text": s.text, "start": round(s.start, 3), "end": round(s.end, 3)}
         if words:
             seg["words"] = segment_words(s)
+        if s.speaker is not None:  # spk=true: FunASR's server labels, "SPK0", "SPK1", ...
+            seg["speaker"] = s.speaker_label
         segments.append(seg)
     duration = result.duration
     return {"text": result.text, "segments": segments, "duration": duration,
@@ -70,8 +72,7 @@ def add_funasr_routes(app: FastAPI, ctx: ServerContext) -> None:
         timestamp=true on a model with a CTC head), duration, processing_time, rtf. Extensions: FunASR's
         ``generate()`` VAD kwargs ``silence_schedule`` (``"10000:2000,...,inf:100"`` or a JSON list of pairs),
         ``dynamic_silence``, ``max_end_silence_time``."""
-        if spk:
-            raise ApiError(400, SPEAKERS_UNAVAILABLE, "spk", "unsupported_value")
+        diarize = speaker_options(session, spk)
         data = await read_upload(file, ctx)
         words = split_hotwords(hotwords)  # FunASR splits at commas and strips each
         try:  # the hotword limits, the language's characters, the decoder's context: a 400 before decoding
@@ -97,9 +98,10 @@ def add_funasr_routes(app: FastAPI, ctx: ServerContext) -> None:
             raise ApiError(400, str(exc), "silence_schedule", "invalid_value") from None
         t0 = time.perf_counter()
         options = (language, True, tuple(words), None, None, None, want_words)
-        # with VAD kwargs, an 8th element; without, the same options as a /v1 request (batched together)
+        # with VAD kwargs or spk, an 8th element; without, the same options as a /v1 request (batched together)
+        kwargs = vad_kwargs + diarize
         result = await transcribe_upload(ctx, data, file.filename or "upload",
-                                         options + ((vad_kwargs,) if vad_kwargs else ()))
+                                         options + ((kwargs,) if kwargs else ()))
         seconds = time.perf_counter() - t0
         return JSONResponse(asr_response(result, want_words and session.aligner is not None, seconds))
 

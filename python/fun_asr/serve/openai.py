@@ -26,7 +26,7 @@ from fun_asr.asr.session import Session, Transcription
 from fun_asr.audio.decode import AudioError
 from fun_asr.notices import Notice
 from fun_asr.serve.batcher import Batcher, _decode
-from fun_asr.serve.errors import SPEAKERS_UNAVAILABLE, ApiError, _bool, _words
+from fun_asr.serve.errors import ApiError, _bool, _words, speaker_options
 
 log = logging.getLogger("fun_asr.server")
 # notices about the Session, not the request: logged once by the Session, still in every response
@@ -127,9 +127,12 @@ def verbose_json(t: Transcription, words: bool = False, spec: dict[str, Any] | N
         "segments": [
             {"id": i, "seek": int(s.start * 100), "start": s.start, "end": s.end, "text": s.text,
              "tokens": s.tokens, "temperature": 0.0, "stop_reason": s.stop_reason, "truncated": s.truncated,
-             "repetition": s.repetition, "words": segment_words(s) if words else []}
+             "repetition": s.repetition, "words": segment_words(s) if words else [],
+             **({} if s.speaker is None else {"speaker": s.speaker_label})}
             for i, s in enumerate(t.segments)
         ],
+        **({} if t.speakers is None else {"num_speakers": t.num_speakers, "speakers": [
+            {"start": round(a, 3), "end": round(b, 3), "speaker": f"SPK{k}"} for a, b, k in t.speakers]}),
         "timings": t.timings,
         **extra,
     }
@@ -218,8 +221,7 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
             raise ApiError(400, f"stream=true sends OpenAI's transcript.text events, which replace response_format "
                                 f"{' or '.join(STREAM_FORMATS)}; got response_format {fmt!r} (send stream=false for "
                                 "it)", "stream", "invalid_value")
-        if _bool(field("spk"), "spk", False):
-            raise ApiError(400, SPEAKERS_UNAVAILABLE, "spk", "unsupported_value")
+        diarize = speaker_options(session, _bool(field("spk"), "spk", False))
         temperature = field("temperature")
         if temperature is not None:
             try:
@@ -251,7 +253,8 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
             raise ApiError(400, str(exc), "language", "invalid_value") from None
 
         name = upload.filename or "upload"
-        result = await transcribe_upload(ctx, data, name, (language, itn, tuple(hotwords), None, None, None, words))
+        result = await transcribe_upload(ctx, data, name, (language, itn, tuple(hotwords), None, None, None, words)
+                                         + ((diarize,) if diarize else ()))
 
         if stream:
             return sse_response(stream_events(result, session.spec))

@@ -19,8 +19,13 @@ Client -> server, text (commands are case-insensitive, as FunASR's):
   committed there by the server: its final result, as COMMIT's, adds ``"notice"`` saying so (FunASR does not
   bound it: its buffer grows until COMMIT). Without the mode: ``{"event": "error", "error": "COMMIT requires
   --endpoint-mode client"}``.
-- ``SPK:true`` gets an error event (speaker diarization is not available yet); ``SPK:false`` ->
-  ``{"event": "spk_set", "spk": false}``.
+- ``SPK:true`` / ``SPK:false`` turn the speakers of this connection's sentences on or off (``--enable-spk``
+  turns them on for every connection, as FunASR's server) -> ``{"event": "spk_set", "spk": true}``. On, each
+  locked sentence carries ``"spk"`` (0, 1, ...) as it closes (FunASR's ``HybridSpeakerTracker``: the sentence's
+  CAM++ windows clustered with the last 128, ids kept stable by matching speaker centres), and the final result
+  (STOP; COMMIT with client endpoints) is re-clustered over all of them, a sentence two speakers share being
+  split. ``SPK:true`` on a server without a speaker model gets an error event naming ``--speaker-model``. It
+  applies from the next sentence on.
 
 Client -> server, binary (after START): 16 kHz mono little-endian int16 PCM, frames of any size up to the
 server's upload limit (``--max-upload-mb``; larger frames close the connection with code 1009): a
@@ -79,10 +84,9 @@ PIECE_BYTES = SAMPLE_RATE * 2  # frames enter a stream's queue in pieces of at m
 DEFAULT_HOTWORD_FILE = "热词列表"  # FunASR's --hotword-file default: read when it exists in the working folder
 ENDPOINT_MODES = ("server", "client")
 _SPK_ON, _SPK_OFF = ("true", "1", "on", "yes"), ("false", "0", "off", "no")
-SPK_UNAVAILABLE = "speaker diarization is not available yet in fun-asr: sentences carry no 'spk' field"
 _ARROWS = ("=>", "->", "→")  # FunASR's postprocess hotword separators, in the order it tries them
 COMMANDS = ("START, STOP, HOTWORDS:a,b, LANGUAGE:x, POSTPROCESS_HOTWORDS:wrong=>right, COMMIT (--endpoint-mode "
-            "client), SPK:false, and binary 16 kHz mono int16 PCM frames")
+            "client), SPK:true|false, and binary 16 kHz mono int16 PCM frames")
 # events waiting to be sent per connection (the client reads slower than it sends): past either bound the server
 # stops reading the connection until the client has read some (non-final results are replaced, never queued up)
 OUTBOX_MAX_EVENTS = 256
@@ -102,6 +106,7 @@ class RealtimeLimits:
     hotwords: tuple[str, ...] = ()  # --hotword-file; HOTWORDS: replaces them per connection
     postprocess_hotwords: tuple[tuple[str, str], ...] = ()  # --postprocess-hotword-file (wrong, right)
     endpoint_mode: str = "server"  # --endpoint-mode: "server" (the VAD ends sentences) or "client" (COMMIT)
+    enable_spk: bool = False  # --enable-spk: every stream's sentences carry speakers (SPK:false turns them off)
 
 
 # -- FunASR's files and the POSTPROCESS_HOTWORDS command ----------------------------------------------------
@@ -167,7 +172,7 @@ def realtime_limits(session: Any, *, max_new_tokens: int = 512, max_streams: int
                     max_seconds: float = 4 * 3600.0, buffer_seconds: float = 30.0, language: str | None = None,
                     hotword_file: str | os.PathLike[str] | None = None,
                     postprocess_hotword_file: str | os.PathLike[str] | None = None,
-                    endpoint_mode: str = "server") -> RealtimeLimits:
+                    endpoint_mode: str = "server", enable_spk: bool = False) -> RealtimeLimits:
     """The realtime limits and server-wide defaults from FunASR's flags, checked against the Session
     (ValueError naming the flag). ``hotword_file`` None reads FunASR's default ``热词列表`` when it exists
     in the working folder (logged)."""
@@ -194,8 +199,13 @@ def realtime_limits(session: Any, *, max_new_tokens: int = 512, max_streams: int
     except (ValueError, TypeError) as exc:
         flag = "--hotword-file" if "hotword" in str(exc) else "--language"
         raise ValueError(f"{flag}: {exc}") from None
+    if enable_spk:
+        try:
+            session.options(diarize=True)  # the speaker model: loaded now, or the reason there is none
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"--enable-spk: {exc}") from None
     return RealtimeLimits(max_streams, float(idle_seconds), float(max_seconds), float(buffer_seconds), code,
-                          tuple(words), tuple(pairs.items()), endpoint_mode)
+                          tuple(words), tuple(pairs.items()), endpoint_mode, bool(enable_spk))
 
 
 def uvicorn_ws_options(max_upload_mb: float, ping_interval: float = 20.0, ping_timeout: float = 0.0) -> dict[str, Any]:
@@ -289,6 +299,7 @@ class _Connection:
         self.client_pairs: dict[str, str] = {}
         self.server_pairs: dict[str, str] = dict(limits.postprocess_hotwords)
         self.stream: Any = None
+        self.spk = limits.enable_spk  # this connection's sentences carry speakers (SPK:true|false)
         self.active = False
         self.fed = 0  # samples this stream took
         self.finals = 0  # final results this stream sent
@@ -453,7 +464,14 @@ class _Connection:
         stream = self.session.stream(self.language, True, self.hotwords, max_new_tokens=self.max_new_tokens,
                                      stream_options=sopts, decoder=self._decoder)
         stream.postprocess = self._postprocess
+        if self.spk:
+            stream.speakers = self._tracker()
         return stream
+
+    def _tracker(self) -> Any:
+        from fun_asr.speakers.tracker import SpeakerTracker
+
+        return SpeakerTracker(self.session.embed_speakers)
 
     async def _final(self, stream: Any, close: bool) -> None:
         """The stream's final result (also after a failure: the sentences so far), after any error event."""
@@ -518,15 +536,7 @@ class _Connection:
         elif upper.startswith("LANGUAGE:"):
             await self._language(cmd[len("LANGUAGE:"):].strip())
         elif upper.startswith("SPK:"):
-            value = cmd[len("SPK:"):].strip()
-            if value.lower() in _SPK_OFF:
-                self.out.put({"event": "spk_set", "spk": False})
-            elif value.lower() in _SPK_ON:
-                self.out.put({"event": "error", "error": f"SPK:{value}: {SPK_UNAVAILABLE} (send SPK:false or "
-                                                         "nothing)"})
-            else:
-                self.out.put({"event": "error", "error": f"SPK: takes true/1/on/yes or false/0/off/no, got "
-                                                         f"{value[:40]!r} ({SPK_UNAVAILABLE})"})
+            await self._spk(cmd[len("SPK:"):].strip())
         else:
             shown = cmd if len(cmd) <= 40 else cmd[:37] + "..."
             if self.told_commands:  # short: a client sending junk fast gets no long answer to each frame
@@ -535,6 +545,25 @@ class _Connection:
             else:
                 self.told_commands = True
                 self.out.put({"event": "error", "error": f"unknown command {shown!r}: accepted {COMMANDS}"})
+
+    async def _spk(self, value: str) -> None:
+        if value.lower() not in _SPK_ON + _SPK_OFF:
+            self.out.put({"event": "error", "error": f"SPK: takes true/1/on/yes or false/0/off/no, got {value[:40]!r}"})
+            return
+        on = value.lower() in _SPK_ON
+        if on:
+            try:
+                await anyio.to_thread.run_sync(lambda: self.session.options(diarize=True))  # may load the model
+            except (ValueError, OSError) as exc:
+                msg = str(exc).replace("(diarize=True, --diarize, spk=true)", "(SPK:true)")
+                msg = msg.replace("(speaker_model= / --speaker-model:", "(fun-asr-serve --speaker-model:")
+                self.out.put({"event": "error", "error": f"SPK:{value}: {msg}"})
+                return
+        await self._drain()  # the audio sent before the command is processed as it was
+        self.spk = on
+        if self.stream is not None and not self.stream.closed:
+            self.stream.speakers = (self.stream.speakers or self._tracker()) if on else None
+        self.out.put({"event": "spk_set", "spk": on})
 
     async def _start(self) -> None:
         if self.active:

@@ -1,3 +1,119 @@
-"""(being written)"""
+"""Who spoke when in one recording, FunASR 1.4.16's way (``AutoModel(..., spk_model="cam++")`` in its
+``vad_segment`` mode, the one Fun-ASR-Nano gets): each speech segment is cut into 1.5 s windows every 0.75 s
+(:func:`~fun_asr.speakers.timeline.sv_chunk`), each window gets a CAM++ embedding, the embeddings of the whole
+recording are clustered (:func:`~fun_asr.speakers.cluster.cluster_speakers`), the windows' labels become a
+speaker timeline (:func:`~fun_asr.speakers.timeline.speaker_timeline`) and every segment takes the speaker it
+overlaps most (:func:`~fun_asr.speakers.timeline.distribute_speakers`).
+
+:class:`RecordingSpeakers` collects the windows while a recording is read segment by segment (the audio is not
+kept: only each window's start, end and embedding), and labels the segments at the end.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+EMBED_BATCH = 32  # windows per native call (one graph): 32 x 1.5 s
+
+
+def _count(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class SpeakerOptions:
+    """How many speakers to look for: ``num_speakers`` (FunASR's ``preset_spk_num``: exactly that many) or a
+    range ``min_speakers``..``max_speakers`` for the eigen-gap count (FunASR's 1..15 when not given)."""
+
+    num_speakers: int | None = None
+    min_speakers: int | None = None
+    max_speakers: int | None = None
+
+    @classmethod
+    def check(cls, num_speakers: Any = None, min_speakers: Any = None, max_speakers: Any = None) -> SpeakerOptions:
+        n, lo, hi = (_count("num_speakers", num_speakers), _count("min_speakers", min_speakers),
+                     _count("max_speakers", max_speakers))
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"min_speakers ({lo}) is more than max_speakers ({hi})")
+        if n is not None and ((lo is not None and n < lo) or (hi is not None and n > hi)):
+            raise ValueError(f"num_speakers={n} is outside min_speakers..max_speakers ({lo or 1}..{hi or 'any'})")
+        return cls(n, lo, hi)
+
+    def to_dict(self) -> dict[str, int]:
+        return {k: v for k, v in (("num_speakers", self.num_speakers), ("min_speakers", self.min_speakers),
+                                  ("max_speakers", self.max_speakers)) if v is not None}
+
+
+class RecordingSpeakers:
+    """The speaker windows of one recording, collected segment by segment (:meth:`add`), then labelled
+    (:meth:`label`). ``embed``: windows -> ``[N, D]`` embeddings (e.g. ``SpeakerModel.embed``)."""
+
+    def __init__(self, embed: Callable[[list[np.ndarray]], np.ndarray], sample_rate: int = 16000) -> None:
+        self.embed = embed
+        self.sample_rate = int(sample_rate)
+        self.windows: list[tuple[float, float]] = []
+        self._done: list[np.ndarray] = []
+        self._pending: list[np.ndarray] = []
+        self.embed_ms = 0.0
+
+    def add(self, start_s: float, samples: np.ndarray) -> None:
+        """The speech segment that starts at ``start_s`` (seconds) and holds ``samples`` (16 kHz float32)."""
+        from fun_asr.speakers.timeline import sv_chunk
+
+        samples = np.asarray(samples, np.float32)
+        if samples.size == 0:
+            return
+        end_s = start_s + samples.shape[0] / self.sample_rate
+        for ws, we, data in sv_chunk([(start_s, end_s, samples)], fs=self.sample_rate):
+            self.windows.append((float(ws), float(we)))
+            self._pending.append(np.ascontiguousarray(data, np.float32))
+        if len(self._pending) >= EMBED_BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        import time
+
+        t0 = time.perf_counter()
+        self._done.append(np.asarray(self.embed(self._pending), np.float32))
+        self.embed_ms += (time.perf_counter() - t0) * 1e3
+        self._pending = []
+
+    def embeddings(self) -> np.ndarray:
+        self._flush()
+        if not self._done:
+            return np.zeros((0, 0), np.float32)
+        return np.concatenate(self._done)
+
+    def label(self, segments: Sequence[tuple[float, float]], options: SpeakerOptions = SpeakerOptions()
+              ) -> tuple[list[int | None], list[tuple[float, float, int]]]:
+        """The speaker of each segment ((start_s, end_s), in time order) and the speaker timeline
+        (``[(start_s, end_s, speaker)]``, FunASR's ``postprocess`` output). No windows (no speech): no
+        speakers (each segment None)."""
+        from fun_asr.speakers.cluster import cluster_speakers
+        from fun_asr.speakers.timeline import distribute_speakers, speaker_timeline
+
+        emb = self.embeddings()
+        if emb.shape[0] == 0:
+            return [None] * len(segments), []
+        order = sorted(range(len(self.windows)), key=lambda i: self.windows[i][0])  # FunASR sorts by start
+        windows = [self.windows[i] for i in order]
+        emb = emb[order]
+        labels = cluster_speakers(emb, num_speakers=options.num_speakers, min_speakers=options.min_speakers,
+                                  max_speakers=options.max_speakers)
+        timeline = [(float(a), float(b), int(s)) for a, b, s in speaker_timeline(windows, labels)]
+        sentences = [{"start": int(round(a * 1000)), "end": int(round(b * 1000))} for a, b in segments]
+        distribute_speakers(sentences, [list(t) for t in timeline])
+        return [int(s["spk"]) for s in sentences], timeline
+
+
+__all__ = ["EMBED_BATCH", "RecordingSpeakers", "SpeakerOptions"]
