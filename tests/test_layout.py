@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "python" / "fun_asr"
-LAYERS = [["notices", "_core", "_compat"], ["audio", "model"], ["vad", "speakers"], ["converter"], ["asr"], ["serve", "jobs"],
-          ["cli"], [""]]
+LAYERS = [["notices", "_core", "_compat"], ["audio", "model"], ["vad", "speakers"], ["converter"], ["asr"],
+          ["serve", "jobs"], ["cli"], [""]]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 

@@ -10,6 +10,7 @@ PYBIND11_MODULE(_core, m) {
 
     fun_asr::bindings::bind_model(m);
     fun_asr::bindings::bind_vad(m);
+    fun_asr::bindings::bind_speaker(m);
     fun_asr::bindings::bind_quantize(m);
     fun_asr::bindings::bind_bench(m);
 }

@@ -2,6 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <tuple>
+
+#include "ggml-cpu.h"
 
 #include "kernels/gemm_amx.h"
 #include "kernels/matvec.h"
@@ -57,6 +64,73 @@ ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml
     if (amx_gemm_supported(l.w, x) && amx_bias_supported(l.w, l.b)) return amx_gemm(ctx, l.w, x, prepared, l.b);
     x = mul_mat(ctx, l.w, x);
     return l.b ? ggml_add(ctx, x, l.b) : x;
+}
+
+namespace {
+
+struct Im2colParams {
+    int kw, kh, sw, sh, pw, ph, dw, dh;
+    bool operator<(const Im2colParams & o) const {
+        return std::tie(kw, kh, sw, sh, pw, ph, dw, dh) < std::tie(o.kw, o.kh, o.sw, o.sh, o.pw, o.ph, o.dw, o.dh);
+    }
+};
+
+// The custom op's parameters must outlive the graph: each distinct set is kept once, for the process.
+const Im2colParams * intern(const Im2colParams & p) {
+    static std::mutex mu;
+    static std::set<Im2colParams> all;
+    std::lock_guard<std::mutex> lock(mu);
+    return &*all.insert(p).first;
+}
+
+void im2col_channels_last_run(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const Im2colParams & p = *static_cast<const Im2colParams *>(userdata);
+    const ggml_tensor * x = dst->src[0];
+    const int64_t C = x->ne[0], W = x->ne[1], H = x->ne[2];
+    const int64_t OW = dst->ne[1], OH = dst->ne[2], N = dst->ne[3];
+    const bool f16 = dst->type == GGML_TYPE_F16;
+    const size_t esize = f16 ? sizeof(ggml_fp16_t) : sizeof(float);
+    const int64_t cols = OW * OH * N, per = (cols + nth - 1) / nth;
+    const int64_t c0 = per * ith, c1 = std::min(cols, c0 + per);
+    for (int64_t col = c0; col < c1; ++col) {
+        const int64_t ow = col % OW, oh = (col / OW) % OH, n = col / (OW * OH);
+        char * out = static_cast<char *>(dst->data) + ow * dst->nb[1] + oh * dst->nb[2] + n * dst->nb[3];
+        for (int i = 0; i < p.kh; ++i) {
+            const int64_t ih = oh * p.sh - p.ph + static_cast<int64_t>(i) * p.dh;
+            for (int j = 0; j < p.kw; ++j) {
+                const int64_t iw = ow * p.sw - p.pw + static_cast<int64_t>(j) * p.dw;
+                char * slot = out + static_cast<size_t>((i * p.kw + j) * C) * esize;
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) {
+                    std::memset(slot, 0, static_cast<size_t>(C) * esize);
+                    continue;
+                }
+                const float * src = reinterpret_cast<const float *>(static_cast<const char *>(x->data) + iw * x->nb[1] +
+                                                                    ih * x->nb[2] + n * x->nb[3]);
+                if (f16) {
+                    ggml_cpu_fp32_to_fp16(src, reinterpret_cast<ggml_fp16_t *>(slot), C);
+                } else {
+                    std::memcpy(slot, src, static_cast<size_t>(C) * sizeof(float));
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+
+ggml_tensor * im2col_channels_last(ggml_context * ctx, ggml_tensor * x, int kw, int kh, int sw, int sh, int pw, int ph,
+                                   int dw, int dh, ggml_type type) {
+    if (x->type != GGML_TYPE_F32 || x->nb[0] != sizeof(float)) {
+        throw std::invalid_argument("im2col_channels_last: x must be F32 with contiguous channels");
+    }
+    if (type != GGML_TYPE_F32 && type != GGML_TYPE_F16) throw std::invalid_argument("im2col_channels_last: F32 or F16 out");
+    const int64_t OW = (x->ne[1] + 2 * pw - static_cast<int64_t>(dw) * (kw - 1) - 1) / sw + 1;
+    const int64_t OH = (x->ne[2] + 2 * ph - static_cast<int64_t>(dh) * (kh - 1) - 1) / sh + 1;
+    if (OW < 1 || OH < 1) throw std::invalid_argument("im2col_channels_last: the input is smaller than the kernel");
+    ggml_tensor * args[1] = {x};
+    const Im2colParams * p = intern({kw, kh, sw, sh, pw, ph, dw, dh});
+    return ggml_custom_4d(ctx, type, x->ne[0] * kw * kh, OW, OH, x->ne[3], args, 1, im2col_channels_last_run,
+                          GGML_N_TASKS_MAX, const_cast<Im2colParams *>(p));
 }
 
 ggml_tensor * attention_full(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,

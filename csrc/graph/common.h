@@ -44,6 +44,14 @@ ggml_tensor * prepare_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * 
 // (amx_prepare of x, shared by products with the same input).
 ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml_tensor * prepared = nullptr);
 
+// im2col for channels-innermost tensors (every conv of CAM++): x F32 [C, W, H, N] -> [C*kh*kw, OW, OH, N] of
+// `type` (F32 or F16), row (i*kw + j)*C + c = channel c at kernel tap (i along H, j along W), zero outside x;
+// OW = (W + 2*pw - dw*(kw-1) - 1) / sw + 1 (OH likewise). A weight [Cout, kh, kw, C] (torch's conv weight
+// with the input channels moved last) times these columns is the convolution, channels innermost again.
+// ggml_im2col wants the spatial axes innermost; this copies C contiguous values per tap (a CPU custom op).
+ggml_tensor * im2col_channels_last(ggml_context * ctx, ggml_tensor * x, int kw, int kh, int sw, int sh, int pw, int ph,
+                                   int dw, int dh, ggml_type type);
+
 // Bidirectional multi-head attention over [d, T] q/k/v (heads of head_dim); mask may be null.
 ggml_tensor * attention_full(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
                              int64_t n_heads, ggml_tensor * mask);

@@ -353,11 +353,15 @@ ggml_backend_buffer_type_t repack_buft_for(ggml_backend_dev_t dev, const ggml_te
 
 std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HParams & hp, ggml_backend_dev_t dev) {
     const std::vector<ExpectedTensor> expected = expected_tensors(hp);
-    // A package may carry its FSMN-VAD (tensors "vad.*", keys "fsmn_vad.*"): VadModel loads those.
+    // A package may carry its FSMN-VAD (tensors "vad.*", keys "fsmn_vad.*": VadModel loads those) and its
+    // CAM++ speaker model (tensors "spk.*", keys "campplus.*": SpeakerModel loads those).
     const bool embedded_vad = src.meta.count("fsmn_vad.block_count") > 0;
+    const bool embedded_spk = src.meta.count("campplus.embedding_length") > 0;
     std::vector<const SourceTensor *> own;
     for (const auto & t : src.tensors) {
-        if (!(embedded_vad && t.name.rfind("vad.", 0) == 0)) own.push_back(&t);
+        if (embedded_vad && t.name.rfind("vad.", 0) == 0) continue;
+        if (embedded_spk && t.name.rfind("spk.", 0) == 0) continue;
+        own.push_back(&t);
     }
     std::map<std::string, const SourceTensor *> by_name;
     for (const SourceTensor * t : own) by_name[t->name] = t;

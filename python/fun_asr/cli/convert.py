@@ -13,8 +13,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="fun-asr-convert",
         description="Convert a Fun-ASR-Nano checkpoint folder (Hugging Face layout: config.json + safetensors; "
-                    "or FunASR/ModelScope layout: model.pt + config.yaml + Qwen3-0.6B/), or a FunASR FSMN-VAD folder "
-                    "(model.pt, config.yaml, am.mvn), into one GGUF file.",
+                    "or FunASR/ModelScope layout: model.pt + config.yaml + Qwen3-0.6B/), a FunASR FSMN-VAD folder "
+                    "(model.pt, config.yaml, am.mvn) or a FunASR CAM++ speaker-model folder (config.yaml, "
+                    "campplus_cn_common.bin), into one GGUF file.",
     )
     ap.add_argument("src", help="checkpoint directory (config.json, model*.safetensors, tokenizer.json), "
                     "or with --inspect a .gguf file")
@@ -26,6 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vad-model", metavar="DIR|GGUF",
                     help="embed this FSMN-VAD in the package (a FunASR fsmn-vad folder: model.pt, config.yaml, am.mvn; "
                          "or an fsmn_vad GGUF), so the recognizer and its VAD travel in one file")
+    ap.add_argument("--speaker-model", metavar="DIR|GGUF",
+                    help="embed this CAM++ speaker model in the package (a FunASR CAM++ folder: config.yaml, "
+                         "campplus_cn_common.bin, stored F32; or a campplus GGUF, its F32 or F16 tensors as "
+                         "stored), for speaker diarization from the one file")
     ap.add_argument("--force", action="store_true",
                     help="replace an existing output file (never an input, a device or anything inside SRC)")
     ap.add_argument("--inspect", action="store_true", help="describe a GGUF file instead of converting")
@@ -49,11 +54,12 @@ def main(argv: list[str] | None = None) -> int:
 
         layout = detect_layout(args.src)
         print(f"read {args.src}: {layout_description(layout)}")
-        suffix = "fsmn_vad" if layout == "fsmn_vad" else args.type
+        suffix = {"fsmn_vad": "fsmn_vad", "campplus": "campplus"}.get(layout, args.type)
         out = args.output or f"{args.src.rstrip('/')}-{suffix}.gguf"
         report = convert(args.src, out, args.type, progress=not args.quiet and sys.stderr.isatty(),
                          threads=args.threads, repo_id=args.repo_id, revision=args.revision, overwrite=args.force,
-                         encoder_type=args.encoder_type, vad_model=args.vad_model)
+                         encoder_type=args.encoder_type, vad_model=args.vad_model,
+                         speaker_model=args.speaker_model)
         print(report.summary())
         return 0
     except BrokenPipeError:  # e.g. `--inspect FILE | head`

@@ -1,5 +1,5 @@
 """Fun-ASR-Nano checkpoint (HF safetensors or FunASR/ModelScope model.pt) -> one self-contained GGUF
-(F32, F16, Q8_0, Q4_K_M); FunASR FSMN-VAD folder -> an fsmn_vad GGUF."""
+(F32, F16, Q8_0, Q4_K_M); FunASR FSMN-VAD folder -> an fsmn_vad GGUF; FunASR CAM++ folder -> a campplus GGUF."""
 
 from __future__ import annotations
 

@@ -54,6 +54,7 @@ def inspect_gguf(path: str | Path) -> dict[str, Any]:
         "ctc": "fun_asr_nano.ctc.block_count" in meta,
         "ctc_unavailable": meta.get("fun_asr_nano.ctc.unavailable"),
         "vad": meta.get("fsmn_vad.source", "yes") if "fsmn_vad.block_count" in meta else None,
+        "speaker": meta.get("campplus.source", "yes") if "campplus.embedding_length" in meta else None,
     }
 
 
@@ -88,6 +89,8 @@ def format_inspection(info: dict[str, Any]) -> str:
                                          else f"no: {info.get('ctc_unavailable') or 'not recorded'}"))
         lines.append("FSMN-VAD      " + (f"embedded ({info['vad']})" if info.get("vad")
                                          else "none (re-convert with --vad-model to embed one)"))
+        lines.append("CAM++ speaker " + (f"embedded ({info['speaker']})" if info.get("speaker")
+                                         else "none (re-convert with --speaker-model to embed one)"))
     lines.append(f"metadata keys ({len(info['metadata_keys'])}):")
     for key in info["metadata_keys"]:
         v = info["metadata"][key]

@@ -20,10 +20,11 @@ class ConversionReport:
     seconds: float
     type_counts: dict[str, int] = field(default_factory=dict)
     fallbacks: list[tuple[str, str, str]] = field(default_factory=list)  # (tensor, wanted, used)
-    layout: str = "hf"  # hf | funasr | fsmn_vad: the layout that was read
+    layout: str = "hf"  # hf | funasr | fsmn_vad | campplus: the layout that was read
     ctc: bool = False  # the CTC head (timestamps) was stored
     ctc_unavailable: str | None = None  # why not, when it was not
     vad: str | None = None  # the FSMN-VAD embedded in the package (where it came from), if any
+    speaker: str | None = None  # the CAM++ speaker model embedded in the package (where it came from), if any
 
     def summary(self) -> str:
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(self.type_counts.items()))
@@ -31,12 +32,14 @@ class ConversionReport:
             f"wrote {self.path} ({self.file_bytes / 1e6:.1f} MB, {self.tensor_count} tensors, "
             f"{self.package_type}) in {self.seconds:.1f} s — {counts}"
         ]
-        if self.layout != "fsmn_vad":
+        if self.layout not in ("fsmn_vad", "campplus"):
             lines.append("  CTC head stored: word timestamps available" if self.ctc
                          else f"  no CTC head: {self.ctc_unavailable}")
             lines.append(f"  FSMN-VAD embedded: {self.vad}" if self.vad else
                          "  no FSMN-VAD embedded: long audio is cut at pauses unless a VAD is given at run time "
                          "(--vad-model); re-convert with --vad-model to embed one")
+            if self.speaker:
+                lines.append(f"  CAM++ speaker model embedded: {self.speaker}")
         for name, wanted, used in self.fallbacks:
             lines.append(f"  fallback: {name} {wanted} -> {used} (row length not a multiple of the {wanted} block)")
         return "\n".join(lines)

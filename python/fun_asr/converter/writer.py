@@ -45,7 +45,8 @@ def _pack(ckpt: Checkpoint, p: Placement, threads: int) -> np.ndarray:
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str = "q8_0", *,
             progress: bool = True, threads: int = 0, repo_id: str | None = None,
             revision: str | None = None, overwrite: bool = False,
-            encoder_type: str | None = None, vad_model: str | os.PathLike[str] | None = None) -> ConversionReport:
+            encoder_type: str | None = None, vad_model: str | os.PathLike[str] | None = None,
+            speaker_model: str | os.PathLike[str] | None = None) -> ConversionReport:
     """Converts a Fun-ASR-Nano checkpoint folder into one GGUF file.
 
     ``src`` is a Hugging Face folder (config.json + safetensors) or a FunASR/ModelScope folder
@@ -53,7 +54,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
     and ``ConversionReport.layout`` records it. Identical weights give identical tensors in both
     layouts; a FunASR folder with its complete CTC head also stores the CTC tensors and tokenizer
     (``ConversionReport.ctc``). A FunASR FSMN-VAD folder is converted by
-    :func:`fun_asr.converter.vad.convert_vad` (``type`` does not apply: it stays F32).
+    :func:`fun_asr.converter.vad.convert_vad` (``type`` does not apply: it stays F32); a FunASR CAM++ folder by
+    :func:`fun_asr.converter.speaker.convert_speaker` (``type`` f16 gives F16 convolutions, any other F32).
 
     ``type`` is the package type: ``f32``, ``f16``, ``q8_0`` or ``q4_k_m``. ``repo_id`` and
     ``revision`` are recorded in the metadata (guessed from a huggingface_hub cache path if not
@@ -65,16 +67,36 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
     ``vad_model`` embeds an FSMN-VAD in the package (a FunASR ``fsmn-vad`` folder, an ``fsmn_vad`` GGUF, or
     another package that embeds one): its ``vad.*`` tensors (F32) and ``fsmn_vad.*`` settings, so that a
     Session loads the recognizer and its VAD from this one file (``ConversionReport.vad``).
+
+    ``speaker_model`` embeds a CAM++ speaker model the same way (a FunASR CAM++ folder, a ``campplus`` GGUF, or
+    another package that embeds one): its ``spk.*`` tensors (F32 from a folder; as stored, F32 or F16, from a
+    GGUF) and ``campplus.*`` settings
+    (``ConversionReport.speaker``); :meth:`fun_asr.speakers.native.SpeakerModel.from_package` loads it.
     """
     package = check_package_type(type)
     start = time.perf_counter()
     out = Path(dst)
     check_output(out, Path(src), overwrite)
-    if vad_model is not None:
-        vad_path = Path(vad_model).expanduser()
-        if vad_path.is_file() and out.exists() and os.path.samefile(vad_path, out):
-            raise OutputError(f"{out}: is the same file as the VAD model being embedded; write the GGUF elsewhere")
+    for what, extra in (("VAD", vad_model), ("speaker", speaker_model)):
+        if extra is not None:
+            extra_path = Path(extra).expanduser()
+            if extra_path.is_file() and out.exists() and os.path.samefile(extra_path, out):
+                raise OutputError(f"{out}: is the same file as the {what} model being embedded; write the GGUF "
+                                  "elsewhere")
     layout = detect_layout(src)
+    if layout in ("fsmn_vad", "campplus") and speaker_model is not None:
+        raise ValueError(f"{src}: is not a recognizer checkpoint; --speaker-model (speaker_model=) embeds a speaker "
+                         "model in a recognizer package, so give the Fun-ASR-Nano checkpoint as the source")
+    if layout == "campplus" and vad_model is not None:
+        raise ValueError(f"{src}: is a CAM++ speaker-model folder; --vad-model (vad_model=) embeds a VAD in a "
+                         "recognizer package, so give the Fun-ASR-Nano checkpoint as the source")
+    if layout == "campplus":
+        from fun_asr.converter.speaker import convert_speaker, speaker_tensor_type
+
+        report = convert_speaker(src, dst, speaker_tensor_type(package), overwrite=overwrite, repo_id=repo_id,
+                                 revision=revision)
+        report.layout = "campplus"
+        return report
     if layout == "fsmn_vad" and vad_model is not None:
         raise ValueError(f"{src}: is an FSMN-VAD folder; --vad-model (vad_model=) embeds a VAD in a recognizer "
                          "package, so give the Fun-ASR-Nano checkpoint as the source")
@@ -90,6 +112,12 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
         from fun_asr.vad.files import vad_for_embedding
 
         vad_meta, vad_tensors = vad_for_embedding(vad_model)  # read (and checked) before the long part
+    spk_meta: dict[str, Any] = {}
+    spk_tensors: list[tuple[str, np.ndarray]] = []
+    if speaker_model is not None:
+        from fun_asr.speakers.files import speaker_for_embedding
+
+        spk_meta, spk_tensors = speaker_for_embedding(speaker_model)  # F32, or as stored in a campplus GGUF
     ckpt = open_checkpoint(src)
     hp = ckpt.hparams
     placements = [place(entry, package, hp, encoder_type) for entry in tensor_table(hp)]
@@ -105,13 +133,13 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
     tmp = Path(tmp_name)
     try:
         w = gguf.GGUFWriter(tmp, ARCH)
-        _write_metadata(w, {**gguf_metadata(ckpt, hp, package, repo_id, revision), **vad_meta})
+        _write_metadata(w, {**gguf_metadata(ckpt, hp, package, repo_id, revision), **vad_meta, **spk_meta})
         for p in placements:
             row_bytes = _core.quantized_row_bytes(p.type, p.entry.shape[-1])
             byte_shape = (*p.entry.shape[:-1], row_bytes)
             w.add_tensor_info(p.entry.gguf, byte_shape, np.dtype(np.uint8),
                               int(np.prod(byte_shape)), raw_dtype=_ggml_type(p.type))
-        for name, arr in vad_tensors:
+        for name, arr in vad_tensors + spk_tensors:
             w.add_tensor_info(name, arr.shape, arr.dtype, arr.nbytes)
         w.write_header_to_file()
         w.write_kv_data_to_file()
@@ -122,7 +150,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
             w.write_tensor_data(data)
             bar.update(p.entry.shape and int(np.prod(p.entry.shape)))
             del data
-        for _, arr in vad_tensors:
+        for _, arr in vad_tensors + spk_tensors:
             w.write_tensor_data(arr)
         bar.close()
         w.close()
@@ -148,12 +176,13 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
     counts: dict[str, int] = {}
     for p in placements:
         counts[p.type] = counts.get(p.type, 0) + 1
-    if vad_tensors:
-        counts["f32"] = counts.get("f32", 0) + len(vad_tensors)
+    for _, arr in vad_tensors + spk_tensors:
+        key = "f16" if arr.dtype == np.float16 else "f32"
+        counts[key] = counts.get(key, 0) + 1
     return ConversionReport(
         path=out,
         package_type=package,
-        tensor_count=len(placements) + len(vad_tensors),
+        tensor_count=len(placements) + len(vad_tensors) + len(spk_tensors),
         file_bytes=out.stat().st_size,
         seconds=time.perf_counter() - start,
         type_counts=counts,
@@ -162,6 +191,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
         ctc=hp.ctc is not None,
         ctc_unavailable=None if hp.ctc is not None else (getattr(ckpt, "ctc_unavailable", None) or HF_NO_CTC),
         vad=vad_meta.get("fsmn_vad.source") if vad_tensors else None,
+        speaker=spk_meta.get("campplus.source") if spk_tensors else None,
     )
 
 

@@ -41,7 +41,7 @@ from fun_asr.model.hparams import ConfigError, CtcParams, HParams, parse_hparams
 from fun_asr.model.spec import load_spec
 from fun_asr.model.tensor_names import TensorEntry, tensor_table
 
-LAYOUTS = ("hf", "funasr", "fsmn_vad")
+LAYOUTS = ("hf", "funasr", "fsmn_vad", "campplus")
 
 HF_NO_CTC = ("Hugging Face layout: the checkpoint carries no CTC head (ctc_decoder.*, ctc.ctc_lo.*), so there "
              "are no timestamps; the ModelScope release of FunAudioLLM/Fun-ASR-Nano-2512 has it")
@@ -69,6 +69,18 @@ def is_vad_folder(path: str | os.PathLike[str]) -> bool:
     return "FsmnVAD" in text or "encoder: FSMN" in text
 
 
+def is_campplus_folder(path: str | os.PathLike[str]) -> bool:
+    """A FunASR/ModelScope CAM++ speaker-model folder: config.yaml naming ``model: CAMPPlus`` (the weights file,
+    configuration.json and the rest are checked by fun_asr.speakers.files)."""
+    p = Path(path)
+    if not (p.is_dir() and (p / "config.yaml").is_file()):
+        return False
+    try:
+        text = (p / "config.yaml").read_text("utf-8", errors="replace")
+    except OSError:
+        return False
+    return re.search(r"(?m)^model:\s*['\"]?CAMPPlus['\"]?\s*$", text) is not None
+
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     import yaml
@@ -95,7 +107,8 @@ def _is_funasr_nano(root: Path) -> bool:
 def detect_layout(path: str | os.PathLike[str]) -> str:
     """Which checkpoint layout a folder holds: ``"hf"`` (config.json + model*.safetensors, the
     Transformers port), ``"funasr"`` (model.pt + config.yaml naming FunASRNano + the LLM folder, as
-    ModelScope ships it) or ``"fsmn_vad"`` (FunASR's VAD: model.pt, config.yaml, am.mvn).
+    ModelScope ships it), ``"fsmn_vad"`` (FunASR's VAD: model.pt, config.yaml, am.mvn) or ``"campplus"`` (FunASR's
+    CAM++ speaker model: config.yaml naming CAMPPlus + campplus_cn_common.bin).
     Raises :class:`CheckpointError` (a ValueError) naming what is accepted otherwise."""
 
     root = Path(path)
@@ -106,6 +119,8 @@ def detect_layout(path: str | os.PathLike[str]) -> str:
                               "model.safetensors, or FunASR model.pt + config.yaml; a .gguf file is loaded as is)")
     if is_vad_folder(root):
         return "fsmn_vad"
+    if is_campplus_folder(root):
+        return "campplus"
     if _is_funasr_nano(root):
         return "funasr"
     if (root / "config.json").is_file() or any(root.glob("*.safetensors")) or (
@@ -116,7 +131,8 @@ def detect_layout(path: str | os.PathLike[str]) -> str:
         f"{root}: not a checkpoint folder fun-asr reads (found: {', '.join(present) or 'nothing'}). Accepted: "
         "a Hugging Face Fun-ASR-Nano folder (config.json + model.safetensors + tokenizer.json), a FunASR / "
         "ModelScope Fun-ASR-Nano folder (model.pt + config.yaml with 'model: FunASRNano' + the Qwen3-0.6B "
-        "folder), or a FunASR FSMN-VAD folder (model.pt + config.yaml + am.mvn)")
+        "folder), a FunASR FSMN-VAD folder (model.pt + config.yaml + am.mvn), or a FunASR CAM++ folder (config.yaml "
+        "with 'model: CAMPPlus' + campplus_cn_common.bin)")
 
 
 def layout_description(layout: str) -> str:
@@ -125,6 +141,7 @@ def layout_description(layout: str) -> str:
         "hf": "Hugging Face Fun-ASR-Nano checkpoint (config.json, safetensors, tokenizer.json)",
         "funasr": "FunASR/ModelScope Fun-ASR-Nano checkpoint (model.pt, config.yaml, LLM folder)",
         "fsmn_vad": "FunASR FSMN-VAD folder (model.pt, config.yaml, am.mvn)",
+        "campplus": "FunASR CAM++ speaker-model folder (config.yaml, campplus_cn_common.bin)",
     }[layout]
 
 
@@ -135,6 +152,9 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint | FunasrCheckpoi
         return Checkpoint.open(path)
     if layout == "funasr":
         return FunasrCheckpoint.open(path)
+    if layout == "campplus":
+        raise CheckpointError(f"{path}: is a CAM++ speaker-model folder, not a Fun-ASR-Nano checkpoint (convert it on "
+                              "its own: fun-asr-convert writes a campplus GGUF)")
     raise CheckpointError(f"{path}: is an FSMN-VAD folder, not a Fun-ASR-Nano checkpoint (convert it on its own: "
                           "fun-asr-convert writes an fsmn_vad GGUF)")
 

@@ -11,3 +11,7 @@ diarization pipeline around them.
 """
 
 from __future__ import annotations
+
+from fun_asr.speakers.native import SpeakerModel
+
+__all__ = ["SpeakerModel"]

@@ -1,3 +1,120 @@
-"""(being written)"""
+"""CAM++'s features, as FunASR 1.4.16's ``funasr.models.campplus.utils.extract_feature``: Kaldi fbank with
+torchaudio's ``kaldi.fbank`` defaults and 80 mel bins (FunASR's ``funasr.utils.fbank``, which computes it with
+kaldi-native-fbank when torchaudio is absent: the same library and options are used here), on the float
+samples as given (in [-1, 1]; no x32768 as in the ASR frontend), then minus the mean over time.
+
+The options are data (model_specs/campplus.json ``frontend``, copied into every speaker GGUF):
+dither 0, povey window, 25/10 ms, preemphasis 0.97, DC removal, snip_edges, power spectrum, log,
+mel from 20 Hz to Nyquist. One feature frame per 10 ms; a window of n samples has
+``1 + (n - 400) // 160`` frames (none under 400 samples).
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SpeakerFrontendConfig:
+    sample_rate: int = 16000
+    input_scale: float = 1.0
+    num_mel_bins: int = 80
+    frame_length_ms: float = 25.0
+    frame_shift_ms: float = 10.0
+    window: str = "povey"
+    dither: float = 0.0
+    preemphasis: float = 0.97
+    remove_dc_offset: bool = True
+    round_to_power_of_two: bool = True
+    snip_edges: bool = True
+    low_freq: float = 20.0
+    high_freq: float = 0.0
+    energy_floor: float = 1.0
+    raw_energy: bool = True
+    use_energy: bool = False
+    use_log_fbank: bool = True
+    use_power: bool = True
+    htk_compat: bool = False
+    subtract_mean: bool = True
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> SpeakerFrontendConfig:
+        """The ``frontend`` section of a campplus model spec (unknown keys such as ``doc`` are ignored)."""
+        section = spec.get("frontend", {})
+        if not isinstance(section, dict):
+            raise ValueError("campplus model spec: 'frontend' must be an object")
+        names = {f.name: f.type for f in fields(cls)}
+        return cls(**{k: v for k, v in section.items() if k in names})
+
+    @property
+    def frame_samples(self) -> int:
+        return int(round(self.sample_rate * self.frame_length_ms / 1000.0))
+
+    @property
+    def shift_samples(self) -> int:
+        return int(round(self.sample_rate * self.frame_shift_ms / 1000.0))
+
+
+DEFAULT_FRONTEND = SpeakerFrontendConfig()
+
+
+def num_frames(n_samples: int, cfg: SpeakerFrontendConfig = DEFAULT_FRONTEND) -> int:
+    """Feature frames of ``n_samples`` samples (Kaldi snip_edges: frames whose window fits)."""
+    if not cfg.snip_edges:
+        return (n_samples + cfg.shift_samples // 2) // cfg.shift_samples
+    if n_samples < cfg.frame_samples:
+        return 0
+    return (n_samples - cfg.frame_samples) // cfg.shift_samples + 1
+
+
+def _options(cfg: SpeakerFrontendConfig):  # noqa: ANN202 - knf.FbankOptions
+    import kaldi_native_fbank as knf
+
+    opts = knf.FbankOptions()
+    fo = opts.frame_opts
+    fo.samp_freq = float(cfg.sample_rate)
+    fo.frame_length_ms = float(cfg.frame_length_ms)
+    fo.frame_shift_ms = float(cfg.frame_shift_ms)
+    fo.dither = float(cfg.dither)
+    fo.snip_edges = bool(cfg.snip_edges)
+    fo.window_type = str(cfg.window)
+    fo.preemph_coeff = float(cfg.preemphasis)
+    fo.remove_dc_offset = bool(cfg.remove_dc_offset)
+    fo.round_to_power_of_two = bool(cfg.round_to_power_of_two)
+    opts.mel_opts.num_bins = int(cfg.num_mel_bins)
+    opts.mel_opts.low_freq = float(cfg.low_freq)
+    opts.mel_opts.high_freq = float(cfg.high_freq)
+    opts.energy_floor = float(cfg.energy_floor)
+    opts.raw_energy = bool(cfg.raw_energy)
+    opts.use_energy = bool(cfg.use_energy)
+    opts.use_log_fbank = bool(cfg.use_log_fbank)
+    opts.use_power = bool(cfg.use_power)
+    opts.htk_compat = bool(cfg.htk_compat)
+    return opts
+
+
+def fbank(samples: np.ndarray, cfg: SpeakerFrontendConfig = DEFAULT_FRONTEND) -> np.ndarray:
+    """Kaldi fbank of float samples (``cfg.sample_rate``) -> float32[frames, num_mel_bins] (no mean removal)."""
+    import kaldi_native_fbank as knf
+
+    x = np.asarray(samples, dtype=np.float32).reshape(-1)
+    if cfg.input_scale != 1.0:
+        x = x * np.float32(cfg.input_scale)
+    fb = knf.OnlineFbank(_options(cfg))
+    fb.accept_waveform(float(cfg.sample_rate), np.ascontiguousarray(x))
+    fb.input_finished()
+    n = fb.num_frames_ready
+    if n == 0:
+        return np.zeros((0, cfg.num_mel_bins), np.float32)
+    return np.stack([fb.get_frame(i) for i in range(n)]).astype(np.float32, copy=False)
+
+
+def speaker_features(samples: np.ndarray, cfg: SpeakerFrontendConfig = DEFAULT_FRONTEND) -> np.ndarray:
+    """CAM++'s input for one window: fbank minus its mean over time (float32[frames, num_mel_bins])."""
+    feats = fbank(samples, cfg)
+    if cfg.subtract_mean and feats.shape[0]:
+        feats = feats - feats.mean(axis=0, dtype=np.float32, keepdims=True)
+    return np.ascontiguousarray(feats, dtype=np.float32)

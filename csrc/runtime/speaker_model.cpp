@@ -1,0 +1,453 @@
+#include "runtime/speaker_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <thread>
+
+#include "ggml-cpu.h"
+#include "model/tensors.h"
+
+namespace fun_asr {
+
+namespace {
+
+const TableEntry kSpeakerTable[] = {
+#include "campplus_tensor_table.inc"
+};
+
+const std::string kKey = "campplus.";
+const std::string kPrefix = "spk.";
+
+std::vector<int64_t> get_ints(const Metadata & m, const std::string & key) {
+    auto it = m.find(key);
+    if (it == m.end()) throw std::runtime_error("model metadata has no key '" + key + "'");
+    if (!std::holds_alternative<std::vector<int64_t>>(it->second)) {
+        throw std::runtime_error("model metadata key '" + key + "' must be an integer array");
+    }
+    const auto & v = std::get<std::vector<int64_t>>(it->second);
+    if (v.empty() || v.size() > 64) {
+        throw std::runtime_error("model metadata key '" + key + "' must list 1 to 64 values, got " +
+                                 std::to_string(v.size()));
+    }
+    for (int64_t x : v) {
+        if (x < 1 || x > kMaxHParam) {
+            throw std::runtime_error("model metadata key '" + key + "' has the value " + std::to_string(x) +
+                                     " (each must be in [1, " + std::to_string(kMaxHParam) + "])");
+        }
+    }
+    return v;
+}
+
+int64_t conv_out(int64_t n, int64_t k, int64_t stride) { return (n + 2 * ((k - 1) / 2) - k) / stride + 1; }
+
+std::string fill(const char * pattern, int64_t g, int64_t j) {
+    std::string s = pattern;
+    const std::pair<const char *, int64_t> subs[] = {{"{g}", g}, {"{j}", j}, {"{b}", g}, {"{i}", j}};
+    for (const auto & [key, value] : subs) {
+        for (auto pos = s.find(key); pos != std::string::npos; pos = s.find(key)) {
+            s.replace(pos, 3, std::to_string(value));
+        }
+    }
+    return s;
+}
+
+// Every tensor of the table for these hyperparameters, in the converter's order (speakers/files.py table()).
+std::vector<ExpectedTensor> expected_speaker_tensors(const SpeakerHParams & hp) {
+    std::vector<ExpectedTensor> out;
+    auto expand = [&](const std::string & group, int64_t a, int64_t b) {
+        bool any = false;
+        for (const auto & e : kSpeakerTable) {
+            if (group != e.group) continue;
+            any = true;
+            ExpectedTensor t;
+            t.name = fill(e.name, a, b);
+            t.kind = e.kind;
+            for (int d = e.n_dims - 1; d >= 0; --d) {
+                const std::string s = e.shape[d];
+                const bool number =
+                    !s.empty() && std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+                t.ne.push_back(number ? std::stoll(s) : hp.symbol(s, a, b));
+            }
+            out.push_back(std::move(t));
+        }
+        if (!any) throw std::runtime_error("campplus tensor table: no group '" + group + "'");
+    };
+    expand("fcm_stem", -1, -1);
+    for (size_t g = 0; g < hp.fcm_blocks.size(); ++g) {
+        for (int64_t j = 0; j < hp.fcm_blocks[g]; ++j) {
+            expand("fcm_block", static_cast<int64_t>(g), j);
+            if (j == 0 && hp.fcm_stride != 1) expand("fcm_shortcut", static_cast<int64_t>(g), j);
+        }
+    }
+    expand("fcm_out", -1, -1);
+    expand("tdnn", -1, -1);
+    for (size_t b = 0; b < hp.layers.size(); ++b) {
+        for (int64_t i = 0; i < hp.layers[b]; ++i) expand("dense_layer", static_cast<int64_t>(b), i);
+        expand(b + 1 == hp.layers.size() ? "transit_last" : "transit", static_cast<int64_t>(b), -1);
+    }
+    expand("embedding", -1, -1);
+    return out;
+}
+
+bool speaker_type_allowed(const std::string & kind, ggml_type t) {
+    if (kind == "bias" || kind == "kernel") return t == GGML_TYPE_F32;
+    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16;
+}
+
+std::string shape_str(const std::vector<int64_t> & ne) {
+    std::string s = "[";
+    for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+    return s + "]";
+}
+
+}  // namespace
+
+int64_t SpeakerHParams::block_in(size_t b) const {
+    int64_t c = tdnn_ch;
+    for (size_t i = 0; i < b; ++i) c = (c + layers[i] * growth) / 2;
+    return c;
+}
+
+int64_t SpeakerHParams::frames_after_tdnn(int64_t T) const { return conv_out(T, tdnn_k, tdnn_stride); }
+
+int64_t SpeakerHParams::min_frames() const {
+    int64_t T = 1;
+    while (frames_after_tdnn(T) < 2) ++T;
+    return T;
+}
+
+int64_t SpeakerHParams::symbol(const std::string & name, int64_t b, int64_t i) const {
+    if (name == "fcm_ch") return fcm_ch;
+    if (name == "fcm_k") return fcm_k;
+    if (name == "tdnn_ch") return tdnn_ch;
+    if (name == "tdnn_in") return fcm_ch * fcm_freq;
+    if (name == "tdnn_k") return tdnn_k;
+    if (name == "fcm_freq") return fcm_freq;
+    if (name == "growth") return growth;
+    if (name == "bn_ch") return bn_ch();
+    if (name == "bn_half") return bn_half();
+    if (name == "emb") return emb;
+    if (name == "stats_dim") return 2 * final_ch();
+    if (b >= 0 && static_cast<size_t>(b) < layers.size()) {
+        const size_t bb = static_cast<size_t>(b);
+        if (name == "layer_k") return kernels[bb];
+        if (name == "block_out") return block_out(bb);
+        if (name == "transit_out") return block_out(bb) / 2;
+        if (name == "layer_in" && i >= 0) return block_in(bb) + i * growth;
+    }
+    throw std::runtime_error("campplus tensor table: unknown shape symbol '" + name + "'");
+}
+
+SpeakerHParams parse_speaker_hparams(const Metadata & m) {
+    SpeakerHParams hp;
+    hp.feat_dim = get_int(m, kKey + "feat_dim");
+    hp.emb = get_int(m, kKey + "embedding_length");
+    hp.growth = get_int(m, kKey + "growth_rate");
+    hp.bn_size = get_int(m, kKey + "bn_size");
+    hp.tdnn_ch = get_int(m, kKey + "tdnn.channels");
+    hp.tdnn_k = get_int(m, kKey + "tdnn.kernel_size");
+    hp.tdnn_stride = get_int(m, kKey + "tdnn.stride");
+    hp.fcm_ch = get_int(m, kKey + "fcm.channels");
+    hp.fcm_k = get_int(m, kKey + "fcm.kernel_size");
+    hp.fcm_stride = get_int(m, kKey + "fcm.stride");
+    hp.reduction = get_int(m, kKey + "cam.reduction");
+    hp.seg_len = get_int(m, kKey + "cam.seg_len");
+    hp.fcm_blocks = get_ints(m, kKey + "fcm.block_count");
+    hp.layers = get_ints(m, kKey + "block.layer_count");
+    hp.kernels = get_ints(m, kKey + "block.kernel_size");
+    hp.dilations = get_ints(m, kKey + "block.dilation");
+    if (hp.kernels.size() != hp.layers.size() || hp.dilations.size() != hp.layers.size()) {
+        throw std::runtime_error("campplus: block.layer_count, block.kernel_size and block.dilation must have the same "
+                                 "length (one value per dense block)");
+    }
+    auto odd = [](int64_t k) { return k % 2 == 1; };
+    if (!odd(hp.fcm_k) || !odd(hp.tdnn_k) || !std::all_of(hp.kernels.begin(), hp.kernels.end(), odd)) {
+        throw std::runtime_error("campplus: kernel sizes must be odd (FunASR pads (k-1)/2 on each side)");
+    }
+    int64_t total = 0;
+    for (int64_t n : hp.layers) total += n;
+    for (int64_t n : hp.fcm_blocks) total += n;
+    if (total > kMaxLayers) throw std::runtime_error("campplus: " + std::to_string(total) + " layers is implausible");
+    if (hp.bn_half() < 1) throw std::runtime_error("campplus: bn_size * growth_rate / cam.reduction must be >= 1");
+    int64_t f = hp.feat_dim;
+    for (size_t g = 0; g <= hp.fcm_blocks.size(); ++g) f = conv_out(f, hp.fcm_k, hp.fcm_stride);
+    if (f < 1) {
+        throw std::runtime_error("campplus: feat_dim " + std::to_string(hp.feat_dim) + " leaves no frequency rows");
+    }
+    hp.fcm_freq = f;
+    for (size_t b = 0; b < hp.layers.size(); ++b) {
+        if (hp.block_out(b) > kMaxHParam || hp.block_out(b) / 2 < 1) {
+            throw std::runtime_error("campplus: dense block " + std::to_string(b) + " has an implausible width");
+        }
+    }
+    const int64_t widest = std::max({hp.fcm_ch * hp.fcm_freq, hp.tdnn_ch * hp.tdnn_k, hp.emb, 2 * hp.final_ch()});
+    if (widest > kMaxHParam) {
+        throw std::runtime_error("campplus: a dimension of " + std::to_string(widest) + " is implausible");
+    }
+    return hp;
+}
+
+SpeakerModel::SpeakerModel(const ModelSource & src, int threads) {
+    // A campplus file, or a package (a fun_asr_nano GGUF) that embeds one: "campplus.*" keys and "spk.*"
+    // tensors beside its own, which are left alone here.
+    const bool embedded = src.arch != "campplus";
+    if (embedded && !src.meta.count(kKey + "embedding_length")) {
+        throw std::runtime_error(src.origin + ": architecture '" + src.arch +
+                                 "' is not a speaker model and embeds none (expected campplus, or campplus.* metadata)");
+    }
+    hp_ = parse_speaker_hparams(src.meta);
+    const std::vector<ExpectedTensor> expected = expected_speaker_tensors(hp_);
+    std::map<std::string, const SourceTensor *> by_name;
+    for (const auto & t : src.tensors) {
+        if (embedded && t.name.rfind(kPrefix, 0) != 0) continue;
+        if (!by_name.emplace(t.name, &t).second) {
+            throw std::runtime_error(src.origin + ": duplicate tensor '" + t.name + "'");
+        }
+    }
+    {
+        std::map<std::string, bool> known;
+        for (const auto & e : expected) known[e.name] = true;
+        for (const auto & [name, t] : by_name) {
+            if (!known.count(name)) {
+                throw std::runtime_error(src.origin + ": unexpected tensor '" + name +
+                                         "' (not in the CAM++ table for this file's campplus.* hyperparameters)");
+            }
+        }
+    }
+    try {
+        load(src, expected);
+    } catch (...) {
+        release();
+        throw;
+    }
+    set_threads(threads);
+}
+
+void SpeakerModel::load(const ModelSource & src, const std::vector<ExpectedTensor> & expected) {
+    std::map<std::string, const SourceTensor *> by_name;
+    for (const auto & t : src.tensors) {
+        if (src.arch != "campplus" && t.name.rfind(kPrefix, 0) != 0) continue;
+        by_name.emplace(t.name, &t);
+    }
+    ggml_init_params ip{ggml_tensor_overhead() * (expected.size() + 1), nullptr, true};
+    wctx_ = ggml_init(ip);
+    if (!wctx_) throw std::runtime_error("ggml_init failed");
+    std::vector<std::pair<ggml_tensor *, const SourceTensor *>> pairs;
+    std::map<std::string, ggml_tensor *> tensors;
+    bool any_f16 = false, any_f32 = false;
+    {
+        for (const auto & e : expected) {
+            auto it = by_name.find(e.name);
+            if (it == by_name.end()) throw std::runtime_error(src.origin + ": missing tensor '" + e.name + "'");
+            const SourceTensor & s = *it->second;
+            if (s.ne != e.ne) {
+                throw std::runtime_error(src.origin + ": tensor '" + e.name + "' has shape " + shape_str(s.ne) +
+                                         ", expected " + shape_str(e.ne) + " (ggml order) from the campplus.* metadata");
+            }
+            if (!speaker_type_allowed(e.kind, s.type)) {
+                throw std::runtime_error(src.origin + ": tensor '" + e.name + "' has unsupported type " +
+                                         ggml_type_name(s.type) + " for a " + e.kind + " (accepted: F32" +
+                                         (e.kind == "bias" || e.kind == "kernel" ? "" : ", F16") + ")");
+            }
+            if (e.kind == "conv" || e.kind == "matrix") (s.type == GGML_TYPE_F16 ? any_f16 : any_f32) = true;
+            ggml_tensor * t = ggml_new_tensor(wctx_, s.type, static_cast<int>(e.ne.size()), e.ne.data());
+            ggml_set_name(t, e.name.c_str());
+            if (s.nbytes != ggml_nbytes(t) || s.data == nullptr) {
+                throw std::runtime_error(src.origin + ": tensor '" + e.name +
+                                         "' data size does not match its shape and type");
+            }
+            pairs.emplace_back(t, &s);
+            tensors[e.name] = t;
+        }
+    }
+    weight_type_ = any_f16 && any_f32 ? "mixed" : (any_f16 ? "f16" : "f32");
+    auto get = [&](const std::string & name) -> ggml_tensor * {
+        auto it = tensors.find(name);
+        return it == tensors.end() ? nullptr : it->second;
+    };
+    auto conv = [&](const std::string & p) { return SpkConv{get(p + ".weight"), get(p + ".bias")}; };
+    w_.stem = conv("spk.fcm.conv1");
+    for (size_t g = 0; g < hp_.fcm_blocks.size(); ++g) {
+        for (int64_t j = 0; j < hp_.fcm_blocks[g]; ++j) {
+            const std::string p = "spk.fcm." + std::to_string(g) + "." + std::to_string(j);
+            SpkFcmBlock blk;
+            blk.conv1 = conv(p + ".conv1");
+            blk.conv2 = conv(p + ".conv2");
+            blk.shortcut = conv(p + ".shortcut");
+            blk.stride = j == 0 ? static_cast<int>(hp_.fcm_stride) : 1;
+            w_.fcm.push_back(blk);
+        }
+    }
+    w_.fcm_out = conv("spk.fcm.conv2");
+    w_.tdnn = conv("spk.tdnn");
+    for (size_t b = 0; b < hp_.layers.size(); ++b) {
+        std::vector<SpkDenseLayer> block;
+        for (int64_t i = 0; i < hp_.layers[b]; ++i) {
+            const std::string p = "spk.blk." + std::to_string(b) + "." + std::to_string(i);
+            SpkDenseLayer l;
+            l.bn_scale = get(p + ".bn1.scale");
+            l.bn_shift = get(p + ".bn1.shift");
+            l.linear1 = conv(p + ".linear1");
+            l.local = get(p + ".local.weight");
+            l.ctx1 = conv(p + ".ctx1");
+            l.ctx2 = conv(p + ".ctx2");
+            l.dilation = hp_.dilations[b];
+            block.push_back(l);
+        }
+        w_.blocks.push_back(std::move(block));
+        const std::string p = "spk.transit." + std::to_string(b);
+        w_.transit.push_back({get(p + ".bn.scale"), get(p + ".bn.shift"), conv(p)});
+    }
+    w_.dense = conv("spk.dense");
+
+    backend_ = ggml_backend_cpu_init();
+    if (!backend_) throw std::runtime_error("cannot initialise the CPU backend");
+    wbuf_ = ggml_backend_alloc_ctx_tensors(wctx_, backend_);
+    if (!wbuf_) throw std::runtime_error("cannot allocate the speaker model's weights");
+    for (const auto & [t, s] : pairs) ggml_backend_tensor_set(t, s->data, 0, ggml_nbytes(t));
+    allocr_ = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_));
+    int64_t n_layers = 0;
+    for (int64_t n : hp_.layers) n_layers += n;
+    graph_size_ = static_cast<size_t>(256 + 40 * n_layers + 32 * static_cast<int64_t>(w_.fcm.size()));
+    meta_.resize(ggml_tensor_overhead() * graph_size_ + ggml_graph_overhead_custom(graph_size_, false));
+}
+
+void SpeakerModel::release() {
+    if (allocr_) ggml_gallocr_free(allocr_);
+    if (wbuf_) ggml_backend_buffer_free(wbuf_);
+    if (wctx_) ggml_free(wctx_);
+    if (backend_) ggml_backend_free(backend_);
+    allocr_ = nullptr;
+    wbuf_ = nullptr;
+    wctx_ = nullptr;
+    backend_ = nullptr;
+}
+
+SpeakerModel::~SpeakerModel() { release(); }
+
+void SpeakerModel::set_threads(int threads) {
+    if (threads < 0) throw std::invalid_argument("threads must be >= 0 (0 = all cores)");
+    threads_ = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    ggml_backend_cpu_set_n_threads(backend_, threads_);
+}
+
+void SpeakerModel::set_memory_budget(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (bytes < (size_t(1) << 20)) throw std::invalid_argument("memory budget must be at least 1 MiB");
+    budget_ = bytes;
+    batch_cache_.clear();
+}
+
+ggml_cgraph * SpeakerModel::build(ggml_context * ctx, int64_t T, int64_t B, ggml_tensor ** feats, ggml_tensor ** rows,
+                                  ggml_tensor ** out) const {
+    ggml_cgraph * gf = ggml_new_graph_custom(ctx, graph_size_, false);
+    *feats = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, T, hp_.feat_dim, B);
+    ggml_set_input(*feats);
+    const int64_t Tn = hp_.frames_after_tdnn(T);
+    *rows = nullptr;
+    if (Tn > hp_.seg_len) {
+        *rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, Tn * B);
+        ggml_set_input(*rows);
+    }
+    GraphCtx g{ctx, nullptr};
+    *out = build_campplus(g, hp_, w_, *feats, *rows);
+    ggml_set_output(*out);
+    ggml_build_forward_expand(gf, *out);
+    return gf;
+}
+
+size_t SpeakerModel::graph_bytes(int64_t T, int64_t B) {
+    std::vector<uint8_t> meta(meta_.size());
+    ggml_init_params ip{meta.size(), meta.data(), true};
+    ggml_context * ctx = ggml_init(ip);
+    struct Free {
+        ggml_context * c;
+        ggml_gallocr_t a = nullptr;
+        ~Free() {
+            if (a) ggml_gallocr_free(a);
+            ggml_free(c);
+        }
+    } guard{ctx};
+    ggml_tensor * feats, * rows, * out;
+    ggml_cgraph * gf = build(ctx, T, B, &feats, &rows, &out);
+    guard.a = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_));
+    if (!ggml_gallocr_reserve(guard.a, gf)) throw std::runtime_error("cannot size the speaker model's graph");
+    return ggml_gallocr_get_buffer_size(guard.a, 0);
+}
+
+int64_t SpeakerModel::batch_for(int64_t T) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (T < hp_.min_frames()) {
+        throw std::invalid_argument("windows need at least " + std::to_string(hp_.min_frames()) + " frames");
+    }
+    return batch_for_locked(T);
+}
+
+int64_t SpeakerModel::batch_for_locked(int64_t T) {
+    auto it = batch_cache_.find(T);
+    if (it != batch_cache_.end()) return it->second;
+    // Graph memory grows linearly with the windows per graph: size it at 1 and 2 windows.
+    const size_t one = graph_bytes(T, 1), two = graph_bytes(T, 2);
+    const size_t per = two > one ? two - one : one;
+    const size_t fixed = one > per ? one - per : 0;
+    const int64_t n = budget_ > fixed ? static_cast<int64_t>((budget_ - fixed) / per) : 1;
+    const int64_t batch = std::max<int64_t>(1, std::min<int64_t>(n, 1024));
+    batch_cache_[T] = batch;
+    return batch;
+}
+
+std::vector<float> SpeakerModel::embed(const float * feats, int64_t n, int64_t T) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (n <= 0) throw std::invalid_argument("no windows to embed (need at least one)");
+    if (T < hp_.min_frames()) {
+        throw std::invalid_argument("windows of " + std::to_string(T) + " feature frames are too short: CAM++ needs at "
+                                    "least " + std::to_string(hp_.min_frames()) + " frames");
+    }
+    if (T > (int64_t(1) << 22)) throw std::invalid_argument("windows of " + std::to_string(T) + " frames are too long");
+    const int64_t F = hp_.feat_dim, Tn = hp_.frames_after_tdnn(T), S = (Tn + hp_.seg_len - 1) / hp_.seg_len;
+    const int64_t batch = batch_for_locked(T);
+    std::vector<float> result(static_cast<size_t>(n * hp_.emb));
+    std::vector<float> staged;
+    std::vector<int32_t> seg;
+    for (int64_t first = 0; first < n; first += batch) {
+        const int64_t B = std::min(batch, n - first);
+        ggml_init_params ip{meta_.size(), meta_.data(), true};
+        ggml_context * ctx = ggml_init(ip);
+        struct Free {
+            ggml_context * c;
+            ~Free() { ggml_free(c); }
+        } guard{ctx};
+        ggml_tensor * x, * rows, * out;
+        ggml_cgraph * gf = build(ctx, T, B, &x, &rows, &out);
+        if (!ggml_gallocr_alloc_graph(allocr_, gf)) throw std::runtime_error("cannot allocate the speaker model's graph");
+        // [B][T][F] row-major -> ggml [1, T, F, B] (one input channel; time, then frequency)
+        staged.resize(static_cast<size_t>(B * F * T));
+        for (int64_t b = 0; b < B; ++b) {
+            const float * src = feats + (first + b) * T * F;
+            float * dst = staged.data() + b * T * F;
+            for (int64_t t = 0; t < T; ++t) {
+                for (int64_t f = 0; f < F; ++f) dst[f * T + t] = src[t * F + f];
+            }
+        }
+        ggml_backend_tensor_set(x, staged.data(), 0, ggml_nbytes(x));
+        if (rows) {
+            seg.resize(static_cast<size_t>(Tn * B));
+            for (int64_t b = 0; b < B; ++b) {
+                for (int64_t t = 0; t < Tn; ++t) {
+                    seg[static_cast<size_t>(b * Tn + t)] = static_cast<int32_t>(t / hp_.seg_len + S * b);
+                }
+            }
+            ggml_backend_tensor_set(rows, seg.data(), 0, ggml_nbytes(rows));
+        }
+        if (ggml_backend_graph_compute(backend_, gf) != GGML_STATUS_SUCCESS) {
+            throw std::runtime_error("speaker model graph computation failed");
+        }
+        ggml_backend_tensor_get(out, result.data() + first * hp_.emb, 0, ggml_nbytes(out));
+    }
+    return result;
+}
+
+}  // namespace fun_asr
