@@ -33,6 +33,12 @@ if ! command -v espeak-ng >/dev/null || ! command -v sox >/dev/null; then
   (apt-get install -y -q espeak-ng sox >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q espeak-ng sox >/dev/null)) \
     || echo "test.sh: WARNING: could not install espeak-ng/sox; the speech-clip tests will be skipped"
 fi
+# Debian's chromium for the web page's browser tests (tests/test_web.py, driven by the playwright pip package
+# with this browser as its executable; playwright's own browser download is never used).
+if ! command -v chromium >/dev/null; then
+  (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)) \
+    || echo "test.sh: WARNING: could not install chromium; the browser tests will be skipped"
+fi
 echo "test.sh: install took $(( $(date +%s) - start )) s"
 
 ruff check python tests tools

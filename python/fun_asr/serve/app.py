@@ -32,6 +32,7 @@ from fun_asr.serve.batcher import Batcher
 from fun_asr.serve.errors import ApiError, error_for, is_funasr_path
 from fun_asr.serve.funasr_http import add_funasr_routes
 from fun_asr.serve.openai import RESPONSE_FORMATS, ServerContext, add_openai_routes, verbose_json  # noqa: F401
+from fun_asr.serve.web import add_web_routes, is_page_request
 from fun_asr.serve.ws_2pass import serve_websocket  # the runtime (2pass) protocol, or hands over to ws_realtime
 from fun_asr.serve.ws_realtime import RealtimeLimits
 
@@ -127,7 +128,8 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
         rid = request.headers.get("x-request-id") or uuid.uuid4().hex[:16]
         request.state.rid = rid
         t0 = time.perf_counter()
-        if request.url.path != "/health" and not authorized(request.headers, request.query_params):
+        if request.url.path != "/health" and not is_page_request(request.method, request.url.path) \
+                and not authorized(request.headers, request.query_params):
             response: Response = error_for(request.url.path, 401, "missing or wrong API key: send 'Authorization: "
                                            "Bearer <key>' (or ?api_key=<key> in the URL)", None, "invalid_api_key")
         else:
@@ -183,5 +185,6 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
 
     add_openai_routes(app, ctx)
     add_funasr_routes(app, ctx)
+    add_web_routes(app)  # GET /: the web page (serve/web.py), no key needed to load it
 
     return app
