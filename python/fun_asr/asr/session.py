@@ -22,6 +22,7 @@ from fun_asr.asr.options import TranscribeOptions, check_hotwords, check_lengths
 from fun_asr.asr.progress import _bar, _NoBar
 from fun_asr.asr.prompt import PromptSpec, prompt_runs
 from fun_asr.asr.results import Segment, Transcription
+from fun_asr.asr.speakers import split_at_speakers
 from fun_asr.asr.tokenizer import TextTokenizer
 from fun_asr.audio.decode import SAMPLE_RATE, AudioError, AudioInput, AudioReader, Limits, check_audio_input
 from fun_asr.audio.frontend import FrontendConfig, fake_token_len, features, lfr
@@ -532,8 +533,10 @@ class Session:
         t0 = time.perf_counter()
         speakers = item.speakers or RecordingSpeakers(self.embed_speakers, self.speaker_model.sample_rate)
         labels, timeline = speakers.label([(s.start, s.end) for s in item.segments], opts.speakers)
-        for seg, spk in zip(item.segments, labels, strict=True):
-            seg.speaker = spk
+        segments = []
+        for seg, spk in zip(item.segments, labels, strict=True):  # a segment two speakers share is cut at the turn
+            segments += split_at_speakers(seg, spk, timeline, self.tokenizer.decode, self.stop_ids)
+        item.segments = segments
         item.speaker_turns = timeline
         item.timings["speaker_ms"] = speakers.embed_ms + (time.perf_counter() - t0) * 1e3
         item.speakers = None

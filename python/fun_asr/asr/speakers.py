@@ -10,6 +10,7 @@ downloaded and converted once; one already in fun-asr's cache. Nothing found: a 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,4 +58,103 @@ def find_speaker_model(arg: Any, package: Path, model_arg: Any, from_hub: bool,
     return SpeakerModel.load(path), str(path)
 
 
-__all__ = ["NO_SPEAKER_MODEL", "SPEAKER_ENV", "find_speaker_model"]
+
+
+MIN_PIECE_S = 1.0  # a speaker's part of a segment shorter than this stays with its neighbour (no split)
+
+
+def _pieces(start: float, end: float, timeline: list[tuple[float, float, int]]) -> list[list[Any]]:
+    """The speaker turns of the timeline inside [start, end): consecutive turns of one speaker joined, parts under
+    MIN_PIECE_S given to the neighbour before (the first: after), the first starting at ``start``, the last ending
+    at ``end``, each boundary where the later turn begins."""
+    parts: list[list[Any]] = []
+    for a, b, spk in timeline:
+        lo, hi = max(a, start), min(b, end)
+        if hi <= lo:
+            continue
+        if parts and parts[-1][2] == spk:
+            parts[-1][1] = hi
+        else:
+            parts.append([lo, hi, spk])
+    changed = True
+    while changed and len(parts) > 1:
+        changed = False
+        for i, p in enumerate(parts):
+            if p[1] - p[0] < MIN_PIECE_S:
+                j = i - 1 if i > 0 else 1
+                lo, hi = min(p[0], parts[j][0]), max(p[1], parts[j][1])
+                parts[j][0], parts[j][1] = lo, hi
+                del parts[i]
+                for k in range(len(parts) - 1, 0, -1):  # neighbours of one speaker join
+                    if parts[k][2] == parts[k - 1][2]:
+                        parts[k - 1][1] = parts[k][1]
+                        del parts[k]
+                changed = True
+                break
+    if parts:
+        parts[0][0], parts[-1][1] = start, end
+        for i in range(1, len(parts)):
+            parts[i - 1][1] = parts[i][0]
+    return parts
+
+
+def _is_boundary(text: str, i: int) -> bool:
+    """Whether text can be cut before position i without cutting a word (a space there, or a CJK character or
+    punctuation on either side)."""
+    if i <= 0 or i >= len(text):
+        return True
+    a, b = text[i - 1], text[i]
+    return a.isspace() or b.isspace() or not (a.isalnum() and a.isascii()) or not (b.isalnum() and b.isascii())
+
+
+def split_at_speakers(segment: Any, label: int | None, timeline: list[tuple[float, float, int]],
+                      decode: Callable[[list[int]], str], stop_ids: Sequence[int]) -> list[Any]:
+    """``segment`` labelled ``label`` (FunASR's distribute_spk), or, when the speaker timeline changes speaker
+    inside it for at least MIN_PIECE_S each, cut there into one Segment per speaker turn: the text is cut at token
+    boundaries in proportion to the turns' durations, on a word boundary (FunASR's realtime finalize cuts a
+    shared sentence's text in proportion to time as well), the tokens with it; word times go to the turn they
+    fall in; ``truncated``/``repetition`` stay with the last part. The parts' texts joined are the segment's."""
+    import dataclasses
+
+    parts = _pieces(segment.start, segment.end, timeline)
+    tokens = [t for t in segment.tokens if t not in stop_ids]
+    if len(parts) < 2 or not tokens or not segment.text.strip():
+        segment.speaker = label
+        return [segment]
+    full = decode(tokens)
+    prefix = [decode(tokens[:k]) for k in range(len(tokens) + 1)]
+    cuts = [k for k in range(len(tokens) + 1) if full.startswith(prefix[k])]  # consistent token boundaries
+    total = segment.end - segment.start
+    chosen, done = [0], 0.0
+    for p in parts[:-1]:
+        done += p[1] - p[0]
+        target = len(full) * done / total if total > 0 else 0
+        ok = [k for k in cuts if k > chosen[-1] and _is_boundary(full, len(prefix[k]))]
+        if not ok:
+            break
+        chosen.append(min(ok, key=lambda k: abs(len(prefix[k]) - target)))
+    chosen.append(len(tokens))
+    out: list[Any] = []
+    for i in range(len(chosen) - 1):
+        a, b = chosen[i], chosen[i + 1]
+        text = full[len(prefix[a]):len(prefix[b])] if b < len(tokens) else full[len(prefix[a]):]
+        p = parts[min(i, len(parts) - 1)]
+        if not text.strip() and out:  # nothing said in this part: the time goes to the part before
+            out[-1].end = p[1]
+            continue
+        out.append(dataclasses.replace(segment, start=p[0], end=p[1], text=text.strip(), tokens=tokens[a:b],
+                                       truncated=False, repetition=False, words=None, speaker=int(p[2])))
+    if len(chosen) - 1 < len(parts) and out:  # fewer cuts than turns (no boundary left): the last part runs on
+        out[-1].end = segment.end
+    out[-1].truncated, out[-1].repetition = segment.truncated, segment.repetition
+    if segment.words is not None:
+        for piece in out:
+            piece.words = [w for w in segment.words
+                           if piece.start <= (w["start"] + w["end"]) / 2 < piece.end or
+                           (piece is out[-1] and (w["start"] + w["end"]) / 2 >= piece.end)]
+    if len(out) == 1:
+        out[0].speaker = label if label is not None else out[0].speaker
+    return out
+
+
+__all__ = ["MIN_PIECE_S", "NO_SPEAKER_MODEL", "SPEAKER_ENV", "find_speaker_model", "split_at_speakers"]
