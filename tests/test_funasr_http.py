@@ -161,10 +161,12 @@ def test_asr_errors_in_fastapis_shape(client: TestClient) -> None:
     assert "POST /v1/audio/transcriptions" in r.json()["error"]["message"]
 
 
-def test_spk_is_refused_until_speakers_exist(client: TestClient) -> None:
+def test_spk_without_a_speaker_model_is_refused_naming_how_to_give_one(client: TestClient) -> None:
+    """The demo server has no CAM++: spk=true is a 400 that says how to give one, never a result without speakers
+    (tests/test_diarization.py: the same routes with a speaker model)."""
     wav = (EXAMPLES / "en_hello.wav").read_bytes()
     r = client.post("/asr", files={"file": ("a.wav", wav)}, data={"spk": "true"})
-    assert r.status_code == 400 and "speaker" in r.json()["detail"] and "not have yet" in r.json()["detail"]
+    assert r.status_code == 400 and "speaker model" in r.json()["detail"] and "--speaker-model" in r.json()["detail"]
     r = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", wav)}, data={"spk": "true"})
     err = r.json()["error"]
     assert r.status_code == 400 and err["param"] == "spk" and "speaker" in err["message"]

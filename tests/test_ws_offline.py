@@ -445,7 +445,8 @@ def test_client_endpoint_mode_commits_utterances(session: fun_asr.Session) -> No
         assert asyncio.run(server_mode(url)) == {"event": "error", "error": "COMMIT requires --endpoint-mode client"}
 
 
-def test_spk_is_refused_never_ignored(session: fun_asr.Session, capsys: pytest.CaptureFixture) -> None:
+def test_spk_without_a_speaker_model_is_refused_never_ignored(session: fun_asr.Session,
+                                                              capsys: pytest.CaptureFixture) -> None:
     async def run(url: str) -> list[dict]:
         async with websockets.connect(url, ping_interval=None) as ws:
             out = []
@@ -456,13 +457,14 @@ def test_spk_is_refused_never_ignored(session: fun_asr.Session, capsys: pytest.C
 
     with _server(session, RealtimeLimits()) as url:
         on, off, bad = asyncio.run(run(url))
-    assert on["event"] == "error" and "speaker diarization is not available yet" in on["error"]
+    assert on["event"] == "error" and "speaker model" in on["error"] and "--speaker-model" in on["error"]
     assert off == {"event": "spk_set", "spk": False}
     assert bad["event"] == "error" and "'maybe'" in bad["error"] and "true/1/on/yes" in bad["error"]
     from fun_asr.cli.serve import main
 
-    assert main(["--enable-spk", "--no-access-log"]) == 2
-    assert "--enable-spk: speaker diarization is not available yet" in capsys.readouterr().err
+    assert main(["-m", "demo", "--vad", "none", "--enable-spk", "--no-access-log", "--port", "0", "--ws-port",
+                 "0"]) == 2
+    assert "--enable-spk:" in capsys.readouterr().err
 
 
 # -- bounded memory per connection ---------------------------------------------------------------------------

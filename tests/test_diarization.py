@@ -1,0 +1,273 @@
+"""Who spoke when, on every path: the trained tiny CAM++ (tests/data/tiny_speaker, converted with fun-asr-convert)
+behind the 20-word demo ASR model and the real FSMN-VAD, on synthetic conversations of held-out espeak-ng voices
+(tests/speaker_fixture.py).
+
+- quality: DER <= 10 % (collar 0.25 s each side) over the conversations and the right speaker count in >= 90 %
+  of them, with the demo model transcribing them;
+- the paths: Session.transcribe(diarize=True) (Segment.speaker, Transcription.speakers), the formats
+  (txt/srt/vtt/json), fun-asr-transcribe --diarize, fun-asr-batch --diarize, POST /asr spk=true, /v1 spk=true
+  (verbose_json), the realtime WebSocket's --enable-spk and SPK:true (a speaker per locked sentence, the final
+  result re-clustered), and the errors when there is no speaker model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+import fun_asr
+from fun_asr.asr.formats import render
+
+pytest.importorskip("sklearn")
+speaker_fixture = pytest.importorskip("speaker_fixture")
+
+TINY_SPEAKER = Path(__file__).parent / "data" / "tiny_speaker"
+SR = 16000
+N_CONVERSATIONS = 20
+
+
+@pytest.fixture(scope="module")
+def speaker_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from fun_asr.converter.speaker import convert_speaker
+
+    out = tmp_path_factory.mktemp("spk") / "tiny-campplus.gguf"
+    convert_speaker(TINY_SPEAKER, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def session(vad_dir: Path, speaker_gguf: Path) -> fun_asr.Session:
+    return fun_asr.Session("demo", device="cpu", vad="fsmn", vad_model=vad_dir, progress=False,
+                           speaker_model=speaker_gguf)
+
+
+@pytest.fixture(scope="module")
+def conversations() -> list[tuple[np.ndarray, list[tuple[float, float, str, str]]]]:
+    return [speaker_fixture.make_conversation(seed, 2 + seed % 3) for seed in range(N_CONVERSATIONS)]
+
+
+def _hyp(result: fun_asr.Transcription) -> list[tuple[float, float, str]]:
+    return [(s.start, s.end, f"SPK{s.speaker}") for s in result.segments if s.speaker is not None]
+
+
+def test_der_and_speaker_count_on_held_out_voices(session: fun_asr.Session, conversations: list) -> None:
+    ders, right, lines = [], 0, []
+    for i, (x, ref) in enumerate(conversations):
+        r = session.transcribe(x, sample_rate=SR, diarize=True)
+        n_ref = len({t[2] for t in ref})
+        d = speaker_fixture.der(ref, _hyp(r))
+        ders.append((d, sum(b - a for a, b, *_ in ref)))
+        right += r.num_speakers == n_ref
+        lines.append(f"conversation {i}: {n_ref} voices, found {r.num_speakers}, DER {100 * d:.1f} %")
+        assert r.text.strip(), "the demo model transcribes the held-out voices' words"
+    total = sum(d * w for d, w in ders) / sum(w for _, w in ders)
+    print("\n".join(lines) + f"\nDER over all: {100 * total:.2f} %; count right in {right}/{len(conversations)}")
+    assert total <= 0.10, "\n".join(lines)
+    assert right >= 0.9 * len(conversations), "\n".join(lines)
+
+
+def test_transcribe_diarize_fields_and_formats(session: fun_asr.Session, conversations: list) -> None:
+    x, ref = conversations[1]
+    r = session.transcribe(x, sample_rate=SR, diarize=True)
+    assert r.speakers and all(s.speaker is not None for s in r.segments)
+    assert r.options["diarize"] is True and r.timings["speaker_ms"] > 0
+    labels = sorted({s.speaker_label for s in r.segments})
+    assert labels[0] == "SPK0"
+    d = r.to_dict()
+    assert {s["speaker"] for s in d["segments"]} == {s.speaker for s in r.segments}
+    assert d["num_speakers"] == r.num_speakers and d["speakers"][0]["speaker"] == 0
+    cues = [s for s in r.segments if s.text.strip()]
+    srt = render(r, "srt")
+    assert f"[{cues[0].speaker_label}] {cues[0].text}" in srt
+    vtt = render(r, "vtt")
+    assert f"<v {cues[0].speaker_label}>{cues[0].text}" in vtt
+    txt = render(r, "txt")
+    assert txt.startswith(f"[{cues[0].speaker_label}] ") and len(txt.splitlines()) >= 2
+    plain = session.transcribe(x, sample_rate=SR)
+    assert plain.speakers is None and all(s.speaker is None for s in plain.segments)
+    assert "speaker" not in plain.to_dict()["segments"][0] and "[SPK" not in render(plain, "srt")
+    assert [s.text for s in plain.segments] == [s.text for s in r.segments]  # speakers change no text
+
+
+def test_num_speakers_is_honoured(session: fun_asr.Session, conversations: list) -> None:
+    x, ref = conversations[0]  # two voices
+    assert session.transcribe(x, sample_rate=SR, diarize=True, num_speakers=3).num_speakers == 3
+    assert session.transcribe(x, sample_rate=SR, diarize=True, max_speakers=1).num_speakers == 1
+
+
+def test_speaker_option_errors(session: fun_asr.Session, vad_dir: Path) -> None:
+    x = np.zeros(SR, np.float32)
+    with pytest.raises(ValueError, match="diarize"):
+        session.transcribe(x, sample_rate=SR, num_speakers=2)
+    with pytest.raises(ValueError, match="num_speakers"):
+        session.transcribe(x, sample_rate=SR, diarize=True, num_speakers=0)
+    with pytest.raises(ValueError, match="min_speakers"):
+        session.transcribe(x, sample_rate=SR, diarize=True, min_speakers=3, max_speakers=2)
+    bare = fun_asr.Session("demo", device="cpu", vad="fsmn", vad_model=vad_dir, progress=False)
+    with pytest.raises(ValueError, match="speaker model"):
+        bare.transcribe(x, sample_rate=SR, diarize=True)
+    none = fun_asr.Session("demo", device="cpu", vad=None, progress=False, speaker_model=None)
+    with pytest.raises(ValueError, match="speaker_model=None"):
+        none.transcribe(x, sample_rate=SR, diarize=True)
+
+
+def test_environment_variable_names_the_speaker_model(vad_dir: Path, speaker_gguf: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FUN_ASR_SPEAKER_MODEL", str(speaker_gguf))
+    s = fun_asr.Session("demo", device="cpu", vad="fsmn", vad_model=vad_dir, progress=False)
+    s.options(diarize=True)
+    assert s.speaker_source == f"FUN_ASR_SPEAKER_MODEL={speaker_gguf}"
+    monkeypatch.setenv("FUN_ASR_SPEAKER_MODEL", "/no/such/campplus")
+    with pytest.raises((OSError, ValueError), match="FUN_ASR_SPEAKER_MODEL"):
+        fun_asr.Session("demo", device="cpu", vad=None, progress=False).options(diarize=True)
+
+
+def test_cli_transcribe_and_batch_diarize(tmp_path: Path, vad_dir: Path, speaker_gguf: Path, conversations: list,
+                                          capsys: pytest.CaptureFixture) -> None:
+    from fun_asr.cli.batch import main as batch_main
+    from fun_asr.cli.transcribe import main
+
+    x, _ = conversations[2]
+    wav = tmp_path / "talk.wav"
+    sf.write(wav, x, SR)
+    common = ["-m", "demo", "--vad", "fsmn", "--vad-model", str(vad_dir), "--device", "cpu"]
+    assert main([str(wav), *common, "--diarize", "--speaker-model", str(speaker_gguf), "-f", "srt", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "[SPK0]" in out and "-->" in out
+    assert main([str(wav), *common, "--num-speakers", "2"]) == 2
+    assert "--num-speakers is for --diarize" in capsys.readouterr().err
+    assert main([str(wav), *common, "--diarize", "--min-speakers", "3", "--max-speakers", "2"]) == 2
+    assert "--min-speakers" in capsys.readouterr().err
+    assert main([str(wav), *common, "--diarize", "--quiet"]) == 2  # no speaker model anywhere
+    assert "--speaker-model" in capsys.readouterr().err
+    outdir = tmp_path / "batch"
+    assert batch_main([str(wav), "-o", str(outdir), *common, "--diarize", "--speaker-model", str(speaker_gguf),
+                       "--quiet"]) == 0
+    recs = [json.loads(line) for p in sorted(outdir.glob("*.jsonl")) for line in p.read_text().splitlines()]
+    assert len(recs) == 1 and recs[0]["num_speakers"] >= 2
+    assert all("speaker" in s for s in recs[0]["segments"])
+
+
+def test_server_spk_on_asr_and_v1(session: fun_asr.Session, vad_dir: Path, conversations: list) -> None:
+    from fastapi.testclient import TestClient
+
+    from fun_asr.serve.app import create_app
+
+    x, _ = conversations[3]
+    import io
+
+    buf = io.BytesIO()
+    sf.write(buf, x, SR, format="WAV")
+    wav = buf.getvalue()
+    with TestClient(create_app(session, model_id="demo", max_new_tokens=64)) as client:
+        r = client.post("/asr", files={"file": ("a.wav", wav)}, data={"spk": "true"})
+        assert r.status_code == 200, r.text
+        segs = r.json()["segments"]
+        assert segs and all(s["speaker"].startswith("SPK") for s in segs)
+        assert len({s["speaker"] for s in segs}) >= 2
+        r = client.post("/asr", files={"file": ("a.wav", wav)}, data={"spk": "false"})
+        assert "speaker" not in r.json()["segments"][0]
+        r = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", wav)},
+                        data={"response_format": "verbose_json", "spk": "true"})
+        body = r.json()
+        assert r.status_code == 200 and body["num_speakers"] >= 2
+        assert all(s["speaker"].startswith("SPK") for s in body["segments"])
+        r = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", wav)},
+                        data={"response_format": "srt", "spk": "true"})
+        assert "[SPK0]" in r.text
+    bare = fun_asr.Session("demo", device="cpu", vad="fsmn", vad_model=vad_dir, progress=False)
+    with TestClient(create_app(bare, model_id="demo", max_new_tokens=64)) as client:
+        r = client.post("/asr", files={"file": ("a.wav", wav)}, data={"spk": "true"})
+        assert r.status_code == 400 and "--speaker-model" in json.dumps(r.json())
+        r = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", wav)}, data={"spk": "true"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "spk"
+
+
+def _ws_run(url: str, pcm: bytes, commands: list[str]) -> list[dict]:
+    import websockets
+
+    async def go() -> list[dict]:
+        out = []
+        async with websockets.connect(url, ping_interval=None, max_size=None) as ws:
+            for c in commands:
+                await ws.send(c)
+            await ws.send("START")
+            for k in range(0, len(pcm), 32000):
+                await ws.send(pcm[k : k + 32000])
+            await ws.send("STOP")
+            while True:
+                msg = json.loads(await ws.recv())
+                out.append(msg)
+                if msg.get("event") == "stopped":
+                    return out
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("how", ["--enable-spk", "SPK:true"])
+def test_realtime_speakers(session: fun_asr.Session, conversations: list, how: str) -> None:
+    from fun_asr.serve.ws_realtime import realtime_limits
+    from test_ws_offline import _server
+
+    x, ref = conversations[4]
+    pcm = (np.clip(x, -1, 1) * 32767).astype("<i2").tobytes()
+    limits = realtime_limits(session, max_new_tokens=64, enable_spk=how == "--enable-spk")
+    with _server(session, limits) as url:
+        msgs = _ws_run(url, pcm, ["SPK:true"] if how == "SPK:true" else [])
+    if how == "SPK:true":
+        assert {"event": "spk_set", "spk": True} in msgs
+    results = [m for m in msgs if "sentences" in m]
+    final = [m for m in results if m["is_final"]][-1]
+    assert final["sentences"] and all("spk" in s for s in final["sentences"])
+    streaming = [s for m in results if not m["is_final"] for s in m["sentences"]]
+    assert streaming and all("spk" in s for s in streaming)  # a speaker as each sentence locks
+    assert len({s["spk"] for s in final["sentences"]}) >= 2
+    hyp = [(s["start"] / 1000, s["end"] / 1000, f"SPK{s['spk']}") for s in final["sentences"]]
+    assert speaker_fixture.der(ref, hyp) <= 0.25  # the streaming path, re-clustered at STOP
+
+
+def test_realtime_spk_errors(vad_dir: Path) -> None:
+    from fun_asr.serve.ws_realtime import realtime_limits
+    from test_ws_offline import _server
+
+    bare = fun_asr.Session("demo", device="cpu", vad="fsmn", vad_model=vad_dir, progress=False)
+    with pytest.raises(ValueError, match="--enable-spk"):
+        realtime_limits(bare, enable_spk=True)
+    with _server(bare, realtime_limits(bare)) as url:
+        msgs = _ws_run(url, b"\0\0" * SR, ["SPK:true", "SPK:maybe", "SPK:false"])
+    errors = [m["error"] for m in msgs if m.get("event") == "error"]
+    assert any("SPK:true" in e and "--speaker-model" in e for e in errors)
+    assert any("SPK: takes" in e for e in errors)
+    assert {"event": "spk_set", "spk": False} in msgs
+
+
+def test_a_segment_two_speakers_share_is_cut_at_the_turn() -> None:
+    from fun_asr.asr.results import Segment
+    from fun_asr.asr.speakers import split_at_speakers
+
+    vocab = ["one", " two", " three", " four", " five", " six"]
+
+    def decode(ids: list[int]) -> str:
+        return "".join(vocab[i] for i in ids)
+
+    words = [{"word": w.strip(), "start": 10 + i, "end": 10.5 + i, "score": 1.0} for i, w in enumerate(vocab)]
+    seg = Segment(10.0, 16.0, "one two three four five six", [0, 1, 2, 3, 4, 5, 99], "eos", False, False, words)
+    timeline = [(10.0, 12.0, 0), (12.0, 16.0, 1)]
+    parts = split_at_speakers(seg, 1, timeline, decode, [99])
+    assert [(p.start, p.end, p.speaker, p.text) for p in parts] == [(10.0, 12.0, 0, "one two"),
+                                                                    (12.0, 16.0, 1, "three four five six")]
+    assert [t for p in parts for t in p.tokens] == [0, 1, 2, 3, 4, 5]
+    assert [w["word"] for w in parts[0].words] == ["one", "two"]
+    # a turn under a second inside the segment does not cut it: FunASR's label (distribute_spk) stays
+    whole = split_at_speakers(Segment(10.0, 16.0, seg.text, list(seg.tokens), "eos", False, False), 1,
+                              [(10.0, 10.6, 0), (10.6, 16.0, 1)], decode, [99])
+    assert len(whole) == 1 and whole[0].speaker == 1
+    # never a cut inside a word: the proportional position snaps to a space
+    odd = split_at_speakers(Segment(0.0, 3.0, "one two", [0, 1], "max_new_tokens", True, False), 0,
+                            [(0.0, 1.2, 0), (1.2, 3.0, 1)], decode, [99])
+    assert " ".join(p.text for p in odd) == "one two" and odd[-1].truncated and not odd[0].truncated
