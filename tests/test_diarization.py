@@ -271,3 +271,21 @@ def test_a_segment_two_speakers_share_is_cut_at_the_turn() -> None:
     odd = split_at_speakers(Segment(0.0, 3.0, "one two", [0, 1], "max_new_tokens", True, False), 0,
                             [(0.0, 1.2, 0), (1.2, 3.0, 1)], decode, [99])
     assert " ".join(p.text for p in odd) == "one two" and odd[-1].truncated and not odd[0].truncated
+
+
+def test_windows_from_the_segment_fbank_equal_each_window_alone(speaker_gguf: Path) -> None:
+    """RecordingSpeakers takes aligned windows' frames from the segment's fbank: the same embeddings as
+    SpeakerModel.embed on each window's own samples (FunASR's extract_feature per window)."""
+    from fun_asr.speakers import SpeakerModel
+    from fun_asr.speakers.diarize import RecordingSpeakers
+    from fun_asr.speakers.timeline import sv_chunk
+
+    model = SpeakerModel.load(speaker_gguf)
+    x = (0.1 * np.random.default_rng(3).standard_normal(int(7.3 * SR) + 37)).astype(np.float32)
+    rec = RecordingSpeakers(model.embed_features, model.frontend)
+    rec.add(2.0, x)
+    rec.add(20.0, x[: SR])  # shorter than a window: padded
+    windows = [w for _, _, w in sv_chunk([(2.0, 2.0 + x.size / SR, x)])] + [w for _, _, w in
+                                                                           sv_chunk([(20.0, 21.0, x[:SR])])]
+    assert len(rec.windows) == len(windows) == 10
+    np.testing.assert_array_equal(rec.embeddings(), model.embed(windows))

@@ -163,6 +163,15 @@ class Session:
         with self._lock:
             return model.embed(windows, threads=self.threads)
 
+    def embed_speaker_features(self, features: list[np.ndarray]) -> np.ndarray:
+        """CAM++ embeddings ``[N, D]`` of CAM++ feature windows (under the Session's lock)."""
+        model = self.speaker_model
+        with self._lock:
+            return model.embed_features(features, threads=self.threads)
+
+    def _speaker_windows(self) -> RecordingSpeakers:
+        return RecordingSpeakers(self.embed_speaker_features, self.speaker_model.frontend)
+
     def _load_vad(self, mode: str, vad_model: str | os.PathLike[str] | None, from_hub: bool,
                   progress: bool, meta: dict[str, Any]) -> tuple[FsmnVad | None, str | None]:
         """The VAD to run, and where it came from. In order: ``vad_model``; the VAD embedded in the package;
@@ -228,6 +237,11 @@ class Session:
             raise ValueError(f"{named}: FSMN-VAD options, but the VAD does not run here ({why}); the audio would be "
                              "cut at pauses, so they would have no effect")
         speakers = SpeakerOptions.check(num_speakers, min_speakers, max_speakers)
+        if diarize is True and use_vad and not vad_opts.given:
+            # speaker turns need segments that end at turn gaps: FunASR's dynamic end-silence schedule waits for
+            # up to 2 s of silence (a conversation becomes 30 s segments); its static mode (the VAD config's
+            # max_end_silence_time, 800 ms) ends them there. Any VAD option given is used as given instead.
+            vad_opts = check_vad_options(None, False, None)
         if not isinstance(diarize, bool):
             raise TypeError(f"diarize must be True or False, got {diarize!r}")
         if speakers.to_dict() and not diarize:
@@ -454,7 +468,7 @@ class Session:
                 self._encode(item, a, b, opts, jobs, waiting)
                 if opts.diarize:
                     if item.speakers is None:
-                        item.speakers = RecordingSpeakers(self.embed_speakers, self.speaker_model.sample_rate)
+                        item.speakers = self._speaker_windows()
                     item.speakers.add(a / SAMPLE_RATE, item.samples[a:b])
             finally:
                 bar[0].update(1)
@@ -531,7 +545,7 @@ class Session:
         if item.error is not None:
             return
         t0 = time.perf_counter()
-        speakers = item.speakers or RecordingSpeakers(self.embed_speakers, self.speaker_model.sample_rate)
+        speakers = item.speakers or self._speaker_windows()
         labels, timeline = speakers.label([(s.start, s.end) for s in item.segments], opts.speakers)
         segments = []
         for seg, spk in zip(item.segments, labels, strict=True):  # a segment two speakers share is cut at the turn

@@ -54,11 +54,20 @@ class SpeakerOptions:
 
 class RecordingSpeakers:
     """The speaker windows of one recording, collected segment by segment (:meth:`add`), then labelled
-    (:meth:`label`). ``embed``: windows -> ``[N, D]`` embeddings (e.g. ``SpeakerModel.embed``)."""
+    (:meth:`label`). ``embed_features``: CAM++ feature windows -> ``[N, D]`` embeddings (e.g.
+    ``SpeakerModel.embed_features``); ``frontend``: the model's
+    :class:`~fun_asr.speakers.frontend.SpeakerFrontendConfig`.
 
-    def __init__(self, embed: Callable[[list[np.ndarray]], np.ndarray], sample_rate: int = 16000) -> None:
-        self.embed = embed
-        self.sample_rate = int(sample_rate)
+    Each segment's fbank is computed once: a window that starts on a frame boundary takes its frames from it
+    (Kaldi frames are independent, so they are the window's own fbank exactly), minus the window's mean; the last
+    window of a segment (it ends at the segment's end) and padded short segments are computed on their samples."""
+
+    def __init__(self, embed_features: Callable[[list[np.ndarray]], np.ndarray], frontend: Any = None) -> None:
+        from fun_asr.speakers.frontend import DEFAULT_FRONTEND
+
+        self.embed_features = embed_features
+        self.frontend = frontend or DEFAULT_FRONTEND
+        self.sample_rate = int(self.frontend.sample_rate)
         self.windows: list[tuple[float, float]] = []
         self._done: list[np.ndarray] = []
         self._pending: list[np.ndarray] = []
@@ -66,15 +75,35 @@ class RecordingSpeakers:
 
     def add(self, start_s: float, samples: np.ndarray) -> None:
         """The speech segment that starts at ``start_s`` (seconds) and holds ``samples`` (16 kHz float32)."""
+        import time
+
+        from fun_asr.speakers.frontend import fbank, num_frames, speaker_features
         from fun_asr.speakers.timeline import sv_chunk
 
         samples = np.asarray(samples, np.float32)
         if samples.size == 0:
             return
+        t0 = time.perf_counter()
+        cfg, shift = self.frontend, self.frontend.shift_samples
         end_s = start_s + samples.shape[0] / self.sample_rate
+        whole: np.ndarray | None = None
         for ws, we, data in sv_chunk([(start_s, end_s, samples)], fs=self.sample_rate):
             self.windows.append((float(ws), float(we)))
-            self._pending.append(np.ascontiguousarray(data, np.float32))
+            offset = int(round((ws - start_s) * self.sample_rate))
+            n = num_frames(data.shape[0], cfg)
+            # unpadded (it lies inside the segment) and on a frame boundary: its frames are the segment's
+            if offset % shift == 0 and offset + data.shape[0] <= samples.shape[0] and cfg.snip_edges:
+                if whole is None:
+                    whole = fbank(samples, cfg)
+                k = offset // shift
+                f = whole[k:k + n]
+                if cfg.subtract_mean and f.shape[0]:
+                    f = f - f.mean(axis=0, dtype=np.float32, keepdims=True)
+                feats = np.ascontiguousarray(f, dtype=np.float32)
+            else:
+                feats = speaker_features(data, cfg)
+            self._pending.append(feats)
+        self.embed_ms += (time.perf_counter() - t0) * 1e3
         if len(self._pending) >= EMBED_BATCH:
             self._flush()
 
@@ -84,7 +113,7 @@ class RecordingSpeakers:
         import time
 
         t0 = time.perf_counter()
-        self._done.append(np.asarray(self.embed(self._pending), np.float32))
+        self._done.append(np.asarray(self.embed_features(self._pending), np.float32))
         self.embed_ms += (time.perf_counter() - t0) * 1e3
         self._pending = []
 
