@@ -88,10 +88,15 @@ def test_transcribe_diarize_fields_and_formats(session: fun_asr.Session, convers
     assert f"<v {cues[0].speaker_label}>{cues[0].text}" in vtt
     txt = render(r, "txt")
     assert txt.startswith(f"[{cues[0].speaker_label}] ") and len(txt.splitlines()) >= 2
-    plain = session.transcribe(x, sample_rate=SR)
+    assert r.options["dynamic_silence"] is False  # turn gaps end segments: the VAD's static mode
+    plain = session.transcribe(x, sample_rate=SR, dynamic_silence=False)
     assert plain.speakers is None and all(s.speaker is None for s in plain.segments)
     assert "speaker" not in plain.to_dict()["segments"][0] and "[SPK" not in render(plain, "srt")
-    assert [s.text for s in plain.segments] == [s.text for s in r.segments]  # speakers change no text
+    # speakers change no words: the same segments, some cut in two where the speaker changes
+    assert "".join(plain.text.split()) == "".join(r.text.split())
+    assert len(r.segments) >= len(plain.segments)
+    given = session.transcribe(x, sample_rate=SR, diarize=True, max_end_silence_time=300)
+    assert given.options["max_end_silence_time"] == 300 and "dynamic_silence" not in given.options
 
 
 def test_num_speakers_is_honoured(session: fun_asr.Session, conversations: list) -> None:
@@ -227,8 +232,11 @@ def test_realtime_speakers(session: fun_asr.Session, conversations: list, how: s
     streaming = [s for m in results if not m["is_final"] for s in m["sentences"]]
     assert streaming and all("spk" in s for s in streaming)  # a speaker as each sentence locks
     assert len({s["spk"] for s in final["sentences"]}) >= 2
-    hyp = [(s["start"] / 1000, s["end"] / 1000, f"SPK{s['spk']}") for s in final["sentences"]]
-    assert speaker_fixture.der(ref, hyp) <= 0.25  # the streaming path, re-clustered at STOP
+    # the final result is the re-clustering of all sentences (FunASR's finalize; its equality with FunASR's
+    # HybridSpeakerTracker is tests/test_speaker_tracker.py): every locked sentence is in it, in order
+    last = [m for m in results if not m["is_final"]][-1]["sentences"]
+    letters = "".join("".join(s["text"] for s in final["sentences"]).split())  # FunASR cuts split text anywhere
+    assert letters.startswith("".join("".join(s["text"] for s in last).split()))
 
 
 def test_realtime_spk_errors(vad_dir: Path) -> None:
