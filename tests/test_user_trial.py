@@ -402,6 +402,17 @@ def test_ctrl_c_exits_130_with_one_line(model_path: str) -> None:
     maps = Path(f"/proc/{proc.pid}/maps")
     while time.time() < deadline and model_path not in (maps.read_text() if maps.exists() else ""):
         time.sleep(0.1)  # wait until the model is mapped: the CLI then blocks reading stdin
+
+    def reading_stdin() -> bool:  # the main thread blocked in read(0, ...) (x86-64 syscall 0), where Linux says so
+        try:
+            fields = Path(f"/proc/{proc.pid}/syscall").read_text().split()
+        except OSError:
+            return True  # no /proc/PID/syscall here: fall back to the pause below
+        return len(fields) > 1 and fields[0] == "0" and int(fields[1], 16) == 0
+
+    until = time.time() + 30
+    while time.time() < until and not reading_stdin():
+        time.sleep(0.05)
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
