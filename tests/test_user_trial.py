@@ -394,14 +394,19 @@ def test_inspect_names_truncation_and_file_type(tiny_gguf, tmp_path: Path) -> No
     assert r.returncode == 1 and "is a directory" in r.stderr_text
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_ctrl_c_exits_130_with_one_line(model_path: str) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "fun_asr.cli.transcribe", "-", "-m", model_path, "--device", "cpu",
                              "--vad", "none"],  # no no_vad notice: the interrupt line is the only one
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            # a library in this pytest process may have set SIGINT to ignored, which a child
-                            # inherits (Python then installs no KeyboardInterrupt handler): a terminal's Ctrl-C
-                            # reaches the CLI with the default disposition
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            # a library in this pytest process may leave SIGINT ignored or blocked, which a child
+                            # inherits (then no KeyboardInterrupt): a terminal's Ctrl-C reaches the CLI with the
+                            # default disposition and an unblocked mask
+                            preexec_fn=_default_sigint)
     deadline = time.time() + 120
     maps = Path(f"/proc/{proc.pid}/maps")
     while time.time() < deadline and model_path not in (maps.read_text() if maps.exists() else ""):
