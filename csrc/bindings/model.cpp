@@ -108,6 +108,18 @@ py::dict model_info(const Model & m) {
     d["repacked_tensors"] = m.repacked_tensors();
     d["kv_cache_bytes"] = m.kv_bytes();
     d["threads"] = m.threads();
+    d["threads_auto"] = m.threads_auto();
+    return d;
+}
+
+py::dict thread_choice(const Model & m) {
+    py::dict d;
+    const ThreadChooser & c = m.thread_chooser();
+    d["auto"] = m.threads_auto();
+    d["threads"] = m.threads_now();
+    d["candidates"] = c.candidates();
+    d["step_ms"] = c.estimates();
+    d["probes"] = c.probes();
     return d;
 }
 
@@ -117,7 +129,11 @@ void bind_model(py::module_ & m) {
     py::class_<Model>(m, "Model", "A loaded Fun-ASR-Nano model (weights + KV cache) on one backend. Calls on "
                                   "one Model run one at a time (internally locked).")
         .def("info", &model_info, "Hyperparameters, tensor types, backend, bytes of weights.")
-        .def_property("threads", &Model::threads, &Model::set_threads)
+        .def_property("threads", &Model::threads, &Model::set_threads,
+                      "CPU threads; 0 (auto) = up to all cores, the count chosen by timing decode steps.")
+        .def("thread_choice", &thread_choice,
+             "threads=0: {'auto', 'threads' (now used for encoder/prefill), 'candidates', 'step_ms' "
+             "(decode-step estimate per candidate, -1 = not measured), 'probes'}.")
         .def_property_readonly("n_past", &Model::n_past, "Positions currently in the KV cache.")
         .def_property("flash_attn", &Model::flash_attn, &Model::set_flash_attn,
                       "Decoder attention via ggml's fused flash-attention kernel (default True).")

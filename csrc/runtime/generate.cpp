@@ -107,7 +107,7 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     ggml_backend_tensor_set(pos, positions.data(), 0, ggml_nbytes(pos));
     ggml_backend_tensor_set(rows, row_ids.data(), 0, ggml_nbytes(rows));
     ggml_backend_tensor_set(mask, m.data(), 0, ggml_nbytes(mask));
-    compute_graph(g.gf);
+    compute_graph(g.gf, n == 1 ? B : 0);
     std::vector<float> out(static_cast<size_t>(d.vocab * B));
     ggml_backend_tensor_get(logits, out.data(), 0, out.size() * sizeof(float));
     return out;

@@ -128,7 +128,11 @@ Model::~Model() {
 
 void Model::set_threads(int threads) {
     if (threads < 0) throw std::invalid_argument("threads must be >= 0 (0 = all cores)");
+    std::lock_guard<std::mutex> lock(mutex_);  // not while a graph computes
     threads_ = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    // Auto: the chooser times decode steps, on the CPU only (a GPU backend's CPU fallback keeps them all).
+    auto_threads_ = threads == 0 && cpu_backend_ == backend_;
+    chooser_ = ThreadChooser(threads_);
     ggml_backend_cpu_set_n_threads(cpu_backend_, threads_);
 }
 
@@ -163,9 +167,17 @@ void Model::alloc_graph(ggml_cgraph * gf) {
     if (!ggml_backend_sched_alloc_graph(sched_, gf)) throw std::runtime_error("cannot allocate the compute graph");
 }
 
-void Model::compute_graph(ggml_cgraph * gf) {
+void Model::compute_graph(ggml_cgraph * gf, int64_t step_columns) {
+    int n = threads_;
+    if (auto_threads_) n = step_columns > 0 ? chooser_.step_threads() : chooser_.bulk_threads();
+    ggml_backend_cpu_set_n_threads(cpu_backend_, n);
+    const auto t0 = std::chrono::steady_clock::now();
     if (ggml_backend_sched_graph_compute(sched_, gf) != GGML_STATUS_SUCCESS) {
         throw std::runtime_error("graph computation failed");
+    }
+    if (auto_threads_ && step_columns > 0 && !profiling_) {
+        chooser_.record_step(n, step_columns,
+                             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
 }
 

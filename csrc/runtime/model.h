@@ -19,6 +19,7 @@
 #include "graph/common.h"
 #include "model/loader.h"
 #include "runtime/kv_cache.h"
+#include "runtime/thread_chooser.h"
 
 namespace fun_asr {
 
@@ -44,8 +45,13 @@ public:
     bool weights_mmapped() const { return weights_->mmapped; }
     size_t repacked_tensors() const { return weights_->repacked; }
     std::map<std::string, std::string> tensor_types() const;
+    // threads = 0 (auto): all cores until decode steps have been timed, then the fastest count
+    // (runtime/thread_chooser.h); threads() is then the most it uses, threads_now() the current pick.
     int threads() const { return threads_; }
     void set_threads(int threads);
+    bool threads_auto() const { return auto_threads_; }
+    int threads_now() const { return auto_threads_ ? chooser_.bulk_threads() : threads_; }
+    const ThreadChooser & thread_chooser() const { return chooser_; }
     int64_t n_past() const { return n_past_; }
     // Decoder attention through ggml's fused flash-attention kernel (default) or matmul/softmax/matmul.
     bool flash_attn() const { return flash_attn_; }
@@ -159,7 +165,8 @@ private:
     // Stable log-softmax of CTC logits [T, vocab] in place (torch's formula: x - max - log(sum(exp(x - max)))).
     void log_softmax_rows(std::vector<float> & logits, int64_t T) const;
     void alloc_graph(ggml_cgraph * gf);
-    void compute_graph(ggml_cgraph * gf);
+    // step_columns > 0: a decode step for that many sequences (timed for the thread chooser).
+    void compute_graph(ggml_cgraph * gf, int64_t step_columns = 0);
 
     HParams hp_;
     std::unique_ptr<LoadedWeights> weights_;
@@ -175,6 +182,8 @@ private:
     std::vector<std::vector<uint8_t>> prefix_k_, prefix_v_;  // per layer: K/V rows of positions 0..n-1
     bool prefix_matches(const float * embeddings, int64_t n) const;
     int threads_ = 1;
+    bool auto_threads_ = false;
+    ThreadChooser chooser_;
     bool flash_attn_ = true;
     bool logit_digests_on_ = false;
     int64_t max_step_seqs_ = 0;

@@ -1,0 +1,47 @@
+#include "runtime/thread_chooser.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace fun_asr {
+
+ThreadChooser::ThreadChooser(int max_threads) {
+    if (max_threads < 1) throw std::invalid_argument("ThreadChooser: max_threads must be >= 1");
+    candidates_.push_back(max_threads);
+    if (max_threads > 2) candidates_.push_back(max_threads - 1);
+    for (int n = max_threads / 2; n >= 1; n /= 2) {
+        if (n < candidates_.back()) candidates_.push_back(n);
+    }
+    if (candidates_.back() != 1) candidates_.push_back(1);
+    ema_.assign(candidates_.size(), -1.0);
+}
+
+int ThreadChooser::step_threads() {
+    ++steps_;
+    if (candidates_.size() == 1 || steps_ % kProbeEvery != 0) return candidates_[best_];
+    // A neighbour of the best: fewer threads, then more, in turn (only one exists at either end).
+    const bool can_down = best_ + 1 < candidates_.size(), can_up = best_ > 0;
+    probe_up_ = !probe_up_;
+    const bool up = can_up && (probe_up_ || !can_down);
+    ++probes_;
+    return candidates_[up ? best_ - 1 : best_ + 1];
+}
+
+void ThreadChooser::record_step(int threads, int64_t columns, double ms) {
+    if (columns != columns_) {
+        columns_ = columns;
+        std::fill(ema_.begin(), ema_.end(), -1.0);
+    }
+    const auto it = std::find(candidates_.begin(), candidates_.end(), threads);
+    if (it == candidates_.end() || !(ms >= 0.0)) return;
+    const size_t i = static_cast<size_t>(it - candidates_.begin());
+    ema_[i] = ema_[i] < 0.0 ? ms : 0.7 * ema_[i] + 0.3 * ms;
+    // The best is the fastest measured count; another takes over only when clearly faster.
+    size_t fastest = best_;
+    for (size_t j = 0; j < ema_.size(); ++j) {
+        if (ema_[j] >= 0.0 && (ema_[fastest] < 0.0 || ema_[j] < ema_[fastest])) fastest = j;
+    }
+    if (fastest != best_ && (ema_[best_] < 0.0 || ema_[fastest] < kSwitchMargin * ema_[best_])) best_ = fastest;
+}
+
+}  // namespace fun_asr
