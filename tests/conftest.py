@@ -67,6 +67,14 @@ def gguf_converter(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
 
 
 @pytest.fixture(scope="session")
+def wide_gguf(tmp_path_factory: pytest.TempPathFactory, gguf_converter):  # noqa: ANN001, ANN201
+    """The "wide" random checkpoint (the released decoder's widths and vocabulary, 2 layers: full-size
+    product shapes), converted once per package type: wide_gguf("q4_k_m") -> path."""
+    src = make_checkpoint(tmp_path_factory.mktemp("ckpt") / "wide-f32", "wide", seed=3, dtype="f32")
+    return gguf_converter(src, "wide")
+
+
+@pytest.fixture(scope="session")
 def tiny_gguf(tiny_f32: Path, gguf_converter):  # noqa: ANN001, ANN201
     """Converts tiny_f32 once per package type: tiny_gguf("q8_0") -> path."""
     return gguf_converter(tiny_f32, "tiny")

@@ -19,7 +19,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -98,15 +97,6 @@ def run_matrix(package_path: Path, matvec: str, new_tokens: int = 6, batch_sizes
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="session")
-def wide_gguf(tmp_path_factory: pytest.TempPathFactory, gguf_converter) -> Callable[[str], Path]:  # noqa: ANN001
-    """The "wide" random checkpoint (full decoder widths, 2 layers), converted once per package type."""
-    from make_random_checkpoint import make_checkpoint
-
-    src = make_checkpoint(tmp_path_factory.mktemp("ckpt") / "wide-f32", "wide", seed=3, dtype="f32")
-    return gguf_converter(src, "wide")
 
 
 @pytest.mark.parametrize("matvec", _paths(), ids=lambda p: {"0": "ggml", "avx2": "avx2", "": "default"}[p])

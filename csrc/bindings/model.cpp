@@ -126,6 +126,19 @@ py::dict thread_choice(const Model & m) {
 }  // namespace
 
 void bind_model(py::module_ & m) {
+    py::class_<ThreadChooser>(m, "ThreadChooser",
+                              "threads=0's policy (runtime/thread_chooser.h), exposed for tests and tools: "
+                              "which thread count a decode step / an encoder pass gets, from timed steps.")
+        .def(py::init<int>(), py::arg("max_threads"))
+        .def("step_threads", &ThreadChooser::step_threads, "Threads for the next decode step (every 16th is a probe).")
+        .def("record_step", &ThreadChooser::record_step, py::arg("threads"), py::arg("columns"), py::arg("ms"))
+        .def("bulk_threads", &ThreadChooser::bulk_threads, "Threads for an encoder pass or a prefill.")
+        .def_property_readonly("candidates", &ThreadChooser::candidates)
+        .def_property_readonly("estimates", &ThreadChooser::estimates)
+        .def_property_readonly("probes", &ThreadChooser::probes)
+        .def_property_readonly_static("probe_every", [](py::object) { return ThreadChooser::kProbeEvery; })
+        .def_property_readonly_static("switch_margin", [](py::object) { return ThreadChooser::kSwitchMargin; });
+
     py::class_<Model>(m, "Model", "A loaded Fun-ASR-Nano model (weights + KV cache) on one backend. Calls on "
                                   "one Model run one at a time (internally locked).")
         .def("info", &model_info, "Hyperparameters, tensor types, backend, bytes of weights.")

@@ -35,7 +35,9 @@ void ThreadChooser::record_step(int threads, int64_t columns, double ms) {
     const auto it = std::find(candidates_.begin(), candidates_.end(), threads);
     if (it == candidates_.end() || !(ms >= 0.0)) return;
     const size_t i = static_cast<size_t>(it - candidates_.begin());
-    ema_[i] = ema_[i] < 0.0 ? ms : 0.7 * ema_[i] + 0.3 * ms;
+    // The best count's steps average (EMA); a probe replaces its count's estimate: it is the only fresh
+    // sample of that count, and the machine may have changed since the last one.
+    ema_[i] = ema_[i] < 0.0 || i != best_ ? ms : 0.7 * ema_[i] + 0.3 * ms;
     // The best is the fastest measured count; another takes over only when clearly faster.
     size_t fastest = best_;
     for (size_t j = 0; j < ema_.size(); ++j) {
