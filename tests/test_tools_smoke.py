@@ -19,6 +19,15 @@ def test_bench_smoke(tmp_path: Path) -> None:
                "bandwidth limit", "matmul", "Peak RSS", "Batching", "best case")
     for needle in needles:
         assert needle in table, needle
+    # --contention (same work folder: the tiny checkpoint and package are reused)
+    out = tmp_path / "contention.md"
+    r = subprocess.run([sys.executable, str(TOOLS / "bench.py"), "--smoke", "--contention", "--work",
+                        str(tmp_path / "w"), "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = out.read_text()
+    for needle in ("| transformers F32 |", "| fun-asr q8_0 | 1 |", "| fun-asr q8_0 | 0 (auto) |", "busy",
+                   "GOMP_SPINCOUNT="):
+        assert needle in table, needle
 
 
 def test_bench_stream_smoke(tiny_gguf, tmp_path: Path) -> None:  # noqa: ANN001
