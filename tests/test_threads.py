@@ -115,12 +115,18 @@ def test_many_cores_walk_to_the_fastest_count() -> None:
     assert c.bulk_threads() == 8
 
 
-def test_new_column_count_starts_estimates_again() -> None:
+def test_estimates_are_kept_per_column_count() -> None:
+    """A server's batch size changes: each column count has its own estimates, so a 4-sequence step is
+    never compared with a 1-sequence one, and going back to 1 finds the old estimates."""
     c = _core.ThreadChooser(2)
     _drive(c, {2: 19.0, 1: 25.0}.__getitem__, 16)
     assert c.estimates == [19.0, 25.0]
-    c.record_step(2, 4, 30.0)  # a batch of 4 sequences: the 1-column estimates no longer compare
-    assert c.estimates == [30.0, -1.0] and c.bulk_threads() == 2
+    c.record_step(1, 4, 30.0)  # 4 sequences, one thread: not comparable with the 1-column 19 ms
+    assert c.estimates == [-1.0, 30.0] and c.bulk_threads() == 2
+    c.record_step(2, 4, 45.0)
+    assert c.bulk_threads() == 1  # at 4 columns one thread measured faster
+    c.record_step(2, 1, 19.0)
+    assert c.estimates[1] == 25.0 and c.bulk_threads() == 2
 
 
 def _spin_env(**env: str) -> str:

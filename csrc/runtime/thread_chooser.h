@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 namespace fun_asr {
@@ -24,19 +25,19 @@ public:
     // Threads for the next decode step (steps count up; every kProbeEvery-th one is a probe).
     int step_threads();
     // The step just computed took `ms` with `threads` threads for `columns` sequences (estimates are
-    // kept per column count: a new count starts them again, keeping the best's place).
+    // kept per column count, so a server whose batch size changes compares like with like).
     void record_step(int threads, int64_t columns, double ms);
     // Threads for an encoder pass or a prefill: the best decode count (all cores until measured).
     int bulk_threads() const { return candidates_[best_]; }
 
     const std::vector<int> & candidates() const { return candidates_; }
-    // ms per step per candidate (negative: not measured at the current column count).
-    const std::vector<double> & estimates() const { return ema_; }
+    // ms per step per candidate at the last column count (negative: not measured).
+    std::vector<double> estimates() const;
     int64_t probes() const { return probes_; }
 
 private:
     std::vector<int> candidates_;
-    std::vector<double> ema_;
+    std::map<int64_t, std::vector<double>> ema_;  // column count -> ms per step per candidate
     size_t best_ = 0;
     int64_t steps_ = 0, probes_ = 0, columns_ = -1;
     bool probe_up_ = false;  // alternate the probed neighbour (fewer / more threads)

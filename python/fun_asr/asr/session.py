@@ -66,7 +66,8 @@ class Session:
     ``model``: a GGUF file, an HF checkpoint folder, or a hub repo id (default
     ``FunAudioLLM/Fun-ASR-Nano-2512-hf`` at the pinned revision: downloaded and converted once,
     Q8_0 on CPU and F16 on CUDA unless ``package_type`` says otherwise).
-    ``device``: ``auto``, ``cpu``, ``cuda``, ``cuda:N``. ``threads``: CPU threads, 0 = all cores.
+    ``device``: ``auto``, ``cpu``, ``cuda``, ``cuda:N``. ``threads``: CPU threads, 0 = auto (up to all cores;
+    fewer when timed decode steps say that is faster, e.g. beside a busy process).
 
     ``vad``: FunASR's FSMN-VAD in front of the recognizer (only speech is transcribed, each segment
     timed by the VAD, as FunASR's own pipeline). ``"auto"`` (default) takes the first of: ``vad_model``
@@ -161,13 +162,17 @@ class Session:
         """CAM++ embeddings ``[N, D]`` of 16 kHz windows (the speaker model, under the Session's lock)."""
         model = self.speaker_model
         with self._lock:
-            return model.embed(windows, threads=self.threads)
+            return model.embed(windows, threads=self._speaker_threads())
 
     def embed_speaker_features(self, features: list[np.ndarray]) -> np.ndarray:
         """CAM++ embeddings ``[N, D]`` of CAM++ feature windows (under the Session's lock)."""
         model = self.speaker_model
         with self._lock:
-            return model.embed_features(features, threads=self.threads)
+            return model.embed_features(features, threads=self._speaker_threads())
+
+    def _speaker_threads(self) -> int:
+        """The Session's threads; for threads=0 the count the ASR model's timed decode steps chose now."""
+        return self.threads or int(self.model.thread_choice()["threads"])
 
     def _speaker_windows(self) -> RecordingSpeakers:
         return RecordingSpeakers(self.embed_speaker_features, self.speaker_model.frontend)

@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-itn", action="store_true", help="no inverse text normalization")
     ap.add_argument("--hotwords", help="comma-separated words to favour; a manifest's per-item 'hotwords' override")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads of the local engine (default 0: all cores)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="CPU threads of the local engine (default 0: auto, up to all cores)")
     ap.add_argument("--max-new-tokens", type=int, default=512, help="decoding limit per segment (default 512)")
     ap.add_argument("--segment-seconds", "--max-segment-seconds", dest="segment_seconds", type=float, default=30.0,
                     help="longest segment in seconds: the VAD's forced cut, or the pause splitter's limit (default 30)")
@@ -95,7 +96,7 @@ def _check(args: argparse.Namespace) -> str | None:
     if not args.segment_seconds >= 1.0:
         return f"--segment-seconds must be at least 1, got {args.segment_seconds:g}"
     if args.threads < 0:
-        return f"--threads must be 0 (all cores) or more, got {args.threads}"
+        return f"--threads must be 0 (auto) or more, got {args.threads}"
     if args.workers is not None and args.workers < 1:
         return f"--workers must be 1 or more, got {args.workers}"
     if args.shard_size < 1:

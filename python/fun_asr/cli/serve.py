@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="close a WebSocket whose pong is this late; <= 0: never (a stream that fell behind is not "
                          "read, so it cannot answer; FunASR's default)")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all cores)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="CPU threads (default 0: auto, up to all cores, fewer on a busy machine when that is faster)")
     ap.add_argument("--max-upload-mb", type=float, default=100.0, help="largest accepted upload, in MB (413 above)")
     ap.add_argument("--max-concurrency", type=int, default=8,
                     help="requests with equal options transcribed together in one batch")

@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("-o", "--output-dir", help="write one file per input and format into this directory instead of "
                                                "printing to stdout (created if missing)")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
-    ap.add_argument("--threads", type=int, default=0, help="CPU threads (default 0: all cores)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="CPU threads (default 0: auto, up to all cores, fewer on a busy machine when that is faster)")
     ap.add_argument("--max-new-tokens", type=int, default=None,
                     help="decoding limit per segment (default 512; --stream-mode chunked: per chunk, default 200)")
     ap.add_argument("--segment-seconds", "--max-segment-seconds", dest="segment_seconds", type=float, default=30.0,
@@ -140,7 +141,7 @@ def check_options(args: argparse.Namespace) -> None:
     if not args.segment_seconds >= 1.0:
         raise UsageError(f"--segment-seconds must be at least 1, got {args.segment_seconds:g}")
     if args.threads < 0:
-        raise UsageError(f"--threads must be 0 (all cores) or more, got {args.threads}")
+        raise UsageError(f"--threads must be 0 (auto) or more, got {args.threads}")
     if args.language is not None:  # any name reaches the prompt (as FunASR); a control character, too long: no
         from fun_asr.asr.language import normalize_language
         from fun_asr.model.spec import load_spec
