@@ -70,6 +70,53 @@ def test_more_columns_than_the_kernel_takes_still_match() -> None:
     np.testing.assert_array_equal(_core.eval_matmul("q8_0", w, x, path="decode"), one_by_one)
 
 
+_MANY_COLUMNS = (
+    "import numpy as np; from fun_asr import _core\n"
+    "rng = np.random.default_rng(12); bad = []\n"
+    "for wt, rows, k in [('q8_0', 72, 512), ('q8_0', 37, 96), ('q6_k', 40, 512)]:\n"
+    "    w = rng.standard_normal((rows, k)).astype(np.float32)\n"
+    "    for cols in (9, 63, 64, 65, 167):\n"
+    "        x = rng.standard_normal((cols, k)).astype(np.float32)\n"
+    "        for t in (1, 2, 3):\n"
+    "            ref = _core.eval_matmul(wt, w, x, threads=t, path='ggml')\n"
+    "            for p in ('decode', 'frames'):\n"
+    "                if not np.array_equal(_core.eval_matmul(wt, w, x, threads=t, path=p), ref):\n"
+    "                    bad.append((wt, rows, k, cols, t, p))\n"
+    "print(_core.matvec_isa(), bad)\n"
+)
+
+
+@needs_kernel
+@pytest.mark.parametrize("matvec", ["", "avx2"], ids=["default", "avx2"])
+def test_many_columns_are_bitwise_ggml(matvec: str) -> None:
+    """Encoder frames and prefills (mul_mat_frames) take these kernels where they beat ggml's GEMM on the
+    build (VNNI kernels: Q8_0 without VNNI in ggml, Q6_K): for any column count, split by rows (few columns) or by
+    columns (32+ per thread), the bits are ggml_mul_mat's."""
+    env = {**os.environ, "FUN_ASR_MATVEC": matvec} if matvec else dict(os.environ)
+    out = subprocess.run([sys.executable, "-c", _MANY_COLUMNS], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1].endswith(" []"), out.stdout
+
+
+@needs_kernel
+def test_encoder_takes_the_kernels_where_ggml_has_no_fast_gemm(tiny_gguf) -> None:  # noqa: ANN001
+    """The routing itself: a Q8_0 encoder's products show as MATVEC in the profile exactly when the kernels
+    are the AVX-512 VNNI ones and ggml's CPU backend was built without VNNI dot products (and the CPU has
+    no AMX, which comes first)."""
+    model = _core.load_gguf(str(tiny_gguf("q8_0")), device="cpu", threads=2)
+    model.profiling = True
+    model.encode(np.random.default_rng(0).standard_normal((40, model.info()["encoder"]["input_size"]))
+                 .astype(np.float32))
+    keys = [k for k in model.profile() if k.startswith("encode/")]
+    feats = _core.system_info()["cpu_features"]
+    ggml_vnni = feats.get("AVX512_VNNI") == "1" or feats.get("AVX_VNNI") == "1"
+    routed = any(k.startswith("encode/MATVEC/enc.") for k in keys)
+    if _core.amx_available() or _core.matvec_isa() != "avx512vnni":
+        assert not routed, keys
+    else:
+        assert routed == (not ggml_vnni), keys
+
+
 def test_kernel_isa_is_reported() -> None:
     assert _core.matvec_isa() in {"", "avx2", "avx512vnni"}
 

@@ -53,7 +53,8 @@ ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x)
 }
 
 ggml_tensor * mul_mat_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared) {
-    return amx_gemm_supported(w, x) ? amx_gemm(ctx, w, x, prepared) : mul_mat(ctx, w, x);
+    if (amx_gemm_supported(w, x)) return amx_gemm(ctx, w, x, prepared);
+    return matvec_frames_preferred(w, x) ? matvec(ctx, w, x) : mul_mat(ctx, w, x);
 }
 
 ggml_tensor * prepare_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
@@ -61,8 +62,12 @@ ggml_tensor * prepare_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * 
 }
 
 ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml_tensor * prepared) {
-    if (amx_gemm_supported(l.w, x) && amx_bias_supported(l.w, l.b)) return amx_gemm(ctx, l.w, x, prepared, l.b);
-    x = mul_mat(ctx, l.w, x);
+    if (amx_gemm_supported(l.w, x)) {
+        if (amx_bias_supported(l.w, l.b)) return amx_gemm(ctx, l.w, x, prepared, l.b);
+        x = mul_mat(ctx, l.w, x);
+    } else {
+        x = mul_mat_frames(ctx, l.w, x);
+    }
     return l.b ? ggml_add(ctx, x, l.b) : x;
 }
 

@@ -34,7 +34,8 @@ ggml_tensor * mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
 // (ggml_mul_mat itself rounds one column and several differently). Weights on a GPU: ggml_mul_mat.
 ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
 // For many columns (encoder frames, a prefill's positions): a Q8_0 matrix on Intel AMX
-// (kernels/gemm_amx) where the CPU has it, else mul_mat. linear() and the decoder's prefill use this
+// (kernels/gemm_amx) where the CPU has it; else the kernels in kernels/matvec where they are faster
+// than ggml's GEMM on this build (matvec_frames_preferred: the same numbers), else mul_mat. linear() and the decoder's prefill use this
 // for every column count; decode steps use mul_mat_step (see kernels/gemm_amx.h).
 // `prepared` (may be null) is prepare_frames(ctx, w, x) shared by products with the same input x.
 ggml_tensor * mul_mat_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared = nullptr);

@@ -25,6 +25,7 @@ constexpr int64_t kSuperBlock = 256;  // QK_K
 constexpr size_t kQ6KBytes = 210;   // block_q6_K: ql[128] qh[64] scales[16] fp16 d
 constexpr size_t kQ8KBytes = 292;   // block_q8_K: float d, int8 qs[256], int16 bsums[16]
 constexpr int64_t kMaxCols = 8;  // mul_mat()'s limit; decode steps take any count
+constexpr int64_t kColumnSplit = 32;  // from this many columns per thread, threads split columns, not rows
 
 // Rows [r0, r1) of a weight matrix (stride ws bytes) times n prepared activation columns.
 using RowsFn = void (*)(const uint8_t * w, size_t ws, int64_t r0, int64_t r1, const void * act, const float * scales,
@@ -228,16 +229,27 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const ggml_tensor * x = dst->src[1];
     const int64_t k = w->ne[0], rows = w->ne[1], n = x->ne[1];
     thread_local Activation act;
+    const int64_t xs = static_cast<int64_t>(x->nb[1] / sizeof(float)), ys = static_cast<int64_t>(dst->nb[1] / sizeof(float));
+    if (n >= kColumnSplit * nth) {
+        // Many columns (encoder frames, a prefill): each thread takes a range of columns (multiples of the
+        // 4-column tiles) over every row and quantizes only those. A column's arithmetic is the same
+        // whichever tile computes it, so the split changes no number.
+        const int64_t per = ((n + nth - 1) / nth + 3) / 4 * 4;
+        const int64_t c0 = std::min<int64_t>(n, per * ith), c1 = std::min<int64_t>(n, c0 + per);
+        if (c0 >= c1) return;
+        quantize_cols(w->type, static_cast<const float *>(x->data) + c0 * xs, xs, c1 - c0, k, act);
+        kernel_for(w)(static_cast<const uint8_t *>(w->data), w->nb[1], 0, rows, act.data(), act.scales.data(), c1 - c0,
+                      blocks_per_row(w->type, k), static_cast<float *>(dst->data) + c0 * ys, ys);
+        return;
+    }
     // Every thread quantizes the (small) activation itself: no barrier needed inside the op.
-    quantize_cols(w->type, static_cast<const float *>(x->data), static_cast<int64_t>(x->nb[1] / sizeof(float)), n, k,
-                  act);
+    quantize_cols(w->type, static_cast<const float *>(x->data), xs, n, k, act);
     // Contiguous row ranges, multiples of 16 rows (whole cache lines of output).
     const int64_t per = ((rows + nth - 1) / nth + 15) / 16 * 16;  // also whole 8-row groups (repacked Q4_K)
     const int64_t r0 = std::min<int64_t>(rows, per * ith), r1 = std::min<int64_t>(rows, r0 + per);
     if (r0 >= r1) return;
     kernel_for(w)(static_cast<const uint8_t *>(w->data), w->nb[1], r0, r1, act.data(), act.scales.data(), n,
-                  blocks_per_row(w->type, k), static_cast<float *>(dst->data),
-                  static_cast<int64_t>(dst->nb[1] / sizeof(float)));
+                  blocks_per_row(w->type, k), static_cast<float *>(dst->data), ys);
 }
 
 }  // namespace
@@ -259,6 +271,22 @@ bool matvec_step_supported(const ggml_tensor * w, const ggml_tensor * x) {
 
 bool matvec_supported(const ggml_tensor * w, const ggml_tensor * x) {
     return matvec_step_supported(w, x) && x->ne[1] <= kMaxCols;
+}
+
+bool matvec_frames_preferred(const ggml_tensor * w, const ggml_tensor * x) {
+    if (!matvec_step_supported(w, x)) return false;
+    if (x->ne[1] <= kMaxCols) return true;
+    // Measured, encoder shapes (2048 x 512 and 512 x 2048 x 167 frames, 1024 x 1024 x 40), 2 threads,
+    // GOPS (docs/performance.md): the AVX-512 VNNI kernels beat ggml's Q8_0 GEMM when ggml was built
+    // without VNNI (the portable x86-64-v3 build on an AVX-512 CPU: 111-124 vs 90-106), and ggml's Q6_K
+    // (no GEMM: vec_dot per element) on either build (91-99 vs 63-86). The AVX2 kernels do not beat
+    // ggml's AVX2 GEMMs (Q8_0 ~89 vs ~105), so AVX2-only CPUs keep ggml. Same numbers either way.
+    if (std::strcmp(kernels().name, "avx512vnni") != 0) return false;
+    switch (w->type) {
+        case GGML_TYPE_Q8_0: return !(ggml_cpu_has_avx512_vnni() || ggml_cpu_has_avx_vnni());
+        case GGML_TYPE_Q6_K: return true;
+        default: return false;
+    }
 }
 
 bool weight_in_cpu_memory(const ggml_tensor * w) {

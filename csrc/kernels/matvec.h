@@ -42,6 +42,10 @@ int64_t matvec_max_cols();
 // [w->ne[0], n], 1 <= n <= max cols (matvec_supported) or any n >= 1 (matvec_step_supported).
 bool matvec_supported(const ggml_tensor * w, const ggml_tensor * x);
 bool matvec_step_supported(const ggml_tensor * w, const ggml_tensor * x);
+// Whether a product of many columns (encoder frames, a prefill: mul_mat_frames) is faster through
+// these kernels than through ggml's GEMM on this build: with the AVX-512 VNNI kernels, Q8_0 when ggml
+// has no VNNI dot products, and Q6_K; the numbers are the same either way.
+bool matvec_frames_preferred(const ggml_tensor * w, const ggml_tensor * x);
 // The weight's side of those checks: a decode step's product with w (F32 columns of its row length)
 // goes through a kernel.
 bool matvec_step_takes(const ggml_tensor * w);

@@ -17,7 +17,7 @@ namespace fun_asr {
 class ThreadChooser {
 public:
     static constexpr int64_t kProbeEvery = 16;  // every 16th step tries a neighbour of the best count
-    static constexpr double kSwitchMargin = 0.95;  // another count must be 5 % faster to take over
+    static constexpr double kSwitchMargin = 0.85;  // another count must be 15 % faster to take over
 
     // max_threads: the cores there are; candidates max, max-1, max/2, max/4, ..., 1.
     explicit ThreadChooser(int max_threads = 1);
