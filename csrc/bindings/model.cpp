@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -278,7 +279,7 @@ void bind_model(py::module_ & m) {
         .def(
             "generate_batch",
             [](Model & self, const py::list & embeddings, int64_t max_new_tokens, const std::vector<int64_t> & stop_ids,
-               bool repetition_guard, const py::object & on_step) {
+               bool repetition_guard, const py::object & on_step, const std::optional<std::vector<int64_t>> & draft) {
                 std::vector<py::array> keep;
                 std::vector<std::pair<const float *, int64_t>> prompts;
                 for (auto item : embeddings) {
@@ -288,6 +289,14 @@ void bind_model(py::module_ & m) {
                     prompts.emplace_back(static_cast<const float *>(keep.back().data()), keep.back().shape(0));
                 }
                 const std::vector<int32_t> stops = vocab_ids(self, stop_ids, "stop id");
+                std::vector<int32_t> draft_ids;
+                if (draft) {
+                    if (prompts.size() != 1) {
+                        throw py::value_error("draft is for one sequence; got " + std::to_string(prompts.size()) +
+                                              " embeddings");
+                    }
+                    draft_ids = vocab_ids(self, *draft, "draft token");
+                }
                 // Every step takes the GIL briefly: pending signals (Ctrl-C) are checked and on_step is
                 // called; a Python exception from either aborts generation and propagates.
                 const bool has_callback = !on_step.is_none();
@@ -299,7 +308,8 @@ void bind_model(py::module_ & m) {
                 std::vector<Model::Generated> out;
                 {
                     py::gil_scoped_release release;
-                    out = self.generate_batch(prompts, max_new_tokens, stops, repetition_guard, step);
+                    out = self.generate_batch(prompts, max_new_tokens, stops, repetition_guard, step,
+                                              draft ? &draft_ids : nullptr);
                 }
                 py::list result;
                 for (const auto & g : out) {
@@ -308,11 +318,16 @@ void bind_model(py::module_ & m) {
                 return result;
             },
             py::arg("embeddings"), py::arg("max_new_tokens"), py::arg("stop_ids"), py::kw_only(),
-            py::arg("repetition_guard") = false, py::arg("on_step") = py::none(),
+            py::arg("repetition_guard") = false, py::arg("on_step") = py::none(), py::arg("draft") = py::none(),
             "generate() for several sequences at once (one KV cache slot each; every step reads the weights once "
             "for all). Returns [(tokens, stop_reason)] in input order; tokens equal one-by-one generate(). "
             "on_step(tokens_so_far, active) is called after the prefill and after every step; an exception it "
-            "raises (or Ctrl-C) aborts the generation.")
+            "raises (or Ctrl-C) aborts the generation. draft (one sequence only): token ids the output probably "
+            "contains (a previous partial, a CTC transcript): lossless speculative decoding, up to draft_max "
+            "draft tokens verified per decoder pass; the result is plain greedy's, bit for bit "
+            "(last_generation(): decode_passes, draft_proposed, draft_accepted).")
+        .def_property("draft_max", &Model::draft_max, &Model::set_draft_max,
+                      "Most draft tokens one verification pass takes (default 6; 0 = drafts unused).")
         .def_property("logit_digests", &Model::logit_digests, &Model::set_logit_digests,
                       "Test aid (default False): generate_batch/generate keep a 64-bit digest of every logits row a "
                       "token was taken from; last_logit_digests() returns them.")
@@ -364,6 +379,9 @@ void bind_model(py::module_ & m) {
                 d["prompt_tokens"] = s.prompt_tokens;
                 d["new_tokens"] = s.new_tokens;
                 d["prefix_reused"] = s.prefix_reused;
+                d["decode_passes"] = s.decode_passes;
+                d["draft_proposed"] = s.draft_proposed;
+                d["draft_accepted"] = s.draft_accepted;
                 return d;
             },
             "Stop reason (eos, max_new_tokens, repetition) and timings of the last generate().")

@@ -41,6 +41,10 @@ struct DecoderInputs {
     bool all_logits;
     bool flash_attn;  // fused attention kernel (ggml_flash_attn_ext) instead of matmul/softmax/matmul
     const std::vector<int64_t> * kv_lens = nullptr;  // per sequence: its cached length + n (may be null)
+    // n positions of one sequence computed as n decode steps would be (speculative verification): every
+    // product with the decode-step arithmetic (mul_mat_step, per column), so each position's logits are
+    // bit for bit those of a single step there.
+    bool step_products = false;
 };
 ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams & hp, const Weights & w,
                             const DecoderInputs & in);

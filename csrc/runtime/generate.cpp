@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <string>
 
 #include "graph/stages.h"
 #include "kernels/matvec.h"
@@ -43,6 +44,40 @@ uint64_t digest(const float * x, int64_t n) {
     return h;
 }
 
+// Appends tok to g and sets g.stop_reason when generation ends with it (the same rules everywhere).
+void take_token(Model::Generated & g, int32_t tok, const std::vector<int32_t> & stop_ids, bool repetition_guard,
+                int64_t max_new_tokens) {
+    g.tokens.push_back(tok);
+    if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end()) {
+        g.stop_reason = "eos";
+    } else if (repetition_guard && stuck_in_loop(g.tokens)) {
+        g.stop_reason = "repetition";
+    } else if (static_cast<int64_t>(g.tokens.size()) >= max_new_tokens) {
+        g.stop_reason = "max_new_tokens";
+    }
+}
+
+// Up to `most` draft tokens to follow `tokens`: where tokens is a prefix of the draft, the draft's next
+// tokens; else those after the last occurrence in the draft of tokens' last two.
+std::vector<int32_t> propose(const std::vector<int32_t> & tokens, const std::vector<int32_t> & draft, int64_t most) {
+    const size_t t = tokens.size();
+    size_t from = std::string::npos;
+    if (t <= draft.size() && std::equal(tokens.begin(), tokens.end(), draft.begin())) {
+        from = t;
+    } else if (t >= 2) {
+        for (size_t j = draft.size(); j-- > 1;) {
+            if (draft[j - 1] == tokens[t - 2] && draft[j] == tokens[t - 1]) {
+                from = j + 1;
+                break;
+            }
+        }
+    }
+    if (from == std::string::npos || from >= draft.size() || most <= 0) return {};
+    const size_t end = std::min(draft.size(), from + static_cast<size_t>(most));
+    return std::vector<int32_t>(draft.begin() + static_cast<std::ptrdiff_t>(from),
+                                draft.begin() + static_cast<std::ptrdiff_t>(end));
+}
+
 double ms_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -50,7 +85,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * tokens, int64_t n, int64_t slot0,
-                                      const std::vector<int64_t> & past) {
+                                      const std::vector<int64_t> & past, bool verify) {
     const auto & d = hp_.dec;
     const int64_t B = static_cast<int64_t>(past.size());
     const int64_t n_kv = *std::max_element(past.begin(), past.end()) + n;
@@ -59,7 +94,7 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
                                     "context of " + std::to_string(d.max_positions));
     }
     if (n_kv > kv_.capacity() || slot0 + B > kv_.n_seq()) throw std::logic_error("KV cache too small");
-    stage_ = n > 1 ? "prefill" : "decode";
+    stage_ = verify ? "verify" : n > 1 ? "prefill" : "decode";
 
     GraphScope g;
     new_graph(g);
@@ -83,7 +118,8 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     ggml_set_input(mask);
     std::vector<int64_t> kv_lens(past.begin(), past.end());
     for (auto & len : kv_lens) len += n;
-    DecoderInputs in{x, pos, rows, mask, &kv_.k(), &kv_.v(), n, B, n_kv, slot0, false, flash_attn_, &kv_lens};
+    DecoderInputs in{x, pos, rows, mask, &kv_.k(), &kv_.v(), n, B, n_kv, slot0, verify, flash_attn_, &kv_lens};
+    in.step_products = verify;
     ggml_tensor * logits = build_decoder(gc, g.gf, hp_, weights_->w, in);
     ggml_set_output(logits);
     ggml_build_forward_expand(g.gf, logits);
@@ -108,7 +144,7 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     ggml_backend_tensor_set(rows, row_ids.data(), 0, ggml_nbytes(rows));
     ggml_backend_tensor_set(mask, m.data(), 0, ggml_nbytes(mask));
     compute_graph(g.gf, n == 1 ? B : 0);
-    std::vector<float> out(static_cast<size_t>(d.vocab * B));
+    std::vector<float> out(static_cast<size_t>(d.vocab * B * (verify ? n : 1)));
     ggml_backend_tensor_get(logits, out.data(), 0, out.size() * sizeof(float));
     return out;
 }
@@ -197,9 +233,16 @@ void Model::set_prefix(const float * embeddings, int64_t n) {
 
 std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<const float *, int64_t>> & prompts,
                                                     int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
-                                                    bool repetition_guard, const StepCallback & on_step) {
+                                                    bool repetition_guard, const StepCallback & on_step,
+                                                    const std::vector<int32_t> * draft) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (prompts.empty()) throw std::invalid_argument("no sequences to generate");
+    if (draft && prompts.size() != 1) {
+        throw std::invalid_argument("a draft is for one sequence; got " + std::to_string(prompts.size()));
+    }
+    if (draft) {
+        for (int32_t id : *draft) check_token(id);
+    }
     for (const auto & p : prompts) {
         if (p.second <= 0) throw std::invalid_argument("embeddings are empty: need at least one row");
     }
@@ -245,6 +288,13 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
     last_.prefill_ms = ms_since(t0);
     if (on_step) on_step(0, B);
     t0 = std::chrono::steady_clock::now();
+    if (draft && !draft->empty() && draft_max_ > 0 && flash_attn_) {
+        decode_with_draft(out[0], next[0], past[0], max_new_tokens, stop_ids, repetition_guard, *draft, on_step);
+        last_.decode_ms = ms_since(t0);
+        last_.new_tokens = static_cast<int64_t>(out[0].tokens.size());
+        last_.stop_reason = out[0].stop_reason;
+        return out;
+    }
     int64_t active = B;
     int64_t produced = 0;
     const int64_t chunk = max_step_seqs_ > 0 ? std::min(max_step_seqs_, step_chunk()) : step_chunk();
@@ -252,16 +302,8 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
         for (int64_t b = 0; b < B; ++b) {
             Generated & g = out[static_cast<size_t>(b)];
             if (!g.stop_reason.empty()) continue;
-            const int32_t tok = next[static_cast<size_t>(b)];
-            g.tokens.push_back(tok);
+            take_token(g, next[static_cast<size_t>(b)], stop_ids, repetition_guard, max_new_tokens);
             ++produced;
-            if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end()) {
-                g.stop_reason = "eos";
-            } else if (repetition_guard && stuck_in_loop(g.tokens)) {
-                g.stop_reason = "repetition";
-            } else if (static_cast<int64_t>(g.tokens.size()) >= max_new_tokens) {
-                g.stop_reason = "max_new_tokens";
-            }
             if (!g.stop_reason.empty()) --active;
         }
         if (on_step) on_step(produced, active);
@@ -269,6 +311,7 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
         // One step for every slot (finished ones just keep going; the weights are read once for all, or
         // once per chunk of step_chunk() sequences).
         std::vector<float> logits;
+        ++last_.decode_passes;
         for (int64_t b0 = 0; b0 < B; b0 += chunk) {
             const int64_t m = std::min(chunk, B - b0);
             const std::vector<int64_t> part(past.begin() + b0, past.begin() + b0 + m);
@@ -292,6 +335,46 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
     for (const auto & g : out) last_.new_tokens += static_cast<int64_t>(g.tokens.size());
     last_.stop_reason = B == 1 ? out[0].stop_reason : "batch";
     return out;
+}
+
+void Model::decode_with_draft(Generated & g, int32_t next, int64_t past, int64_t max_new_tokens,
+                              const std::vector<int32_t> & stop_ids, bool repetition_guard,
+                              const std::vector<int32_t> & draft, const StepCallback & on_step) {
+    const int64_t V = hp_.dec.vocab;
+    for (;;) {
+        take_token(g, next, stop_ids, repetition_guard, max_new_tokens);
+        if (on_step) on_step(static_cast<int64_t>(g.tokens.size()), g.stop_reason.empty() ? 1 : 0);
+        if (!g.stop_reason.empty()) return;
+        // Draft tokens to verify after `next`: at most as many as may still be generated, less one, so that
+        // no position past the prompt + max_new_tokens - 1 the cache was sized for is written.
+        const int64_t room = max_new_tokens - static_cast<int64_t>(g.tokens.size()) - 1;
+        const std::vector<int32_t> cand = propose(g.tokens, draft, std::min(draft_max_, room));
+        std::vector<int32_t> in(1, next);
+        in.insert(in.end(), cand.begin(), cand.end());
+        const int64_t n = static_cast<int64_t>(in.size());
+        ++last_.decode_passes;
+        // Position i's logits choose the token after in[i]; a draft token is kept while it is that choice.
+        const std::vector<float> logits = run_decoder(nullptr, in.data(), n, 0, {past}, n > 1);
+        last_.draft_proposed += n - 1;
+        int64_t i = 0;
+        for (;; ++i) {
+            const float * row = logits.data() + i * V;
+            const int32_t choice = argmax(row, V);
+            if (logit_digests_on_) digests_[0].push_back(digest(row, V));
+            past += 1;  // in[i] is now in the cache for good
+            if (i + 1 < n && choice == in[static_cast<size_t>(i + 1)]) {
+                ++last_.draft_accepted;
+                take_token(g, choice, stop_ids, repetition_guard, max_new_tokens);
+                if (!g.stop_reason.empty()) {
+                    if (on_step) on_step(static_cast<int64_t>(g.tokens.size()), 0);
+                    return;
+                }
+                continue;
+            }
+            next = choice;  // the first token the draft did not have (or the one after the whole draft)
+            break;
+        }
+    }
 }
 
 }  // namespace fun_asr

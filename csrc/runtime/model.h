@@ -92,9 +92,24 @@ public:
     // with the tokens produced so far over all sequences and how many are still running; it may throw
     // to abort (e.g. Ctrl-C), leaving the model usable.
     using StepCallback = std::function<void(int64_t, int64_t)>;
+    //
+    // draft (one sequence only; null = none): tokens the output probably contains (the previous partial
+    // of a stream, a CTC transcript). Lossless speculative decoding: where the tokens so far end as in
+    // the draft (its prefix, else the last two tokens found in it), up to draft_max() of the draft's
+    // next tokens are verified in one pass of decode-step arithmetic (mul_mat_step per position, the
+    // fused attention's per-row loop), and the longest prefix that greedy decoding itself takes is kept.
+    // Tokens, stop reason and every logits row are those of plain greedy decoding, bit for bit (tests);
+    // with flash_attn off (the matmul attention sums over the pass's longest row) the draft is not used.
     std::vector<Generated> generate_batch(const std::vector<std::pair<const float *, int64_t>> & prompts,
                                           int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
-                                          bool repetition_guard = false, const StepCallback & on_step = nullptr);
+                                          bool repetition_guard = false, const StepCallback & on_step = nullptr,
+                                          const std::vector<int32_t> * draft = nullptr);
+    // Most draft tokens one verification pass takes (default 6; 0 turns drafts off).
+    int64_t draft_max() const { return draft_max_; }
+    void set_draft_max(int64_t n) {
+        if (n < 0) throw std::invalid_argument("draft_max must be >= 0 (0 = drafts off)");
+        draft_max_ = n;
+    }
 
     // Prefix KV reuse: the prompt's first rows (system prompt + instruction) are the same for every
     // segment. set_prefix computes their K/V once (positions 0..n-1) and keeps them; generate_batch
@@ -111,6 +126,8 @@ public:
         double prefill_ms = 0, decode_ms = 0;
         int64_t prompt_tokens = 0, new_tokens = 0;
         int64_t prefix_reused = 0;  // prompt positions whose K/V came from the prefix cache
+        int64_t decode_passes = 0;   // decoder graphs after the prefill (steps + verification passes)
+        int64_t draft_proposed = 0, draft_accepted = 0;  // draft tokens verified / kept
     };
     GenerationStats last_generation() const { return last_; }
 
@@ -144,8 +161,14 @@ private:
     void check_token(int64_t id) const;
     // n new positions for each sequence in slots [slot0, slot0 + past.size()) with cached lengths
     // `past`; returns the logits of each sequence's last position, [past.size()][vocab].
+    // verify: n positions of one sequence as decode steps, logits of every position [n][vocab].
     std::vector<float> run_decoder(const float * embeddings, const int32_t * tokens, int64_t n, int64_t slot0,
-                                   const std::vector<int64_t> & past);
+                                   const std::vector<int64_t> & past, bool verify = false);
+    // generate_batch's loop for one sequence with a draft (tokens already holds nothing; next = the
+    // prefill's argmax, past = the prompt length).
+    void decode_with_draft(Generated & g, int32_t next, int64_t past, int64_t max_new_tokens,
+                           const std::vector<int32_t> & stop_ids, bool repetition_guard,
+                           const std::vector<int32_t> & draft, const StepCallback & on_step);
     // The most sequences one decode-step graph takes (see generate.cpp); larger batches step in chunks.
     int64_t step_chunk() const;
     std::vector<float> prefill_locked(const float * embeddings, int64_t n);
@@ -187,6 +210,7 @@ private:
     bool flash_attn_ = true;
     bool logit_digests_on_ = false;
     int64_t max_step_seqs_ = 0;
+    int64_t draft_max_ = 6;
     std::vector<std::vector<uint64_t>> digests_;
     bool profiling_ = false;
     std::map<std::string, ProfileEntry> profile_;
