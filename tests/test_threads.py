@@ -36,12 +36,14 @@ def _prompts(model: _core.Model) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("package", ["f32", "f16", "q8_0", "q4_k_m"])
 def test_thread_count_changes_no_number(package: str, wide_gguf) -> None:  # noqa: ANN001
-    """Logits rows (digests) and tokens of decoding, and the encoder's output, are bit-identical with 1, 2
-    and 3 threads and with threads=0, whose steps switch counts (its probes run with the other count)."""
+    """Logits rows (digests) and tokens of decoding, and the encoder's output, are bit-identical with 1 and 2
+    threads and with threads=0, whose steps switch counts (its probes run with the other count); 3 threads
+    (rows split unevenly) for Q4_K_M, whose repacked 8-row groups are the unevenest split."""
     path = str(wide_gguf(package))
     feats = np.random.default_rng(2).standard_normal((41, 560)).astype(np.float32)
     results = {}
-    for threads in (1, 2, 3, 0):
+    counts = (1, 2, 3, 0) if package == "q4_k_m" else (1, 2, 0)
+    for threads in counts:
         model = _core.load_gguf(path, device="cpu", threads=threads)
         model.logit_digests = True
         ps = _prompts(model)
@@ -53,7 +55,7 @@ def test_thread_count_changes_no_number(package: str, wide_gguf) -> None:  # noq
             choice = model.thread_choice()
             assert choice["auto"] and choice["probes"] >= 4, choice
             assert all(ms > 0 for ms in choice["step_ms"][:2]), choice  # both counts were timed
-    for threads in (2, 3, 0):
+    for threads in counts[1:]:
         assert results[threads][0] == results[1][0], f"tokens differ with {threads} threads"
         assert results[threads][1] == results[1][1], f"logits differ with {threads} threads"
         assert results[threads][2] == results[1][2]

@@ -327,7 +327,7 @@ void bind_model(py::module_ & m) {
             "draft tokens verified per decoder pass; the result is plain greedy's, bit for bit "
             "(last_generation(): decode_passes, draft_proposed, draft_accepted).")
         .def_property("draft_max", &Model::draft_max, &Model::set_draft_max,
-                      "Most draft tokens one verification pass takes (default 6; 0 = drafts unused).")
+                      "Most draft tokens one verification pass takes (default 4; 0 = drafts unused).")
         .def_property("logit_digests", &Model::logit_digests, &Model::set_logit_digests,
                       "Test aid (default False): generate_batch/generate keep a 64-bit digest of every logits row a "
                       "token was taken from; last_logit_digests() returns them.")

@@ -341,6 +341,7 @@ void Model::decode_with_draft(Generated & g, int32_t next, int64_t past, int64_t
                               const std::vector<int32_t> & stop_ids, bool repetition_guard,
                               const std::vector<int32_t> & draft, const StepCallback & on_step) {
     const int64_t V = hp_.dec.vocab;
+    bool drafting = true;  // a pass that keeps none of its draft tokens ends drafting for this generation
     for (;;) {
         take_token(g, next, stop_ids, repetition_guard, max_new_tokens);
         if (on_step) on_step(static_cast<int64_t>(g.tokens.size()), g.stop_reason.empty() ? 1 : 0);
@@ -348,7 +349,8 @@ void Model::decode_with_draft(Generated & g, int32_t next, int64_t past, int64_t
         // Draft tokens to verify after `next`: at most as many as may still be generated, less one, so that
         // no position past the prompt + max_new_tokens - 1 the cache was sized for is written.
         const int64_t room = max_new_tokens - static_cast<int64_t>(g.tokens.size()) - 1;
-        const std::vector<int32_t> cand = propose(g.tokens, draft, std::min(draft_max_, room));
+        const std::vector<int32_t> cand =
+            drafting ? propose(g.tokens, draft, std::min(draft_max_, room)) : std::vector<int32_t>{};
         std::vector<int32_t> in(1, next);
         in.insert(in.end(), cand.begin(), cand.end());
         const int64_t n = static_cast<int64_t>(in.size());
@@ -356,6 +358,7 @@ void Model::decode_with_draft(Generated & g, int32_t next, int64_t past, int64_t
         // Position i's logits choose the token after in[i]; a draft token is kept while it is that choice.
         const std::vector<float> logits = run_decoder(nullptr, in.data(), n, 0, {past}, n > 1);
         last_.draft_proposed += n - 1;
+        const int64_t kept_before = last_.draft_accepted;
         int64_t i = 0;
         for (;; ++i) {
             const float * row = logits.data() + i * V;
@@ -374,6 +377,7 @@ void Model::decode_with_draft(Generated & g, int32_t next, int64_t past, int64_t
             next = choice;  // the first token the draft did not have (or the one after the whole draft)
             break;
         }
+        if (n > 1 && last_.draft_accepted == kept_before) drafting = false;  // the draft has stopped helping
     }
 }
 

@@ -98,13 +98,14 @@ public:
     // the draft (its prefix, else the last two tokens found in it), up to draft_max() of the draft's
     // next tokens are verified in one pass of decode-step arithmetic (mul_mat_step per position, the
     // fused attention's per-row loop), and the longest prefix that greedy decoding itself takes is kept.
-    // Tokens, stop reason and every logits row are those of plain greedy decoding, bit for bit (tests);
+    // A pass that keeps none of its draft tokens ends drafting for the rest of the generation (a wrong
+    // draft costs one pass). Tokens, stop reason and every logits row are plain greedy's, bit for bit (tests);
     // with flash_attn off (the matmul attention sums over the pass's longest row) the draft is not used.
     std::vector<Generated> generate_batch(const std::vector<std::pair<const float *, int64_t>> & prompts,
                                           int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
                                           bool repetition_guard = false, const StepCallback & on_step = nullptr,
                                           const std::vector<int32_t> * draft = nullptr);
-    // Most draft tokens one verification pass takes (default 6; 0 turns drafts off).
+    // Most draft tokens one verification pass takes (default 4; 0 turns drafts off).
     int64_t draft_max() const { return draft_max_; }
     void set_draft_max(int64_t n) {
         if (n < 0) throw std::invalid_argument("draft_max must be >= 0 (0 = drafts off)");
@@ -210,7 +211,7 @@ private:
     bool flash_attn_ = true;
     bool logit_digests_on_ = false;
     int64_t max_step_seqs_ = 0;
-    int64_t draft_max_ = 6;
+    int64_t draft_max_ = 4;
     std::vector<std::vector<uint64_t>> digests_;
     bool profiling_ = false;
     std::map<std::string, ProfileEntry> profile_;

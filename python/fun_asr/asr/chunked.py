@@ -63,8 +63,8 @@ class Session(Protocol):
     tokenizer: _Tokenizer
     max_segment_seconds: float
 
-    def _decode_audio(self, samples: np.ndarray, opts: TranscribeOptions, forced: list[int],
-                      max_new_tokens: int) -> tuple[list[int], str, dict[str, float]]: ...
+    def _decode_audio(self, samples: np.ndarray, opts: TranscribeOptions, forced: list[int], max_new_tokens: int,
+                      draft: list[int] | None = None) -> tuple[list[int], str, dict[str, float]]: ...
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,8 @@ class ChunkedStream:
         self.closed = False
         # what it cost and how the text behaved
         self._stats = {"decodes": 0, "encoded_seconds": 0.0, "encode_ms": 0.0, "decode_ms": 0.0, "forced_tokens": 0,
-                       "new_tokens": 0, "windows": 1, "rewrites": 0, "rewritten_chars": 0}
+                       "new_tokens": 0, "windows": 1, "rewrites": 0, "rewritten_chars": 0, "decode_passes": 0,
+                       "draft_proposed": 0, "draft_accepted": 0}
         self._first_fixed_ms: float | None = None
 
     # -- input ---------------------------------------------------------------------------------------
@@ -224,9 +225,17 @@ class ChunkedStream:
     def _decode(self, end: int) -> tuple[list[int], str]:
         """The window's audio up to ``end`` decoded with its fixed tokens forced: (all tokens, stop reason)."""
         audio = self._audio(self._wstart, end)
-        new, reason, t = self.session._decode_audio(audio, self.opts, self._fixed, self.copts.max_new_tokens)
+        # The window's previous decode, past the fixed tokens, is the draft of this one: lossless
+        # speculative decoding (the same tokens; most of them verified several per decoder pass).
+        n = len(self._fixed)
+        draft = self._last[1][n:] if self._last is not None and self._last[1][:n] == self._fixed else None
+        new, reason, t = self.session._decode_audio(audio, self.opts, self._fixed, self.copts.max_new_tokens,
+                                                    draft=draft or None)
         st = self._stats
         st["decodes"] += 1
+        st["decode_passes"] += int(t.get("decode_passes", 0))
+        st["draft_proposed"] += int(t.get("draft_proposed", 0))
+        st["draft_accepted"] += int(t.get("draft_accepted", 0))
         st["encoded_seconds"] += audio.size / SAMPLE_RATE
         st["encode_ms"] += t["encode_ms"]
         st["decode_ms"] += t["decode_ms"]
@@ -313,7 +322,9 @@ class ChunkedStream:
     def stats(self) -> dict[str, Any]:
         """What the stream cost and how its text behaved: ``decodes``, ``encoded_seconds`` (audio through the
         encoder, re-encoding included), ``encode_ms``/``decode_ms`` (wall time), ``forced_tokens`` (fixed
-        tokens prefilled again), ``new_tokens``, ``windows``, ``rewrites`` (events whose text did not extend
+        tokens prefilled again), ``new_tokens``, ``decode_passes`` (decoder graphs after the prefills),
+        ``draft_proposed``/``draft_accepted`` (the previous decode's tokens verified as a draft / kept),
+        ``windows``, ``rewrites`` (events whose text did not extend
         the previous one's: the unfixed part changed), ``rewritten_chars`` (characters taken back),
         ``first_fixed_ms`` (audio time of the first event with fixed text; None: none before the end),
         ``audio_seconds``."""

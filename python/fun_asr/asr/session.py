@@ -413,12 +413,14 @@ class Session:
         return Stream(self, opts, sopts, decoder)
 
     def _decode_audio(self, samples: np.ndarray, opts: TranscribeOptions, forced: list[int],
-                      max_new_tokens: int) -> tuple[list[int], str, dict[str, float]]:
+                      max_new_tokens: int, draft: list[int] | None = None) -> tuple[list[int], str, dict[str, float]]:
         """16 kHz samples as one segment (no VAD, no cutting): features -> encoder -> greedy decoding with the
         prompt of ``opts``, the answer forced to start with the token ids ``forced`` (FunASR's ``prev_text``).
         Returns the new tokens (stop ids removed), the stop reason and timings (``encode_ms``,
-        ``decode_ms``). With ``forced`` empty the tokens are those ``transcribe(samples, vad=False)`` gives
-        a recording of at most ``segment_seconds``."""
+        ``decode_ms``; with a draft also ``decode_passes``, ``draft_proposed``, ``draft_accepted``). With
+        ``forced`` empty the tokens are those ``transcribe(samples, vad=False)`` gives a recording of at most
+        ``segment_seconds``. ``draft``: tokens the answer probably continues with (a stream's previous decode):
+        lossless speculative decoding, the same tokens as without it (Model.generate_batch)."""
         t0 = time.perf_counter()
         feats = features(np.ascontiguousarray(samples, np.float32), self.frontend)
         if feats.shape[0] == 0:  # shorter than one 25 ms frame: nothing to hear
@@ -435,10 +437,14 @@ class Session:
             t1 = time.perf_counter()
             self._use_prefix(before, prefix)
             (tokens, reason), = self.model.generate_batch([np.ascontiguousarray(np.concatenate(parts))],
-                                                          max_new_tokens, stop, repetition_guard=opts.repetition_guard)
+                                                          max_new_tokens, stop, repetition_guard=opts.repetition_guard,
+                                                          draft=list(draft) if draft else None)
+            gen = self.model.last_generation()
         t2 = time.perf_counter()
-        return ([t for t in tokens if t not in self.stop_ids], reason,
-                {"encode_ms": (t1 - t0) * 1e3, "decode_ms": (t2 - t1) * 1e3})
+        timings = {"encode_ms": (t1 - t0) * 1e3, "decode_ms": (t2 - t1) * 1e3}
+        for key in ("decode_passes", "draft_proposed", "draft_accepted"):
+            timings[key] = float(gen[key])
+        return [t for t in tokens if t not in self.stop_ids], reason, timings
 
     def _run(self, audios: list[AudioInput], sample_rate: int | None, opts: TranscribeOptions, batch_size: int,
              progress: bool, raise_errors: bool, names: list[str] | None = None,
