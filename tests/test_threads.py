@@ -158,3 +158,4 @@ def test_spin_count_comes_from_a_wait_in_microseconds() -> None:
     assert _spin_env(OMP_WAIT_POLICY="passive") == "unset"
     out = _spin_env(FUN_ASR_SPIN_US="fast")
     assert "FUN_ASR_SPIN_US='fast' is not a number of microseconds" in out
+    assert "is not a number of microseconds" in _spin_env(FUN_ASR_SPIN_US="-3")
