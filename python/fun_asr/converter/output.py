@@ -105,3 +105,43 @@ def _umask() -> int:
     os.umask(mask)
     return mask
 
+
+def write_gguf_file(out: Path, src: Path, arch: str, meta: dict[str, Any], tensors: list[tuple[str, Any]],
+                    overwrite: bool) -> None:
+    """A small GGUF (metadata + whole numpy tensors: the VAD, the speaker model) written to a temporary file
+    beside ``out``, then moved into place: without ``overwrite`` never over a file that appeared meanwhile
+    (a hard link fails on an existing name), and the output rules (check_output) checked again just before
+    the move. A failure leaves no partial file."""
+    import tempfile
+
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
+    except OSError as exc:
+        raise OutputError(f"{out}: cannot write there ({exc.strerror or exc})") from None
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        w = gguf.GGUFWriter(tmp, arch)
+        _write_metadata(w, meta)
+        for name, arr in tensors:
+            w.add_tensor(name, arr)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.chmod(tmp, 0o666 & ~_umask())
+        check_output(out, src, overwrite)  # again: the path may have appeared meanwhile
+        if overwrite:
+            os.replace(tmp, out)
+        else:
+            try:
+                os.link(tmp, out)
+                tmp.unlink()
+            except FileExistsError:
+                raise OutputError(f"{out}: appeared while converting; pass --force (overwrite=True)") from None
+            except OSError:  # no hard links here (some file systems): the check just above stands
+                os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -12,7 +12,6 @@ tensor table) under ``campplus.model_spec``, the license (Apache-2.0, the model 
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,9 +29,7 @@ def convert_speaker(src: str | os.PathLike[str], dst: str | os.PathLike[str], ty
                     revision: str | None = None):  # noqa: ANN201 - ConversionReport
     """FunASR CAM++ folder -> GGUF (``type`` f32 or f16 for the conv/matrix tensors). Same output rules as
     :func:`fun_asr.convert` (never an input, a device or an existing file without ``overwrite``)."""
-    import gguf
-
-    from fun_asr.converter.output import ConversionReport, OutputError, _umask, _write_metadata, check_output
+    from fun_asr.converter.output import ConversionReport, check_output, write_gguf_file
 
     if type not in TENSOR_TYPES:
         raise ValueError(f"unknown speaker model type {type!r}: accepted {', '.join(TENSOR_TYPES)}")
@@ -46,37 +43,7 @@ def convert_speaker(src: str | os.PathLike[str], dst: str | os.PathLike[str], ty
     meta["general.file_type"] = 1 if type == "f16" else 0
     meta[f"{ARCH}.source"] = repo_id or str(Path(src).resolve())
     tensors = cast(tensors, hp, type)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
-    except OSError as exc:
-        raise OutputError(f"{out}: cannot write there ({exc.strerror or exc})") from None
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        w = gguf.GGUFWriter(tmp, ARCH)
-        _write_metadata(w, meta)
-        for name, arr in tensors:
-            w.add_tensor(name, arr)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        os.chmod(tmp, 0o666 & ~_umask())
-        check_output(out, Path(src), overwrite)  # again: the path may have appeared meanwhile
-        if overwrite:
-            os.replace(tmp, out)
-        else:
-            try:
-                os.link(tmp, out)
-                tmp.unlink()
-            except FileExistsError:
-                raise OutputError(f"{out}: appeared while converting; pass --force (overwrite=True)") from None
-            except OSError:
-                os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_gguf_file(out, Path(src), ARCH, meta, tensors, overwrite)
     counts: dict[str, int] = {}
     for _, arr in tensors:
         key = "f16" if arr.dtype.itemsize == 2 else "f32"

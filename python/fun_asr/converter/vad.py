@@ -9,7 +9,6 @@ as JSON under ``fsmn_vad.config_json``; the network's dimensions go under ``fsmn
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -20,9 +19,7 @@ def convert_vad(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, ove
                 repo_id: str | None = None, revision: str | None = None):  # noqa: ANN201 - ConversionReport
     """FunASR FSMN-VAD folder -> GGUF (F32). Same output rules as :func:`fun_asr.convert` (never an
     input, a device or an existing file without ``overwrite``)."""
-    import gguf
-
-    from fun_asr.converter.output import ConversionReport, OutputError, _umask, _write_metadata, check_output
+    from fun_asr.converter.output import ConversionReport, check_output, write_gguf_file
 
     start = time.perf_counter()
     out = Path(dst)
@@ -30,36 +27,7 @@ def convert_vad(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, ove
     conf, meta, tensors = read_vad_folder(src)
     if repo_id or revision:
         meta = metadata(conf, hparams(conf), repo_id, revision)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
-    except OSError as exc:
-        raise OutputError(f"{out}: cannot write there ({exc.strerror or exc})") from None
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        w = gguf.GGUFWriter(tmp, ARCH)
-        _write_metadata(w, meta)
-        for name, arr in tensors:
-            w.add_tensor(name, arr)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        os.chmod(tmp, 0o666 & ~_umask())
-        if overwrite:
-            os.replace(tmp, out)
-        else:
-            try:
-                os.link(tmp, out)
-                tmp.unlink()
-            except FileExistsError:
-                raise OutputError(f"{out}: appeared while converting; pass --force (overwrite=True)") from None
-            except OSError:
-                os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_gguf_file(out, Path(src), ARCH, meta, tensors, overwrite)
     return ConversionReport(path=out, package_type="fsmn_vad, f32", tensor_count=len(tensors),
                             file_bytes=out.stat().st_size, seconds=time.perf_counter() - start,
                             type_counts={"f32": len(tensors)})
