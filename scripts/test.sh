@@ -3,7 +3,8 @@
 # Works from a fresh clone and again and again: creates .venv if absent, installs the build tools into it,
 # installs the project (editable, without build isolation: build/<wheel tag>/ keeps its compiled objects,
 # so a second run recompiles only what changed), the FunASR reference stack and espeak-ng/sox, then runs
-# `ruff check python tests tools` and `python -m pytest -q "$@"`. Any failure fails the script; pytest's
+# `ruff check python tests tools` and `python -m pytest -q --durations=25 "$@"` (the 25 slowest tests listed:
+# the CI time budget). Any failure fails the script; pytest's
 # exit code 5 (no tests collected) fails it too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,5 +43,5 @@ fi
 echo "test.sh: install took $(( $(date +%s) - start )) s"
 
 ruff check python tests tools
-python -m pytest -q "$@"
+python -m pytest -q --durations=25 "$@"
 echo "test.sh: total $(( $(date +%s) - start )) s"

@@ -75,9 +75,9 @@ _MANY_COLUMNS = (
     "rng = np.random.default_rng(12); bad = []\n"
     "for wt, rows, k in [('q8_0', 72, 512), ('q8_0', 37, 96), ('q6_k', 40, 512)]:\n"
     "    w = rng.standard_normal((rows, k)).astype(np.float32)\n"
-    "    for cols in (9, 63, 64, 65, 167):\n"
+    "    for cols in (9, 64, 65, 167):\n"
     "        x = rng.standard_normal((cols, k)).astype(np.float32)\n"
-    "        for t in (1, 2, 3):\n"
+    "        for t in (1, 2):\n"
     "            ref = _core.eval_matmul(wt, w, x, threads=t, path='ggml')\n"
     "            for p in ('decode', 'frames'):\n"
     "                if not np.array_equal(_core.eval_matmul(wt, w, x, threads=t, path=p), ref):\n"
@@ -91,7 +91,7 @@ _MANY_COLUMNS = (
 def test_many_columns_are_bitwise_ggml(matvec: str) -> None:
     """Encoder frames and prefills (mul_mat_frames) take these kernels where they beat ggml's GEMM on the
     build (VNNI kernels: Q8_0 without VNNI in ggml, Q6_K): for any column count, split by rows (few columns) or by
-    columns (32+ per thread), the bits are ggml_mul_mat's."""
+    columns (32+ per thread: 64 columns on 2 threads, and an uneven 65), the bits are ggml_mul_mat's."""
     env = {**os.environ, "FUN_ASR_MATVEC": matvec} if matvec else dict(os.environ)
     out = subprocess.run([sys.executable, "-c", _MANY_COLUMNS], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
