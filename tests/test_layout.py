@@ -11,7 +11,9 @@ reader. Layers, top to bottom::
     converter
     vad
     audio, model
-    notices, _core, _compat (the old module paths, by name only)
+    notices, _core, _compat (the old module paths, by name only), _spinwait (libgomp's spin count, set before
+    _core loads)
+    _spin (the compiled probe _spinwait times a spin-wait iteration with)
 
 A module may import a module of a lower layer or of its own package; packages that share a layer do not
 import each other.
@@ -25,8 +27,8 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "python" / "fun_asr"
-LAYERS = [["notices", "_core", "_compat"], ["audio", "model"], ["vad", "speakers"], ["converter"], ["asr"],
-          ["serve", "jobs"], ["cli"], [""]]
+LAYERS = [["_spin"], ["notices", "_core", "_compat", "_spinwait"], ["audio", "model"], ["vad", "speakers"],
+          ["converter"], ["asr"], ["serve", "jobs"], ["cli"], [""]]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 
@@ -36,6 +38,7 @@ def module_name(path: Path) -> str:
 
 
 MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+EXTENSIONS = {"fun_asr._core", "fun_asr._spin"}  # compiled modules (no .py source)
 
 
 def imports(name: str) -> set[str]:
@@ -57,7 +60,7 @@ def imports(name: str) -> set[str]:
                 continue
             for a in node.names:
                 sub = f"{target}.{a.name}"
-                out.add(sub if sub in MODULES or sub == "fun_asr._core" else target)
+                out.add(sub if sub in MODULES or sub in EXTENSIONS else target)
     out.discard(name)
     return out
 
