@@ -289,14 +289,9 @@ void bind_model(py::module_ & m) {
                     prompts.emplace_back(static_cast<const float *>(keep.back().data()), keep.back().shape(0));
                 }
                 const std::vector<int32_t> stops = vocab_ids(self, stop_ids, "stop id");
-                std::vector<int32_t> draft_ids;
-                if (draft) {
-                    if (prompts.size() != 1) {
-                        throw py::value_error("draft is for one sequence; got " + std::to_string(prompts.size()) +
-                                              " embeddings");
-                    }
-                    draft_ids = vocab_ids(self, *draft, "draft token");
-                }
+                // (generate_batch refuses a draft for several sequences: std::invalid_argument -> ValueError)
+                const std::vector<int32_t> draft_ids = draft ? vocab_ids(self, *draft, "draft token")
+                                                             : std::vector<int32_t>{};
                 // Every step takes the GIL briefly: pending signals (Ctrl-C) are checked and on_step is
                 // called; a Python exception from either aborts generation and propagates.
                 const bool has_callback = !on_step.is_none();

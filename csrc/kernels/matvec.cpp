@@ -230,26 +230,25 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const int64_t k = w->ne[0], rows = w->ne[1], n = x->ne[1];
     thread_local Activation act;
     const int64_t xs = static_cast<int64_t>(x->nb[1] / sizeof(float)), ys = static_cast<int64_t>(dst->nb[1] / sizeof(float));
+    int64_t r0 = 0, r1 = rows, c0 = 0, c1 = n;
     if (n >= kColumnSplit * nth) {
         // Many columns (encoder frames, a prefill): each thread takes a range of columns (multiples of the
         // 4-column tiles) over every row and quantizes only those. A column's arithmetic is the same
         // whichever tile computes it, so the split changes no number.
         const int64_t per = ((n + nth - 1) / nth + 3) / 4 * 4;
-        const int64_t c0 = std::min<int64_t>(n, per * ith), c1 = std::min<int64_t>(n, c0 + per);
-        if (c0 >= c1) return;
-        quantize_cols(w->type, static_cast<const float *>(x->data) + c0 * xs, xs, c1 - c0, k, act);
-        kernel_for(w)(static_cast<const uint8_t *>(w->data), w->nb[1], 0, rows, act.data(), act.scales.data(), c1 - c0,
-                      blocks_per_row(w->type, k), static_cast<float *>(dst->data) + c0 * ys, ys);
-        return;
+        c0 = std::min<int64_t>(n, per * ith);
+        c1 = std::min<int64_t>(n, c0 + per);
+    } else {
+        // Contiguous row ranges, multiples of 16 rows (whole cache lines of output; also whole 8-row groups
+        // of repacked Q4_K). Every thread quantizes the (small) activation itself: no barrier in the op.
+        const int64_t per = ((rows + nth - 1) / nth + 15) / 16 * 16;
+        r0 = std::min<int64_t>(rows, per * ith);
+        r1 = std::min<int64_t>(rows, r0 + per);
     }
-    // Every thread quantizes the (small) activation itself: no barrier needed inside the op.
-    quantize_cols(w->type, static_cast<const float *>(x->data), xs, n, k, act);
-    // Contiguous row ranges, multiples of 16 rows (whole cache lines of output).
-    const int64_t per = ((rows + nth - 1) / nth + 15) / 16 * 16;  // also whole 8-row groups (repacked Q4_K)
-    const int64_t r0 = std::min<int64_t>(rows, per * ith), r1 = std::min<int64_t>(rows, r0 + per);
-    if (r0 >= r1) return;
-    kernel_for(w)(static_cast<const uint8_t *>(w->data), w->nb[1], r0, r1, act.data(), act.scales.data(), n,
-                  blocks_per_row(w->type, k), static_cast<float *>(dst->data), ys);
+    if (r0 >= r1 || c0 >= c1) return;
+    quantize_cols(w->type, static_cast<const float *>(x->data) + c0 * xs, xs, c1 - c0, k, act);
+    kernel_for(w)(static_cast<const uint8_t *>(w->data), w->nb[1], r0, r1, act.data(), act.scales.data(), c1 - c0,
+                  blocks_per_row(w->type, k), static_cast<float *>(dst->data) + c0 * ys, ys);
 }
 
 }  // namespace

@@ -290,44 +290,41 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
     t0 = std::chrono::steady_clock::now();
     if (draft && !draft->empty() && draft_max_ > 0 && flash_attn_) {
         decode_with_draft(out[0], next[0], past[0], max_new_tokens, stop_ids, repetition_guard, *draft, on_step);
-        last_.decode_ms = ms_since(t0);
-        last_.new_tokens = static_cast<int64_t>(out[0].tokens.size());
-        last_.stop_reason = out[0].stop_reason;
-        return out;
-    }
-    int64_t active = B;
-    int64_t produced = 0;
-    const int64_t chunk = max_step_seqs_ > 0 ? std::min(max_step_seqs_, step_chunk()) : step_chunk();
-    for (;;) {
-        for (int64_t b = 0; b < B; ++b) {
-            Generated & g = out[static_cast<size_t>(b)];
-            if (!g.stop_reason.empty()) continue;
-            take_token(g, next[static_cast<size_t>(b)], stop_ids, repetition_guard, max_new_tokens);
-            ++produced;
-            if (!g.stop_reason.empty()) --active;
-        }
-        if (on_step) on_step(produced, active);
-        if (active == 0) break;
-        // One step for every slot (finished ones just keep going; the weights are read once for all, or
-        // once per chunk of step_chunk() sequences).
-        std::vector<float> logits;
-        ++last_.decode_passes;
-        for (int64_t b0 = 0; b0 < B; b0 += chunk) {
-            const int64_t m = std::min(chunk, B - b0);
-            const std::vector<int64_t> part(past.begin() + b0, past.begin() + b0 + m);
-            std::vector<float> l = run_decoder(nullptr, next.data() + b0, 1, b0, part);
-            if (b0 == 0 && m == B) {
-                logits.swap(l);
-            } else {
-                logits.insert(logits.end(), l.begin(), l.end());
+    } else {
+        int64_t active = B;
+        int64_t produced = 0;
+        const int64_t chunk = max_step_seqs_ > 0 ? std::min(max_step_seqs_, step_chunk()) : step_chunk();
+        for (;;) {
+            for (int64_t b = 0; b < B; ++b) {
+                Generated & g = out[static_cast<size_t>(b)];
+                if (!g.stop_reason.empty()) continue;
+                take_token(g, next[static_cast<size_t>(b)], stop_ids, repetition_guard, max_new_tokens);
+                ++produced;
+                if (!g.stop_reason.empty()) --active;
             }
-        }
-        for (int64_t b = 0; b < B; ++b) {
-            next[static_cast<size_t>(b)] = argmax(logits.data() + b * d.vocab, d.vocab);
-            past[static_cast<size_t>(b)] += 1;
-            // a running sequence takes this token in the next round: keep the digest of its row
-            if (logit_digests_on_ && out[static_cast<size_t>(b)].stop_reason.empty()) {
-                digests_[static_cast<size_t>(b)].push_back(digest(logits.data() + b * d.vocab, d.vocab));
+            if (on_step) on_step(produced, active);
+            if (active == 0) break;
+            // One step for every slot (finished ones just keep going; the weights are read once for all, or
+            // once per chunk of step_chunk() sequences).
+            std::vector<float> logits;
+            ++last_.decode_passes;
+            for (int64_t b0 = 0; b0 < B; b0 += chunk) {
+                const int64_t m = std::min(chunk, B - b0);
+                const std::vector<int64_t> part(past.begin() + b0, past.begin() + b0 + m);
+                std::vector<float> l = run_decoder(nullptr, next.data() + b0, 1, b0, part);
+                if (b0 == 0 && m == B) {
+                    logits.swap(l);
+                } else {
+                    logits.insert(logits.end(), l.begin(), l.end());
+                }
+            }
+            for (int64_t b = 0; b < B; ++b) {
+                next[static_cast<size_t>(b)] = argmax(logits.data() + b * d.vocab, d.vocab);
+                past[static_cast<size_t>(b)] += 1;
+                // a running sequence takes this token in the next round: keep the digest of its row
+                if (logit_digests_on_ && out[static_cast<size_t>(b)].stop_reason.empty()) {
+                    digests_[static_cast<size_t>(b)].push_back(digest(logits.data() + b * d.vocab, d.vocab));
+                }
             }
         }
     }

@@ -230,7 +230,7 @@ class ChunkedStream:
         n = len(self._fixed)
         draft = self._last[1][n:] if self._last is not None and self._last[1][:n] == self._fixed else None
         new, reason, t = self.session._decode_audio(audio, self.opts, self._fixed, self.copts.max_new_tokens,
-                                                    draft=draft or None)
+                                                    draft=draft)
         st = self._stats
         st["decodes"] += 1
         st["decode_passes"] += int(t.get("decode_passes", 0))
