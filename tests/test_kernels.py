@@ -319,3 +319,38 @@ def test_bench_matvec_chunks_runs_and_checks_arguments() -> None:
         _core.bench_matvec_chunks("q8_0", 100, 64, 64)
     with pytest.raises(ValueError, match="path must be"):
         _core.bench_matvec_chunks("q8_0", 128, 64, 64, path="fast")
+
+
+_ENCODE_CODE = (
+    "import sys, numpy as np\n"
+    "from fun_asr import _core\n"
+    "m = _core.load_gguf(sys.argv[1], device='cpu', threads=2)\n"
+    "m.profiling = True\n"
+    "outs = [m.encode(np.random.default_rng(T).standard_normal((T, 560)).astype(np.float32))\n"
+    "        for T in map(int, sys.argv[3:])]\n"
+    "np.savez(sys.argv[2], *outs, kinds=np.array(sorted(m.profile())))\n"
+)
+
+
+def test_fused_fsmn_memory_equals_the_plain_graph_to_rounding(wide_gguf, tmp_path) -> None:  # noqa: ANN001
+    """The SAN-M layers' FSMN memory (depthwise conv over time + v + the attention output) as one fused op
+    against ggml's transpose, pad, ssm_conv and adds (FUN_ASR_FSMN=ggml): equal to rounding for sequences
+    shorter than the kernel, odd and longer ones (every tap's padding edge), and the fused op really ran."""
+    lengths = ["1", "4", "41", "167"]
+
+    def run(fsmn: str | None, name: str) -> dict:
+        env = {k: v for k, v in os.environ.items() if k != "FUN_ASR_FSMN"}
+        if fsmn is not None:
+            env["FUN_ASR_FSMN"] = fsmn
+        out = subprocess.run([sys.executable, "-c", _ENCODE_CODE, str(wide_gguf("f32")), str(tmp_path / name),
+                              *lengths], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return dict(np.load(tmp_path / name))
+
+    fused, plain = run(None, "fused.npz"), run("ggml", "plain.npz")
+    assert "encode/SSM_CONV" in set(plain["kinds"]) and "encode/SSM_CONV" not in set(fused["kinds"])
+    for i, T in enumerate(lengths):
+        a, b = fused[f"arr_{i}"], plain[f"arr_{i}"]
+        assert a.shape == b.shape == (int(T), a.shape[1]) and np.isfinite(a).all()
+        err = float(np.abs(a - b).max() / np.abs(b).max())
+        assert err < 1e-5, f"T={T}: fused FSMN differs from ggml's graph by {err:.2e} (relative)"

@@ -190,6 +190,28 @@ def test_decode_kernels_give_the_same_tokens(package: str, trained_gguf, heldout
         assert ours["tokens"] == no_amx["tokens"]
 
 
+@pytest.mark.parametrize("package", ["f32", "q4_k_m"])
+def test_fused_fsmn_memory_gives_the_same_tokens(package: str, trained_gguf, heldout: list[tuple[Path, str]]) -> None:  # noqa: ANN001
+    """The encoder's fused FSMN memory op (csrc/kernels/fsmn_memory: one pass instead of transpose, pad,
+    ssm_conv and two adds; equal to them to rounding) against the plain ggml graph (FUN_ASR_FSMN=ggml):
+    the same tokens on every held-out clip, and each path really ran (the profile's SSM_CONV nodes)."""
+    clips = [str(p) for p, _ in heldout]
+
+    def run(fsmn: str | None) -> dict:
+        env = {k: v for k, v in os.environ.items() if k != "FUN_ASR_FSMN"}
+        if fsmn is not None:
+            env["FUN_ASR_FSMN"] = fsmn
+        out = subprocess.run([sys.executable, "-c", _TOKENS_CODE, str(trained_gguf(package)), *clips], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    fused, plain = run(None), run("ggml")
+    assert "encode/SSM_CONV" in plain["kinds"] and "encode/SSM_CONV" not in fused["kinds"], (plain, fused)
+    assert "encode/CUSTOM" in fused["kinds"], fused["kinds"]
+    assert fused["tokens"] == plain["tokens"]
+
+
 @pytest.mark.parametrize("package", ["q8_0", "q4_k_m"])
 def test_batch_equals_one_by_one_on_the_trained_model(package: str, trained_gguf,  # noqa: ANN001
                                                       heldout: list[tuple[Path, str]]) -> None:

@@ -10,6 +10,7 @@
 
 #include "ggml-cpu.h"
 
+#include "kernels/fsmn_memory.h"
 #include "kernels/gemm_amx.h"
 #include "kernels/matvec.h"
 
@@ -191,7 +192,11 @@ ggml_tensor * sanm_layer(const GraphCtx & g, ggml_tensor * x, const SanmLayer & 
     ggml_tensor * k = linear(ctx, h, l.k, hp);
     ggml_tensor * v = linear(ctx, h, l.v, hp);
     ggml_tensor * att = linear(ctx, attention_full(ctx, q, k, v, n_heads, mask), l.o);
-    if (l.fsmn) att = ggml_add(ctx, att, fsmn(ctx, v, l.fsmn, fsmn_kernel));
+    if (l.fsmn && fsmn_memory_supported(att, v, l.fsmn)) {
+        att = fsmn_memory_add(ctx, att, v, l.fsmn);  // one pass, the same bits as the nodes below
+    } else if (l.fsmn) {
+        att = ggml_add(ctx, att, fsmn(ctx, v, l.fsmn, fsmn_kernel));
+    }
     g.name(att, name + ".attn_out");
     // Layer 0 of the encoder widens 560 -> d: no residual around its attention.
     x = x->ne[0] == att->ne[0] ? ggml_add(ctx, x, att) : att;
