@@ -328,8 +328,35 @@ _ENCODE_CODE = (
     "m.profiling = True\n"
     "outs = [m.encode(np.random.default_rng(T).standard_normal((T, 560)).astype(np.float32))\n"
     "        for T in map(int, sys.argv[3:])]\n"
-    "np.savez(sys.argv[2], *outs, kinds=np.array(sorted(m.profile())))\n"
+    "p = m.profile()\n"
+    "np.savez(sys.argv[2], *outs, kinds=np.array(sorted(p)), counts=np.array([p[k]['count'] for k in sorted(p)]))\n"
 )
+
+
+def _encode_in_child(path: str, out, lengths: list[str], env_set: dict[str, str | None]) -> dict:  # noqa: ANN001
+    env = {k: v for k, v in os.environ.items() if k not in ("FUN_ASR_FSMN", "FUN_ASR_FUSE")}
+    env.update({k: v for k, v in env_set.items() if v is not None})
+    r = subprocess.run([sys.executable, "-c", _ENCODE_CODE, path, str(out), *lengths], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return dict(np.load(out))
+
+
+@pytest.mark.parametrize("package", ["f32", "q8_0", "q4_k_m"])
+def test_fused_bias_and_residual_tails_are_bitwise_the_plain_graph(package: str, wide_gguf, tmp_path) -> None:  # noqa: ANN001
+    """The encoder's and adaptor's fused tails (kernels/fused_add: relu(y + b), x + (y + b); the FSMN op with the
+    output projection's bias and the residual) give the plain graph's bits (FUN_ASR_FUSE=0), and run."""
+    lengths = ["1", "41", "167"]
+    path = str(wide_gguf(package))
+    fused = _encode_in_child(path, tmp_path / "fused.npz", lengths, {})
+    plain = _encode_in_child(path, tmp_path / "plain.npz", lengths, {"FUN_ASR_FUSE": "0"})
+    def count(run: dict, kind: str) -> int:
+        return int(sum(c for k, c in zip(run["kinds"], run["counts"], strict=True) if k == kind))
+
+    assert count(plain, "encode/RELU") > count(fused, "encode/RELU")  # the ReLUs went into the fused ops
+    assert count(plain, "encode/ADD") > count(fused, "encode/ADD")
+    for i in range(len(lengths)):
+        assert fused[f"arr_{i}"].tobytes() == plain[f"arr_{i}"].tobytes(), f"T={lengths[i]}"
 
 
 def test_fused_fsmn_memory_equals_the_plain_graph_to_rounding(wide_gguf, tmp_path) -> None:  # noqa: ANN001
@@ -339,13 +366,7 @@ def test_fused_fsmn_memory_equals_the_plain_graph_to_rounding(wide_gguf, tmp_pat
     lengths = ["1", "4", "41", "167"]
 
     def run(fsmn: str | None, name: str) -> dict:
-        env = {k: v for k, v in os.environ.items() if k != "FUN_ASR_FSMN"}
-        if fsmn is not None:
-            env["FUN_ASR_FSMN"] = fsmn
-        out = subprocess.run([sys.executable, "-c", _ENCODE_CODE, str(wide_gguf("f32")), str(tmp_path / name),
-                              *lengths], env=env, capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr
-        return dict(np.load(tmp_path / name))
+        return _encode_in_child(str(wide_gguf("f32")), tmp_path / name, lengths, {"FUN_ASR_FSMN": fsmn})
 
     fused, plain = run(None, "fused.npz"), run("ggml", "plain.npz")
     assert "encode/SSM_CONV" in set(plain["kinds"]) and "encode/SSM_CONV" not in set(fused["kinds"])

@@ -11,6 +11,7 @@
 #include "ggml-cpu.h"
 
 #include "kernels/fsmn_memory.h"
+#include "kernels/fused_add.h"
 #include "kernels/gemm_amx.h"
 #include "kernels/matvec.h"
 
@@ -62,14 +63,17 @@ ggml_tensor * prepare_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * 
     return amx_gemm_supported(w, x) ? amx_prepare(ctx, x) : nullptr;
 }
 
-ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml_tensor * prepared) {
+Product product(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml_tensor * prepared) {
     if (amx_gemm_supported(l.w, x)) {
-        if (amx_bias_supported(l.w, l.b)) return amx_gemm(ctx, l.w, x, prepared, l.b);
-        x = mul_mat(ctx, l.w, x);
-    } else {
-        x = mul_mat_frames(ctx, l.w, x);
+        if (amx_bias_supported(l.w, l.b)) return {amx_gemm(ctx, l.w, x, prepared, l.b), nullptr};
+        return {mul_mat(ctx, l.w, x), l.b};
     }
-    return l.b ? ggml_add(ctx, x, l.b) : x;
+    return {mul_mat_frames(ctx, l.w, x), l.b};
+}
+
+ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml_tensor * prepared) {
+    const Product p = product(ctx, x, l, prepared);
+    return p.bias ? ggml_add(ctx, p.y, p.bias) : p.y;
 }
 
 namespace {
@@ -191,18 +195,34 @@ ggml_tensor * sanm_layer(const GraphCtx & g, ggml_tensor * x, const SanmLayer & 
     ggml_tensor * q = linear(ctx, h, l.q, hp);
     ggml_tensor * k = linear(ctx, h, l.k, hp);
     ggml_tensor * v = linear(ctx, h, l.v, hp);
-    ggml_tensor * att = linear(ctx, attention_full(ctx, q, k, v, n_heads, mask), l.o);
-    if (l.fsmn && fsmn_memory_supported(att, v, l.fsmn)) {
-        att = fsmn_memory_add(ctx, att, v, l.fsmn);  // one pass, the same bits as the nodes below
-    } else if (l.fsmn) {
-        att = ggml_add(ctx, att, fsmn(ctx, v, l.fsmn, fsmn_kernel));
-    }
-    g.name(att, name + ".attn_out");
+    const Product o = product(ctx, attention_full(ctx, q, k, v, n_heads, mask), l.o);
     // Layer 0 of the encoder widens 560 -> d: no residual around its attention.
-    x = x->ne[0] == att->ne[0] ? ggml_add(ctx, x, att) : att;
+    ggml_tensor * residual = x->ne[0] == o.y->ne[0] ? x : nullptr;
+    // Fused tails (kernels/fsmn_memory, kernels/fused_add): the plain graph's float steps in one node each,
+    // except when a debug run wants every stage's output.
+    const bool fuse = !g.on_stage;
+    if (fuse && l.fsmn && fsmn_memory_supported(o.y, v, l.fsmn, o.bias, residual)) {
+        x = fsmn_memory_add(ctx, o.y, v, l.fsmn, o.bias, residual);  // x + ((o + b) + (conv(v) + v))
+    } else {
+        ggml_tensor * att = o.bias ? ggml_add(ctx, o.y, o.bias) : o.y;
+        if (l.fsmn && fsmn_memory_supported(att, v, l.fsmn)) {
+            att = fsmn_memory_add(ctx, att, v, l.fsmn);
+        } else if (l.fsmn) {
+            att = ggml_add(ctx, att, fsmn(ctx, v, l.fsmn, fsmn_kernel));
+        }
+        g.name(att, name + ".attn_out");
+        x = residual ? ggml_add(ctx, residual, att) : att;
+    }
     h = layer_norm(ctx, x, l.ffn_norm, eps);
-    h = linear(ctx, ggml_relu(ctx, linear(ctx, h, l.up)), l.down);
-    x = ggml_add(ctx, x, h);
+    const Product up = product(ctx, h, l.up);
+    h = fuse && up.bias && fused_add_supported(up.y, up.bias) ? bias_relu(ctx, up.y, up.bias)
+                                                               : ggml_relu(ctx, up.bias ? ggml_add(ctx, up.y, up.bias) : up.y);
+    const Product down = product(ctx, h, l.down);
+    if (fuse && down.bias && fused_add_supported(down.y, down.bias, x)) {
+        x = residual_bias_add(ctx, x, down.y, down.bias);  // x + (h W^T + b)
+    } else {
+        x = ggml_add(ctx, x, down.bias ? ggml_add(ctx, down.y, down.bias) : down.y);
+    }
     if (l.out_norm.w) x = layer_norm(ctx, x, l.out_norm, eps);
     g.name(x, name + ".out");
     return x;

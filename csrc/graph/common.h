@@ -41,6 +41,13 @@ ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x)
 ggml_tensor * mul_mat_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared = nullptr);
 // x quantized into AMX tiles once for several products (q/k/v, gate/up) when w takes the AMX path, else null.
 ggml_tensor * prepare_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
+// x W^T without its bias where a later fused op can add it: y, and the bias still to add (null when the
+// product added it, on AMX, or l has none).
+struct Product {
+    ggml_tensor * y;
+    ggml_tensor * bias;
+};
+Product product(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml_tensor * prepared = nullptr);
 // x W^T + b; on AMX (Q8_0) with the bias added in the product, from `prepared` when given
 // (amx_prepare of x, shared by products with the same input).
 ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml_tensor * prepared = nullptr);

@@ -1,0 +1,68 @@
+#include "kernels/fused_add.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/matvec.h"
+
+namespace fun_asr {
+
+namespace {
+
+bool plain_f32(const ggml_tensor * t) {
+    return t && t->type == GGML_TYPE_F32 && ggml_is_contiguous(t) && t->ne[2] == 1 && t->ne[3] == 1;
+}
+
+// src[0] = y, src[1] = b, src[2] = x (residual_bias_add only); rows of y split among threads.
+template <bool kRelu>
+void run(ggml_tensor * dst, int ith, int nth, void *) {
+    const ggml_tensor * y = dst->src[0];
+    const float * bd = static_cast<const float *>(dst->src[1]->data);
+    const float * xd = kRelu ? nullptr : static_cast<const float *>(dst->src[2]->data);
+    const int64_t n = y->ne[0], T = y->ne[1];
+    const float * yd = static_cast<const float *>(y->data);
+    float * od = static_cast<float *>(dst->data);
+    const int64_t per = (T + nth - 1) / nth, t0 = per * ith, t1 = std::min(T, t0 + per);
+    for (int64_t t = t0; t < t1; ++t) {
+        const float * yr = yd + t * n;
+        float * o = od + t * n;
+        if constexpr (kRelu) {
+            for (int64_t i = 0; i < n; ++i) {
+                const float s = yr[i] + bd[i];
+                o[i] = s > 0.0f ? s : 0.0f;  // ggml_vec_relu_f32
+            }
+        } else {
+            const float * xr = xd + t * n;
+            for (int64_t i = 0; i < n; ++i) o[i] = xr[i] + (yr[i] + bd[i]);
+        }
+    }
+}
+
+}  // namespace
+
+bool fusion_enabled() {
+    static const bool on = [] {
+        const char * env = std::getenv("FUN_ASR_FUSE");
+        return !(env && std::strcmp(env, "0") == 0);
+    }();
+    return on;
+}
+
+bool fused_add_supported(const ggml_tensor * y, const ggml_tensor * b, const ggml_tensor * x) {
+    if (!fusion_enabled() || !plain_f32(y) || !b || b->type != GGML_TYPE_F32 || !ggml_is_contiguous(b)) return false;
+    if (ggml_nelements(b) != y->ne[0] || !weight_in_cpu_memory(b)) return false;
+    return x == nullptr || (plain_f32(x) && ggml_are_same_shape(x, y));
+}
+
+ggml_tensor * bias_relu(ggml_context * ctx, ggml_tensor * y, ggml_tensor * b) {
+    ggml_tensor * args[2] = {y, b};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, y->ne[0], y->ne[1], 1, 1, args, 2, run<true>, GGML_N_TASKS_MAX, nullptr);
+}
+
+ggml_tensor * residual_bias_add(ggml_context * ctx, ggml_tensor * x, ggml_tensor * y, ggml_tensor * b) {
+    ggml_tensor * args[3] = {y, b, x};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, y->ne[0], y->ne[1], 1, 1, args, 3, run<false>, GGML_N_TASKS_MAX, nullptr);
+}
+
+}  // namespace fun_asr

@@ -1,0 +1,26 @@
+// Element-wise tails of the encoder's products fused into one CPU custom op each: a bias and a ReLU, or a
+// bias and the residual. The plain graph makes a node of every ggml_add / ggml_relu (a pass over the
+// activations and a barrier of all threads each: ~720 of the ~2700 nodes of a full-size encoder pass).
+// Each element takes exactly the plain graph's float steps (y + b, then the ReLU or x + that), so the
+// results are the same bits (tests/test_kernels.py).
+//
+// FUN_ASR_FUSE=0 builds the plain graph instead (also for the FSMN memory op's bias and residual).
+#pragma once
+
+#include "ggml.h"
+
+namespace fun_asr {
+
+// FUN_ASR_FUSE is not 0.
+bool fusion_enabled();
+
+// Whether the fused ops take y [n, T] (F32, contiguous) with the bias b [n] (F32, CPU memory; may be null)
+// and, when given, x of y's shape: FUN_ASR_FUSE is not 0.
+bool fused_add_supported(const ggml_tensor * y, const ggml_tensor * b, const ggml_tensor * x = nullptr);
+
+// relu(y + b)
+ggml_tensor * bias_relu(ggml_context * ctx, ggml_tensor * y, ggml_tensor * b);
+// x + (y + b)
+ggml_tensor * residual_bias_add(ggml_context * ctx, ggml_tensor * x, ggml_tensor * y, ggml_tensor * b);
+
+}  // namespace fun_asr
