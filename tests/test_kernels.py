@@ -344,8 +344,9 @@ def _encode_in_child(path: str, out, lengths: list[str], env_set: dict[str, str 
 
 @pytest.mark.parametrize("package", ["f32", "q8_0", "q4_k_m"])
 def test_fused_bias_and_residual_tails_are_bitwise_the_plain_graph(package: str, wide_gguf, tmp_path) -> None:  # noqa: ANN001
-    """The encoder's and adaptor's fused tails (kernels/fused_add: relu(y + b), x + (y + b); the FSMN op with the
-    output projection's bias and the residual) give the plain graph's bits (FUN_ASR_FUSE=0), and run."""
+    """The encoder's and adaptor's fused tails (kernels/fused_add: relu(y + b), x + (y + b), a LayerNorm's y * w + b;
+    the FSMN op with the output projection's bias and the residual) give the plain graph's bits (FUN_ASR_FUSE=0),
+    and run."""
     lengths = ["1", "41", "167"]
     path = str(wide_gguf(package))
     fused = _encode_in_child(path, tmp_path / "fused.npz", lengths, {})
@@ -355,6 +356,7 @@ def test_fused_bias_and_residual_tails_are_bitwise_the_plain_graph(package: str,
 
     assert count(plain, "encode/RELU") > count(fused, "encode/RELU")  # the ReLUs went into the fused ops
     assert count(plain, "encode/ADD") > count(fused, "encode/ADD")
+    assert count(plain, "encode/MUL") > count(fused, "encode/MUL")  # the LayerNorms' scale and shift
     for i in range(len(lengths)):
         assert fused[f"arr_{i}"].tobytes() == plain[f"arr_{i}"].tobytes(), f"T={lengths[i]}"
 

@@ -19,6 +19,7 @@ namespace fun_asr {
 
 ggml_tensor * layer_norm(ggml_context * ctx, ggml_tensor * x, const Norm & n, float eps) {
     x = ggml_norm(ctx, x, eps);
+    if (n.b && fused_add_supported(x, n.b) && fused_add_supported(x, n.w)) return scale_shift(ctx, x, n.w, n.b);
     x = ggml_mul(ctx, x, n.w);
     return n.b ? ggml_add(ctx, x, n.b) : x;
 }

@@ -14,6 +14,24 @@ bool plain_f32(const ggml_tensor * t) {
     return t && t->type == GGML_TYPE_F32 && ggml_is_contiguous(t) && t->ne[2] == 1 && t->ne[3] == 1;
 }
 
+void run_scale_shift(ggml_tensor * dst, int ith, int nth, void *) {
+    const ggml_tensor * y = dst->src[0];
+    const float * wd = static_cast<const float *>(dst->src[1]->data);
+    const float * bd = static_cast<const float *>(dst->src[2]->data);
+    const int64_t n = y->ne[0], T = y->ne[1];
+    const float * yd = static_cast<const float *>(y->data);
+    float * od = static_cast<float *>(dst->data);
+    const int64_t per = (T + nth - 1) / nth, t0 = per * ith, t1 = std::min(T, t0 + per);
+    for (int64_t t = t0; t < t1; ++t) {
+        const float * yr = yd + t * n;
+        float * o = od + t * n;
+        for (int64_t i = 0; i < n; ++i) {
+            const float m = yr[i] * wd[i];  // rounded (no contraction in this file)
+            o[i] = m + bd[i];
+        }
+    }
+}
+
 // src[0] = y, src[1] = b, src[2] = x (residual_bias_add only); rows of y split among threads.
 template <bool kRelu>
 void run(ggml_tensor * dst, int ith, int nth, void *) {
@@ -53,6 +71,12 @@ bool fused_add_supported(const ggml_tensor * y, const ggml_tensor * b, const ggm
     if (!fusion_enabled() || !plain_f32(y) || !b || b->type != GGML_TYPE_F32 || !ggml_is_contiguous(b)) return false;
     if (ggml_nelements(b) != y->ne[0] || !weight_in_cpu_memory(b)) return false;
     return x == nullptr || (plain_f32(x) && ggml_are_same_shape(x, y));
+}
+
+ggml_tensor * scale_shift(ggml_context * ctx, ggml_tensor * y, ggml_tensor * w, ggml_tensor * b) {
+    ggml_tensor * args[3] = {y, w, b};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, y->ne[0], y->ne[1], 1, 1, args, 3, run_scale_shift, GGML_N_TASKS_MAX,
+                          nullptr);
 }
 
 ggml_tensor * bias_relu(ggml_context * ctx, ggml_tensor * y, ggml_tensor * b) {
