@@ -8,7 +8,7 @@
 // one FMA chain over the taps inside the sequence, from 0.0f in tap order, on every ISA, thread split
 // and build, so every build gives the same bits (ggml_ssm_conv's steps depend on how the compiler
 // vectorised it: products rounded for blocks of 8 or 16 taps, FMAs for the rest); it differs from
-// the plain graph only by rounding (tests/test_fsmn_memory.py).
+// the plain graph only by rounding (tests/test_kernels.py; the same tokens: tests/test_trained.py).
 //
 // FUN_ASR_FSMN=ggml builds the plain graph instead.
 #pragma once

@@ -1,9 +1,10 @@
 // Element-wise tails of the encoder's products fused into one CPU custom op each: a bias and a ReLU, a bias
-// and the residual, a LayerNorm's scale and shift. The plain graph makes a node of every ggml_add / ggml_relu (a pass over the
-// activations and a barrier of all threads each: ~720 of the ~2700 nodes of a full-size encoder pass).
-// Each element takes exactly the plain graph's float steps (y + b, then the ReLU or x + that), so the
-// results are the same bits (tests/test_kernels.py; the file is compiled without FMA contraction, so that
-// y * w + b stays a rounded product and a rounded sum, as ggml_mul then ggml_add).
+// and the residual, a LayerNorm's scale and shift. The plain graph makes a node of every ggml_add / ggml_mul /
+// ggml_relu (a pass over the activations and a barrier of all threads each: ~1080 of the 2730 nodes of a
+// full-size encoder pass). Each element takes exactly the plain graph's float steps (y + b, then the ReLU or
+// x + that; y * w, then + b), so the results are the same bits (tests/test_kernels.py; the file is compiled
+// without FMA contraction, so that y * w + b stays a rounded product and a rounded sum, as ggml_mul then
+// ggml_add).
 //
 // FUN_ASR_FUSE=0 builds the plain graph instead (also for the FSMN memory op's bias and residual).
 #pragma once
@@ -15,8 +16,8 @@ namespace fun_asr {
 // FUN_ASR_FUSE is not 0.
 bool fusion_enabled();
 
-// Whether the fused ops take y [n, T] (F32, contiguous) with the bias b [n] (F32, CPU memory; may be null)
-// and, when given, x of y's shape: FUN_ASR_FUSE is not 0.
+// Whether the fused ops take y [n, T] (F32, contiguous) with a vector b [n] (F32, in CPU memory: a bias or a
+// LayerNorm's scale) and, when given, x of y's shape; and FUN_ASR_FUSE is not 0.
 bool fused_add_supported(const ggml_tensor * y, const ggml_tensor * b, const ggml_tensor * x = nullptr);
 
 // y * w + b (a LayerNorm's scale and shift: the product rounded, then the sum; w, b [n])
