@@ -28,10 +28,6 @@ bool enabled() {
     return on;
 }
 
-bool plain_f32(const ggml_tensor * t) {
-    return t && t->type == GGML_TYPE_F32 && ggml_is_contiguous(t) && t->ne[2] == 1 && t->ne[3] == 1;
-}
-
 // One row t of the memory, m[c] = conv[c] + v[c], conv[c] = an FMA chain over the taps that fall inside
 // the sequence, from 0.0f in tap order. Every element's steps are these, whatever the ISA, the thread
 // split or the channel blocking, so all builds give the same bits.
@@ -119,17 +115,11 @@ void run(ggml_tensor * dst, int ith, int nth, void * userdata) {
         memory_scalar(r, t, c0, m.data());
         const float * a = ad + t * d;
         float * o = od + t * d;
-        // the plain graph's steps: (att + b) + m, then x + that
-        if (bias && res) {
-            const float * x = res + t * d;
-            for (int64_t c = 0; c < d; ++c) o[c] = x[c] + ((a[c] + bias[c]) + m[c]);
-        } else if (bias) {
-            for (int64_t c = 0; c < d; ++c) o[c] = (a[c] + bias[c]) + m[c];
-        } else if (res) {
-            const float * x = res + t * d;
-            for (int64_t c = 0; c < d; ++c) o[c] = x[c] + (a[c] + m[c]);
-        } else {
-            for (int64_t c = 0; c < d; ++c) o[c] = a[c] + m[c];
+        const float * x = res ? res + t * d : nullptr;
+        for (int64_t c = 0; c < d; ++c) {  // the plain graph's steps: (att + b) + m, then x + that
+            float e = bias ? a[c] + bias[c] : a[c];
+            e += m[c];
+            o[c] = x ? x[c] + e : e;
         }
     }
     (void)vec;
@@ -139,13 +129,13 @@ void run(ggml_tensor * dst, int ith, int nth, void * userdata) {
 
 bool fsmn_memory_supported(const ggml_tensor * att, const ggml_tensor * v, const ggml_tensor * kernel,
                            const ggml_tensor * bias, const ggml_tensor * residual) {
-    if (!enabled() || !plain_f32(att) || !plain_f32(v) || !kernel || kernel->type != GGML_TYPE_F32) return false;
+    if (!enabled() || !plain_f32_matrix(att) || !plain_f32_matrix(v) || !kernel || kernel->type != GGML_TYPE_F32) return false;
     if (!ggml_is_contiguous(kernel) || kernel->ne[1] != 1 || kernel->ne[2] != v->ne[0] || kernel->ne[3] != 1) return false;
     if (!ggml_are_same_shape(att, v) || kernel->ne[0] < 1 || !weight_in_cpu_memory(kernel)) return false;
     if (bias == nullptr && residual == nullptr) return true;
-    if (!fusion_enabled()) return false;  // FUN_ASR_FUSE=0: the bias and the residual as their own nodes
-    if (bias && !fused_add_supported(att, bias)) return false;
-    return residual == nullptr || (plain_f32(residual) && ggml_are_same_shape(residual, att));
+    // the bias and the residual on fused_add's terms (FUN_ASR_FUSE=0: as their own nodes)
+    if (bias) return fused_add_supported(att, bias, residual);
+    return fusion_enabled() && plain_f32_matrix(residual) && ggml_are_same_shape(residual, att);
 }
 
 ggml_tensor * fsmn_memory_add(ggml_context * ctx, ggml_tensor * att, ggml_tensor * v, ggml_tensor * kernel,

@@ -16,6 +16,9 @@ namespace fun_asr {
 // FUN_ASR_FUSE is not 0.
 bool fusion_enabled();
 
+// An F32 contiguous 2-D tensor (the [n, T] activations these ops and kernels/fsmn_memory take).
+bool plain_f32_matrix(const ggml_tensor * t);
+
 // Whether the fused ops take y [n, T] (F32, contiguous) with a vector b [n] (F32, in CPU memory: a bias or a
 // LayerNorm's scale) and, when given, x of y's shape; and FUN_ASR_FUSE is not 0.
 bool fused_add_supported(const ggml_tensor * y, const ggml_tensor * b, const ggml_tensor * x = nullptr);
