@@ -91,8 +91,11 @@ _MANY_COLUMNS = (
 def test_many_columns_are_bitwise_ggml(matvec: str) -> None:
     """Encoder frames and prefills (mul_mat_frames) take these kernels where they beat ggml's GEMM on the
     build (VNNI kernels: Q8_0 without VNNI in ggml, Q6_K): for any column count, split by rows (few columns) or by
-    columns (32+ per thread: 64 columns on 2 threads, and an uneven 65), the bits are ggml_mul_mat's."""
-    env = {**os.environ, "FUN_ASR_MATVEC": matvec} if matvec else dict(os.environ)
+    columns (32+ per thread: 64 columns on 2 threads, and an uneven 65), the bits are ggml_mul_mat's. (With the
+    int8 GEMM off: it takes Q8_0 first and rounds differently, see test_int8_gemm_*.)"""
+    env = {**os.environ, "FUN_ASR_GEMM": "0"}
+    if matvec:
+        env["FUN_ASR_MATVEC"] = matvec
     out = subprocess.run([sys.executable, "-c", _MANY_COLUMNS], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1].endswith(" []"), out.stdout
@@ -100,9 +103,9 @@ def test_many_columns_are_bitwise_ggml(matvec: str) -> None:
 
 @needs_kernel
 def test_encoder_takes_the_kernels_where_ggml_has_no_fast_gemm(tiny_gguf) -> None:  # noqa: ANN001
-    """The routing itself: a Q8_0 encoder's products show as MATVEC in the profile exactly when the kernels
-    are the AVX-512 VNNI ones and ggml's CPU backend was built without VNNI dot products (and the CPU has
-    no AMX, which comes first)."""
+    """The routing itself: a Q8_0 encoder's products show as GEMM_AMX where the CPU has AMX, else as
+    GEMM_INT8 where the int8 GEMM runs (AVX2), else as MATVEC exactly when the kernels are the AVX-512 VNNI
+    ones and ggml's CPU backend was built without VNNI dot products."""
     model = _core.load_gguf(str(tiny_gguf("q8_0")), device="cpu", threads=2)
     model.profiling = True
     model.encode(np.random.default_rng(0).standard_normal((40, model.info()["encoder"]["input_size"]))
@@ -111,7 +114,9 @@ def test_encoder_takes_the_kernels_where_ggml_has_no_fast_gemm(tiny_gguf) -> Non
     feats = _core.system_info()["cpu_features"]
     ggml_vnni = feats.get("AVX512_VNNI") == "1" or feats.get("AVX_VNNI") == "1"
     routed = any(k.startswith("encode/MATVEC/enc.") for k in keys)
-    if _core.amx_available() or _core.matvec_isa() != "avx512vnni":
+    int8 = any(k.startswith("encode/GEMM_INT8/enc.") for k in keys)
+    assert int8 == (not _core.amx_available() and _core.int8_gemm_isa() != ""), keys
+    if _core.amx_available() or _core.int8_gemm_isa() or _core.matvec_isa() != "avx512vnni":
         assert not routed, keys
     else:
         assert routed == (not ggml_vnni), keys

@@ -11,6 +11,7 @@
 #include "bindings/bind.h"
 #include "bindings/common.h"
 #include "kernels/gemm_amx.h"
+#include "kernels/gemm_avx2.h"
 #include "kernels/matvec.h"
 #include "runtime/backend.h"
 #include "runtime/bench.h"
@@ -115,6 +116,10 @@ void bind_bench(py::module_ & m) {
 
     m.def("amx_available", &fun_asr::amx_available,
           "Whether the encoder's Q8_0 products run on Intel AMX here (CPU + OS support; FUN_ASR_AMX=0 turns it off).");
+
+    m.def("int8_gemm_isa", &fun_asr::int8_gemm_isa,
+          "Instruction set of fun-asr's Q8_0 many-column GEMM (encoder, adaptor, prefill) where there is no AMX: "
+          "'avx512vnni', 'avx2', or '' (none: ggml's GEMM; also with FUN_ASR_GEMM=0).");
 
     m.def("matvec_isa", &fun_asr::matvec_isa,
           "Instruction set of fun-asr's decode mat-vec kernels (F32, F16, Q8_0, Q6_K, repacked Q4_K) on this CPU: "

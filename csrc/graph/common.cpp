@@ -13,6 +13,7 @@
 #include "kernels/fsmn_memory.h"
 #include "kernels/fused_add.h"
 #include "kernels/gemm_amx.h"
+#include "kernels/gemm_avx2.h"
 #include "kernels/matvec.h"
 
 namespace fun_asr {
@@ -55,24 +56,56 @@ ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x)
     return ggml_reshape_2d(ctx, planes, w->ne[1], n);
 }
 
+namespace {
+
+// The many-column product's kernel for w x x: Intel AMX, else the AVX2 int8 GEMM, else none.
+enum class FramesGemm { none, amx, int8 };
+
+FramesGemm frames_gemm(const ggml_tensor * w, const ggml_tensor * x) {
+    if (amx_gemm_supported(w, x)) return FramesGemm::amx;
+    if (int8_gemm_supported(w, x)) return FramesGemm::int8;
+    return FramesGemm::none;
+}
+
+// A product from `prepared` when it was prepared for this kernel (q/k/v share one; a matrix of
+// another type or shape takes its own path and ignores it).
+ggml_tensor * frames_gemm_product(ggml_context * ctx, FramesGemm kind, ggml_tensor * w, ggml_tensor * x,
+                                  ggml_tensor * prepared, ggml_tensor * bias) {
+    if (kind == FramesGemm::amx) return amx_gemm(ctx, w, x, is_amx_prepare(prepared) ? prepared : nullptr, bias);
+    return int8_gemm(ctx, w, x, is_int8_gemm_prepare(prepared) ? prepared : nullptr, bias);
+}
+
+}  // namespace
+
 ggml_tensor * mul_mat_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared) {
-    if (amx_gemm_supported(w, x)) return amx_gemm(ctx, w, x, prepared);
+    const FramesGemm kind = frames_gemm(w, x);
+    if (kind != FramesGemm::none) return frames_gemm_product(ctx, kind, w, x, prepared, nullptr);
     return matvec_frames_preferred(w, x) ? matvec(ctx, w, x) : mul_mat(ctx, w, x);
 }
 
 ggml_tensor * prepare_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
-    return amx_gemm_supported(w, x) ? amx_prepare(ctx, x) : nullptr;
+    switch (frames_gemm(w, x)) {
+        case FramesGemm::amx: return amx_prepare(ctx, x);
+        case FramesGemm::int8: return int8_gemm_prepare(ctx, x);
+        default: return nullptr;
+    }
 }
 
 Product product(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml_tensor * prepared) {
-    if (amx_gemm_supported(l.w, x)) {
-        if (amx_bias_supported(l.w, l.b)) return {amx_gemm(ctx, l.w, x, prepared, l.b), nullptr};
-        return {mul_mat(ctx, l.w, x), l.b};
+    const FramesGemm kind = frames_gemm(l.w, x);
+    // AMX adds the bias in the product; the int8 GEMM leaves it to the fused tails (bias + ReLU,
+    // bias + residual: one pass fewer than a separate ReLU or add).
+    if (kind == FramesGemm::amx && amx_bias_supported(l.w, l.b)) {
+        return {frames_gemm_product(ctx, kind, l.w, x, prepared, l.b), nullptr};
     }
+    if (kind != FramesGemm::none) return {frames_gemm_product(ctx, kind, l.w, x, prepared, nullptr), l.b};
     return {mul_mat_frames(ctx, l.w, x), l.b};
 }
 
 ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml_tensor * prepared) {
+    if (frames_gemm(l.w, x) == FramesGemm::int8 && int8_gemm_bias_supported(l.w, l.b)) {
+        return frames_gemm_product(ctx, FramesGemm::int8, l.w, x, prepared, l.b);  // + b in the product
+    }
     const Product p = product(ctx, x, l, prepared);
     return p.bias ? ggml_add(ctx, p.y, p.bias) : p.y;
 }

@@ -12,6 +12,7 @@
 #include "ggml-cpu.h"
 #include "graph/stages.h"
 #include "kernels/gemm_amx.h"
+#include "kernels/gemm_avx2.h"
 #include "kernels/matvec.h"
 
 namespace fun_asr {
@@ -97,10 +98,15 @@ bool Model::eval_callback(ggml_tensor * t, bool ask, void * user) {
     }
     // key: graph stage (encode / prefill / decode) / op [/ weight kind for matmuls, e.g. attn_q, ffn_up]
     // fun-asr's kernels show as MATVEC (decode) and GEMM_AMX (encoder): MUL_MATs by another path.
-    const bool amx = is_amx_gemm(t), kernel = is_matvec(t);
-    const bool matmul = t->op == GGML_OP_MUL_MAT || kernel || amx;
+    const bool amx = is_amx_gemm(t), int8 = is_int8_gemm(t), kernel = is_matvec(t);
+    const bool matmul = t->op == GGML_OP_MUL_MAT || kernel || amx || int8;
     std::string key = self->stage_ + "/" +
-                      (amx ? "GEMM_AMX" : kernel ? "MATVEC" : is_amx_prepare(t) ? "GEMM_AMX_PREPARE" : ggml_op_desc(t));
+                      (amx             ? "GEMM_AMX"
+                       : int8          ? "GEMM_INT8"
+                       : kernel        ? "MATVEC"
+                       : is_amx_prepare(t) ? "GEMM_AMX_PREPARE"
+                       : is_int8_gemm_prepare(t) ? "GEMM_INT8_PREPARE"
+                                                 : ggml_op_desc(t));
     if (matmul && t->src[0] != nullptr) {
         std::string w = ggml_get_name(t->src[0]);
         const auto blk = w.find("blk.");
@@ -160,7 +166,8 @@ void Model::alloc_graph(ggml_cgraph * gf) {
     // scheduler asks that buffer type, which only knows MUL_MAT, so the node is placed by hand.
     for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
         ggml_tensor * node = ggml_graph_node(gf, i);
-        if (is_matvec(node) || is_amx_gemm(node) || is_amx_prepare(node)) {
+        if (is_matvec(node) || is_amx_gemm(node) || is_amx_prepare(node) || is_int8_gemm(node) ||
+            is_int8_gemm_prepare(node)) {
             ggml_backend_sched_set_tensor_backend(sched_, node, cpu_backend_);
         }
     }

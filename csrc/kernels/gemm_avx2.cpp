@@ -1,0 +1,208 @@
+#include "kernels/gemm_avx2.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define FUN_ASR_GEMM_X86 1
+#include <immintrin.h>
+#else
+#define FUN_ASR_GEMM_X86 0
+#endif
+
+namespace fun_asr {
+namespace {
+
+constexpr int64_t kBlock = 32;  // QK8_0
+constexpr size_t kBlockBytes = 34;
+constexpr int64_t kGroup = 8;  // weight rows per group (one ymm of int32 / float)
+
+// The prepared activation: [column][k] int16 quants, then [column][block] float scales.
+struct Layout {
+    int64_t nb;
+    size_t q_bytes, bytes;
+    Layout(int64_t k, int64_t m)
+        : nb(k / kBlock), q_bytes(static_cast<size_t>(m * k) * sizeof(int16_t)),
+          bytes(q_bytes + static_cast<size_t>(m * nb) * sizeof(float)) {}
+};
+
+void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
+    const ggml_tensor * x = dst->src[0];
+    const int64_t k = x->ne[0], m = x->ne[1];
+    const Layout L(k, m);
+    auto * xq = static_cast<int16_t *>(dst->data);
+    auto * dx = reinterpret_cast<float *>(static_cast<uint8_t *>(dst->data) + L.q_bytes);
+    const int64_t xs = static_cast<int64_t>(x->nb[1] / sizeof(float));
+    const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
+    thread_local std::vector<uint8_t> q;
+    q.resize(static_cast<size_t>(L.nb) * kBlockBytes);
+    const int64_t per = (m + nth - 1) / nth;
+    const int64_t c0 = std::min<int64_t>(m, per * ith), c1 = std::min<int64_t>(m, c0 + per);
+    for (int64_t c = c0; c < c1; ++c) {
+        from_float(static_cast<const float *>(x->data) + c * xs, q.data(), k);  // ggml's own Q8_0
+        for (int64_t b = 0; b < L.nb; ++b) {
+            const uint8_t * blk = q.data() + static_cast<size_t>(b) * kBlockBytes;
+            uint16_t h;
+            std::memcpy(&h, blk, sizeof h);
+            dx[c * L.nb + b] = ggml_fp16_to_fp32(h);
+            int16_t * out = xq + c * k + b * kBlock;
+            for (int64_t i = 0; i < kBlock; ++i) out[i] = static_cast<int8_t>(blk[2 + i]);
+        }
+    }
+}
+
+using RowsFn = void (*)(const uint8_t *, size_t, int64_t, int64_t, int64_t, const int16_t *, const float *, int64_t,
+                        const float *, int8_t *, float *, float *, int64_t);
+
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 reports its own intrinsic headers (see kernels/matvec.cpp); nothing here reads an undefined value.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#if FUN_ASR_GEMM_X86
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+namespace avx2 {
+#define FUN_ASR_VNNI 0
+
+
+
+
+
+
+#include "kernels/gemm_avx2_rows.inc"
+#undef FUN_ASR_VNNI
+}  // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"))), apply_to = function)
+#else
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
+#endif
+namespace vnni {
+#define FUN_ASR_VNNI 1
+
+
+
+
+
+
+#include "kernels/gemm_avx2_rows.inc"
+#undef FUN_ASR_VNNI
+}  // namespace vnni
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif  // FUN_ASR_GEMM_X86
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+struct Choice {
+    RowsFn rows = nullptr;
+    const char * isa = "";
+};
+
+const Choice & choice() {
+    static const Choice chosen = [] {
+        Choice c;
+#if FUN_ASR_GEMM_X86
+        const char * env = std::getenv("FUN_ASR_GEMM");
+        const std::string want = env ? env : "";
+        if (want == "0") return c;
+        const char * mv = std::getenv("FUN_ASR_MATVEC");
+        const bool plain = want == "avx2" || (mv && std::string(mv) == "avx2");
+        __builtin_cpu_init();
+        const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                              __builtin_cpu_supports("f16c");
+        const bool has_vnni = has_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                              __builtin_cpu_supports("avx512vnni");
+        if (has_vnni && !plain) c = {vnni::rows, "avx512vnni"};
+        else if (has_avx2) c = {avx2::rows, "avx2"};
+#endif
+        return c;
+    }();
+    return chosen;
+}
+
+void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
+    const ggml_tensor * w = dst->src[0];
+    const ggml_tensor * prepared = dst->src[1];
+    const int64_t k = w->ne[0], groups = w->ne[1] / kGroup, m = dst->ne[1];
+    const int64_t per = (groups + nth - 1) / nth;
+    const int64_t g0 = std::min<int64_t>(groups, per * ith), g1 = std::min<int64_t>(groups, g0 + per);
+    if (g0 >= g1) return;
+    const Layout L(k, m);
+    const float * bias = dst->src[2] ? static_cast<const float *>(dst->src[2]->data) : nullptr;
+    thread_local std::vector<int8_t> wq;
+    thread_local std::vector<float> wd;
+    wq.resize(static_cast<size_t>(2 * L.nb) * 256);
+    wd.resize(static_cast<size_t>(2 * L.nb) * kGroup);
+    const auto * base = static_cast<const uint8_t *>(prepared->data);
+    choice().rows(static_cast<const uint8_t *>(w->data), w->nb[1], g0, g1, L.nb, reinterpret_cast<const int16_t *>(base),
+                  reinterpret_cast<const float *>(base + L.q_bytes), m, bias, wq.data(), wd.data(),
+                  static_cast<float *>(dst->data), static_cast<int64_t>(dst->nb[1] / sizeof(float)));
+}
+
+}  // namespace
+
+const char * int8_gemm_isa() { return choice().isa; }
+
+bool int8_gemm_supported(const ggml_tensor * w, const ggml_tensor * x) {
+    if (!w || !x || w->type != GGML_TYPE_Q8_0 || x->type != GGML_TYPE_F32 || !choice().rows) return false;
+    if (!w->buffer || !ggml_backend_buffer_is_host(w->buffer) || w->extra != nullptr) return false;
+    if (!ggml_is_contiguous(w) || w->ne[2] != 1 || w->ne[3] != 1) return false;
+    if (w->ne[1] % kGroup != 0 || w->ne[0] % kBlock != 0) return false;
+    if (x->ne[0] != w->ne[0] || x->ne[2] != 1 || x->ne[3] != 1 || x->nb[0] != sizeof(float)) return false;
+    return x->ne[1] >= 1;
+}
+
+ggml_tensor * int8_gemm_prepare(ggml_context * ctx, ggml_tensor * x) {
+    // Its own node: the threads split the columns; the node boundary is the barrier before the
+    // products, which split the weight rows.
+    const Layout L(x->ne[0], x->ne[1]);
+    ggml_tensor * xa[1] = {x};
+    return ggml_custom_4d(ctx, GGML_TYPE_I16, static_cast<int64_t>(L.bytes / sizeof(int16_t)), 1, 1, 1, xa, 1,
+                          prepare_run, GGML_N_TASKS_MAX, nullptr);
+}
+
+bool int8_gemm_bias_supported(const ggml_tensor * w, const ggml_tensor * b) {
+    return b == nullptr || (b->type == GGML_TYPE_F32 && ggml_is_contiguous(b) && ggml_nelements(b) == w->ne[1] &&
+                            b->buffer && ggml_backend_buffer_is_host(b->buffer));
+}
+
+ggml_tensor * int8_gemm(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared, ggml_tensor * bias) {
+    if (!prepared) prepared = int8_gemm_prepare(ctx, x);
+    ggml_tensor * args[3] = {w, prepared, bias};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, args, bias ? 3 : 2, run, GGML_N_TASKS_MAX,
+                          nullptr);
+}
+
+bool is_int8_gemm(const ggml_tensor * t) {
+    // The product node: a custom op on a Q8_0 matrix and an I16 prepared activation.
+    return t && t->op == GGML_OP_CUSTOM && t->src[0] && t->src[1] && t->src[0]->type == GGML_TYPE_Q8_0 &&
+           t->src[1]->type == GGML_TYPE_I16 && t->ne[0] == t->src[0]->ne[1];
+}
+
+bool is_int8_gemm_prepare(const ggml_tensor * t) {
+    return t && t->op == GGML_OP_CUSTOM && t->type == GGML_TYPE_I16 && t->src[0] && t->src[0]->type == GGML_TYPE_F32 &&
+           !t->src[1];
+}
+
+}  // namespace fun_asr
