@@ -302,12 +302,108 @@ def test_amx_columns_do_not_depend_on_their_neighbours() -> None:
 
 @needs_amx
 def test_amx_gemm_leaves_unsupported_shapes_to_ggml() -> None:
-    """Rows that are not whole 16-row tiles: ggml's GEMM, bit for bit."""
+    """Rows that are not whole 16-row tiles (nor whole 8-row groups of the int8 GEMM): ggml's GEMM, bit for bit."""
     rng = np.random.default_rng(2)
-    w = rng.standard_normal((40, 256)).astype(np.float32)  # 40 rows: not whole 16-row tiles
+    w = rng.standard_normal((36, 256)).astype(np.float32)  # 36 rows: not whole 16-row tiles
     x = rng.standard_normal((20, 256)).astype(np.float32)
     np.testing.assert_array_equal(_core.eval_matmul("q8_0", w, x, path="frames"),
                                   _core.eval_matmul("q8_0", w, x, path="ggml"))
+
+
+needs_int8_gemm = pytest.mark.skipif(_core.int8_gemm_isa() == "", reason="no AVX2: the int8 GEMM does not run here")
+
+
+def _dequantized(wtype: str, w: np.ndarray) -> np.ndarray:
+    """ggml's dequantized weights [n, k] (float64): w times the identity on ggml's path. A one-hot column
+    quantizes to the quant 127 (Q8_K for K-quant weights: -127) times a scale of 1/127, fp16 in Q8_0 (the
+    product 127 * fp16(1/127) is taken off) and float32 in Q8_K: the dequantization to ~1e-7."""
+    eye = np.eye(w.shape[1], dtype=np.float32)
+    one = 127.0 * float(np.float16(np.float32(1) / np.float32(127))) if wtype == "q8_0" else 1.0
+    return _core.eval_matmul(wtype, w, eye, path="ggml").T.astype(np.float64) / one
+
+
+def _q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's Q8_0 quantization of rows x [m, k]: quants [m, k] and the fp16 scale of each 32-block [m, k/32]."""
+    blocks = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+    d = np.abs(blocks).max(axis=2) / np.float32(127)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    q = np.rint(blocks * inv[:, :, None])
+    return q.reshape(x.shape), d.astype(np.float16).astype(np.float64)
+
+
+@needs_int8_gemm
+@pytest.mark.parametrize("wtype", ["q8_0", "q4_k", "q6_k"])
+@pytest.mark.parametrize(("rows", "k", "cols"), [(24, 256, 7), (40, 512, 13), (16, 256, 1), (64, 1024, 167)])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_int8_gemm_is_the_sum_of_its_integer_terms(wtype: str, rows: int, k: int, cols: int, threads: int) -> None:
+    """The int8 GEMM (csrc/kernels/gemm_avx2: encoder, adaptor, prefill) computes, per 32-block, ggml's
+    dequantized weights times the Q8_0-quantized activation: checked against that sum in float64 (rows of odd
+    and even 8-row group counts, column tails of 1-3, 1 to 3 threads). For Q8_0 it is ggml's GEMM to rounding;
+    Q4_K and Q6_K have ggml's weights but finer activation scales than ggml's Q8_K (per 32, not per 256)."""
+    rng = np.random.default_rng(rows * 7 + k + cols)
+    w = rng.standard_normal((rows, k)).astype(np.float32)
+    x = rng.standard_normal((cols, k)).astype(np.float32)
+    x[min(3, cols - 1), :64] = 0.0  # all-zero activation blocks (scale 0)
+    ours = _core.eval_matmul(wtype, w, x, threads=threads, path="frames").astype(np.float64)
+    q, d = _q8_0(x)
+    wd = _dequantized(wtype, w).reshape(rows, -1, 32)
+    ref = np.einsum("mbi,nbi,mb->mn", q.reshape(cols, -1, 32), wd, d)
+    assert np.abs(ours - ref).max() <= 2e-5 * np.abs(ref).max(), np.abs(ours - ref).max() / np.abs(ref).max()
+    ggml = _core.eval_matmul(wtype, w, x, threads=threads, path="ggml")
+    if wtype == "q8_0":
+        assert np.abs(ours - ggml).max() <= 1e-6 * np.abs(ggml).max()
+    else:  # ggml's Q8_K activations: the same weights, coarser activation rounding
+        assert np.abs(ours - ggml).max() <= 3e-2 * np.abs(ggml).max()
+    assert not np.array_equal(ours, ggml)  # really another path
+
+
+@needs_int8_gemm
+@pytest.mark.parametrize("wtype", ["q8_0", "q4_k", "q6_k"])
+def test_int8_gemm_columns_do_not_depend_on_their_neighbours(wtype: str) -> None:
+    """A prefill's numbers are the same alone or in a batch: each column of the int8 GEMM is computed the
+    same way whatever the other columns, their count, and the tile a column falls in."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((48, 512)).astype(np.float32)
+    x = rng.standard_normal((37, 512)).astype(np.float32)
+    together = _core.eval_matmul(wtype, w, x, threads=2, path="frames")
+    for lo, hi in [(0, 1), (5, 9), (16, 37), (30, 37), (1, 3)]:
+        np.testing.assert_array_equal(_core.eval_matmul(wtype, w, x[lo:hi], threads=2, path="frames"), together[lo:hi])
+
+
+_INT8_BITS = (
+    "import sys, numpy as np; from fun_asr import _core\n"
+    "rng = np.random.default_rng(9); out = {}\n"
+    "for wt in ('q8_0', 'q4_k', 'q6_k'):\n"
+    "    w = rng.standard_normal((40, 768)).astype(np.float32)\n"
+    "    x = rng.standard_normal((11, 768)).astype(np.float32)\n"
+    "    out[wt] = _core.eval_matmul(wt, w, x, threads=2, path='frames')\n"
+    "np.savez(sys.argv[1], isa=_core.int8_gemm_isa(), **out)\n"
+)
+
+
+@needs_int8_gemm
+def test_int8_gemm_avx2_and_vnni_give_the_same_bits(tmp_path) -> None:  # noqa: ANN001
+    """The plain AVX2 copy (vpmaddwd + vpaddd; FUN_ASR_GEMM=avx2) and the VNNI one (vpdpwssd) sum the same
+    integers: the same bits. FUN_ASR_GEMM=0 turns the kernel off (ggml's GEMM, bit for bit)."""
+    runs = {}
+    for gemm in ("", "avx2", "0"):
+        path = tmp_path / f"{gemm or 'auto'}.npz"
+        env = {**os.environ, "FUN_ASR_GEMM": gemm}
+        env.pop("FUN_ASR_MATVEC", None)
+        out = subprocess.run([sys.executable, "-c", _INT8_BITS, str(path)], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        runs[gemm] = dict(np.load(path))
+    assert str(runs["avx2"]["isa"]) == "avx2" and str(runs["0"]["isa"]) == ""
+    for wt in ("q8_0", "q4_k", "q6_k"):
+        np.testing.assert_array_equal(runs[""][wt], runs["avx2"][wt], err_msg=wt)
+        assert not np.array_equal(runs[""][wt], runs["0"][wt]), wt
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((40, 768)).astype(np.float32)
+    x = rng.standard_normal((11, 768)).astype(np.float32)
+    if _core.amx_available():
+        return  # this process's Q8_0 products are AMX's
+    np.testing.assert_array_equal(runs["0"]["q8_0"], _core.eval_matmul("q8_0", w, x, threads=2, path="ggml"))
 
 
 def test_amx_can_be_turned_off() -> None:

@@ -212,6 +212,35 @@ def test_fused_fsmn_memory_gives_the_same_tokens(package: str, trained_gguf, hel
     assert fused["tokens"] == plain["tokens"]
 
 
+@pytest.mark.skipif(fun_asr._core.int8_gemm_isa() == "", reason="no AVX2: the int8 GEMM does not run on this CPU")
+@pytest.mark.parametrize("package", ["q8_0", "q4_k_m"])
+def test_int8_gemm_gives_the_same_tokens(package: str, trained_gguf, heldout: list[tuple[Path, str]]) -> None:  # noqa: ANN001
+    """The int8 GEMM (csrc/kernels/gemm_avx2: the encoder's, adaptor's and prefill's Q8_0 / Q4_K / Q6_K
+    products; Q8_0 equal to ggml's to rounding, Q4_K / Q6_K with Q8_0 instead of Q8_K activations) against
+    ggml's GEMMs (FUN_ASR_GEMM=0): the same tokens on every held-out clip; the plain AVX2 instructions
+    (FUN_ASR_GEMM=avx2) give the VNNI ones' tokens; each path really ran (the profile's GEMM_INT8 nodes)."""
+    if package == "q8_0" and fun_asr._core.amx_available():
+        pytest.skip("AMX takes the Q8_0 products on this CPU")
+    clips = [str(p) for p, _ in heldout]
+
+    def run(gemm: str | None) -> dict:
+        env = {k: v for k, v in os.environ.items() if k not in ("FUN_ASR_GEMM", "FUN_ASR_MATVEC")}
+        if gemm is not None:
+            env["FUN_ASR_GEMM"] = gemm
+        out = subprocess.run([sys.executable, "-c", _TOKENS_CODE, str(trained_gguf(package)), *clips], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    ours, ggml = run(None), run("0")
+    for stage in ("encode", "prefill"):
+        assert any(k.startswith(f"{stage}/GEMM_INT8/") for k in ours["kinds"]), ours["kinds"]
+    assert not any("GEMM_INT8" in k for k in ggml["kinds"]), ggml["kinds"]
+    assert ours["tokens"] == ggml["tokens"]
+    if fun_asr._core.int8_gemm_isa() != "avx2":
+        assert run("avx2")["tokens"] == ours["tokens"]
+
+
 @pytest.mark.parametrize("package", ["q8_0", "q4_k_m"])
 def test_batch_equals_one_by_one_on_the_trained_model(package: str, trained_gguf,  # noqa: ANN001
                                                       heldout: list[tuple[Path, str]]) -> None:

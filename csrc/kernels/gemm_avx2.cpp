@@ -10,6 +10,9 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
+#include "kernels/matvec.h"
+#include "kernels/q4_k_x8_layout.h"
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define FUN_ASR_GEMM_X86 1
 #include <immintrin.h>
@@ -23,14 +26,20 @@ namespace {
 constexpr int64_t kBlock = 32;  // QK8_0
 constexpr size_t kBlockBytes = 34;
 constexpr int64_t kGroup = 8;  // weight rows per group (one ymm of int32 / float)
+constexpr int64_t kScratchBytes = 512;  // one block of 32 of a group's 8 rows, as int16 at most
 
-// The prepared activation: [column][k] int16 quants, then [column][block] float scales.
+// How a weight type's blocks of 32 reach the kernel: int8 quants and a scale (Q8_0), plus an offset
+// (Q4_K), or int16 scale * quant and a scale (Q6_K).
+enum class Weights { q8_0, q4_k, q6_k };
+
+// The prepared activation: [column][k] int16 quants, then [column][block] float scales d_x, then
+// [column][block] d_x * (sum of the block's quants) (for Q4_K's offsets).
 struct Layout {
     int64_t nb;
-    size_t q_bytes, bytes;
+    size_t q_bytes, d_bytes, bytes;
     Layout(int64_t k, int64_t m)
         : nb(k / kBlock), q_bytes(static_cast<size_t>(m * k) * sizeof(int16_t)),
-          bytes(q_bytes + static_cast<size_t>(m * nb) * sizeof(float)) {}
+          d_bytes(static_cast<size_t>(m * nb) * sizeof(float)), bytes(q_bytes + 2 * d_bytes) {}
 };
 
 void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
@@ -39,6 +48,7 @@ void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const Layout L(k, m);
     auto * xq = static_cast<int16_t *>(dst->data);
     auto * dx = reinterpret_cast<float *>(static_cast<uint8_t *>(dst->data) + L.q_bytes);
+    auto * sx = reinterpret_cast<float *>(static_cast<uint8_t *>(dst->data) + L.q_bytes + L.d_bytes);
     const int64_t xs = static_cast<int64_t>(x->nb[1] / sizeof(float));
     const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
     thread_local std::vector<uint8_t> q;
@@ -51,15 +61,21 @@ void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
             const uint8_t * blk = q.data() + static_cast<size_t>(b) * kBlockBytes;
             uint16_t h;
             std::memcpy(&h, blk, sizeof h);
-            dx[c * L.nb + b] = ggml_fp16_to_fp32(h);
+            const float d = ggml_fp16_to_fp32(h);
             int16_t * out = xq + c * k + b * kBlock;
-            for (int64_t i = 0; i < kBlock; ++i) out[i] = static_cast<int8_t>(blk[2 + i]);
+            int32_t sum = 0;
+            for (int64_t i = 0; i < kBlock; ++i) {
+                out[i] = static_cast<int8_t>(blk[2 + i]);
+                sum += out[i];
+            }
+            dx[c * L.nb + b] = d;
+            sx[c * L.nb + b] = d * static_cast<float>(sum);
         }
     }
 }
 
-using RowsFn = void (*)(const uint8_t *, size_t, int64_t, int64_t, int64_t, const int16_t *, const float *, int64_t,
-                        const float *, int8_t *, float *, float *, int64_t);
+using RowsFn = void (*)(const uint8_t *, size_t, Weights, int64_t, int64_t, int64_t, const int16_t *, const float *,
+                        const float *, int64_t, const float *, int8_t *, float *, float *, float *, int64_t);
 
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12 reports its own intrinsic headers (see kernels/matvec.cpp); nothing here reads an undefined value.
@@ -151,13 +167,16 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const Layout L(k, m);
     const float * bias = dst->src[2] ? static_cast<const float *>(dst->src[2]->data) : nullptr;
     thread_local std::vector<int8_t> wq;
-    thread_local std::vector<float> wd;
-    wq.resize(static_cast<size_t>(2 * L.nb) * 256);
+    thread_local std::vector<float> wd, wo;
+    wq.resize(static_cast<size_t>(2 * L.nb * kScratchBytes));
     wd.resize(static_cast<size_t>(2 * L.nb) * kGroup);
+    wo.resize(static_cast<size_t>(2 * L.nb) * kGroup);
     const auto * base = static_cast<const uint8_t *>(prepared->data);
-    choice().rows(static_cast<const uint8_t *>(w->data), w->nb[1], g0, g1, L.nb, reinterpret_cast<const int16_t *>(base),
-                  reinterpret_cast<const float *>(base + L.q_bytes), m, bias, wq.data(), wd.data(),
-                  static_cast<float *>(dst->data), static_cast<int64_t>(dst->nb[1] / sizeof(float)));
+    const Weights kind = w->type == GGML_TYPE_Q4_K ? Weights::q4_k : w->type == GGML_TYPE_Q6_K ? Weights::q6_k : Weights::q8_0;
+    choice().rows(static_cast<const uint8_t *>(w->data), w->nb[1], kind, g0, g1, L.nb,
+                  reinterpret_cast<const int16_t *>(base), reinterpret_cast<const float *>(base + L.q_bytes),
+                  reinterpret_cast<const float *>(base + L.q_bytes + L.d_bytes), m, bias, wq.data(), wd.data(),
+                  wo.data(), static_cast<float *>(dst->data), static_cast<int64_t>(dst->nb[1] / sizeof(float)));
 }
 
 }  // namespace
@@ -165,8 +184,15 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
 const char * int8_gemm_isa() { return choice().isa; }
 
 bool int8_gemm_supported(const ggml_tensor * w, const ggml_tensor * x) {
-    if (!w || !x || w->type != GGML_TYPE_Q8_0 || x->type != GGML_TYPE_F32 || !choice().rows) return false;
-    if (!w->buffer || !ggml_backend_buffer_is_host(w->buffer) || w->extra != nullptr) return false;
+    if (!w || !x || x->type != GGML_TYPE_F32 || !choice().rows || !w->buffer || w->view_src) return false;
+    if (w->type == GGML_TYPE_Q8_0 || w->type == GGML_TYPE_Q6_K) {
+        if (!ggml_backend_buffer_is_host(w->buffer) || w->extra != nullptr) return false;
+    } else if (w->type == GGML_TYPE_Q4_K) {
+        // ggml's repacked 8-row layout only (what its CPU backend makes of Q4_K on AVX2 CPUs)
+        if (!weight_is_repacked(w) || w->extra == nullptr) return false;
+    } else {
+        return false;
+    }
     if (!ggml_is_contiguous(w) || w->ne[2] != 1 || w->ne[3] != 1) return false;
     if (w->ne[1] % kGroup != 0 || w->ne[0] % kBlock != 0) return false;
     if (x->ne[0] != w->ne[0] || x->ne[2] != 1 || x->ne[3] != 1 || x->nb[0] != sizeof(float)) return false;
@@ -196,7 +222,9 @@ ggml_tensor * int8_gemm(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, gg
 
 bool is_int8_gemm(const ggml_tensor * t) {
     // The product node: a custom op on a Q8_0 matrix and an I16 prepared activation.
-    return t && t->op == GGML_OP_CUSTOM && t->src[0] && t->src[1] && t->src[0]->type == GGML_TYPE_Q8_0 &&
+    return t && t->op == GGML_OP_CUSTOM && t->src[0] && t->src[1] &&
+           (t->src[0]->type == GGML_TYPE_Q8_0 || t->src[0]->type == GGML_TYPE_Q4_K ||
+            t->src[0]->type == GGML_TYPE_Q6_K) &&
            t->src[1]->type == GGML_TYPE_I16 && t->ne[0] == t->src[0]->ne[1];
 }
 

@@ -9,6 +9,8 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
+#include "kernels/q4_k_x8_layout.h"
+
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define FUN_ASR_MATVEC_X86 1
 #include <immintrin.h>
