@@ -344,7 +344,7 @@ def test_int8_gemm_is_the_sum_of_its_integer_terms(wtype: str, rows: int, k: int
     w = rng.standard_normal((rows, k)).astype(np.float32)
     x = rng.standard_normal((cols, k)).astype(np.float32)
     x[min(3, cols - 1), :64] = 0.0  # all-zero activation blocks (scale 0)
-    ours = _core.eval_matmul(wtype, w, x, threads=threads, path="frames").astype(np.float64)
+    ours = _core.eval_matmul(wtype, w, x, threads=threads, path="encoder").astype(np.float64)
     q, d = _q8_0(x)
     wd = _dequantized(wtype, w).reshape(rows, -1, 32)
     ref = np.einsum("mbi,nbi,mb->mn", q.reshape(cols, -1, 32), wd, d)
@@ -365,9 +365,9 @@ def test_int8_gemm_columns_do_not_depend_on_their_neighbours(wtype: str) -> None
     rng = np.random.default_rng(5)
     w = rng.standard_normal((48, 512)).astype(np.float32)
     x = rng.standard_normal((37, 512)).astype(np.float32)
-    together = _core.eval_matmul(wtype, w, x, threads=2, path="frames")
+    together = _core.eval_matmul(wtype, w, x, threads=2, path="encoder")
     for lo, hi in [(0, 1), (5, 9), (16, 37), (30, 37), (1, 3)]:
-        np.testing.assert_array_equal(_core.eval_matmul(wtype, w, x[lo:hi], threads=2, path="frames"), together[lo:hi])
+        np.testing.assert_array_equal(_core.eval_matmul(wtype, w, x[lo:hi], threads=2, path="encoder"), together[lo:hi])
 
 
 _INT8_BITS = (
@@ -376,7 +376,7 @@ _INT8_BITS = (
     "for wt in ('q8_0', 'q4_k', 'q6_k'):\n"
     "    w = rng.standard_normal((40, 768)).astype(np.float32)\n"
     "    x = rng.standard_normal((11, 768)).astype(np.float32)\n"
-    "    out[wt] = _core.eval_matmul(wt, w, x, threads=2, path='frames')\n"
+    "    out[wt] = _core.eval_matmul(wt, w, x, threads=2, path='encoder')\n"
     "np.savez(sys.argv[1], isa=_core.int8_gemm_isa(), **out)\n"
 )
 

@@ -108,9 +108,9 @@ def encoder_matmul_bound_ms(model: fun_asr._core.Model, types: dict[str, str], T
     total = 0.0
     for name, n, k, count in shapes:
         key = (types[name].lower(), n, k)
-        if key not in cache:  # the best of ggml's mul_mat and fun-asr's own GEMM (AMX) on this shape
+        if key not in cache:  # the best of ggml's mul_mat and fun-asr's own GEMMs (AMX, int8) on this shape
             cache[key] = min(_core.bench_matmul(key[0], n, k, T, threads=threads, repeats=5, path=path)
-                             for path in ("ggml", "frames"))
+                             for path in ("ggml", "encoder"))
         total += cache[key] * count
     return total
 
@@ -490,7 +490,7 @@ def main() -> None:
 
     flop = 2 * enc_shape[0] * enc_shape[1] * enc_shape[2] / 1e6
     ggml_gflops = {p: flop / _core.bench_matmul(enc_type(p), *enc_shape, threads=threads, repeats=10) for p in types}
-    ours_gflops = {p: flop / _core.bench_matmul(enc_type(p), *enc_shape, threads=threads, repeats=10, path="frames")
+    ours_gflops = {p: flop / _core.bench_matmul(enc_type(p), *enc_shape, threads=threads, repeats=10, path="encoder")
                    for p in types}
 
     info = _core.system_info()
@@ -530,7 +530,8 @@ def main() -> None:
         "",
         f"## Encoder vs the best matmul on the same shapes ({ten:g} s clip, T_lfr={T10})",
         "",
-        "Per shape the faster of ggml's mul_mat and fun-asr's AMX GEMM (Q8_0, where the CPU has AMX).",
+        "Per shape the faster of ggml's mul_mat and fun-asr's encoder GEMM (AMX for Q8_0 where the CPU has it, "
+        "else the int8 GEMM for Q8_0 / Q4_K / Q6_K on AVX2).",
         "",
         "| type | encoder+adaptor ms | sum of best matmul ms (same shapes) | ratio |",
         "|---|---|---|---|",
@@ -546,7 +547,7 @@ def main() -> None:
         "",
         f"Compute speed on the encoder's FFN shape {enc_shape[0]}x{enc_shape[1]} x {enc_shape[2]} frames: PyTorch F32 "
         f"GEMM {torch_gflops:.0f} GFLOP/s; ggml " + ", ".join(f"{p} {g:.0f}" for p, g in ggml_gflops.items()) +
-        " GFLOP/s; the path fun-asr takes (AMX for Q8_0 where available) " +
+        " GFLOP/s; the path fun-asr takes (AMX for Q8_0 where available, else the int8 GEMM) " +
         ", ".join(f"{p} {g:.0f}" for p, g in ours_gflops.items()) +
         " GFLOP/s. Best case below = frontend + encoder at the best matmul speed + measured prefill + every token "
         "at the bandwidth limit: what this runtime could reach on this machine with perfect overlap of everything "

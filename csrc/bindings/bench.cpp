@@ -57,7 +57,8 @@ void bind_bench(py::module_ & m) {
         if (p == "ggml") return fun_asr::MatmulPath::ggml;
         if (p == "decode") return fun_asr::MatmulPath::decode;
         if (p == "frames") return fun_asr::MatmulPath::frames;
-        throw std::invalid_argument("path must be 'ggml', 'decode' or 'frames', got '" + p + "'");
+        if (p == "encoder") return fun_asr::MatmulPath::encoder;
+        throw std::invalid_argument("path must be 'ggml', 'decode', 'frames' or 'encoder', got '" + p + "'");
     };
     m.def("bench_matmul",
           [matmul_path](const std::string & type, int64_t n, int64_t k, int64_t m, const std::string & device,
@@ -70,8 +71,8 @@ void bind_bench(py::module_ & m) {
           py::arg("threads") = 0, py::arg("repeats") = 5, py::arg("path") = "ggml",
           "Median ms of a mul_mat: weights [n, k] of `type` times float32 activations [m, k] (benchmarks). "
           "path: 'ggml' (ggml_mul_mat), 'decode' (the decode-step path: fun-asr's mat-vec kernels where they "
-          "apply, else ggml's one-column arithmetic for every column), 'frames' (the encoder/prefill path: AMX "
-          "where it applies).");
+          "apply, else ggml's one-column arithmetic for every column), 'frames' (the prefill path: AMX or the "
+          "int8 GEMM for Q8_0 where they apply), 'encoder' (the audio encoder's: the int8 GEMM also for Q4_K / Q6_K).");
 
     m.def("bench_matvec_chunks",
           [matmul_path](const std::string & type, int64_t rows, int64_t k, int64_t chunk_rows, int threads, int repeats,

@@ -58,12 +58,15 @@ ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x)
 
 namespace {
 
-// The many-column product's kernel for w x x: Intel AMX, else the AVX2 int8 GEMM, else none.
+// The many-column product's kernel for w x x: Intel AMX, else the AVX2 int8 GEMM, else none. The
+// int8 GEMM takes Q4_K / Q6_K only where asked (the audio encoder's products, k_quants): it unpacks
+// each row group once per product, which pays for itself over an encoder's frames but not over a
+// prefill's few positions, where ggml's own Q4_K / Q6_K paths stay (measured: docs/performance.md).
 enum class FramesGemm { none, amx, int8 };
 
-FramesGemm frames_gemm(const ggml_tensor * w, const ggml_tensor * x) {
+FramesGemm frames_gemm(const ggml_tensor * w, const ggml_tensor * x, bool k_quants) {
     if (amx_gemm_supported(w, x)) return FramesGemm::amx;
-    if (int8_gemm_supported(w, x)) return FramesGemm::int8;
+    if ((k_quants || w->type == GGML_TYPE_Q8_0) && int8_gemm_supported(w, x)) return FramesGemm::int8;
     return FramesGemm::none;
 }
 
@@ -77,14 +80,15 @@ ggml_tensor * frames_gemm_product(ggml_context * ctx, FramesGemm kind, ggml_tens
 
 }  // namespace
 
-ggml_tensor * mul_mat_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared) {
-    const FramesGemm kind = frames_gemm(w, x);
+ggml_tensor * mul_mat_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared,
+                             bool k_quants) {
+    const FramesGemm kind = frames_gemm(w, x, k_quants);
     if (kind != FramesGemm::none) return frames_gemm_product(ctx, kind, w, x, prepared, nullptr);
     return matvec_frames_preferred(w, x) ? matvec(ctx, w, x) : mul_mat(ctx, w, x);
 }
 
-ggml_tensor * prepare_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
-    switch (frames_gemm(w, x)) {
+ggml_tensor * prepare_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, bool k_quants) {
+    switch (frames_gemm(w, x, k_quants)) {
         case FramesGemm::amx: return amx_prepare(ctx, x);
         case FramesGemm::int8: return int8_gemm_prepare(ctx, x);
         default: return nullptr;
@@ -92,18 +96,18 @@ ggml_tensor * prepare_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * 
 }
 
 Product product(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml_tensor * prepared) {
-    const FramesGemm kind = frames_gemm(l.w, x);
+    const FramesGemm kind = frames_gemm(l.w, x, true);
     // AMX adds the bias in the product; the int8 GEMM leaves it to the fused tails (bias + ReLU,
     // bias + residual: one pass fewer than a separate ReLU or add).
     if (kind == FramesGemm::amx && amx_bias_supported(l.w, l.b)) {
         return {frames_gemm_product(ctx, kind, l.w, x, prepared, l.b), nullptr};
     }
     if (kind != FramesGemm::none) return {frames_gemm_product(ctx, kind, l.w, x, prepared, nullptr), l.b};
-    return {mul_mat_frames(ctx, l.w, x), l.b};
+    return {mul_mat_frames(ctx, l.w, x, nullptr, true), l.b};
 }
 
 ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml_tensor * prepared) {
-    if (frames_gemm(l.w, x) == FramesGemm::int8 && int8_gemm_bias_supported(l.w, l.b)) {
+    if (frames_gemm(l.w, x, true) == FramesGemm::int8 && int8_gemm_bias_supported(l.w, l.b)) {
         return frames_gemm_product(ctx, FramesGemm::int8, l.w, x, prepared, l.b);  // + b in the product
     }
     const Product p = product(ctx, x, l, prepared);
@@ -225,7 +229,7 @@ ggml_tensor * sanm_layer(const GraphCtx & g, ggml_tensor * x, const SanmLayer & 
     ggml_context * ctx = g.ctx;
     ggml_tensor * h = layer_norm(ctx, x, l.attn_norm, eps);
     // q, k and v read the same input: on AMX it is quantized into tiles once for the three.
-    ggml_tensor * hp = prepare_frames(ctx, l.q.w, h);
+    ggml_tensor * hp = prepare_frames(ctx, l.q.w, h, true);
     ggml_tensor * q = linear(ctx, h, l.q, hp);
     ggml_tensor * k = linear(ctx, h, l.k, hp);
     ggml_tensor * v = linear(ctx, h, l.v, hp);

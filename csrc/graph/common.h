@@ -34,13 +34,17 @@ ggml_tensor * mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
 // (ggml_mul_mat itself rounds one column and several differently). Weights on a GPU: ggml_mul_mat.
 ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
 // For many columns (encoder frames, a prefill's positions): a Q8_0 matrix on Intel AMX
-// (kernels/gemm_amx) where the CPU has it; else the kernels in kernels/matvec where they are faster
-// than ggml's GEMM on this build (matvec_frames_preferred: the same numbers), else mul_mat. linear() and the decoder's prefill use this
-// for every column count; decode steps use mul_mat_step (see kernels/gemm_amx.h).
-// `prepared` (may be null) is prepare_frames(ctx, w, x) shared by products with the same input x.
-ggml_tensor * mul_mat_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared = nullptr);
-// x quantized into AMX tiles once for several products (q/k/v, gate/up) when w takes the AMX path, else null.
-ggml_tensor * prepare_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
+// (kernels/gemm_amx) where the CPU has it; else the int8 GEMM (kernels/gemm_avx2) for Q8_0, and with
+// k_quants (the audio encoder's products: linear(), product()) for Q4_K / Q6_K too; else the kernels in
+// kernels/matvec where they are faster than ggml's GEMM on this build (matvec_frames_preferred: the
+// same numbers), else mul_mat. The choice depends on w only, never on the column count, and each
+// column's numbers on that column only, so a prefill is the same alone or in a batch. Decode steps use
+// mul_mat_step (see kernels/gemm_amx.h). `prepared` (may be null) is prepare_frames(ctx, w, x,
+// k_quants) shared by products with the same input x.
+ggml_tensor * mul_mat_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared = nullptr,
+                             bool k_quants = false);
+// x quantized once for several products (q/k/v, gate/up) when w takes the AMX or int8 GEMM, else null.
+ggml_tensor * prepare_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, bool k_quants = false);
 // x W^T without its bias where a later fused op can add it: y, and the bias still to add (null when the
 // product added it, on AMX, or l has none).
 struct Product {
@@ -48,8 +52,8 @@ struct Product {
     ggml_tensor * bias;
 };
 Product product(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml_tensor * prepared = nullptr);
-// x W^T + b; on AMX (Q8_0) with the bias added in the product, from `prepared` when given
-// (amx_prepare of x, shared by products with the same input).
+// x W^T + b (an encoder-side product: k_quants); on AMX / the int8 GEMM with the bias added in the
+// product, from `prepared` when given (prepare_frames of x, shared by products with the same input).
 ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml_tensor * prepared = nullptr);
 
 // im2col for channels-innermost tensors (every conv of CAM++): x F32 [C, W, H, N] -> [C*kh*kw, OW, OH, N] of

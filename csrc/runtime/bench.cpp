@@ -68,7 +68,8 @@ public:
         ggml_backend_tensor_set(w_, wq.data(), 0, wq.size());
         ggml_backend_tensor_set(x_, xf, 0, static_cast<size_t>(k * m) * sizeof(float));
         // Built after the weights have their buffer: the kernel choice looks at where they live.
-        y_ = path == MatmulPath::frames ? mul_mat_frames(ctx_, w_, x_)
+        y_ = path == MatmulPath::frames    ? mul_mat_frames(ctx_, w_, x_)
+             : path == MatmulPath::encoder ? mul_mat_frames(ctx_, w_, x_, nullptr, true)
              : path == MatmulPath::decode ? mul_mat_step(ctx_, w_, x_)
                                           : ggml_mul_mat(ctx_, w_, x_);
         gf_ = ggml_new_graph_custom(ctx_, nodes, false);

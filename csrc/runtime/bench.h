@@ -9,8 +9,9 @@ namespace fun_asr {
 
 // Which code path a product takes: ggml's mul_mat; the decoder's decode-step helper (mul_mat_step: the
 // mat-vec kernels where they apply, else ggml's one-column arithmetic per column); the many-column
-// helper (mul_mat_frames: AMX where it applies).
-enum class MatmulPath { ggml, decode, frames };
+// helper of a prefill (mul_mat_frames: AMX or the int8 GEMM for Q8_0 where they apply); the audio
+// encoder's (mul_mat_frames with k_quants: the int8 GEMM also for Q4_K / Q6_K).
+enum class MatmulPath { ggml, decode, frames, encoder };
 
 // Best bytes/s of reading `mb` MiB once, split across `threads` threads (the decode's bandwidth limit).
 double read_bandwidth(int64_t mb, int threads, int repeats);
