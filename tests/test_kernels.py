@@ -435,7 +435,7 @@ _ENCODE_CODE = (
 
 
 def _encode_in_child(path: str, out, lengths: list[str], env_set: dict[str, str | None]) -> dict:  # noqa: ANN001
-    env = {k: v for k, v in os.environ.items() if k not in ("FUN_ASR_FSMN", "FUN_ASR_FUSE")}
+    env = {k: v for k, v in os.environ.items() if k not in ("FUN_ASR_FSMN", "FUN_ASR_FUSE", "FUN_ASR_ATTN")}
     env.update({k: v for k, v in env_set.items() if v is not None})
     r = subprocess.run([sys.executable, "-c", _ENCODE_CODE, path, str(out), *lengths], env=env, capture_output=True,
                        text=True, timeout=300)
@@ -478,3 +478,25 @@ def test_fused_fsmn_memory_equals_the_plain_graph_to_rounding(wide_gguf, tmp_pat
         assert a.shape == b.shape == (int(T), a.shape[1]) and np.isfinite(a).all()
         err = float(np.abs(a - b).max() / np.abs(b).max())
         assert err < 1e-5, f"T={T}: fused FSMN differs from ggml's graph by {err:.2e} (relative)"
+
+
+@pytest.mark.skipif(_core.matvec_isa() == "", reason="no AVX2: the attention kernel does not run here")
+def test_encoder_attention_equals_flash_attention_to_rounding(wide_gguf, tmp_path) -> None:  # noqa: ANN001
+    """The encoder's unmasked attention (kernels/attention: scores 4 keys at a time, two-pass softmax with a
+    polynomial exp, P V in 2 x 32 tiles) against ggml's flash attention (FUN_ASR_ATTN=ggml): equal to rounding
+    for one frame, fewer than 4 keys, odd counts (the single-row and key tails) and a 10 s clip's 167, and the
+    kernel really ran (no FLASH_ATTN_EXT node in the encoder)."""
+    lengths = ["1", "3", "6", "41", "167"]
+
+    def run(attn: str | None, name: str) -> dict:
+        return _encode_in_child(str(wide_gguf("f32")), tmp_path / name, lengths, {"FUN_ASR_ATTN": attn})
+
+    ours, ggml = run(None, "ours.npz"), run("ggml", "ggml.npz")
+    assert "encode/FLASH_ATTN_EXT" in set(ggml["kinds"]) and "encode/FLASH_ATTN_EXT" not in set(ours["kinds"])
+    for i, T in enumerate(lengths):
+        a, b = ours[f"arr_{i}"], ggml[f"arr_{i}"]
+        assert a.shape == b.shape == (int(T), a.shape[1]) and np.isfinite(a).all()
+        err = float(np.abs(a - b).max() / np.abs(b).max())
+        assert err < 1e-5, f"T={T}: the attention kernel differs from ggml's flash attention by {err:.2e}"
+        assert T == "1" or not np.array_equal(a, b)  # really another path
+

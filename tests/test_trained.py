@@ -242,6 +242,27 @@ def test_int8_gemm_gives_the_same_tokens(package: str, trained_gguf, heldout: li
         assert run("avx2")["tokens"] == ours["tokens"]
 
 
+@pytest.mark.skipif(fun_asr._core.matvec_isa() == "", reason="no AVX2: the attention kernel does not run here")
+@pytest.mark.parametrize("package", ["f32", "q4_k_m"])
+def test_attention_kernel_gives_the_same_tokens(package: str, trained_gguf, heldout: list[tuple[Path, str]]) -> None:  # noqa: ANN001
+    """The encoder's attention kernel (csrc/kernels/attention; equal to ggml's flash attention to rounding)
+    against ggml's (FUN_ASR_ATTN=ggml): the same tokens on every held-out clip, and each path really ran."""
+    clips = [str(p) for p, _ in heldout]
+
+    def run(attn: str | None) -> dict:
+        env = {k: v for k, v in os.environ.items() if k != "FUN_ASR_ATTN"}
+        if attn is not None:
+            env["FUN_ASR_ATTN"] = attn
+        out = subprocess.run([sys.executable, "-c", _TOKENS_CODE, str(trained_gguf(package)), *clips], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    ours, ggml = run(None), run("ggml")
+    assert "encode/FLASH_ATTN_EXT" in ggml["kinds"] and "encode/FLASH_ATTN_EXT" not in ours["kinds"], (ours, ggml)
+    assert ours["tokens"] == ggml["tokens"]
+
+
 @pytest.mark.parametrize("package", ["q8_0", "q4_k_m"])
 def test_batch_equals_one_by_one_on_the_trained_model(package: str, trained_gguf,  # noqa: ANN001
                                                       heldout: list[tuple[Path, str]]) -> None:

@@ -10,6 +10,7 @@
 
 #include "ggml-cpu.h"
 
+#include "kernels/attention.h"
 #include "kernels/fsmn_memory.h"
 #include "kernels/fused_add.h"
 #include "kernels/gemm_amx.h"
@@ -182,9 +183,10 @@ ggml_tensor * im2col_channels_last(ggml_context * ctx, ggml_tensor * x, int kw, 
 }
 
 ggml_tensor * attention_full(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
-                             int64_t n_heads, ggml_tensor * mask) {
+                             int64_t n_heads, ggml_tensor * mask, bool cpu) {
     const int64_t d = q->ne[0], T = q->ne[1], hd = d / n_heads;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    if (mask == nullptr && cpu && attention_supported(q, k, v, n_heads)) return attention(ctx, q, k, v, n_heads, scale);
     if (mask == nullptr) {
         // One fused node (F32 K/V, online softmax in F32): the matmul path's second product has the
         // sequence length as its inner dimension, which ggml's fast GEMM only takes in multiples of
@@ -233,7 +235,7 @@ ggml_tensor * sanm_layer(const GraphCtx & g, ggml_tensor * x, const SanmLayer & 
     ggml_tensor * q = linear(ctx, h, l.q, hp);
     ggml_tensor * k = linear(ctx, h, l.k, hp);
     ggml_tensor * v = linear(ctx, h, l.v, hp);
-    const Product o = product(ctx, attention_full(ctx, q, k, v, n_heads, mask), l.o);
+    const Product o = product(ctx, attention_full(ctx, q, k, v, n_heads, mask, weight_in_cpu_memory(l.q.w)), l.o);
     // Layer 0 of the encoder widens 560 -> d: no residual around its attention.
     ggml_tensor * residual = x->ne[0] == o.y->ne[0] ? x : nullptr;
     // Fused tails (kernels/fsmn_memory, kernels/fused_add): the plain graph's float steps in one node each,

@@ -64,9 +64,11 @@ ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml
 ggml_tensor * im2col_channels_last(ggml_context * ctx, ggml_tensor * x, int kw, int kh, int sw, int sh, int pw, int ph,
                                    int dw, int dh, ggml_type type);
 
-// Bidirectional multi-head attention over [d, T] q/k/v (heads of head_dim); mask may be null.
+// Bidirectional multi-head attention over [d, T] q/k/v (heads of head_dim); mask may be null. Unmasked,
+// on the CPU (cpu: the layer's weights are in CPU memory) kernels/attention where it applies, else
+// ggml's flash attention.
 ggml_tensor * attention_full(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
-                             int64_t n_heads, ggml_tensor * mask);
+                             int64_t n_heads, ggml_tensor * mask, bool cpu = false);
 
 // Pre-LN SAN-M / transformer layer: attention (+ FSMN memory when l.fsmn is set), ReLU FFN,
 // residuals (none around attention when the input width differs), optional final LayerNorm.
