@@ -1,36 +1,40 @@
-// Q8_0 x F32 matrix products on AVX2 (16-bit integer multiply-add), for the audio encoder and the
-// decoder's prefill on CPUs without AMX.
+// Q8_0 / Q4_K / Q6_K x F32 matrix products on AVX2 (16-bit integer multiply-add), for the audio
+// encoder and (Q8_0) the decoder's prefill on CPUs without AMX.
 //
 // ggml 0.15.3 multiplies a Q8_0 matrix by many columns with llamafile's tiles: for every (row,
 // column, block) it widens the 32 products' partial sums to float and scales them (~100 GOPS on
-// 2 AVX2 cores). This kernel keeps the 32-term dot product of a block in int32 (exact) and does the
-// float work once per block for 8 rows at a time: the weights of 8 rows are interleaved per block
-// (two quants of each row per 32-bit lane, sign-extended to int16), each column's pair of
-// activation quants is broadcast, and vpmaddwd (VNNI's vpdpwssd where the CPU has it: the same
-// integers) gives 8 rows x 1 column per instruction. Per block the scales d_w * d_x are applied
-// in float as acc += float(dot) * (d_w * d_x) - the AMX kernel's arithmetic (kernels/gemm_amx.h),
-// so both give the same bits; against ggml's path the same terms summed in another order
-// (rounding-level differences). The activation is quantized by ggml's own Q8_0 routine.
+// 2 AVX2 cores); Q6_K has no GEMM (one vec_dot per output). This kernel keeps the dot product of a
+// block of 32 in int32 (exact) and does the float work once per block for 8 rows at a time: per
+// product, each group of 8 rows is unpacked once into an interleaved layout (two weights of each row
+// per 32-bit lane: Q8_0's quants, Q4_K's 0..15 with an offset per block, Q6_K's int16 scale * quant),
+// each column's pair of int16 activation quants is broadcast, and vpmaddwd (VNNI's vpdpwssd where
+// the CPU has it: the same integers) gives 8 rows x 1 column per instruction. Per block the scales
+// are applied in float as acc += float(dot) * (d_w * d_x) (- offset * d_x * sum of the quants for
+// Q4_K). For Q8_0 that is the AMX kernel's arithmetic (kernels/gemm_amx.h): ggml's terms summed in
+// another order (rounding-level differences). For Q4_K / Q6_K the weights are ggml's, the activation
+// scales finer than ggml's Q8_K (one per 32 values instead of 256). The activation is quantized by
+// ggml's own Q8_0 routine.
 //
 // Each column's numbers depend only on that column (the tiling over columns does not change its
-// arithmetic), so a prefill is the same alone or in a batch. FUN_ASR_GEMM=0 turns the kernel off,
-// FUN_ASR_GEMM=avx2 (or FUN_ASR_MATVEC=avx2) keeps the plain AVX2 instructions on a VNNI CPU.
+// arithmetic), so a prefill is the same alone or in a batch. graph/common.cpp decides per weight type
+// and stage (never per column count). FUN_ASR_GEMM=0 turns the kernel off, FUN_ASR_GEMM=avx2 (or
+// FUN_ASR_MATVEC=avx2) keeps the plain AVX2 instructions on a VNNI CPU.
 #pragma once
 
 #include "ggml.h"
 
 namespace fun_asr {
 
-// "avx2", "avx512vnni", "avxvnni" (the instructions this CPU runs the kernel with), or "" (off:
+// "avx2" or "avx512vnni" (the instructions this CPU runs the kernel with), or "" (off:
 // no AVX2 / FMA / F16C, or FUN_ASR_GEMM=0).
 const char * int8_gemm_isa();
 
-// Whether w x x can go through this kernel: w plain Q8_0 in host memory, contiguous 2-D, rows a
-// multiple of 8; x F32 [w->ne[0], m], any m >= 1.
+// Whether w x x can go through this kernel: w Q8_0 or Q6_K in host memory or Q4_K in ggml's repacked
+// 8-row layout, contiguous 2-D, not a view, rows a multiple of 8; x F32 [w->ne[0], m], any m >= 1.
 bool int8_gemm_supported(const ggml_tensor * w, const ggml_tensor * x);
 
-// x (F32 [k, m]) quantized (Q8_0) and widened to int16 in its own graph node (I16); one prepared
-// activation feeds several products with the same input (q, k and v).
+// x (F32 [k, m]) quantized (Q8_0) and widened to int16 in its own graph node (I16), with each block's
+// scale and scaled quant sum; one prepared activation feeds several products with the same input.
 ggml_tensor * int8_gemm_prepare(ggml_context * ctx, ggml_tensor * x);
 
 // Whether `bias` (may be null) can be added inside the product: F32 [w->ne[1]] in host memory.
