@@ -10,6 +10,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
+#include "kernels/gemm_amx.h"
 #include "kernels/matvec.h"
 #include "kernels/q4_k_x8_layout.h"
 
@@ -209,8 +210,7 @@ ggml_tensor * int8_gemm_prepare(ggml_context * ctx, ggml_tensor * x) {
 }
 
 bool int8_gemm_bias_supported(const ggml_tensor * w, const ggml_tensor * b) {
-    return b == nullptr || (b->type == GGML_TYPE_F32 && ggml_is_contiguous(b) && ggml_nelements(b) == w->ne[1] &&
-                            b->buffer && ggml_backend_buffer_is_host(b->buffer));
+    return amx_bias_supported(w, b);  // the same bias the AMX kernel adds in its product
 }
 
 ggml_tensor * int8_gemm(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared, ggml_tensor * bias) {
