@@ -160,6 +160,16 @@ _TOKENS_CODE = (
 )
 
 
+def _tokens_in_child(gguf: Path, clips: list[str], switches: dict[str, str | None]) -> dict:
+    """_TOKENS_CODE in a child process with the kernel switches set (a value) or cleared (None)."""
+    env = {k: v for k, v in os.environ.items() if k not in switches}
+    env.update({k: v for k, v in switches.items() if v is not None})
+    out = subprocess.run([sys.executable, "-c", _TOKENS_CODE, str(gguf), *clips], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.skipif(fun_asr._core.matvec_isa() == "", reason="no decode kernels on this CPU")
 @pytest.mark.parametrize("package", ["q8_0", "q4_k_m"])
 def test_decode_kernels_give_the_same_tokens(package: str, trained_gguf, heldout: list[tuple[Path, str]]) -> None:  # noqa: ANN001
@@ -169,13 +179,8 @@ def test_decode_kernels_give_the_same_tokens(package: str, trained_gguf, heldout
     clips = [str(p) for p, _ in heldout[:8]]
 
     def run(env_value: str | None, name: str = "FUN_ASR_MATVEC") -> dict:
-        env = {k: v for k, v in os.environ.items() if k not in ("FUN_ASR_MATVEC", "FUN_ASR_AMX")}
-        if env_value is not None:
-            env[name] = env_value
-        out = subprocess.run([sys.executable, "-c", _TOKENS_CODE, str(trained_gguf(package)), *clips], env=env,
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        return _tokens_in_child(trained_gguf(package), clips, {"FUN_ASR_MATVEC": None, "FUN_ASR_AMX": None,
+                                                              name: env_value})
 
     ours, ggml = run(None), run("0")
     assert any("/MATVEC/" in k for k in ours["kinds"]), ours["kinds"]
@@ -198,13 +203,7 @@ def test_fused_fsmn_memory_gives_the_same_tokens(package: str, trained_gguf, hel
     clips = [str(p) for p, _ in heldout]
 
     def run(fsmn: str | None) -> dict:
-        env = {k: v for k, v in os.environ.items() if k != "FUN_ASR_FSMN"}
-        if fsmn is not None:
-            env["FUN_ASR_FSMN"] = fsmn
-        out = subprocess.run([sys.executable, "-c", _TOKENS_CODE, str(trained_gguf(package)), *clips], env=env,
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        return _tokens_in_child(trained_gguf(package), clips, {"FUN_ASR_FSMN": fsmn})
 
     fused, plain = run(None), run("ggml")
     assert "encode/SSM_CONV" in plain["kinds"] and "encode/SSM_CONV" not in fused["kinds"], (plain, fused)
@@ -224,13 +223,7 @@ def test_int8_gemm_gives_the_same_tokens(package: str, trained_gguf, heldout: li
     clips = [str(p) for p, _ in heldout]
 
     def run(gemm: str | None) -> dict:
-        env = {k: v for k, v in os.environ.items() if k not in ("FUN_ASR_GEMM", "FUN_ASR_MATVEC")}
-        if gemm is not None:
-            env["FUN_ASR_GEMM"] = gemm
-        out = subprocess.run([sys.executable, "-c", _TOKENS_CODE, str(trained_gguf(package)), *clips], env=env,
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        return _tokens_in_child(trained_gguf(package), clips, {"FUN_ASR_GEMM": gemm, "FUN_ASR_MATVEC": None})
 
     ours, ggml = run(None), run("0")
     assert any(k.startswith("encode/GEMM_INT8/") for k in ours["kinds"]), ours["kinds"]
@@ -250,13 +243,7 @@ def test_attention_kernel_gives_the_same_tokens(package: str, trained_gguf, held
     clips = [str(p) for p, _ in heldout]
 
     def run(attn: str | None) -> dict:
-        env = {k: v for k, v in os.environ.items() if k != "FUN_ASR_ATTN"}
-        if attn is not None:
-            env["FUN_ASR_ATTN"] = attn
-        out = subprocess.run([sys.executable, "-c", _TOKENS_CODE, str(trained_gguf(package)), *clips], env=env,
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        return _tokens_in_child(trained_gguf(package), clips, {"FUN_ASR_ATTN": attn})
 
     ours, ggml = run(None), run("ggml")
     assert "encode/FLASH_ATTN_EXT" in ggml["kinds"] and "encode/FLASH_ATTN_EXT" not in ours["kinds"], (ours, ggml)
