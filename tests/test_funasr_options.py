@@ -98,6 +98,17 @@ def test_config_follows_funasr_switch(dynamic_silence: bool | None, max_end_sile
     assert cfg.silence_schedule == DEFAULT_SILENCE_SCHEDULE
 
 
+@pytest.mark.parametrize("key", ["window_size_ms", "max_end_silence_time", "frame_in_ms", "lookback_time_start_point"])
+def test_config_null_for_an_integer_option_is_a_clear_error(key: str) -> None:
+    """A config.yaml (or a VAD GGUF's stored config) with ``key: null`` where FunASR's option is an integer is
+    a ValueError naming the key (the GGUF fuzzer found ``window_size_ms: null`` ending in a TypeError);
+    our own ``*_ms`` options whose default is None still take null."""
+    with pytest.raises(ValueError, match=f"model_conf.{key} must be int"):
+        VadConfig.from_dict({"model_conf": {key: None}})
+    cfg = VadConfig.from_dict({"model_conf": {"max_single_segment_ms": None, "max_end_silence_ms": None}})
+    assert cfg.max_single_segment_ms is None and cfg.max_end_silence_ms is None
+
+
 # --- against FunASR 1.4.16 on the real weights ----------------------------------------------------------
 
 @pytest.fixture(scope="module")

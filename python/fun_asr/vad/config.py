@@ -54,6 +54,7 @@ def _typed_section(cls: type, conf: Mapping[str, Any], section: str, skip: set[s
     if not isinstance(values, Mapping):
         raise ValueError(f"config.yaml {section} must be a mapping, got {type(values).__name__}")
     defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.name not in skip}
+    nullable = {f.name for f in dataclasses.fields(cls) if "None" in str(f.type)}  # `int | None` options
     out: dict[str, Any] = {}
     for k, v in values.items():
         if k not in defaults:
@@ -61,8 +62,8 @@ def _typed_section(cls: type, conf: Mapping[str, Any], section: str, skip: set[s
         d = defaults[k]
         if isinstance(d, bool) or isinstance(v, bool):
             ok = isinstance(v, bool) and isinstance(d, bool) or (isinstance(d, bool) and v in (0, 1))
-        elif isinstance(d, int) or (d is None and k.endswith("_ms")):
-            ok = isinstance(v, int) or (v is None and k.endswith("_ms"))  # our *_ms options take None
+        elif isinstance(d, int) or (d is None and k in nullable):
+            ok = isinstance(v, int) or (v is None and k in nullable)  # FunASR's integer options never take null
         elif isinstance(d, float):
             ok = isinstance(v, int | float) and math.isfinite(v)
         elif isinstance(d, str):
