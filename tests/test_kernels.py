@@ -463,22 +463,30 @@ def test_fused_bias_and_residual_tails_are_bitwise_the_plain_graph(package: str,
         assert fused[f"arr_{i}"].tobytes() == plain[f"arr_{i}"].tobytes(), f"T={lengths[i]}"
 
 
+def _encoder_vs_ggml_to_rounding(gguf: str, tmp_path, lengths: list[str], switch: str, node: str,  # noqa: ANN001
+                                 what: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Encoder outputs for each length with our op (``switch`` unset) and with ggml's graph (``switch=ggml``):
+    ggml's run has ``node``, ours has none (the op really ran), and each output is equal to rounding (< 1e-5
+    relative). Returns the (ours, ggml's) pairs."""
+    ours = _encode_in_child(gguf, tmp_path / "ours.npz", lengths, {switch: None})
+    ggml = _encode_in_child(gguf, tmp_path / "ggml.npz", lengths, {switch: "ggml"})
+    assert node in set(ggml["kinds"]) and node not in set(ours["kinds"])
+    pairs = []
+    for i, T in enumerate(lengths):
+        a, b = ours[f"arr_{i}"], ggml[f"arr_{i}"]
+        assert a.shape == b.shape == (int(T), a.shape[1]) and np.isfinite(a).all()
+        err = float(np.abs(a - b).max() / np.abs(b).max())
+        assert err < 1e-5, f"T={T}: {what} differs from ggml's by {err:.2e} (relative)"
+        pairs.append((a, b))
+    return pairs
+
+
 def test_fused_fsmn_memory_equals_the_plain_graph_to_rounding(wide_gguf, tmp_path) -> None:  # noqa: ANN001
     """The SAN-M layers' FSMN memory (depthwise conv over time + v + the attention output) as one fused op
     against ggml's transpose, pad, ssm_conv and adds (FUN_ASR_FSMN=ggml): equal to rounding for sequences
     shorter than the kernel, odd and longer ones (every tap's padding edge), and the fused op really ran."""
-    lengths = ["1", "4", "41", "167"]
-
-    def run(fsmn: str | None, name: str) -> dict:
-        return _encode_in_child(str(wide_gguf("f32")), tmp_path / name, lengths, {"FUN_ASR_FSMN": fsmn})
-
-    fused, plain = run(None, "fused.npz"), run("ggml", "plain.npz")
-    assert "encode/SSM_CONV" in set(plain["kinds"]) and "encode/SSM_CONV" not in set(fused["kinds"])
-    for i, T in enumerate(lengths):
-        a, b = fused[f"arr_{i}"], plain[f"arr_{i}"]
-        assert a.shape == b.shape == (int(T), a.shape[1]) and np.isfinite(a).all()
-        err = float(np.abs(a - b).max() / np.abs(b).max())
-        assert err < 1e-5, f"T={T}: fused FSMN differs from ggml's graph by {err:.2e} (relative)"
+    _encoder_vs_ggml_to_rounding(str(wide_gguf("f32")), tmp_path, ["1", "4", "41", "167"], "FUN_ASR_FSMN",
+                                 "encode/SSM_CONV", "the fused FSMN memory")
 
 
 @pytest.mark.skipif(_core.matvec_isa() == "", reason="no AVX2: the attention kernel does not run here")
@@ -488,16 +496,8 @@ def test_encoder_attention_equals_flash_attention_to_rounding(wide_gguf, tmp_pat
     for one frame, fewer than 4 keys, odd counts (the single-row and key tails) and a 10 s clip's 167, and the
     kernel really ran (no FLASH_ATTN_EXT node in the encoder)."""
     lengths = ["1", "3", "6", "41", "167"]
-
-    def run(attn: str | None, name: str) -> dict:
-        return _encode_in_child(str(wide_gguf("f32")), tmp_path / name, lengths, {"FUN_ASR_ATTN": attn})
-
-    ours, ggml = run(None, "ours.npz"), run("ggml", "ggml.npz")
-    assert "encode/FLASH_ATTN_EXT" in set(ggml["kinds"]) and "encode/FLASH_ATTN_EXT" not in set(ours["kinds"])
-    for i, T in enumerate(lengths):
-        a, b = ours[f"arr_{i}"], ggml[f"arr_{i}"]
-        assert a.shape == b.shape == (int(T), a.shape[1]) and np.isfinite(a).all()
-        err = float(np.abs(a - b).max() / np.abs(b).max())
-        assert err < 1e-5, f"T={T}: the attention kernel differs from ggml's flash attention by {err:.2e}"
+    pairs = _encoder_vs_ggml_to_rounding(str(wide_gguf("f32")), tmp_path, lengths, "FUN_ASR_ATTN",
+                                         "encode/FLASH_ATTN_EXT", "the attention kernel")
+    for T, (a, b) in zip(lengths, pairs, strict=True):
         assert T == "1" or not np.array_equal(a, b)  # really another path
 
