@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <mutex>
-#include <set>
 #include <stdexcept>
 #include <tuple>
 
@@ -16,6 +14,7 @@
 #include "kernels/gemm_amx.h"
 #include "kernels/gemm_avx2.h"
 #include "kernels/matvec.h"
+#include "kernels/op_params.h"
 
 namespace fun_asr {
 
@@ -124,14 +123,6 @@ struct Im2colParams {
     }
 };
 
-// The custom op's parameters must outlive the graph: each distinct set is kept once, for the process.
-const Im2colParams * intern(const Im2colParams & p) {
-    static std::mutex mu;
-    static std::set<Im2colParams> all;
-    std::lock_guard<std::mutex> lock(mu);
-    return &*all.insert(p).first;
-}
-
 void im2col_channels_last_run(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const Im2colParams & p = *static_cast<const Im2colParams *>(userdata);
     const ggml_tensor * x = dst->src[0];
@@ -177,7 +168,7 @@ ggml_tensor * im2col_channels_last(ggml_context * ctx, ggml_tensor * x, int kw, 
     const int64_t OH = (x->ne[2] + 2 * ph - static_cast<int64_t>(dh) * (kh - 1) - 1) / sh + 1;
     if (OW < 1 || OH < 1) throw std::invalid_argument("im2col_channels_last: the input is smaller than the kernel");
     ggml_tensor * args[1] = {x};
-    const Im2colParams * p = intern({kw, kh, sw, sh, pw, ph, dw, dh});
+    const Im2colParams * p = intern_op_params(Im2colParams{kw, kh, sw, sh, pw, ph, dw, dh});
     return ggml_custom_4d(ctx, type, x->ne[0] * kw * kh, OW, OH, x->ne[3], args, 1, im2col_channels_last_run,
                           GGML_N_TASKS_MAX, const_cast<Im2colParams *>(p));
 }

@@ -4,10 +4,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <vector>
 
 #include "ggml-backend.h"
+
+#include "kernels/op_params.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -22,6 +23,7 @@ namespace {
 struct Params {
     int64_t n_heads;
     float scale;
+    bool operator<(const Params & o) const { return n_heads != o.n_heads ? n_heads < o.n_heads : scale < o.scale; }
 };
 
 #if FUN_ASR_ATTN_X86
@@ -220,18 +222,6 @@ bool plain(const ggml_tensor * t, const ggml_tensor * like) {
            (!t->buffer || ggml_backend_buffer_is_host(t->buffer));
 }
 
-// The op's parameters must outlive the graph: one per distinct (heads, scale), kept for the process.
-const Params * intern(int64_t n_heads, float scale) {
-    static std::vector<Params *> all;
-    static std::mutex mu;
-    std::lock_guard<std::mutex> lock(mu);
-    for (const Params * p : all) {
-        if (p->n_heads == n_heads && p->scale == scale) return p;
-    }
-    all.push_back(new Params{n_heads, scale});
-    return all.back();
-}
-
 }  // namespace
 
 bool attention_supported(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * v, int64_t n_heads) {
@@ -243,7 +233,7 @@ ggml_tensor * attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, gg
                         float scale) {
     ggml_tensor * args[3] = {q, k, v};
     return ggml_custom_4d(ctx, GGML_TYPE_F32, q->ne[0], q->ne[1], 1, 1, args, 3, run, GGML_N_TASKS_MAX,
-                          const_cast<Params *>(intern(n_heads, scale)));
+                          const_cast<Params *>(intern_op_params(Params{n_heads, scale})));
 }
 
 }  // namespace fun_asr
