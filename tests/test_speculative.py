@@ -100,3 +100,101 @@ def test_draft_options_and_errors(wide_gguf) -> None:  # noqa: ANN001
         model.generate_batch([prompt], 4, [], draft=[10**9])
     with pytest.raises(ValueError, match="draft_max"):
         model.draft_max = -1
+
+
+# -- the Session, the stream and the server's batcher ----------------------------------------------------
+
+
+def _three_audio(three) -> np.ndarray:  # noqa: ANN001
+    import soundfile as sf
+
+    x, rate = sf.read(three, dtype="float32")
+    assert rate == 16000
+    return x
+
+
+def test_transcribe_draft_is_lossless_and_counted(demo, three) -> None:  # noqa: ANN001
+    """Session.transcribe(draft=): the same result with the right draft, a wrong one or none; a right draft is
+    kept and saves decoder passes (the timings count them); bad drafts are clear errors."""
+    x = _three_audio(three)[: 16000 * 3]
+    kw = dict(sample_rate=16000, vad=False)
+    plain = demo.transcribe(x, **kw)
+    tokens = [t for s in plain.segments for t in s.tokens]
+    assert len(tokens) >= 3 and "draft_proposed" not in plain.timings
+    for draft in (tokens, tokens[:2], [7, 8, 9, 10], tokens + tokens):
+        r = demo.transcribe(x, draft=draft, **kw)
+        assert r.text == plain.text and [t for s in r.segments for t in s.tokens] == tokens, draft
+        assert {"decode_passes", "draft_proposed", "draft_accepted"} <= r.timings.keys()
+    exact = demo.transcribe(x, draft=tokens, **kw).timings
+    assert exact["draft_accepted"] == exact["draft_proposed"] > 0
+    assert exact["decode_passes"] < len(tokens) - 1  # plain greedy: one pass per token after the prefill's
+    with pytest.raises(TypeError, match="draft must be a list of token ids"):
+        demo.transcribe(x, draft="hello", **kw)
+    with pytest.raises(TypeError, match="token ids"):
+        demo.transcribe(x, draft=[1.5], **kw)
+    with pytest.raises(ValueError, match="drafts must be a list of 2"):
+        demo.transcribe_batch([x, x], sample_rate=16000, drafts=[tokens])
+    # in a batch the segments decode together, without drafts; the results are the same
+    both = demo.transcribe_batch([x, x], sample_rate=16000, vad=False, drafts=[tokens, None])
+    assert all(r.text == plain.text and "draft_proposed" not in r.timings for r in both)
+    alone = demo.transcribe_batch([x], sample_rate=16000, vad=False, drafts=[tokens])[0]
+    assert alone.text == plain.text and alone.timings["draft_accepted"] > 0
+
+
+def test_stream_partials_are_the_draft_of_the_next_decode(demo, three) -> None:  # noqa: ANN001
+    """A VAD stream gives each decode of an open sentence (the next partial, the closing decode) the sentence's
+    latest partial tokens as its draft: the same events as with drafts off (Model.draft_max = 0); on the demo
+    model's three utterances most draft tokens are kept, so fewer decoder passes run."""
+    x = _three_audio(three)
+    real = demo.transcribe
+    stats: list[dict] = []
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        r = real(*args, **kwargs)
+        if kwargs.get("draft"):
+            stats.append(r.timings)
+        return r
+
+    runs = {}
+    demo.transcribe = spy
+    try:
+        for draft_max in (4, 0):
+            demo.model.draft_max = draft_max
+            stats.clear()
+            st = demo.stream()
+            events = []
+            for i in range(0, x.size, 960):
+                events += st.feed(x[i : i + 960])
+            events += st.close()
+            runs[draft_max] = ([e.to_dict() for e in events], list(stats))
+    finally:
+        demo.model.draft_max = 4
+        del demo.transcribe
+    (with_drafts, on), (without, off) = runs[4], runs[0]
+    assert with_drafts == without and sum(e["type"] == "sentence" for e in with_drafts) == 3
+    assert len(on) == len(off) >= 6  # every decode after a sentence's first partial had a draft
+    proposed, kept = sum(t["draft_proposed"] for t in on), sum(t["draft_accepted"] for t in on)
+    assert proposed > 0 and kept >= proposed // 2, (kept, proposed)
+    assert sum(t["decode_passes"] for t in on) < sum(t["decode_passes"] for t in off)
+
+
+def test_batcher_takes_a_draft_only_for_a_lone_request(demo, three) -> None:  # noqa: ANN001
+    from concurrent.futures import Future
+
+    from fun_asr.serve.batcher import Batcher
+
+    x = _three_audio(three)[: 16000 * 3]
+    plain = demo.transcribe(x, sample_rate=16000, vad=False)
+    tokens = [t for s in plain.segments for t in s.tokens]
+    b = Batcher(demo, max_batch=4, max_new_tokens=512)
+    try:
+        options = (None, True, (), 512, 30.0, False, False)
+        lone = b.submit(x, options, "stream", draft=tokens).result(timeout=120)
+        assert lone.text == plain.text and lone.timings["draft_accepted"] > 0
+        jobs = [(options, (x, "a", tokens), Future()), (options, (x, "b", tokens), Future())]
+        b._run(jobs)  # two requests decoded together: one pass per step for both, no drafts
+        for _, _, fut in jobs:
+            r = fut.result(timeout=1)
+            assert r.text == plain.text and "draft_proposed" not in r.timings
+    finally:
+        b.close()

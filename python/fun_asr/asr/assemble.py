@@ -72,6 +72,7 @@ def assemble(item: _Item, opts: TranscribeOptions, options: dict[str, Any], tota
     timings["tokens"] = n_tokens
     timings["tokens_per_s"] = n_tokens / (timings["decode_ms"] / 1e3) if timings["decode_ms"] > 0 else 0.0
     timings["real_time_factor"] = timings["total_ms"] / 1e3 / duration if duration > 0 else 0.0
+    timings.update(item.draft_stats)  # counts, not times: after the sums above
     return Transcription(join_text(item.segments, opts.language, spec), item.segments, opts.language, duration,
                          {k: round(v, 3) if isinstance(v, float) else v for k, v in timings.items()},
                          dict(options), item.source, list(item.warnings), item.input_truncated,

@@ -38,6 +38,8 @@ class _Item:
         self.error: str | None = None
         self.speakers: Any = None  # diarize: the RecordingSpeakers collecting this recording's speaker windows
         self.speaker_turns: list[tuple[float, float, int]] | None = None  # diarize: the speaker timeline
+        self.draft: list[int] | None = None  # token ids its transcript probably contains (speculative decoding)
+        self.draft_stats: dict[str, int] = {}  # with a draft: decode_passes, draft_proposed, draft_accepted
         self.timings = {"load_ms": 0.0, "frontend_ms": 0.0, "vad_ms": 0.0, "encode_ms": 0.0, "prefill_ms": 0.0,
                         "decode_ms": 0.0}
 

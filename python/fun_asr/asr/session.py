@@ -51,6 +51,16 @@ def _default_package(device: str) -> str:
     return "q8_0"
 
 
+def _check_draft(draft: Any, what: str) -> list[int]:
+    """A draft as a list of token ids (the model checks each id against its vocabulary)."""
+    if isinstance(draft, str | bytes) or not hasattr(draft, "__iter__"):
+        raise TypeError(f"{what} must be a list of token ids (ints), got {type(draft).__name__}")
+    ids = list(draft)
+    if not all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in ids):
+        raise TypeError(f"{what} must be a list of token ids (ints)")
+    return [int(t) for t in ids]
+
+
 
 VAD_ENV = "FUN_ASR_VAD_MODEL"  # a user default VAD (a .gguf, a FunASR fsmn-vad folder, or a hub repo id)
 NO_VAD_MESSAGE = (
@@ -289,7 +299,7 @@ class Session:
                    vad: bool | None = None, word_timestamps: bool = False, silence_schedule: Any = None,
                    dynamic_silence: bool | None = None, max_end_silence_time: int | None = None,
                    diarize: bool = False, num_speakers: int | None = None, min_speakers: int | None = None,
-                   max_speakers: int | None = None) -> Transcription:
+                   max_speakers: int | None = None, draft: list[int] | None = None) -> Transcription:
         """Transcribes one recording (path, bytes, binary file object, or array with ``sample_rate``).
 
         Its segments are decoded up to ``batch_size`` at a time (token for token the same as one by
@@ -309,6 +319,12 @@ class Session:
         ``Segment.speaker`` (0, 1, ... in order of first appearance) and ``Transcription.speakers`` the speaker
         timeline. ``num_speakers``: exactly that many (FunASR's ``preset_spk_num``); else the count is found in
         ``min_speakers``..``max_speakers`` (default 1..15). Needs the Session's speaker model (``speaker_model``).
+
+        ``draft``: token ids the transcript probably contains (a stream's previous partial of the same speech):
+        lossless speculative decoding - the decoder verifies several of them per pass and keeps only what its
+        own greedy choice gives, so the tokens are exactly those without a draft (a wrong draft costs one
+        pass). Used where a segment is decoded alone; the result's timings then count ``decode_passes``,
+        ``draft_proposed`` and ``draft_accepted``.
         """
         check_audio_input(audio)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -317,7 +333,9 @@ class Session:
                             vad, word_timestamps, silence_schedule=silence_schedule, dynamic_silence=dynamic_silence,
                             max_end_silence_time=max_end_silence_time, diarize=diarize, num_speakers=num_speakers,
                             min_speakers=min_speakers, max_speakers=max_speakers)
-        return self._run([audio], sample_rate, opts, batch_size=batch_size, progress=progress, raise_errors=True)[0]
+        drafts = None if draft is None else [_check_draft(draft, "draft")]
+        return self._run([audio], sample_rate, opts, batch_size=batch_size, progress=progress, raise_errors=True,
+                         drafts=drafts)[0]
 
     def transcribe_batch(self, audios: list[AudioInput], *, sample_rate: int | None = None,
                          language: str | None = None, itn: bool = True, hotwords: list[str] | str | None = None,
@@ -328,7 +346,8 @@ class Session:
                          dynamic_silence: bool | None = None,
                          max_end_silence_time: int | None = None, warn: bool = True, diarize: bool = False,
                          num_speakers: int | None = None, min_speakers: int | None = None,
-                         max_speakers: int | None = None) -> list[Transcription]:
+                         max_speakers: int | None = None,
+                         drafts: list[list[int] | None] | None = None) -> list[Transcription]:
         """Transcribes several recordings with the same options, decoding up to ``batch_size``
         segments at once (one KV cache slot each: every decoding step reads the weights once for the
         whole batch). Results are in input order and token for token equal to ``transcribe``.
@@ -339,7 +358,8 @@ class Session:
         path, or ``input N <array>``). The timings of each result hold its share of the batch's prefill
         and decode time. ``silence_schedule``, ``dynamic_silence``, ``max_end_silence_time``: FunASR's VAD
         kwargs, and ``diarize``, ``num_speakers``, ``min_speakers``, ``max_speakers`` (each recording's speakers
-        on its own), as in :meth:`transcribe`. ``warn=False``: the notices are only in each result's ``warnings``,
+        on its own), and ``drafts`` (one token list or None per recording: see ``draft`` there), as in
+        :meth:`transcribe`. ``warn=False``: the notices are only in each result's ``warnings``,
         no Python warnings are issued (a server that reports them itself; warning filters are process-wide)."""
         one = str | bytes | bytearray | memoryview | os.PathLike | np.ndarray
         if isinstance(audios, one) or hasattr(audios, "read"):
@@ -353,12 +373,16 @@ class Session:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if names is not None and (len(names) != len(audios) or not all(isinstance(n, str) for n in names)):
             raise ValueError(f"names must be {len(audios)} strings, one per recording")
+        if drafts is not None:
+            if not isinstance(drafts, list | tuple) or len(drafts) != len(audios):
+                raise ValueError(f"drafts must be a list of {len(audios)} token lists (or None), one per recording")
+            drafts = [None if d is None else _check_draft(d, f"drafts[{i}]") for i, d in enumerate(drafts)]
         opts = self.options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos,
                             vad, word_timestamps, silence_schedule=silence_schedule, dynamic_silence=dynamic_silence,
                             max_end_silence_time=max_end_silence_time, diarize=diarize, num_speakers=num_speakers,
                             min_speakers=min_speakers, max_speakers=max_speakers)
         return self._run(list(audios), sample_rate, opts, batch_size=batch_size, progress=progress,
-                         raise_errors=False, names=names, warn=warn)
+                         raise_errors=False, names=names, warn=warn, drafts=drafts)
 
     def stream(self, language: str | None = None, itn: bool = True, hotwords: list[str] | str | None = None, *,
                max_new_tokens: int | None = None, repetition_guard: bool = True, stream_options: Any = None,
@@ -448,7 +472,7 @@ class Session:
 
     def _run(self, audios: list[AudioInput], sample_rate: int | None, opts: TranscribeOptions, batch_size: int,
              progress: bool, raise_errors: bool, names: list[str] | None = None,
-             warn: bool = True) -> list[Transcription]:
+             warn: bool = True, drafts: list[list[int] | None] | None = None) -> list[Transcription]:
         """Each recording streams through read -> 16 kHz -> fbank -> VAD (or the pause splitter) -> the
         segment's features -> encoder, block by block, so that no recording is held whole (_stream); the
         segments' adaptor rows wait for decoding, all recordings' together (longest first), in waves when
@@ -456,6 +480,8 @@ class Session:
         t_start = time.perf_counter()
         before, after = self.prompt_ids(opts)
         items = [_Item(i) for i in range(len(audios))]
+        for item, d in zip(items, drafts or [], strict=False):
+            item.draft = d
         with self._lock:
             prefix = self.model.embed(before)
             suffix = self.model.embed(after)
@@ -718,9 +744,14 @@ class Session:
 
             inputs = [j[2] if prefix is None else np.ascontiguousarray(np.concatenate([prefix, j[2], suffix]))
                       for j in chunk]
+            # A segment decoded alone verifies its recording's draft (the model takes drafts for one sequence:
+            # in a batch, the batch already shares each step's weight reads).
+            lone = chunk[0][0].draft if len(chunk) == 1 else None
+            draft = [t for t in lone if t not in self.stop_ids] if lone else None
             try:
                 results = self.model.generate_batch(inputs, opts.max_new_tokens, stop,
-                                                    repetition_guard=opts.repetition_guard, on_step=on_step)
+                                                    repetition_guard=opts.repetition_guard, on_step=on_step,
+                                                    draft=draft or None)
             except (ValueError, RuntimeError, MemoryError):
                 if raise_errors or len(chunk) == 1:
                     if len(chunk) == 1 and not raise_errors:
@@ -739,6 +770,9 @@ class Session:
                 seg.truncated, seg.repetition = reason == "max_new_tokens", reason == "repetition"
                 item.timings["prefill_ms"] += stats["prefill_ms"] / len(chunk)
                 item.timings["decode_ms"] += stats["decode_ms"] / len(chunk)
+                if draft:
+                    for key in ("decode_passes", "draft_proposed", "draft_accepted"):
+                        item.draft_stats[key] = item.draft_stats.get(key, 0) + int(stats[key])
         bar.close()
 
 

@@ -27,6 +27,7 @@ The stream keeps the audio it may still decode (the open sentence, and ``lookbac
 from __future__ import annotations
 
 import bisect
+import inspect
 import time
 from collections import deque
 from collections.abc import Callable
@@ -50,8 +51,18 @@ class Session(Protocol):
 
     def transcribe(self, audio: Any, **kwargs: Any) -> Transcription: ...
 
-# decode(samples, max_new_tokens) -> (text, tokens); the server plugs in its shared batched decoder
-Decoder = Callable[[np.ndarray, int], tuple[str, list[int]]]
+# decode(samples, max_new_tokens) -> (text, tokens); the server plugs in its shared batched decoder. A decoder
+# that takes a ``draft=`` keyword gets the open sentence's previous partial tokens: lossless speculative
+# decoding (Session.transcribe(draft=)), the same tokens as without it.
+Decoder = Callable[..., tuple[str, list[int]]]
+
+
+def _takes_draft(fn: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    return any(p.name == "draft" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 @dataclass
@@ -126,6 +137,9 @@ class Stream:
         self.session = session
         self.opts = opts
         self._decode_fn = decoder or self._decode_local
+        # the open sentence's latest partial tokens: the draft of its next decode (partial or closing)
+        self._draft: list[int] | None = None
+        self._takes_draft: tuple[Any, bool] | None = None  # (decode function, whether it takes draft=)
         # applied to each closed sentence's text (the server's POSTPROCESS_HOTWORDS); tokens stay as decoded
         self.postprocess: Callable[[str], str] | None = None
         # FunASR's realtime speakers (--enable-spk): a fun_asr.speakers.tracker.SpeakerTracker gives each closed
@@ -328,10 +342,11 @@ class Stream:
         start_ms, end_ms = max(0, int(start_ms)), min(self.duration_ms, int(end_ms))
         self.partial = None
         self._partial_seen_for = None
+        draft, self._draft = self._draft, None  # the next sentence starts without one
         audio = self._slice(start_ms * SAMPLE_RATE // 1000, end_ms * SAMPLE_RATE // 1000)
         if end_ms <= start_ms or audio.size < self.sopts.min_sentence_ms * SAMPLE_RATE // 1000:
             return []
-        text, tokens = self._decode_fn(audio, self.sopts.max_new_tokens)
+        text, tokens = self._decode(audio, self.sopts.max_new_tokens, draft)
         if self.postprocess is not None:
             text = self.postprocess(text)
         if not text.strip():
@@ -373,6 +388,7 @@ class Stream:
         if self.speech_start is None:
             self._last_decode = self.total_samples
             self.partial = None
+            self._draft = None
             return []
         start = self.speech_start * SAMPLE_RATE // 1000
         window = int(self.sopts.partial_window_s * SAMPLE_RATE)
@@ -380,7 +396,8 @@ class Stream:
         audio = self._slice(start, self.total_samples)
         if audio.size < self.sopts.partial_interval_ms * SAMPLE_RATE // 2000:
             return []  # under half an interval of speech: wait (FunASR's chunk_samples // 2)
-        text, _ = self._decode_fn(audio, self.sopts.partial_max_new_tokens)
+        text, tokens = self._decode(audio, self.sopts.partial_max_new_tokens, self._draft)
+        self._draft = list(tokens) or None
         self._last_decode = self.total_samples
         start_ms = start * 1000 // SAMPLE_RATE
         if not text.strip():
@@ -409,12 +426,23 @@ class Stream:
         if old:
             del self._arrivals[:old]
 
-    def _decode_local(self, audio: np.ndarray, max_new_tokens: int) -> tuple[str, list[int]]:
+    def _decode(self, audio: np.ndarray, max_new_tokens: int, draft: list[int] | None) -> tuple[str, list[int]]:
+        """The decode function on `audio`, with the draft where it takes one."""
+        fn = self._decode_fn
+        if self._takes_draft is None or self._takes_draft[0] is not fn:  # (tests swap the function)
+            self._takes_draft = (fn, _takes_draft(fn))
+        if draft and self._takes_draft[1]:
+            return fn(audio, max_new_tokens, draft=draft)
+        return fn(audio, max_new_tokens)
+
+    def _decode_local(self, audio: np.ndarray, max_new_tokens: int,
+                      draft: list[int] | None = None) -> tuple[str, list[int]]:
         o = self.opts
         seconds = min(self.session.max_segment_seconds, max(o.segment_seconds, audio.size / SAMPLE_RATE + 1.0))
         r = self.session.transcribe(audio, sample_rate=SAMPLE_RATE, language=o.language, itn=o.itn,
                                     hotwords=list(o.hotwords), max_new_tokens=max_new_tokens,
-                                    segment_seconds=seconds, repetition_guard=o.repetition_guard, vad=False)
+                                    segment_seconds=seconds, repetition_guard=o.repetition_guard, vad=False,
+                                    draft=draft)
         return r.text, [t for s in r.segments for t in s.tokens]
 
     # -- results -------------------------------------------------------------------------------------

@@ -15,18 +15,22 @@ from fun_asr.audio.decode import SAMPLE_RATE, AudioInfo, decode_audio
 
 class Batcher:
     """One worker thread owns the model: it takes queued requests and transcribes up to `max_batch`
-    with equal options together (Session.transcribe_batch: one decoding pass for all of them)."""
+    with equal options together (Session.transcribe_batch: one decoding pass for all of them). A request
+    with a draft (a stream's previous partial tokens) that finds no company is decoded with it (lossless
+    speculative decoding: the same tokens); in a batch, drafts are left out (the batch already shares each
+    step's weight reads, and the model verifies drafts for one sequence only)."""
 
     def __init__(self, session: Session, max_batch: int, max_new_tokens: int, segment_seconds: float = 30.0) -> None:
         self.session, self.max_batch, self.max_new_tokens = session, max(1, max_batch), max_new_tokens
         self.segment_seconds = segment_seconds
-        self.jobs: queue.Queue[tuple[tuple, tuple[np.ndarray, str], Future] | None] = queue.Queue()
+        self.jobs: queue.Queue[tuple[tuple, tuple[np.ndarray, str, list[int] | None], Future] | None] = queue.Queue()
         self.thread = threading.Thread(target=self._work, name="fun-asr-batcher", daemon=True)
         self.thread.start()
 
-    def submit(self, samples: np.ndarray, options: tuple, name: str = "upload") -> Future:  # Future[Transcription]
+    def submit(self, samples: np.ndarray, options: tuple, name: str = "upload",
+               draft: list[int] | None = None) -> Future:  # Future[Transcription]
         fut: Future = Future()
-        self.jobs.put((options, (samples, name), fut))
+        self.jobs.put((options, (samples, name, list(draft) if draft else None), fut))
         return fut
 
     def close(self) -> None:
@@ -34,7 +38,7 @@ class Batcher:
         self.thread.join(timeout=60)
 
     def _work(self) -> None:
-        held: list[tuple[tuple, tuple[np.ndarray, str], Future]] = []
+        held: list[tuple[tuple, tuple[np.ndarray, str, list[int] | None], Future]] = []
         while True:
             first = held.pop(0) if held else self.jobs.get()
             if first is None:
@@ -56,7 +60,7 @@ class Batcher:
                     fut.set_exception(RuntimeError("server is shutting down"))
                 return
 
-    def _run(self, batch: list[tuple[tuple, tuple[np.ndarray, str], Future]]) -> None:
+    def _run(self, batch: list[tuple[tuple, tuple[np.ndarray, str, list[int] | None], Future]]) -> None:
         # options: (language, itn, hotwords, max_new_tokens, segment_seconds, vad, word_timestamps[, vad_kwargs]);
         # None = the server's setting; vad_kwargs: FunASR's VAD kwargs (and diarize for spk) as (name, value) pairs.
         # Streams decode their VAD sentences without running the offline VAD again.
@@ -70,7 +74,8 @@ class Batcher:
                 [job[1][0] for job in batch], sample_rate=SAMPLE_RATE, language=language, itn=itn,
                 hotwords=list(hotwords), max_new_tokens=max_new or self.max_new_tokens, batch_size=len(batch),
                 segment_seconds=seconds or self.segment_seconds, names=[job[1][1] for job in batch], vad=vad,
-                word_timestamps=words, warn=False, **vad_kwargs)  # each route reports its results' warnings itself
+                word_timestamps=words, warn=False,  # each route reports its results' warnings itself
+                drafts=[batch[0][1][2]] if len(batch) == 1 and batch[0][1][2] else None, **vad_kwargs)
         except Exception as exc:  # noqa: BLE001 - handed to every waiting request
             for _, _, fut in batch:
                 fut.set_exception(exc)

@@ -458,7 +458,7 @@ class _TwoPass:
     and text waiting, and by the number of text messages: past either the reader stops reading, so the
     client's sends wait) and a worker."""
 
-    def __init__(self, ws: Any, session: Any, submit: Callable[[np.ndarray, tuple, str], Any],
+    def __init__(self, ws: Any, session: Any, submit: Callable[..., Any],
                  limits: RealtimeLimits, max_new_tokens: int, max_file_mb: float, stats: dict[str, Any]) -> None:
         self.ws, self.session, self.submit, self.limits = ws, session, submit, limits
         self.max_new, self.stats = max_new_tokens, stats
@@ -726,13 +726,13 @@ class _TwoPass:
                               partial_max_new_tokens=min(200, max_new),
                               partial_window_s=StreamOptions().max_sentence_s + 5.0)
 
-        def decoder(audio: np.ndarray, max_new_tokens: int) -> tuple[str, list[int]]:
+        def decoder(audio: np.ndarray, max_new_tokens: int, draft: list[int] | None = None) -> tuple[str, list[int]]:
             seconds = min(session.max_segment_seconds, max(30.0, audio.size / SAMPLE_RATE + 1.0))
             # a closed sentence (decoded with max_new; partials with at most 200) is the offline pass: it gets
             # its CTC timestamps (with max_new <= 200 partials get them too: they cannot be told apart)
             sentence = max_new_tokens == max_new
             result = submit(audio, (cfg.language, cfg.itn, hotwords, max_new_tokens, seconds, False,
-                                    timed and sentence), "stream").result()
+                                    timed and sentence), "stream", draft).result()
             if sentence:
                 utt.records.append((post(result.text), result))
             return result.text, [t for s in result.segments for t in s.tokens]

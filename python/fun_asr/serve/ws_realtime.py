@@ -446,10 +446,10 @@ class _Connection:
 
     # -- streams ------------------------------------------------------------------------------------------
 
-    def _decoder(self, audio: np.ndarray, max_new: int) -> tuple[str, list[int]]:
+    def _decoder(self, audio: np.ndarray, max_new: int, draft: list[int] | None = None) -> tuple[str, list[int]]:
         seconds = min(self.session.max_segment_seconds, max(30.0, audio.size / SAMPLE_RATE + 1.0))
         result = self.submit(audio, (self.language, True, tuple(self.hotwords), max_new, seconds, False, False),
-                             "stream").result()
+                             "stream", draft).result()
         return result.text, [t for s in result.segments for t in s.tokens]
 
     def _postprocess(self, text: str) -> str:
@@ -628,7 +628,7 @@ class _Connection:
         self.out.put({"event": "language_set", "language": lang})
 
 
-async def handle(ws: Any, session: Any, submit: Callable[[np.ndarray, tuple, str], Any], limits: RealtimeLimits,
+async def handle(ws: Any, session: Any, submit: Callable[..., Any], limits: RealtimeLimits,
                  counter: list[int], max_new_tokens: int, stats: dict[str, Any] | None = None) -> dict[str, Any]:
     """One accepted WebSocket connection (Starlette ``WebSocket``), FunASR's realtime protocol. ``counter``
     holds the connections open now; ``stats`` (filled in, also returned): ``status`` (the close code),
