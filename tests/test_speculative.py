@@ -132,6 +132,10 @@ def test_transcribe_draft_is_lossless_and_counted(demo, three) -> None:  # noqa:
         demo.transcribe(x, draft="hello", **kw)
     with pytest.raises(TypeError, match="token ids"):
         demo.transcribe(x, draft=[1.5], **kw)
+    with pytest.raises(ValueError, match=r"token id -1 is outside the vocabulary \[0, 151936\)"):
+        demo.transcribe(x, draft=[5, -1], **kw)
+    with pytest.raises(ValueError, match=r"drafts\[1\]: token id 999999 is outside"):
+        demo.transcribe_batch([x, x], sample_rate=16000, drafts=[None, [999999]])
     with pytest.raises(ValueError, match="drafts must be a list of 2"):
         demo.transcribe_batch([x, x], sample_rate=16000, drafts=[tokens])
     # in a batch the segments decode together, without drafts; the results are the same

@@ -51,13 +51,16 @@ def _default_package(device: str) -> str:
     return "q8_0"
 
 
-def _check_draft(draft: Any, what: str) -> list[int]:
-    """A draft as a list of token ids (the model checks each id against its vocabulary)."""
+def _check_draft(draft: Any, what: str, vocab: int) -> list[int]:
+    """A draft as a list of token ids, each in [0, vocab) (checked before anything is decoded)."""
     if isinstance(draft, str | bytes) or not hasattr(draft, "__iter__"):
         raise TypeError(f"{what} must be a list of token ids (ints), got {type(draft).__name__}")
     ids = list(draft)
     if not all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in ids):
         raise TypeError(f"{what} must be a list of token ids (ints)")
+    bad = [int(t) for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"{what}: token id {bad[0]} is outside the vocabulary [0, {vocab})")
     return [int(t) for t in ids]
 
 
@@ -131,6 +134,7 @@ class Session:
         self.stop_ids: list[int] = list(info["decoder"]["eos_token_ids"])
         self.max_segment_seconds = info["encoder"]["max_frames"] * self.frontend.seconds_per_lfr_frame
         self.context_length = int(info["decoder"]["max_positions"])
+        self.vocab_size = int(info["decoder"]["vocab"])
         self.limits = limits or Limits()
         self._lock = threading.Lock()
         self.prefix_cache = True  # reuse the prompt prefix's K/V across segments (token for token the same)
@@ -333,7 +337,7 @@ class Session:
                             vad, word_timestamps, silence_schedule=silence_schedule, dynamic_silence=dynamic_silence,
                             max_end_silence_time=max_end_silence_time, diarize=diarize, num_speakers=num_speakers,
                             min_speakers=min_speakers, max_speakers=max_speakers)
-        drafts = None if draft is None else [_check_draft(draft, "draft")]
+        drafts = None if draft is None else [_check_draft(draft, "draft", self.vocab_size)]
         return self._run([audio], sample_rate, opts, batch_size=batch_size, progress=progress, raise_errors=True,
                          drafts=drafts)[0]
 
@@ -376,7 +380,8 @@ class Session:
         if drafts is not None:
             if not isinstance(drafts, list | tuple) or len(drafts) != len(audios):
                 raise ValueError(f"drafts must be a list of {len(audios)} token lists (or None), one per recording")
-            drafts = [None if d is None else _check_draft(d, f"drafts[{i}]") for i, d in enumerate(drafts)]
+            drafts = [None if d is None else _check_draft(d, f"drafts[{i}]", self.vocab_size)
+                      for i, d in enumerate(drafts)]
         opts = self.options(language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos,
                             vad, word_timestamps, silence_schedule=silence_schedule, dynamic_silence=dynamic_silence,
                             max_end_silence_time=max_end_silence_time, diarize=diarize, num_speakers=num_speakers,
