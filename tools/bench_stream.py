@@ -50,15 +50,17 @@ def run(session: fun_asr.Session, n: int, seconds: float, max_new: int) -> dict:
     batcher = Batcher(session, max_batch=max(1, n), max_new_tokens=max_new)
 
     drafts = {"decodes": 0, "with_draft": 0, "decode_passes": 0, "draft_proposed": 0, "draft_accepted": 0}
+    counting = threading.Lock()  # the streams' threads all count here
 
     def decoder(audio: np.ndarray, tokens: int, draft: list[int] | None = None) -> tuple[str, list[int]]:
         secs = min(session.max_segment_seconds, max(30.0, audio.size / 16000 + 1.0))
         r = batcher.submit(audio, (None, True, (), tokens, secs, False, False), "bench", draft).result()
-        drafts["decodes"] += 1
-        if "draft_proposed" in r.timings:  # decoded alone, with the stream's previous partial as its draft
-            drafts["with_draft"] += 1
-            for key in ("decode_passes", "draft_proposed", "draft_accepted"):
-                drafts[key] += int(r.timings[key])
+        with counting:
+            drafts["decodes"] += 1
+            if "draft_proposed" in r.timings:  # decoded alone, with the stream's previous partial as its draft
+                drafts["with_draft"] += 1
+                for key in ("decode_passes", "draft_proposed", "draft_accepted"):
+                    drafts[key] += int(r.timings[key])
         return r.text, [t for s in r.segments for t in s.tokens]
 
     streams = [session.stream(max_new_tokens=max_new, decoder=decoder,
