@@ -134,7 +134,11 @@ def _spectral(x: np.ndarray, k: int | None, lo: int, hi: int, seed: int) -> np.n
     """FunASR's ``SpectralCluster(min_num_spks=lo, max_num_spks=hi)(x, oracle_num=k)`` with ``random_state``."""
     sklearn = _require("sklearn")
     scipy = _require("scipy")
-    sim = _p_pruned(sklearn.metrics.pairwise.cosine_similarity(x, x))
+    # FunASR passes a torch tensor, which scikit-learn turns into two separate arrays for X and Y: numpy then
+    # multiplies them with the general BLAS product. The same array twice would take numpy's symmetric product
+    # (A @ A.T -> syrk), which on some CPUs' BLAS kernels rounds differently (seen on a Zen 4 VM: cosines off
+    # by 7e-7, another 2-speaker split of 4 speakers). A copy keeps FunASR's product.
+    sim = _p_pruned(sklearn.metrics.pairwise.cosine_similarity(x, x.copy()))
     sym = 0.5 * (sim + sim.T)
     sym[np.diag_indices(sym.shape[0])] = 0
     laplacian = np.diag(np.sum(np.abs(sym), axis=1)) - sym
