@@ -482,3 +482,27 @@ def test_timeline_edge_cases() -> None:
         [0.0, 1.88, 0], [1.88, 3.75, 1]]
     with pytest.raises(ValueError, match="one label per window"):
         speaker_timeline([(0.0, 1.5)], [0, 1])
+
+
+def test_similarities_take_funasrs_general_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FunASR's torch input reaches numpy as two arrays, multiplied with the general BLAS product; the same array
+    twice would take numpy's symmetric product (x @ x.T), which rounds differently with some CPUs' BLAS kernels
+    (a Zen 4 VM: another split in test_bounds_equal_funasr_spectral_bounds). Ours passes two arrays as well, and
+    its matrix is the one the torch input gives."""
+    import sklearn.metrics.pairwise as pairwise
+
+    real, seen = pairwise.cosine_similarity, []
+
+    def spy(X, Y=None, **kw):  # noqa: ANN001, ANN003, ANN202, N803
+        seen.append((X, Y))
+        return real(X, Y, **kw)
+
+    monkeypatch.setattr(pairwise, "cosine_similarity", spy)
+    x, _ = make(60, 3, 32, "well", seed=1)
+    cluster_speakers(x.copy())
+    assert len(seen) == 1 and seen[0][1] is not None and seen[0][0] is not seen[0][1]
+    if funasr_ref.funasr_available():
+        import torch
+
+        t = torch.from_numpy(x.copy())
+        np.testing.assert_array_equal(real(*seen[0]), real(t, t))
