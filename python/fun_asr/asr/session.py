@@ -752,11 +752,11 @@ class Session:
             # A segment decoded alone verifies its recording's draft (the model takes drafts for one sequence:
             # in a batch, the batch already shares each step's weight reads).
             lone = chunk[0][0].draft if len(chunk) == 1 else None
-            draft = [t for t in lone if t not in self.stop_ids] if lone else None
+            draft = [t for t in lone if t not in self.stop_ids] or None if lone else None
             try:
                 results = self.model.generate_batch(inputs, opts.max_new_tokens, stop,
                                                     repetition_guard=opts.repetition_guard, on_step=on_step,
-                                                    draft=draft or None)
+                                                    draft=draft)
             except (ValueError, RuntimeError, MemoryError):
                 if raise_errors or len(chunk) == 1:
                     if len(chunk) == 1 and not raise_errors:

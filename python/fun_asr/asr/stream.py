@@ -139,7 +139,6 @@ class Stream:
         self._decode_fn = decoder or self._decode_local
         # the open sentence's latest partial tokens: the draft of its next decode (partial or closing)
         self._draft: list[int] | None = None
-        self._takes_draft: tuple[Any, bool] | None = None  # (decode function, whether it takes draft=)
         # applied to each closed sentence's text (the server's POSTPROCESS_HOTWORDS); tokens stay as decoded
         self.postprocess: Callable[[str], str] | None = None
         # FunASR's realtime speakers (--enable-spk): a fun_asr.speakers.tracker.SpeakerTracker gives each closed
@@ -428,10 +427,8 @@ class Stream:
 
     def _decode(self, audio: np.ndarray, max_new_tokens: int, draft: list[int] | None) -> tuple[str, list[int]]:
         """The decode function on `audio`, with the draft where it takes one."""
-        fn = self._decode_fn
-        if self._takes_draft is None or self._takes_draft[0] is not fn:  # (tests swap the function)
-            self._takes_draft = (fn, _takes_draft(fn))
-        if draft and self._takes_draft[1]:
+        fn = self._decode_fn  # (looked at per call: tests swap the function; a signature costs microseconds)
+        if draft and _takes_draft(fn):
             return fn(audio, max_new_tokens, draft=draft)
         return fn(audio, max_new_tokens)
 
