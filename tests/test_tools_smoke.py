@@ -40,7 +40,7 @@ def test_bench_stream_smoke(tiny_gguf, tmp_path: Path) -> None:  # noqa: ANN001
     assert r.returncode == 0, r.stdout + r.stderr
     table = out.read_text()
     assert "| tiny-q8_0.gguf | 2 | on |" in table and "| close p95 | final p50 | final p95 |" in table
-    assert "| decodes with a draft | draft tokens kept |" in table
+    assert "| decodes with a draft | draft tokens kept | partials decoded / skipped |" in table
 
 
 def test_bench_vad_smoke(tmp_path: Path) -> None:

@@ -46,15 +46,20 @@ def conversation(seconds: float, seed: int) -> np.ndarray:
     return np.concatenate(parts)[: int(seconds * 16000)]
 
 
-def run(session: fun_asr.Session, n: int, seconds: float, max_new: int) -> dict:
-    batcher = Batcher(session, max_batch=max(1, n), max_new_tokens=max_new)
+def run(session: fun_asr.Session, n: int, seconds: float, max_new: int, partial_batch: int | None = None,
+        partial_wait_s: float = 0.5) -> dict:
+    batcher = Batcher(session, max_batch=max(1, n), max_new_tokens=max_new, partial_batch=partial_batch,
+                      partial_wait_s=partial_wait_s)
 
     drafts = {"decodes": 0, "with_draft": 0, "decode_passes": 0, "draft_proposed": 0, "draft_accepted": 0}
     counting = threading.Lock()  # the streams' threads all count here
 
-    def decoder(audio: np.ndarray, tokens: int, draft: list[int] | None = None) -> tuple[str, list[int]]:
+    def decoder(audio: np.ndarray, tokens: int, draft: list[int] | None = None,
+                partial: bool = False) -> tuple[str, list[int]] | None:
         secs = min(session.max_segment_seconds, max(30.0, audio.size / 16000 + 1.0))
-        r = batcher.submit(audio, (None, True, (), tokens, secs, False, False), "bench", draft).result()
+        r = batcher.submit(audio, (None, True, (), tokens, secs, False, False), "bench", draft, partial).result()
+        if r is None:  # a partial the batcher skipped (counted by the stream)
+            return None
         with counting:
             drafts["decodes"] += 1
             if "draft_proposed" in r.timings:  # decoded alone, with the stream's previous partial as its draft
@@ -105,7 +110,8 @@ def run(session: fun_asr.Session, n: int, seconds: float, max_new: int) -> dict:
     return {"streams": n, "wall_s": wall, "sentences": len(finals), "final_p50": pct(finals, 50),
             "final_p95": pct(finals, 95), "close_p50": pct(closes, 50), "close_p95": pct(closes, 95),
             "partial_p50": pct(firsts, 50), "partial_p95": pct(firsts, 95),
-            "max_behind_s": max(behind), **drafts}
+            "max_behind_s": max(behind), "partials": sum(s.partials_decoded for s in streams),
+            "partials_skipped": sum(s.partials_skipped for s in streams), **drafts}
 
 
 def main() -> None:
@@ -120,6 +126,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=40.0)
     ap.add_argument("--max-new-tokens", type=int, default=40)
     ap.add_argument("--out", default=str(ROOT / "docs" / "stream_benchmarks.md"))
+    ap.add_argument("--partial-batch", type=int, default=1,
+                    help="the batcher's partial_batch: at most this many partials decoded together (default 1)")
+    ap.add_argument("--partial-wait", type=float, default=0.5,
+                    help="the batcher's partial_wait_s: a partial queued longer is skipped (default 0.5 s)")
     ap.add_argument("--drafts", default="on", help="on, off, or on,off (both, alternating per stream count): "
                     "the previous partial as a lossless draft of the next decode (the model's draft_max / 0)")
     args = ap.parse_args()
@@ -137,12 +147,16 @@ def main() -> None:
              "FunASR's realtime schedule waits 2 s after a short sentence); *first partial* = speech start arrived "
              "-> first partial. A load holds when the close p95 < 1.5 s and the feeding never fell more than "
              "1.5 s behind.", "",
+             f"Partials: the batcher decodes closed sentences first, at most {args.partial_batch} partial(s) "
+             f"together, and skips a partial queued longer than {args.partial_wait:g} s (its stream keeps the "
+             "previous partial and asks again with newer audio); *partials decoded / skipped* counts both.", "",
              "*drafts*: decodes that went alone with the previous partial as a draft (lossless speculative "
              "decoding; the batcher leaves drafts out of a batch) / all decodes, and the draft tokens kept / "
              "verified.", "",
              "| model | streams | drafts | sentences | close p50 | close p95 | final p50 | final p95 | "
-             "first partial p50 | p95 | fell behind by | holds | decodes with a draft | draft tokens kept |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "first partial p50 | p95 | fell behind by | holds | decodes with a draft | draft tokens kept | "
+             "partials decoded / skipped |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for model in args.model:
         session = fun_asr.Session(model, device="cpu", threads=args.threads, vad="fsmn", vad_model=args.vad_model,
                                   progress=False)
@@ -151,14 +165,15 @@ def main() -> None:
             held = False
             for mode in modes:
                 session.model.draft_max = draft_max if mode == "on" else 0
-                r = run(session, n, args.seconds, args.max_new_tokens)
+                r = run(session, n, args.seconds, args.max_new_tokens, args.partial_batch, args.partial_wait)
                 ok = r["close_p95"] < 1500 and r["max_behind_s"] < 1.5
                 held |= ok
                 lines.append(f"| {Path(model).name} | {n} | {mode} | {r['sentences']} | {r['close_p50']:.0f} "
                              f"| {r['close_p95']:.0f} | {r['final_p50']:.0f} | {r['final_p95']:.0f} "
                              f"| {r['partial_p50']:.0f} | {r['partial_p95']:.0f} | {r['max_behind_s']:.2f} s | "
                              f"{'yes' if ok else 'no'} | {r['with_draft']} / {r['decodes']} "
-                             f"| {r['draft_accepted']} / {r['draft_proposed']} |")
+                             f"| {r['draft_accepted']} / {r['draft_proposed']} "
+                             f"| {r['partials']} / {r['partials_skipped']} |")
                 print(lines[-1], flush=True)
             if not held:
                 break

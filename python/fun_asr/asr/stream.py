@@ -53,16 +53,19 @@ class Session(Protocol):
 
 # decode(samples, max_new_tokens) -> (text, tokens); the server plugs in its shared batched decoder. A decoder
 # that takes a ``draft=`` keyword gets the open sentence's previous partial tokens: lossless speculative
-# decoding (Session.transcribe(draft=)), the same tokens as without it.
-Decoder = Callable[..., tuple[str, list[int]]]
+# decoding (Session.transcribe(draft=)), the same tokens as without it. A decoder that takes ``partial=`` is
+# told which decodes are partials; it may answer one of those with None ("skipped": the server's decoder is busy
+# with closed sentences or the request went stale in its queue), and the stream then keeps its previous partial
+# and asks again with the next 60 ms of audio. A closed sentence is never skipped.
+Decoder = Callable[..., "tuple[str, list[int]] | None"]
 
 
-def _takes_draft(fn: Callable[..., Any]) -> bool:
+def _takes(fn: Callable[..., Any], name: str) -> bool:
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # a builtin without a signature
         return False
-    return any(p.name == "draft" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 @dataclass
@@ -170,6 +173,8 @@ class Stream:
         self._sentence_delays: list[float] = []  # speech end arrived -> sentence event (VAD end silence included)
         self._close_delays: list[float] = []  # the audio that closed the sentence arrived -> sentence event
         self._first_partial_delays: list[float] = []
+        self.partials_decoded = 0  # partial decodes made
+        self.partials_skipped = 0  # partial decodes a busy decoder skipped (the decoder's choice; see Decoder)
         self._partial_seen_for: int | None = None
         self._commit_mark = 0  # samples received when the last utterance was committed (client endpoints)
         self._committed: list[StreamEvent] = []  # the last commit's sentence (client endpoints)
@@ -345,7 +350,10 @@ class Stream:
         audio = self._slice(start_ms * SAMPLE_RATE // 1000, end_ms * SAMPLE_RATE // 1000)
         if end_ms <= start_ms or audio.size < self.sopts.min_sentence_ms * SAMPLE_RATE // 1000:
             return []
-        text, tokens = self._decode(audio, self.sopts.max_new_tokens, draft)
+        decoded = self._decode(audio, self.sopts.max_new_tokens, draft, partial=False)
+        if decoded is None:
+            raise RuntimeError("the stream's decoder skipped a closed sentence (only partials may be skipped)")
+        text, tokens = decoded
         if self.postprocess is not None:
             text = self.postprocess(text)
         if not text.strip():
@@ -395,7 +403,12 @@ class Stream:
         audio = self._slice(start, self.total_samples)
         if audio.size < self.sopts.partial_interval_ms * SAMPLE_RATE // 2000:
             return []  # under half an interval of speech: wait (FunASR's chunk_samples // 2)
-        text, tokens = self._decode(audio, self.sopts.partial_max_new_tokens, self._draft)
+        decoded = self._decode(audio, self.sopts.partial_max_new_tokens, self._draft, partial=True)
+        if decoded is None:  # skipped by a busy decoder: the previous partial stands; asked again next step
+            self.partials_skipped += 1
+            return []
+        self.partials_decoded += 1
+        text, tokens = decoded
         self._draft = list(tokens) or None
         self._last_decode = self.total_samples
         start_ms = start * 1000 // SAMPLE_RATE
@@ -425,12 +438,17 @@ class Stream:
         if old:
             del self._arrivals[:old]
 
-    def _decode(self, audio: np.ndarray, max_new_tokens: int, draft: list[int] | None) -> tuple[str, list[int]]:
-        """The decode function on `audio`, with the draft where it takes one."""
+    def _decode(self, audio: np.ndarray, max_new_tokens: int, draft: list[int] | None,
+                partial: bool) -> tuple[str, list[int]] | None:
+        """The decode function on `audio`, with the draft and the partial flag where it takes them (None: a
+        skipped partial)."""
         fn = self._decode_fn  # (looked at per call: tests swap the function; a signature costs microseconds)
-        if draft and _takes_draft(fn):
-            return fn(audio, max_new_tokens, draft=draft)
-        return fn(audio, max_new_tokens)
+        kwargs: dict[str, Any] = {}
+        if draft and _takes(fn, "draft"):
+            kwargs["draft"] = draft
+        if _takes(fn, "partial"):
+            kwargs["partial"] = partial
+        return fn(audio, max_new_tokens, **kwargs)
 
     def _decode_local(self, audio: np.ndarray, max_new_tokens: int,
                       draft: list[int] | None = None) -> tuple[str, list[int]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from concurrent.futures import Future
 
 import numpy as np
@@ -18,19 +19,34 @@ class Batcher:
     with equal options together (Session.transcribe_batch: one decoding pass for all of them). A request
     with a draft (a stream's previous partial tokens) that finds no company is decoded with it (lossless
     speculative decoding: the same tokens); in a batch, drafts are left out (the batch already shares each
-    step's weight reads, and the model verifies drafts for one sequence only)."""
+    step's weight reads, and the model verifies drafts for one sequence only).
 
-    def __init__(self, session: Session, max_batch: int, max_new_tokens: int, segment_seconds: float = 30.0) -> None:
+    Streams' partial decodes (``submit(partial=True)``) are best effort, everything else is not: whenever
+    both wait, closed sentences and file requests go first, partials are decoded together only with
+    partials (at most ``partial_batch`` at once, so that a closing sentence waits for at most one such batch),
+    and a partial that has waited longer than ``partial_wait_s`` in the queue is answered None (skipped: its
+    stream keeps the previous partial and asks again with newer audio) instead of decoding audio that is stale
+    by then. Nothing but a partial is ever skipped."""
+
+    def __init__(self, session: Session, max_batch: int, max_new_tokens: int, segment_seconds: float = 30.0,
+                 partial_batch: int | None = None, partial_wait_s: float = 0.5) -> None:
         self.session, self.max_batch, self.max_new_tokens = session, max(1, max_batch), max_new_tokens
         self.segment_seconds = segment_seconds
-        self.jobs: queue.Queue[tuple[tuple, tuple[np.ndarray, str, list[int] | None], Future] | None] = queue.Queue()
+        self.partial_batch = max(1, min(self.max_batch, partial_batch or self.max_batch))
+        self.partial_wait_s = partial_wait_s
+        self.partials_skipped = 0
+        # (options, (samples, name, draft), future, partial, time queued)
+        self.jobs: queue.Queue[tuple[tuple, tuple[np.ndarray, str, list[int] | None], Future, bool, float]
+                               | None] = queue.Queue()
         self.thread = threading.Thread(target=self._work, name="fun-asr-batcher", daemon=True)
         self.thread.start()
 
     def submit(self, samples: np.ndarray, options: tuple, name: str = "upload",
-               draft: list[int] | None = None) -> Future:  # Future[Transcription]
+               draft: list[int] | None = None, partial: bool = False) -> Future:
+        """Future[Transcription]; a ``partial`` request's may be None (skipped: see the class)."""
         fut: Future = Future()
-        self.jobs.put((options, (samples, name, list(draft) if draft else None), fut))
+        self.jobs.put((options, (samples, name, list(draft) if draft else None), fut, bool(partial),
+                       time.monotonic()))
         return fut
 
     def close(self) -> None:
@@ -38,29 +54,43 @@ class Batcher:
         self.thread.join(timeout=60)
 
     def _work(self) -> None:
-        held: list[tuple[tuple, tuple[np.ndarray, str, list[int] | None], Future]] = []
+        finals: list = []  # closed sentences and file requests, oldest first
+        partials: list = []
         while True:
-            first = held.pop(0) if held else self.jobs.get()
-            if first is None:
-                return
-            batch = [first]
             stop = False
-            while len(batch) < self.max_batch:
+            if not finals and not partials:
+                job = self.jobs.get()
+                if job is None:
+                    return
+                (partials if job[3] else finals).append(job)
+            deadline = time.monotonic() + 0.005  # company that arrives within 5 ms, and all that is queued
+            while True:
                 try:
-                    job = self.jobs.get(timeout=0.005)
+                    job = self.jobs.get(timeout=max(0.0, deadline - time.monotonic()))
                 except queue.Empty:
                     break
                 if job is None:
                     stop = True
                     break
-                (batch if job[0] == first[0] else held).append(job)
-            self._run(batch)
+                (partials if job[3] else finals).append(job)
+            if finals:
+                batch, finals = _take(finals, self.max_batch)
+            else:
+                now = time.monotonic()
+                for job in [j for j in partials if now - j[4] > self.partial_wait_s]:
+                    if job[2].set_running_or_notify_cancel():
+                        job[2].set_result(None)
+                        self.partials_skipped += 1
+                partials = [j for j in partials if now - j[4] <= self.partial_wait_s]
+                batch, partials = _take(partials, self.partial_batch)
+            if batch:
+                self._run(batch)
             if stop:
-                for _, _, fut in held:
-                    fut.set_exception(RuntimeError("server is shutting down"))
+                for job in finals + partials:
+                    job[2].set_exception(RuntimeError("server is shutting down"))
                 return
 
-    def _run(self, batch: list[tuple[tuple, tuple[np.ndarray, str, list[int] | None], Future]]) -> None:
+    def _run(self, batch: list) -> None:
         # options: (language, itn, hotwords, max_new_tokens, segment_seconds, vad, word_timestamps[, vad_kwargs]);
         # None = the server's setting; vad_kwargs: FunASR's VAD kwargs (and diarize for spk) as (name, value) pairs.
         # Streams decode their VAD sentences without running the offline VAD again.
@@ -77,14 +107,23 @@ class Batcher:
                 word_timestamps=words, warn=False,  # each route reports its results' warnings itself
                 drafts=[batch[0][1][2]] if len(batch) == 1 and batch[0][1][2] else None, **vad_kwargs)
         except Exception as exc:  # noqa: BLE001 - handed to every waiting request
-            for _, _, fut in batch:
-                fut.set_exception(exc)
+            for job in batch:
+                job[2].set_exception(exc)
             return
-        for (_, _, fut), result in zip(batch, results, strict=True):
+        for job, result in zip(batch, results, strict=True):
             if result.ok:
-                fut.set_result(result)
+                job[2].set_result(result)
             else:
-                fut.set_exception(ValueError(result.error))
+                job[2].set_exception(ValueError(result.error))
+
+
+def _take(jobs: list, most: int) -> tuple[list, list]:
+    """The oldest job and up to `most` - 1 more with its options (in order); and the rest."""
+    if not jobs:
+        return [], []
+    options = jobs[0][0]
+    batch = [j for j in jobs if j[0] == options][:most]
+    return batch, [j for j in jobs if not any(j is b for b in batch)]
 
 
 def _decode(data: bytes, name: str) -> tuple[np.ndarray, AudioInfo]:

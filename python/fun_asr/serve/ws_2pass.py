@@ -726,13 +726,15 @@ class _TwoPass:
                               partial_max_new_tokens=min(200, max_new),
                               partial_window_s=StreamOptions().max_sentence_s + 5.0)
 
-        def decoder(audio: np.ndarray, max_new_tokens: int, draft: list[int] | None = None) -> tuple[str, list[int]]:
+        def decoder(audio: np.ndarray, max_new_tokens: int, draft: list[int] | None = None,
+                    partial: bool = False) -> tuple[str, list[int]] | None:
             seconds = min(session.max_segment_seconds, max(30.0, audio.size / SAMPLE_RATE + 1.0))
-            # a closed sentence (decoded with max_new; partials with at most 200) is the offline pass: it gets
-            # its CTC timestamps (with max_new <= 200 partials get them too: they cannot be told apart)
-            sentence = max_new_tokens == max_new
+            # a closed sentence is the offline pass: it gets its CTC timestamps; partials are the online pass
+            sentence = not partial
             result = submit(audio, (cfg.language, cfg.itn, hotwords, max_new_tokens, seconds, False,
-                                    timed and sentence), "stream", draft).result()
+                                    timed and sentence), "stream", draft, partial).result()
+            if result is None:  # an online partial the batcher skipped (busy with closed sentences)
+                return None
             if sentence:
                 utt.records.append((post(result.text), result))
             return result.text, [t for s in result.segments for t in s.tokens]
