@@ -110,6 +110,30 @@ def test_stale_partials_are_skipped_when_audio_arrives_in_bulk(session: fun_asr.
     assert lat["sentence_close"]["count"] == len(st.sentences) == 3
 
 
+def test_skipped_partials_are_asked_again_and_leave_the_sentences_alone(session: fun_asr.Session,
+                                                                        conversation: np.ndarray,
+                                                                        reference_run: tuple) -> None:
+    """A decoder that takes ``partial=`` may skip a partial (the server's batcher, busy with closed sentences):
+    the stream asks again one 60 ms step later, and its sentences are those of a plain stream."""
+    events, plain = reference_run
+    want = _sentences(events)
+    assert len(want) == 3 and plain.partials_decoded >= 3
+    calls: list[tuple[int, bool]] = []
+
+    def skipping(audio: np.ndarray, n: int, partial: bool = False) -> tuple[str, list[int]] | None:
+        calls.append((audio.size, partial))
+        if partial and sum(1 for _, p in calls if p) % 2 == 1:  # every other partial skipped
+            return None
+        return plain._decode_local(audio, n)
+
+    got, st = _run(session, conversation, 960, decoder=skipping)
+    assert _sentences(got) == want
+    assert st.partials_skipped >= 2 and st.partials_decoded >= 2
+    assert sum(1 for _, p in calls if not p) == 3  # the closed sentences, with partial=False
+    retried = [b - a for (a, pa), (b, pb) in zip(calls, calls[1:], strict=False) if pa and pb]
+    assert any(0 < d <= 960 for d in retried), retried  # one 60 ms step later, not 960 ms
+
+
 def test_each_sentence_is_what_transcribe_gives_for_its_segment(session: fun_asr.Session, conversation: np.ndarray,
                                                                 reference_run: tuple) -> None:
     events, _ = reference_run

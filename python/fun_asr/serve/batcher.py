@@ -76,13 +76,14 @@ class Batcher:
             if finals:
                 batch, finals = _take(finals, self.max_batch)
             else:
-                now = time.monotonic()
-                for job in [j for j in partials if now - j[4] > self.partial_wait_s]:
-                    if job[2].set_running_or_notify_cancel():
+                now, waiting = time.monotonic(), []
+                for job in partials:
+                    if now - job[4] <= self.partial_wait_s:
+                        waiting.append(job)
+                    elif job[2].set_running_or_notify_cancel():  # stale: skipped (its stream asks again)
                         job[2].set_result(None)
                         self.partials_skipped += 1
-                partials = [j for j in partials if now - j[4] <= self.partial_wait_s]
-                batch, partials = _take(partials, self.partial_batch)
+                batch, partials = _take(waiting, self.partial_batch)
             if batch:
                 self._run(batch)
             if stop:
@@ -119,11 +120,11 @@ class Batcher:
 
 def _take(jobs: list, most: int) -> tuple[list, list]:
     """The oldest job and up to `most` - 1 more with its options (in order); and the rest."""
-    if not jobs:
-        return [], []
-    options = jobs[0][0]
-    batch = [j for j in jobs if j[0] == options][:most]
-    return batch, [j for j in jobs if not any(j is b for b in batch)]
+    batch: list = []
+    rest: list = []
+    for job in jobs:
+        (batch if job[0] == jobs[0][0] and len(batch) < most else rest).append(job)
+    return batch, rest
 
 
 def _decode(data: bytes, name: str) -> tuple[np.ndarray, AudioInfo]:
