@@ -1,14 +1,20 @@
-"""The server's decoder under load: closed sentences before partials, stale partials skipped (serve/batcher.py;
-the stream's side is tests/test_stream.py::test_skipped_partials_are_asked_again_and_leave_the_sentences_alone)."""
+"""The server's decoder under load: closed sentences before partials, stale partials skipped, running partials
+interrupted by a closed sentence (serve/batcher.py; the stream's side is
+tests/test_stream.py::test_skipped_partials_are_asked_again_and_leave_the_sentences_alone, Session.interrupt's
+is tests/test_interrupt.py)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import numpy as np
 
+from fun_asr import Interrupted
 from fun_asr.serve.batcher import Batcher
 
 FINAL = (None, True, (), 5, 30.0, False, False)
@@ -16,17 +22,45 @@ PARTIAL = (None, True, (), 3, 30.0, False, False)
 
 
 class _Recorder:
-    """A session whose transcribe_batch records each batch's names; the first call waits for `gate`."""
+    """A session whose transcribe_batch records each batch's names; the first call waits for `gate`.
+    interrupt() / interruptible() as Session's: an interrupt while a call or block runs makes the waiting
+    call raise Interrupted (its names go to `interrupted`)."""
 
     def __init__(self) -> None:
         self.batches: list[list[str]] = []
+        self.interrupted: list[list[str]] = []
         self.gate = threading.Event()
         self.started = threading.Event()
+        self.calls = 0
+        self.flag = threading.Event()
+        self.lock = threading.Lock()
+
+    @contextmanager
+    def interruptible(self) -> Iterator[None]:
+        with self.lock:
+            self.calls += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.calls -= 1
+                if self.calls == 0:
+                    self.flag.clear()
+
+    def interrupt(self) -> bool:
+        with self.lock:
+            if self.calls:
+                self.flag.set()
+            return self.calls > 0
 
     def transcribe_batch(self, audios: list, names: list[str], **_: object) -> list:  # noqa: ANN401
-        self.started.set()
-        self.gate.wait(30)
-        self.batches.append(list(names))
+        with self.interruptible():
+            self.started.set()
+            while not self.gate.wait(0.005):
+                if self.flag.is_set():
+                    self.interrupted.append(list(names))
+                    raise Interrupted("interrupted")
+            self.batches.append(list(names))
         return [SimpleNamespace(ok=True, text=n, segments=[], timings={}) for n in names]
 
 
@@ -53,3 +87,39 @@ def test_closed_sentences_go_first_and_stale_partials_are_skipped() -> None:
         assert rec.batches == [["busy"], ["f1", "f2"], ["p1", "p2"], ["p3"]], rec.batches
     finally:
         b.close()
+
+
+def test_a_closed_sentence_interrupts_running_partials() -> None:
+    rec = _Recorder()
+    b = Batcher(rec, max_batch=4, max_new_tokens=5, partial_batch=2)  # type: ignore[arg-type]
+    try:
+        x = np.zeros(1600, np.float32)
+        p1 = b.submit(x, PARTIAL, "p1", partial=True)
+        assert rec.started.wait(10)
+        p2 = b.submit(x, PARTIAL, "p2", partial=True)
+        f1 = b.submit(x, FINAL, "f1")  # p1 runs: it gives way
+        assert p1.result(10) is None  # interrupted: its stream asks again
+        rec.gate.set()
+        assert f1.result(10).text == "f1" and p2.result(10).text == "p2"
+        assert rec.interrupted == [["p1"]] and rec.batches == [["f1"], ["p2"]], (rec.interrupted, rec.batches)
+        assert b.partials_interrupted == 1 and b.partials_skipped == 1
+        f2 = b.submit(x, FINAL, "f2")  # no partial runs: a final never interrupts anything else
+        assert f2.result(10).text == "f2" and rec.interrupted == [["p1"]]
+    finally:
+        b.close()
+
+
+def test_partials_taken_while_a_final_waits_are_not_started() -> None:
+    rec = _Recorder()
+    rec.gate.set()
+    b = Batcher(rec, max_batch=4, max_new_tokens=5)  # type: ignore[arg-type]
+    b.close()  # no worker: the test plays it
+    x = np.zeros(1600, np.float32)
+    b.jobs.put((FINAL, (x, "f", None), Future(), False, time.monotonic()))  # came after the partial was taken
+    partial: Future = Future()
+    b._run([(PARTIAL, (x, "p", None), partial, True, time.monotonic())])
+    assert partial.result(0) is None and rec.batches == [] and b.partials_interrupted == 1
+    b.jobs.get_nowait()
+    partial = Future()
+    b._run([(PARTIAL, (x, "p", None), partial, True, time.monotonic())])
+    assert partial.result(0).text == "p" and rec.batches == [["p"]]

@@ -140,6 +140,10 @@ void bind_model(py::module_ & m) {
         .def_property_readonly_static("probe_every", [](py::object) { return ThreadChooser::kProbeEvery; })
         .def_property_readonly_static("switch_margin", [](py::object) { return ThreadChooser::kSwitchMargin; });
 
+    // Interrupted is not a RuntimeError: callers' handling of failed computations leaves it alone.
+    py::register_exception<Interrupted>(m, "Interrupted", PyExc_Exception);
+    m.attr("Interrupted").attr("__doc__") = "A computation stopped by Model.interrupt() / Session.interrupt().";
+
     py::class_<Model>(m, "Model", "A loaded Fun-ASR-Nano model (weights + KV cache) on one backend. Calls on "
                                   "one Model run one at a time (internally locked).")
         .def("info", &model_info, "Hyperparameters, tensor types, backend, bytes of weights.")
@@ -321,6 +325,13 @@ void bind_model(py::module_ & m) {
             "contains (a previous partial, a CTC transcript): lossless speculative decoding, up to draft_max "
             "draft tokens verified per decoder pass; the result is plain greedy's, bit for bit "
             "(last_generation(): decode_passes, draft_proposed, draft_accepted).")
+        .def("interrupt", &Model::interrupt,
+             "From any thread: the computation running on this model stops at its next graph node (CPU; other "
+             "backends: its next graph) or decoding step and raises fun_asr.Interrupted; the model stays usable. "
+             "The request holds (later calls raise at once) until clear_interrupt().")
+        .def("clear_interrupt", &Model::clear_interrupt, "Withdraw interrupt(): computations run again.")
+        .def_property_readonly("interrupt_requested", &Model::interrupt_requested,
+                               "True between interrupt() and clear_interrupt().")
         .def_property("draft_max", &Model::draft_max, &Model::set_draft_max,
                       "Most draft tokens one verification pass takes (default 4; 0 = drafts unused).")
         .def_property("logit_digests", &Model::logit_digests, &Model::set_logit_digests,

@@ -77,6 +77,7 @@ Model::Model(const ModelSource & src, const std::string & device, int threads) {
         backends.push_back(cpu_backend_);
     }
     set_threads(threads);
+    ggml_backend_cpu_set_abort_callback(cpu_backend_, &Model::abort_callback, this);  // interrupt()
     sched_ = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()), kGraphSize, false, true);
     if (!sched_) throw std::runtime_error("cannot create the ggml scheduler");
     graph_meta_.resize(ggml_tensor_overhead() * kGraphSize + ggml_graph_overhead_custom(kGraphSize, false));
@@ -88,6 +89,8 @@ void Model::set_profiling(bool on) {
     profiling_ = on;
     ggml_backend_sched_set_eval_callback(sched_, on ? &Model::eval_callback : nullptr, on ? this : nullptr);
 }
+
+bool Model::abort_callback(void * user) { return static_cast<Model *>(user)->interrupt_requested(); }
 
 bool Model::eval_callback(ggml_tensor * t, bool ask, void * user) {
     auto * self = static_cast<Model *>(user);
@@ -178,10 +181,11 @@ void Model::compute_graph(ggml_cgraph * gf, int64_t step_columns) {
     int n = threads_;
     if (auto_threads_) n = step_columns > 0 ? chooser_.step_threads() : chooser_.bulk_threads();
     ggml_backend_cpu_set_n_threads(cpu_backend_, n);
+    if (interrupt_requested()) throw Interrupted();
     const auto t0 = std::chrono::steady_clock::now();
-    if (ggml_backend_sched_graph_compute(sched_, gf) != GGML_STATUS_SUCCESS) {
-        throw std::runtime_error("graph computation failed");
-    }
+    const ggml_status status = ggml_backend_sched_graph_compute(sched_, gf);
+    if (status == GGML_STATUS_ABORTED && interrupt_requested()) throw Interrupted();
+    if (status != GGML_STATUS_SUCCESS) throw std::runtime_error("graph computation failed");
     if (auto_threads_ && step_columns > 0 && !profiling_) {
         chooser_.record_step(n, step_columns,
                              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());

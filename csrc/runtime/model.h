@@ -4,6 +4,7 @@
 // threads, but calls run one at a time (the KV cache is part of the model).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -26,6 +27,11 @@ namespace fun_asr {
 struct Stage {
     std::vector<int64_t> shape;  // row-major (numpy) shape
     std::vector<float> data;
+};
+
+// Thrown by a computation that Model::interrupt() stopped (the model stays usable).
+struct Interrupted : std::exception {
+    const char * what() const noexcept override { return "interrupted"; }
 };
 
 class Model {
@@ -105,6 +111,12 @@ public:
                                           int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
                                           bool repetition_guard = false, const StepCallback & on_step = nullptr,
                                           const std::vector<int32_t> * draft = nullptr);
+    // From any thread: the computation running on this model stops at its next graph node (CPU; other
+    // backends: at their next graph) or decoding step and throws Interrupted; the model stays usable.
+    // The request holds (later computations stop at once) until clear_interrupt().
+    void interrupt() { interrupt_.store(true, std::memory_order_relaxed); }
+    void clear_interrupt() { interrupt_.store(false, std::memory_order_relaxed); }
+    bool interrupt_requested() const { return interrupt_.load(std::memory_order_relaxed); }
     // Most draft tokens one verification pass takes (default 4; 0 turns drafts off).
     int64_t draft_max() const { return draft_max_; }
     void set_draft_max(int64_t n) {
@@ -218,6 +230,8 @@ private:
     std::string stage_ = "other";  // the graph being computed, for the profile
     std::chrono::steady_clock::time_point node_t0_;
     static bool eval_callback(ggml_tensor * t, bool ask, void * user);
+    static bool abort_callback(void * user);
+    std::atomic<bool> interrupt_{false};
     std::mutex mutex_;
 };
 

@@ -12,7 +12,7 @@ if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
     del set_spin_count
 
 from fun_asr import _compat, _core  # noqa: E402
-from fun_asr._core import dequantize, quantize, system_info  # noqa: E402
+from fun_asr._core import Interrupted, dequantize, quantize, system_info  # noqa: E402
 from fun_asr.asr.session import Segment, Session, Transcription
 from fun_asr.converter import ConversionReport, convert, inspect_gguf
 from fun_asr.model.native import load_model
@@ -32,6 +32,7 @@ __all__ = [
     "ConversionReport",
     "FunAsrWarning",
     "InputWarning",
+    "Interrupted",
     "RecordingFailedWarning",
     "RepetitionWarning",
     "TruncatedOutputWarning",

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,8 @@ class Session:
         self.vocab_size = int(info["decoder"]["vocab"])
         self.limits = limits or Limits()
         self._lock = threading.Lock()
+        self._calls = 0  # transcriptions running (interrupt())
+        self._calls_lock = threading.Lock()
         self.prefix_cache = True  # reuse the prompt prefix's K/V across segments (token for token the same)
         self._prefix_ids: tuple[int, ...] = ()
         from fun_asr.asr.ctc import CtcAligner
@@ -450,6 +453,11 @@ class Session:
         ``forced`` empty the tokens are those ``transcribe(samples, vad=False)`` gives a recording of at most
         ``segment_seconds``. ``draft``: tokens the answer probably continues with (a stream's previous decode):
         lossless speculative decoding, the same tokens as without it (Model.generate_batch)."""
+        with self.interruptible():
+            return self._decode_one(samples, opts, forced, max_new_tokens, draft)
+
+    def _decode_one(self, samples: np.ndarray, opts: TranscribeOptions, forced: list[int],
+                    max_new_tokens: int, draft: list[int] | None) -> tuple[list[int], str, dict[str, float]]:
         t0 = time.perf_counter()
         feats = features(np.ascontiguousarray(samples, np.float32), self.frontend)
         if feats.shape[0] == 0:  # shorter than one 25 ms frame: nothing to hear
@@ -475,6 +483,18 @@ class Session:
             timings[key] = float(gen[key])
         return [t for t in tokens if t not in self.stop_ids], reason, timings
 
+    def interrupt(self) -> bool:
+        """From another thread: stops the transcriptions running on this session (``transcribe``,
+        ``transcribe_batch``, a stream's decodes) at the model's next graph node or decoding step; each of
+        those calls raises :class:`fun_asr.Interrupted` and the session stays usable. Calls that start before
+        the interrupted ones have ended stop too; once none runs, later calls run normally. Returns whether
+        a transcription was running (with none, nothing happens: the next call is not affected). The VAD's and
+        the speaker model's passes are not interrupted (they run between the model's, briefly)."""
+        with self._calls_lock:
+            if self._calls:
+                self.model.interrupt()
+            return self._calls > 0
+
     def _run(self, audios: list[AudioInput], sample_rate: int | None, opts: TranscribeOptions, batch_size: int,
              progress: bool, raise_errors: bool, names: list[str] | None = None,
              warn: bool = True, drafts: list[list[int] | None] | None = None) -> list[Transcription]:
@@ -482,6 +502,28 @@ class Session:
         segment's features -> encoder, block by block, so that no recording is held whole (_stream); the
         segments' adaptor rows wait for decoding, all recordings' together (longest first), in waves when
         they grow past _WAVE_BYTES."""
+        with self.interruptible():
+            return self._run_all(audios, sample_rate, opts, batch_size, progress, raise_errors, names, warn, drafts)
+
+    @contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """A block that counts as one running transcription for :meth:`interrupt` (every transcription is one):
+        an interrupt while it is open, also between the calls it makes, stops them (the calls raise
+        :class:`fun_asr.Interrupted`) until it ends — for a caller that decides to run a transcription and
+        must not lose an interrupt that comes before the call starts."""
+        with self._calls_lock:
+            self._calls += 1
+        try:
+            yield
+        finally:
+            with self._calls_lock:
+                self._calls -= 1
+                if self._calls == 0:
+                    self.model.clear_interrupt()
+
+    def _run_all(self, audios: list[AudioInput], sample_rate: int | None, opts: TranscribeOptions,
+                 batch_size: int, progress: bool, raise_errors: bool, names: list[str] | None,
+                 warn: bool, drafts: list[list[int] | None] | None) -> list[Transcription]:
         t_start = time.perf_counter()
         before, after = self.prompt_ids(opts)
         items = [_Item(i) for i in range(len(audios))]

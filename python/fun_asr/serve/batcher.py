@@ -10,6 +10,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
+from fun_asr._core import Interrupted
 from fun_asr.asr.session import Session
 from fun_asr.audio.decode import SAMPLE_RATE, AudioInfo, decode_audio
 
@@ -26,15 +27,22 @@ class Batcher:
     partials (at most ``partial_batch`` at once, so that a closing sentence waits for at most one such batch),
     and a partial that has waited longer than ``partial_wait_s`` in the queue is answered None (skipped: its
     stream keeps the previous partial and asks again with newer audio) instead of decoding audio that is stale
-    by then. Nothing but a partial is ever skipped."""
+    by then. A closed sentence or file request that arrives while partials decode interrupts them
+    (Session.interrupt: the model stops at its next graph node) and is decoded at once; the interrupted partials
+    are answered None too. Nothing but a partial is ever skipped."""
 
     def __init__(self, session: Session, max_batch: int, max_new_tokens: int, segment_seconds: float = 30.0,
-                 partial_batch: int | None = None, partial_wait_s: float = 0.5) -> None:
+                 partial_batch: int | None = None, partial_wait_s: float = 0.5,
+                 interrupt_partials: bool = True) -> None:
         self.session, self.max_batch, self.max_new_tokens = session, max(1, max_batch), max_new_tokens
         self.segment_seconds = segment_seconds
         self.partial_batch = max(1, min(self.max_batch, partial_batch or self.max_batch))
         self.partial_wait_s = partial_wait_s
-        self.partials_skipped = 0
+        self.partials_skipped = 0  # partials answered None: stale in the queue, or interrupted
+        self.partials_interrupted = 0  # of those, interrupted by a closed sentence or a file request
+        self.interrupt_partials = interrupt_partials  # False: a final waits for the running partials (measuring)
+        self._state = threading.Lock()
+        self._partial_running = False
         # (options, (samples, name, draft), future, partial, time queued)
         self.jobs: queue.Queue[tuple[tuple, tuple[np.ndarray, str, list[int] | None], Future, bool, float]
                                | None] = queue.Queue()
@@ -47,6 +55,10 @@ class Batcher:
         fut: Future = Future()
         self.jobs.put((options, (samples, name, list(draft) if draft else None), fut, bool(partial),
                        time.monotonic()))
+        if not partial and self.interrupt_partials:
+            with self._state:  # a partial batch that runs now gives way (see the class)
+                if self._partial_running:
+                    self.session.interrupt()
         return fut
 
     def close(self) -> None:
@@ -100,6 +112,29 @@ class Batcher:
             return
         language, itn, hotwords, max_new, seconds, vad, words, *rest = batch[0][0]
         vad_kwargs = dict(rest[0]) if rest else {}
+        if batch[0][3] and self.interrupt_partials:  # interruptible (see submit) from before the look for finals on
+            with self.session.interruptible():
+                with self._state:
+                    self._partial_running = True
+                    with self.jobs.mutex:
+                        finals_waiting = any(job is not None and not job[3] for job in self.jobs.queue)
+                try:
+                    if finals_waiting:
+                        raise Interrupted("a closed sentence or file request waits")
+                    self._transcribe(batch, language, itn, hotwords, max_new, seconds, vad, words, vad_kwargs)
+                except Interrupted:
+                    for job in batch:
+                        job[2].set_result(None)
+                    self.partials_skipped += len(batch)
+                    self.partials_interrupted += len(batch)
+                finally:
+                    with self._state:
+                        self._partial_running = False
+            return
+        self._transcribe(batch, language, itn, hotwords, max_new, seconds, vad, words, vad_kwargs)
+
+    def _transcribe(self, batch: list, language: str | None, itn: bool, hotwords: tuple, max_new: int | None,
+                    seconds: float | None, vad: bool | None, words: bool, vad_kwargs: dict) -> None:
         try:
             results = self.session.transcribe_batch(
                 [job[1][0] for job in batch], sample_rate=SAMPLE_RATE, language=language, itn=itn,
@@ -108,6 +143,8 @@ class Batcher:
                 word_timestamps=words, warn=False,  # each route reports its results' warnings itself
                 drafts=[batch[0][1][2]] if len(batch) == 1 and batch[0][1][2] else None, **vad_kwargs)
         except Exception as exc:  # noqa: BLE001 - handed to every waiting request
+            if isinstance(exc, Interrupted) and batch[0][3]:
+                raise  # partials given way to a final: _run answers them
             for job in batch:
                 job[2].set_exception(exc)
             return
