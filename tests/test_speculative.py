@@ -195,7 +195,7 @@ def test_batcher_takes_a_draft_only_for_a_lone_request(demo, three) -> None:  # 
         options = (None, True, (), 512, 30.0, False, False)
         lone = b.submit(x, options, "stream", draft=tokens).result(timeout=120)
         assert lone.text == plain.text and lone.timings["draft_accepted"] > 0
-        jobs = [(options, (x, "a", tokens), Future(), False, 0.0), (options, (x, "b", tokens), Future(), False, 0.0)]
+        jobs = [(options, (x, name, tokens), Future(), "final", 0.0) for name in ("a", "b")]
         b._run(jobs)  # two requests decoded together: one pass per step for both, no drafts
         for _, _, fut, _, _ in jobs:
             r = fut.result(timeout=1)

@@ -89,6 +89,39 @@ def test_sentences_do_not_depend_on_chunking(session: fun_asr.Session, conversat
     assert [(s["start"], s["end"]) for s in final["sentences"]] == [(w[1], w[2]) for w in want]
 
 
+def test_speculative_closing_decodes_give_the_same_sentences(session: fun_asr.Session, conversation: np.ndarray,
+                                                             reference_run: tuple) -> None:
+    """In the VAD's end silence the partial decodes the sentence as the VAD would close it if the silence went
+    on; the VAD then closes it there and that decode is the sentence's, with no decode at the close. The
+    sentences are exactly those of a stream without speculation (which decodes every one when it closes)."""
+    events, st = reference_run
+    closing: dict[str, list[int]] = {"on": [], "off": []}
+    runs = {}
+    for mode, silence in (("on", OPTS.speculate_silence_ms), ("off", 0)):
+        opts = StreamOptions(max_new_tokens=MAX_NEW, partial_max_new_tokens=3, speculate_silence_ms=silence)
+        stream = session.stream(stream_options=opts, max_new_tokens=MAX_NEW)
+        real = stream._decode_local
+
+        def decoder(audio: np.ndarray, n: int, partial: bool = False, mode: str = mode,
+                    real: object = real) -> tuple[str, list[int]]:
+            if not partial:
+                closing[mode].append(audio.size)
+            return real(audio, n)  # type: ignore[operator]
+
+        stream._decode_fn = decoder
+        got = []
+        for i in range(0, conversation.size, 960):
+            got += stream.feed(conversation[i : i + 960])
+        got += stream.close()
+        runs[mode] = (_sentences(got), stream)
+    assert runs["on"][0] == runs["off"][0] == _sentences(events) and len(runs["off"][0]) == 3
+    on, off = runs["on"][1], runs["off"][1]
+    assert off.sentences_speculated == 0 and len(closing["off"]) == 3
+    # the first two close after 2 s of silence (the last one at close(), with no end silence)
+    assert on.sentences_speculated >= 2 and len(closing["on"]) == 3 - on.sentences_speculated
+    assert st.sentences_speculated == on.sentences_speculated
+
+
 def test_stale_partials_are_skipped_when_audio_arrives_in_bulk(session: fun_asr.Session,
                                                                conversation: np.ndarray) -> None:
     """A feed that carries many 60 ms steps (a client ahead of real time, or audio that queued up while a
@@ -129,7 +162,8 @@ def test_skipped_partials_are_asked_again_and_leave_the_sentences_alone(session:
     got, st = _run(session, conversation, 960, decoder=skipping)
     assert _sentences(got) == want
     assert st.partials_skipped >= 2 and st.partials_decoded >= 2
-    assert sum(1 for _, p in calls if not p) == 3  # the closed sentences, with partial=False
+    # the closed sentences: decoded with partial=False, or taken from their speculative partial decode
+    assert sum(1 for _, p in calls if not p) + st.sentences_speculated == 3
     retried = [b - a for (a, pa), (b, pb) in zip(calls, calls[1:], strict=False) if pa and pb]
     assert any(0 < d <= 960 for d in retried), retried  # one 60 ms step later, not 960 ms
 
@@ -143,8 +177,15 @@ def test_each_sentence_is_what_transcribe_gives_for_its_segment(session: fun_asr
         assert r.text == text and [t for s in r.segments for t in s.tokens] == list(tokens)
 
 
-def test_partials_come_first_and_on_schedule(reference_run: tuple, conversation: np.ndarray) -> None:
-    events, st = reference_run
+def test_partials_come_first_and_on_schedule(session: fun_asr.Session, conversation: np.ndarray) -> None:
+    """FunASR's partial schedule, exactly, with speculation off (on, one more partial comes in a pause:
+    test_speculative_closing_decodes_give_the_same_sentences)."""
+    st = session.stream(stream_options=StreamOptions(max_new_tokens=MAX_NEW, partial_max_new_tokens=3,
+                                                     speculate_silence_ms=0), max_new_tokens=MAX_NEW)
+    events = []
+    for i in range(0, conversation.size, 960):
+        events += st.feed(conversation[i : i + 960])
+    events += st.close()
     sentences = [e for e in events if e.type == "sentence"]
     for s in sentences:
         before = [e for e in events[: events.index(s)] if e.type == "partial" and e.start >= s.start]
@@ -457,3 +498,33 @@ def test_unexpected_stream_failure_is_reported_and_stop_still_answers() -> None:
     errors = [m["error"] for m in ws.sent if m.get("event") == "error"]
     assert len(errors) == 2 and all("internal error: KeyError" in e for e in errors)
     assert counter == [0]
+
+
+def test_vad_predicts_the_end_of_a_sentence_before_it_closes(session: fun_asr.Session,
+                                                             conversation: np.ndarray) -> None:
+    """VadStream.predicted_end: during the end silence, the end the VAD gives when it closes the sentence
+    (1.3 s or more later here), from a copy of its state run over silent frames; asking leaves the VAD's
+    own events unchanged."""
+    assert session.vad is not None
+
+    def run(ask: bool) -> tuple[list, dict[int, int]]:
+        vad = session.vad.stream(60, schedule="server")
+        events, predicted = [], {}
+        for i in range(0, conversation.size, 960):
+            now = (i + 960) * 1000 // SR
+            events += [(b, e, now) for b, e in vad.feed(conversation[i : i + 960])]
+            if ask:
+                end = vad.predicted_end(200)
+                if end is not None:
+                    predicted.setdefault(end, now)
+                elif i < SR // 2:
+                    assert not predicted  # silence before any speech: nothing to predict
+        return events, predicted
+
+    plain, _ = run(False)
+    events, predicted = run(True)
+    assert events == plain
+    ends = [(e, now) for _, e, now in events if e >= 0]
+    assert len(ends) == 2  # (the third closes on the stream's end, without its silence)
+    for end, closed_at in ends:
+        assert end in predicted and closed_at - predicted[end] >= 1000, (end, closed_at, predicted)

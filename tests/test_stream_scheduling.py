@@ -115,11 +115,39 @@ def test_partials_taken_while_a_final_waits_are_not_started() -> None:
     b = Batcher(rec, max_batch=4, max_new_tokens=5)  # type: ignore[arg-type]
     b.close()  # no worker: the test plays it
     x = np.zeros(1600, np.float32)
-    b.jobs.put((FINAL, (x, "f", None), Future(), False, time.monotonic()))  # came after the partial was taken
+    b.jobs.put((FINAL, (x, "f", None), Future(), "final", time.monotonic()))  # came after the partial was taken
     partial: Future = Future()
-    b._run([(PARTIAL, (x, "p", None), partial, True, time.monotonic())])
+    b._run([(PARTIAL, (x, "p", None), partial, "partial", time.monotonic())])
     assert partial.result(0) is None and rec.batches == [] and b.partials_interrupted == 1
     b.jobs.get_nowait()
     partial = Future()
-    b._run([(PARTIAL, (x, "p", None), partial, True, time.monotonic())])
+    b._run([(PARTIAL, (x, "p", None), partial, "partial", time.monotonic())])
     assert partial.result(0).text == "p" and rec.batches == [["p"]]
+
+
+def test_speculative_closing_decodes_come_after_finals_and_before_partials() -> None:
+    rec = _Recorder()
+    b = Batcher(rec, max_batch=4, max_new_tokens=5, partial_batch=1, partial_wait_s=0.3)  # type: ignore[arg-type]
+    try:
+        x = np.zeros(1600, np.float32)
+        p0 = b.submit(x, PARTIAL, "p0", partial=True)
+        assert rec.started.wait(10)
+        rec.started.clear()
+        s0 = b.submit(x, PARTIAL, "s0", partial=True, speculative=True)  # interrupts p0, as a final would
+        assert p0.result(10) is None and rec.interrupted == [["p0"]]
+        assert b.partials_interrupted == 1
+        assert rec.started.wait(10)  # s0 runs
+        busy = b.submit(x, FINAL, "busy")  # s0 runs (gate closed); busy waits behind it: s0 is not interrupted
+        time.sleep(0.5)  # s1 will have waited longer than partial_wait_s: a speculative decode is never skipped
+        p1 = b.submit(x, PARTIAL, "p1", partial=True)
+        s1 = b.submit(x, PARTIAL, "s1", partial=True, speculative=True)
+        f1 = b.submit(x, FINAL, "f1")
+        time.sleep(0.4)
+        rec.gate.set()
+        assert s0.result(10).text == "s0" and busy.result(10).text == "busy" and f1.result(10).text == "f1"
+        assert s1.result(10).text == "s1"
+        assert p1.result(10) is None  # stale by then: skipped
+        assert rec.batches == [["s0"], ["busy", "f1"], ["s1"]], rec.batches
+        assert rec.interrupted == [["p0"]]
+    finally:
+        b.close()

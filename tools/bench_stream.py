@@ -47,7 +47,7 @@ def conversation(seconds: float, seed: int) -> np.ndarray:
 
 
 def run(session: fun_asr.Session, n: int, seconds: float, max_new: int, partial_batch: int | None = None,
-        partial_wait_s: float = 0.5, interrupt: bool = True) -> dict:
+        partial_wait_s: float = 0.5, interrupt: bool = True, speculate: bool = True) -> dict:
     batcher = Batcher(session, max_batch=max(1, n), max_new_tokens=max_new, partial_batch=partial_batch,
                       partial_wait_s=partial_wait_s, interrupt_partials=interrupt)
 
@@ -55,9 +55,10 @@ def run(session: fun_asr.Session, n: int, seconds: float, max_new: int, partial_
     counting = threading.Lock()  # the streams' threads all count here
 
     def decoder(audio: np.ndarray, tokens: int, draft: list[int] | None = None,
-                partial: bool = False) -> tuple[str, list[int]] | None:
+                partial: bool = False, speculative: bool = False) -> tuple[str, list[int]] | None:
         secs = min(session.max_segment_seconds, max(30.0, audio.size / 16000 + 1.0))
-        r = batcher.submit(audio, (None, True, (), tokens, secs, False, False), "bench", draft, partial).result()
+        r = batcher.submit(audio, (None, True, (), tokens, secs, False, False), "bench", draft, partial,
+                           speculative).result()
         if r is None:  # a partial the batcher skipped (counted by the stream)
             return None
         with counting:
@@ -70,27 +71,38 @@ def run(session: fun_asr.Session, n: int, seconds: float, max_new: int, partial_
 
     streams = [session.stream(max_new_tokens=max_new, decoder=decoder,
                               stream_options=StreamOptions(max_new_tokens=max_new,
-                                                           partial_max_new_tokens=min(200, max_new)))
+                                                           partial_max_new_tokens=min(200, max_new),
+                                                           speculate_silence_ms=200 if speculate else 0))
                for _ in range(n)]
     clips = [conversation(seconds, seed) for seed in range(n)]
     behind = [0.0] * n
+    real: list[float] = []
 
     def feed(i: int) -> None:
-        # The chunk starting at sample k arrives at t0 + k / 16000 (60 ms chunks, real time). Whatever has
+        # The chunk ending at sample k has arrived at t0 + k / 16000 (60 ms chunks, real time). Whatever has
         # arrived while the stream was busy is fed in one call, as the server's worker does, so a slow decode
         # costs one stale partial, not one per chunk; `behind` is how late the oldest unfed chunk got.
         t0 = time.perf_counter()
         x, pos = clips[i], 0
         while pos < x.size:
             now = (time.perf_counter() - t0) * 16000
-            if now < pos:
-                time.sleep((pos - now) / 16000)
+            chunk_end = min(x.size, pos + 960)
+            if now < chunk_end:
+                time.sleep((chunk_end - now) / 16000)
                 continue
-            behind[i] = max(behind[i], (now - pos) / 16000)
-            end = min(x.size, (int(now) // 960 + 1) * 960)
-            streams[i].feed(x[pos:end])
+            behind[i] = max(behind[i], (now - chunk_end) / 16000)
+            end = min(x.size, max(chunk_end, int(now) // 960 * 960))  # all that has fully arrived
+            events = streams[i].feed(x[pos:end])
             pos = end
-        streams[i].close()
+            arrived(events, t0 + end / 16000)
+        arrived(streams[i].close(), t0 + x.size / 16000)
+
+    def arrived(events: list, t_audio: float) -> None:
+        # real-time close delay: the fed audio's end arrived (at real time) -> the sentence event; adds to
+        # `close` the time the stream was still busy (its own partial decode) when that audio arrived
+        now = time.perf_counter()
+        with counting:
+            real.extend((now - t_audio) * 1000 for ev in events if ev.type == "sentence")
 
     threads = [threading.Thread(target=feed, args=(i,)) for i in range(n)]
     t0 = time.perf_counter()
@@ -109,10 +121,12 @@ def run(session: fun_asr.Session, n: int, seconds: float, max_new: int, partial_
 
     return {"streams": n, "wall_s": wall, "sentences": len(finals), "final_p50": pct(finals, 50),
             "final_p95": pct(finals, 95), "close_p50": pct(closes, 50), "close_p95": pct(closes, 95),
+            "real_p50": pct(real, 50), "real_p95": pct(real, 95),
             "partial_p50": pct(firsts, 50), "partial_p95": pct(firsts, 95),
             "max_behind_s": max(behind), "partials": sum(s.partials_decoded for s in streams),
             "partials_skipped": sum(s.partials_skipped for s in streams),
-            "partials_interrupted": batcher.partials_interrupted, **drafts}
+            "partials_interrupted": batcher.partials_interrupted,
+            "speculated": sum(s.sentences_speculated for s in streams), **drafts}
 
 
 def main() -> None:
@@ -135,20 +149,24 @@ def main() -> None:
                     "the previous partial as a lossless draft of the next decode (the model's draft_max / 0)")
     ap.add_argument("--interrupt", default="on", help="on, off, or on,off: a closed sentence interrupts the "
                     "partials being decoded (the batcher's interrupt_partials; off: it waits for them)")
+    ap.add_argument("--speculate", default="on", help="on, off, or on,off: speculative closing decodes in the "
+                    "VAD's end silence (StreamOptions.speculate_silence_ms 200 / 0)")
     args = ap.parse_args()
-    drafts, interrupts = args.drafts.split(","), args.interrupt.split(",")
-    for name, given in (("--drafts", drafts), ("--interrupt", interrupts)):
+    drafts, interrupts, specs = args.drafts.split(","), args.interrupt.split(","), args.speculate.split(",")
+    for name, given in (("--drafts", drafts), ("--interrupt", interrupts), ("--speculate", specs)):
         if not given or any(m not in ("on", "off") for m in given):
             ap.error(f"{name} takes on, off or on,off; got {','.join(given)!r}")
-    modes = [(d, i) for d in drafts for i in interrupts]
+    modes = [(d, i, sp) for sp in specs for d in drafts for i in interrupts]
     lines = ["# Concurrent real-time streams", "",
              f"Generated by `python tools/bench_stream.py`: {args.seconds:g} s per stream in 60 ms chunks at real "
              f"time (audio that arrived while a stream was busy is fed at once, as the server does), "
              f"{args.threads} threads, decoding shared by the server's batcher, at most {args.max_new_tokens} tokens "
              f"per decode (random weights never stop early, so every decode is that long). Machine: "
              f"{platform.machine()}, ggml {fun_asr.system_info()['ggml_version']}.", "",
-             "Delays in ms: *close* = the audio on which the VAD closed a sentence arrived -> its sentence event "
-             "(decoding); *final* = the sentence's speech end arrived -> its event (adds the VAD's end silence: "
+             "Delays in ms: *close* = the audio on which the VAD closed a sentence was fed -> its sentence event "
+             "(decoding); *close (real time)* = that audio arrived in real time -> the event (adds the time its "
+             "stream was still busy with its own partial decode); *final* = the sentence's speech end arrived -> "
+             "its event (adds the VAD's end silence: "
              "FunASR's realtime schedule waits 2 s after a short sentence); *first partial* = speech start arrived "
              "-> first partial. A load holds when the close p95 < 1.5 s and the feeding never fell more than "
              "1.5 s behind.", "",
@@ -156,29 +174,34 @@ def main() -> None:
              f"together, and skips a partial queued longer than {args.partial_wait:g} s (its stream keeps the "
              "previous partial and asks again with newer audio); with *interrupt* on, a closed sentence that "
              "arrives while partials decode interrupts them (they are skipped too) and is decoded at once. "
-             "*partials decoded / skipped (interrupted)* counts them.", "",
+             "*partials decoded / skipped (interrupted)* counts them. With *speculate* on, a partial 200 ms into "
+             "a pause decodes the sentence as the VAD would close it if the pause went on; *speculated* = closed "
+             "sentences whose decode that was (no decode when they closed).", "",
              "*drafts*: decodes that went alone with the previous partial as a draft (lossless speculative "
              "decoding; the batcher leaves drafts out of a batch) / all decodes, and the draft tokens kept / "
              "verified.", "",
-             "| model | streams | drafts | interrupt | sentences | close p50 | close p95 | final p50 | final p95 | "
+             "| model | streams | drafts | interrupt | speculate | sentences | speculated | close p50 | close p95 | "
+             "close (real time) p50 | p95 | final p50 | final p95 | "
              "first partial p50 | p95 | fell behind by | holds | decodes with a draft | draft tokens kept | "
              "partials decoded / skipped (interrupted) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for model in args.model:
         session = fun_asr.Session(model, device="cpu", threads=args.threads, vad="fsmn", vad_model=args.vad_model,
                                   progress=False)
         draft_max = session.model.draft_max  # the model's own setting for "on"
         for n in [int(v) for v in args.streams.split(",")]:
             held = False
-            for mode, interrupt in modes:
+            for mode, interrupt, spec in modes:
                 session.model.draft_max = draft_max if mode == "on" else 0
                 r = run(session, n, args.seconds, args.max_new_tokens, args.partial_batch, args.partial_wait,
-                        interrupt == "on")
+                        interrupt == "on", spec == "on")
                 ok = r["close_p95"] < 1500 and r["max_behind_s"] < 1.5
                 held |= ok
-                lines.append(f"| {Path(model).name} | {n} | {mode} | {interrupt} | {r['sentences']} "
-                             f"| {r['close_p50']:.0f} "
-                             f"| {r['close_p95']:.0f} | {r['final_p50']:.0f} | {r['final_p95']:.0f} "
+                lines.append(f"| {Path(model).name} | {n} | {mode} | {interrupt} | {spec} | {r['sentences']} "
+                             f"| {r['speculated']} "
+                             f"| {r['close_p50']:.0f} | {r['close_p95']:.0f} "
+                             f"| {r['real_p50']:.0f} | {r['real_p95']:.0f} "
+                             f"| {r['final_p50']:.0f} | {r['final_p95']:.0f} "
                              f"| {r['partial_p50']:.0f} | {r['partial_p95']:.0f} | {r['max_behind_s']:.2f} s | "
                              f"{'yes' if ok else 'no'} | {r['with_draft']} / {r['decodes']} "
                              f"| {r['draft_accepted']} / {r['draft_proposed']} "

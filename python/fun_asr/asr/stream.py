@@ -56,7 +56,9 @@ class Session(Protocol):
 # decoding (Session.transcribe(draft=)), the same tokens as without it. A decoder that takes ``partial=`` is
 # told which decodes are partials; it may answer one of those with None ("skipped": the server's decoder is busy
 # with closed sentences or the request went stale in its queue), and the stream then keeps its previous partial
-# and asks again with the next 60 ms of audio. A closed sentence is never skipped.
+# and asks again with the next 60 ms of audio. A closed sentence is never skipped. A decoder that takes
+# ``speculative=`` learns which partials are speculative closing decodes (StreamOptions.speculate_silence_ms):
+# probably a sentence's decode, worth decoding before other partials (the server's batcher does).
 Decoder = Callable[..., "tuple[str, list[int]] | None"]
 
 
@@ -103,6 +105,10 @@ class StreamOptions:
     vad_chunk_ms: int = 60
     max_sentence_s: float = 30.0  # the VAD's forced cut (max_single_segment_time); client endpoints: auto-commit
     endpoint: str = "server"  # "server": the VAD ends sentences; "client": commit() does (FunASR's COMMIT)
+    # Speculative closing decode: once the open sentence has been silent this long, its partial decodes the
+    # sentence as the VAD would close it if the silence went on (VadStream.predicted_end); when the VAD does
+    # close it there, that decode is the sentence's (the same audio and token limit: the same tokens). 0 = off.
+    speculate_silence_ms: int = 200
 
     def check(self) -> None:
         for name in ("first_partial_ms", "partial_interval_ms", "partial_max_new_tokens", "max_new_tokens",
@@ -110,6 +116,9 @@ class StreamOptions:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        v = self.speculate_silence_ms
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"speculate_silence_ms must be an integer >= 0 (0 = off), got {v!r}")
         if not self.partial_window_s > 0 or not self.max_sentence_s >= 1:
             raise ValueError("partial_window_s must be > 0 and max_sentence_s >= 1")
         if self.endpoint not in ("server", "client"):
@@ -175,6 +184,9 @@ class Stream:
         self._first_partial_delays: list[float] = []
         self.partials_decoded = 0  # partial decodes made
         self.partials_skipped = 0  # partial decodes a busy decoder skipped (the decoder's choice; see Decoder)
+        self.sentences_speculated = 0  # closed sentences whose decode was the speculative partial's (no wait)
+        # the last speculative decode: (start_ms, end_ms, text, tokens) of the sentence it assumed
+        self._spec: tuple[int, int, str, list[int]] | None = None
         self._partial_seen_for: int | None = None
         self._commit_mark = 0  # samples received when the last utterance was committed (client endpoints)
         self._committed: list[StreamEvent] = []  # the last commit's sentence (client endpoints)
@@ -316,7 +328,10 @@ class Stream:
                 events += self._close_sentence(self.speech_start, self.duration_ms)
             self.speech_start = None
             return events
-        if partial_ok and self._should_decode():
+        spec = self._speculate() if partial_ok else None
+        if spec is not None:
+            events += spec
+        elif partial_ok and self._should_decode():
             events += self._partial()
         self._compact()
         return events
@@ -350,7 +365,12 @@ class Stream:
         audio = self._slice(start_ms * SAMPLE_RATE // 1000, end_ms * SAMPLE_RATE // 1000)
         if end_ms <= start_ms or audio.size < self.sopts.min_sentence_ms * SAMPLE_RATE // 1000:
             return []
-        decoded = self._decode(audio, self.sopts.max_new_tokens, draft, partial=False)
+        spec, self._spec = self._spec, None
+        if spec is not None and spec[:2] == (start_ms, end_ms):  # decoded already, the same audio and limit
+            decoded: tuple[str, list[int]] | None = (spec[2], list(spec[3]))
+            self.sentences_speculated += 1
+        else:
+            decoded = self._decode(audio, self.sopts.max_new_tokens, draft, partial=False)
         if decoded is None:
             raise RuntimeError("the stream's decoder skipped a closed sentence (only partials may be skipped)")
         text, tokens = decoded
@@ -385,6 +405,30 @@ class Stream:
                                    None if d.get("spk") is None else int(d["spk"])))
         return out
 
+    def _speculate(self) -> list[StreamEvent] | None:
+        """The open sentence has been silent for ``speculate_silence_ms``: decode it as the VAD would close it
+        if the silence went on (start -> the predicted end), with the closing decode's token limit, as this
+        step's partial. None when there is nothing to speculate on (the regular partial schedule goes on)."""
+        if (self.sopts.speculate_silence_ms <= 0 or self.speech_start is None
+                or self.total_samples < self.sopts.first_partial_ms * SAMPLE_RATE // 1000):
+            return None
+        end = self._vad.predicted_end(self.sopts.speculate_silence_ms)
+        start_ms = max(0, int(self.speech_start))
+        if (end is None or end > self.duration_ms or end - start_ms > self.sopts.partial_window_s * 1000
+                or (self._spec is not None and self._spec[:2] == (start_ms, end))):
+            return None
+        audio = self._slice(start_ms * SAMPLE_RATE // 1000, end * SAMPLE_RATE // 1000)
+        if audio.size < self.sopts.min_sentence_ms * SAMPLE_RATE // 1000:
+            return None
+        decoded = self._decode(audio, self.sopts.max_new_tokens, self._draft, partial=True, speculative=True)
+        if decoded is None:  # skipped by a busy decoder: asked again next step
+            self.partials_skipped += 1
+            return []
+        self.partials_decoded += 1
+        text, tokens = decoded
+        self._spec = (start_ms, end, text, list(tokens))
+        return self._partial_event(text, tokens, start_ms)
+
     def _partial(self) -> list[StreamEvent]:
         first = self.sopts.first_partial_ms * SAMPLE_RATE // 1000
         if self.client_endpoints:  # counted from the utterance's start
@@ -409,9 +453,11 @@ class Stream:
             return []
         self.partials_decoded += 1
         text, tokens = decoded
+        return self._partial_event(text, tokens, start * 1000 // SAMPLE_RATE)
+
+    def _partial_event(self, text: str, tokens: list[int], start_ms: int) -> list[StreamEvent]:
         self._draft = list(tokens) or None
         self._last_decode = self.total_samples
-        start_ms = start * 1000 // SAMPLE_RATE
         if not text.strip():
             self.partial = None
             return []
@@ -439,15 +485,17 @@ class Stream:
             del self._arrivals[:old]
 
     def _decode(self, audio: np.ndarray, max_new_tokens: int, draft: list[int] | None,
-                partial: bool) -> tuple[str, list[int]] | None:
-        """The decode function on `audio`, with the draft and the partial flag where it takes them (None: a
-        skipped partial)."""
+                partial: bool, speculative: bool = False) -> tuple[str, list[int]] | None:
+        """The decode function on `audio`, with the draft and the partial and speculative flags where it takes
+        them (None: a skipped partial)."""
         fn = self._decode_fn  # (looked at per call: tests swap the function; a signature costs microseconds)
         kwargs: dict[str, Any] = {}
         if draft and _takes(fn, "draft"):
             kwargs["draft"] = draft
         if _takes(fn, "partial"):
             kwargs["partial"] = partial
+        if speculative and _takes(fn, "speculative"):
+            kwargs["speculative"] = True
         return fn(audio, max_new_tokens, **kwargs)
 
     def _decode_local(self, audio: np.ndarray, max_new_tokens: int,

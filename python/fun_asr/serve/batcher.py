@@ -14,6 +14,8 @@ from fun_asr._core import Interrupted
 from fun_asr.asr.session import Session
 from fun_asr.audio.decode import SAMPLE_RATE, AudioInfo, decode_audio
 
+FINAL, SPECULATIVE, PARTIAL = "final", "speculative", "partial"  # a job's kind (see Batcher)
+
 
 class Batcher:
     """One worker thread owns the model: it takes queued requests and transcribes up to `max_batch`
@@ -29,7 +31,12 @@ class Batcher:
     stream keeps the previous partial and asks again with newer audio) instead of decoding audio that is stale
     by then. A closed sentence or file request that arrives while partials decode interrupts them
     (Session.interrupt: the model stops at its next graph node) and is decoded at once; the interrupted partials
-    are answered None too. Nothing but a partial is ever skipped."""
+    are answered None too. Nothing but a partial is ever skipped.
+
+    A stream's speculative closing decode (``submit(partial=True, speculative=True)``: the open sentence as
+    the VAD will close it if its pause goes on) is probably a sentence's decode: it comes after closed sentences
+    and file requests and before partials, is never skipped or interrupted, and interrupts running partials
+    as a closed sentence does."""
 
     def __init__(self, session: Session, max_batch: int, max_new_tokens: int, segment_seconds: float = 30.0,
                  partial_batch: int | None = None, partial_wait_s: float = 0.5,
@@ -43,19 +50,20 @@ class Batcher:
         self.interrupt_partials = interrupt_partials  # False: a final waits for the running partials (measuring)
         self._state = threading.Lock()
         self._partial_running = False
-        # (options, (samples, name, draft), future, partial, time queued)
-        self.jobs: queue.Queue[tuple[tuple, tuple[np.ndarray, str, list[int] | None], Future, bool, float]
+        # (options, (samples, name, draft), future, kind (FINAL, SPECULATIVE or PARTIAL), time queued)
+        self.jobs: queue.Queue[tuple[tuple, tuple[np.ndarray, str, list[int] | None], Future, str, float]
                                | None] = queue.Queue()
         self.thread = threading.Thread(target=self._work, name="fun-asr-batcher", daemon=True)
         self.thread.start()
 
     def submit(self, samples: np.ndarray, options: tuple, name: str = "upload",
-               draft: list[int] | None = None, partial: bool = False) -> Future:
-        """Future[Transcription]; a ``partial`` request's may be None (skipped: see the class)."""
+               draft: list[int] | None = None, partial: bool = False, speculative: bool = False) -> Future:
+        """Future[Transcription]; a ``partial`` request's may be None (skipped: see the class), unless it is
+        ``speculative``."""
         fut: Future = Future()
-        self.jobs.put((options, (samples, name, list(draft) if draft else None), fut, bool(partial),
-                       time.monotonic()))
-        if not partial and self.interrupt_partials:
+        kind = SPECULATIVE if speculative else PARTIAL if partial else FINAL
+        self.jobs.put((options, (samples, name, list(draft) if draft else None), fut, kind, time.monotonic()))
+        if kind != PARTIAL and self.interrupt_partials:
             with self._state:  # a partial batch that runs now gives way (see the class)
                 if self._partial_running:
                     self.session.interrupt()
@@ -67,14 +75,16 @@ class Batcher:
 
     def _work(self) -> None:
         finals: list = []  # closed sentences and file requests, oldest first
+        speculative: list = []
         partials: list = []
+        lists = {FINAL: finals, SPECULATIVE: speculative, PARTIAL: partials}
         while True:
             stop = False
-            if not finals and not partials:
+            if not finals and not speculative and not partials:
                 job = self.jobs.get()
                 if job is None:
                     return
-                (partials if job[3] else finals).append(job)
+                lists[job[3]].append(job)
             deadline = time.monotonic() + 0.005  # company that arrives within 5 ms, and all that is queued
             while True:
                 try:
@@ -84,9 +94,11 @@ class Batcher:
                 if job is None:
                     stop = True
                     break
-                (partials if job[3] else finals).append(job)
+                lists[job[3]].append(job)
             if finals:
-                batch, finals = _take(finals, self.max_batch)
+                batch, finals[:] = _take(finals, self.max_batch)
+            elif speculative:
+                batch, speculative[:] = _take(speculative, self.max_batch)
             else:
                 now, waiting = time.monotonic(), []
                 for job in partials:
@@ -95,11 +107,11 @@ class Batcher:
                     elif job[2].set_running_or_notify_cancel():  # stale: skipped (its stream asks again)
                         job[2].set_result(None)
                         self.partials_skipped += 1
-                batch, partials = _take(waiting, self.partial_batch)
+                batch, partials[:] = _take(waiting, self.partial_batch)
             if batch:
                 self._run(batch)
             if stop:
-                for job in finals + partials:
+                for job in finals + speculative + partials:
                     job[2].set_exception(RuntimeError("server is shutting down"))
                 return
 
@@ -112,12 +124,12 @@ class Batcher:
             return
         language, itn, hotwords, max_new, seconds, vad, words, *rest = batch[0][0]
         vad_kwargs = dict(rest[0]) if rest else {}
-        if batch[0][3] and self.interrupt_partials:  # interruptible (see submit) from before the look for finals on
+        if batch[0][3] == PARTIAL and self.interrupt_partials:  # interruptible (submit) from before the look for finals
             with self.session.interruptible():
                 with self._state:
                     self._partial_running = True
                     with self.jobs.mutex:
-                        finals_waiting = any(job is not None and not job[3] for job in self.jobs.queue)
+                        finals_waiting = any(job is not None and job[3] != PARTIAL for job in self.jobs.queue)
                 try:
                     if finals_waiting:
                         raise Interrupted("a closed sentence or file request waits")
@@ -143,7 +155,7 @@ class Batcher:
                 word_timestamps=words, warn=False,  # each route reports its results' warnings itself
                 drafts=[batch[0][1][2]] if len(batch) == 1 and batch[0][1][2] else None, **vad_kwargs)
         except Exception as exc:  # noqa: BLE001 - handed to every waiting request
-            if isinstance(exc, Interrupted) and batch[0][3]:
+            if isinstance(exc, Interrupted) and batch[0][3] == PARTIAL:
                 raise  # partials given way to a final: _run answers them
             for job in batch:
                 job[2].set_exception(exc)

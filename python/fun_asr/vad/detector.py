@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 
@@ -65,6 +66,20 @@ class VadDetector:
     @property
     def in_speech(self) -> bool:
         return self._state == _IN_SPEECH
+
+    @property
+    def silence_ms(self) -> int:
+        """How long the frames have been silent (the detector's running silence count), in ms."""
+        return self._sil_count * self.cfg.frame_in_ms
+
+    def fork(self) -> VadDetector:
+        """An independent copy to simulate on (VadStream.predicted_end): the segments not returned yet, the
+        window and the counters; the segments already returned are left out."""
+        other = copy.copy(self)
+        other._segs = [copy.copy(seg) for seg in self._segs[self._out_offset:]]
+        other._out_offset = 0
+        other._win = list(self._win)
+        return other
 
     def first_pending_frame(self) -> int:
         """No segment that :meth:`accept` has not returned yet starts before this frame: the open one

@@ -5,6 +5,7 @@ memory) and :class:`VadStream` (FunASR's streaming events).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
@@ -329,6 +330,27 @@ class VadStream:
             self._samples = self._samples[keep_s:]
             self._sample_base += keep_s
         return feats, dbs
+
+    def predicted_end(self, min_silence_ms: int = 0, horizon_ms: int = 10_000) -> int | None:
+        """Where the open sentence would end (ms, as its end event would say) if only silence came from here
+        on: a copy of the detector and of the end-silence schedule runs over silent frames, ``chunk_ms`` at a
+        time, until it closes the sentence (at most ``horizon_ms``). None outside speech, while the frames
+        have been silent for less than ``min_silence_ms``, or past the horizon. Audio that comes later may
+        still change the end (speech again); this only says where it would be."""
+        det = self._det
+        if not det.in_speech or det.silence_ms < min_silence_ms:
+            return None
+        det, sched = det.fork(), copy.copy(self._sched)
+        per_chunk = max(1, self._stride // self.cfg.frontend.shift_samples)
+        silent, quiet = np.ones(per_chunk), np.full(per_chunk, -100.0)  # silence probability 1, -100 dB
+        for _ in range(max(1, horizon_ms // self.chunk_ms)):
+            sched.before_chunk(det, self._stride)
+            events = det.accept(silent, quiet, streaming=True)
+            sched.after_chunk(events)
+            for _beg, end in events:
+                if end >= 0:
+                    return int(end)
+        return None
 
     def feed(self, samples: np.ndarray, is_final: bool = False) -> list[list[int]]:
         """Next audio (16 kHz float in [-1, 1]); ``is_final`` on the last call flushes and closes the stream
