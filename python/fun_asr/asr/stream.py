@@ -109,6 +109,7 @@ class StreamOptions:
     # sentence as the VAD would close it if the silence went on (VadStream.predicted_end); when the VAD does
     # close it there, that decode is the sentence's (the same audio and token limit: the same tokens). 0 = off.
     speculate_silence_ms: int = 200
+    speculate_max_s: float = 15.0  # sentences longer than this are not speculated on (a wrong guess costs more)
 
     def check(self) -> None:
         for name in ("first_partial_ms", "partial_interval_ms", "partial_max_new_tokens", "max_new_tokens",
@@ -121,6 +122,8 @@ class StreamOptions:
             raise ValueError(f"speculate_silence_ms must be an integer >= 0 (0 = off), got {v!r}")
         if not self.partial_window_s > 0 or not self.max_sentence_s >= 1:
             raise ValueError("partial_window_s must be > 0 and max_sentence_s >= 1")
+        if not self.speculate_max_s > 0:
+            raise ValueError(f"speculate_max_s must be > 0, got {self.speculate_max_s!r}")
         if self.endpoint not in ("server", "client"):
             raise ValueError(f"endpoint must be 'server' (the VAD ends sentences) or 'client' (commit() does), got "
                              f"{self.endpoint!r}")
@@ -408,14 +411,16 @@ class Stream:
     def _speculate(self) -> list[StreamEvent] | None:
         """The open sentence has been silent for ``speculate_silence_ms``: decode it as the VAD would close it
         if the silence went on (start -> the predicted end), with the closing decode's token limit, as this
-        step's partial. None when there is nothing to speculate on (the regular partial schedule goes on)."""
+        step's partial; while the pause goes on after it, no partial is decoded (the text would be the same,
+        over more silence). None when there is nothing to speculate on (the regular partial schedule goes on)."""
         if (self.sopts.speculate_silence_ms <= 0 or self.speech_start is None
                 or self.total_samples < self.sopts.first_partial_ms * SAMPLE_RATE // 1000):
             return None
         end = self._vad.predicted_end(self.sopts.speculate_silence_ms)
         start_ms = max(0, int(self.speech_start))
-        if (end is None or end > self.duration_ms or end - start_ms > self.sopts.partial_window_s * 1000
-                or (self._spec is not None and self._spec[:2] == (start_ms, end))):
+        if self._spec is not None and self._spec[:2] == (start_ms, end):
+            return []  # decoded already, and the pause goes on: its partial stands (no partial over silence)
+        if end is None or end > self.duration_ms or end - start_ms > self.sopts.speculate_max_s * 1000:
             return None
         audio = self._slice(start_ms * SAMPLE_RATE // 1000, end * SAMPLE_RATE // 1000)
         if audio.size < self.sopts.min_sentence_ms * SAMPLE_RATE // 1000:

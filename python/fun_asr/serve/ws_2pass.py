@@ -722,9 +722,11 @@ class _TwoPass:
         online = cfg.online_ms if cfg.mode != "offline" else 10**9  # offline: no partial decodes
         # partials re-decode the whole open sentence (the VAD cuts it at max_sentence_s): the online pass sends
         # what consecutive partials agree on, which needs the same start every time
+        # no speculative closing decodes: the offline pass decodes each closed sentence itself (with timestamps,
+        # recorded for its 2pass-offline message), and mode offline has no partials at all
         sopts = StreamOptions(first_partial_ms=online, partial_interval_ms=online, max_new_tokens=max_new,
                               partial_max_new_tokens=min(200, max_new),
-                              partial_window_s=StreamOptions().max_sentence_s + 5.0)
+                              partial_window_s=StreamOptions().max_sentence_s + 5.0, speculate_silence_ms=0)
 
         def decoder(audio: np.ndarray, max_new_tokens: int, draft: list[int] | None = None,
                     partial: bool = False) -> tuple[str, list[int]] | None:
