@@ -120,6 +120,23 @@ def test_speculative_closing_decodes_give_the_same_sentences(session: fun_asr.Se
     # the first two close after 2 s of silence (the last one at close(), with no end silence)
     assert on.sentences_speculated >= 2 and len(closing["on"]) == 3 - on.sentences_speculated
     assert st.sentences_speculated == on.sentences_speculated
+    # options changed after the speculative decode (a server's HOTWORDS: mid-sentence): that decode is not the
+    # sentence's any more (the pause goes on, so it is speculated again with the new options)
+    import dataclasses
+
+    stream = session.stream(stream_options=OPTS, max_new_tokens=MAX_NEW)
+    changed = False
+    got = []
+    for i in range(0, conversation.size, 960):
+        got += stream.feed(conversation[i : i + 960])
+        if stream._spec is not None and not changed:
+            stream.opts, changed = dataclasses.replace(stream.opts, hotwords=("zebra",)), True
+    got += stream.close()
+    first = _sentences(got)[0]
+    cut = conversation[first[1] * 16 : first[2] * 16]
+    r = session.transcribe(cut, sample_rate=SR, max_new_tokens=MAX_NEW, vad=False, hotwords=["zebra"])
+    assert first[3] == tuple(t for seg in r.segments for t in seg.tokens)
+    assert first[3] != _sentences(events)[0][3]  # (the hotword changes this sentence: the check can fail)
 
 
 def test_stale_partials_are_skipped_when_audio_arrives_in_bulk(session: fun_asr.Session,

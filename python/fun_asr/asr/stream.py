@@ -188,8 +188,9 @@ class Stream:
         self.partials_decoded = 0  # partial decodes made
         self.partials_skipped = 0  # partial decodes a busy decoder skipped (the decoder's choice; see Decoder)
         self.sentences_speculated = 0  # closed sentences whose decode was the speculative partial's (no wait)
-        # the last speculative decode: (start_ms, end_ms, text, tokens) of the sentence it assumed
-        self._spec: tuple[int, int, str, list[int]] | None = None
+        # the last speculative decode: (start_ms, end_ms, options) of the sentence it assumed, its (text, tokens);
+        # options: the stream's TranscribeOptions then (a server that changes them mid-sentence replaces them)
+        self._spec: tuple[tuple[int, int, Any], tuple[str, list[int]]] | None = None
         self._partial_seen_for: int | None = None
         self._commit_mark = 0  # samples received when the last utterance was committed (client endpoints)
         self._committed: list[StreamEvent] = []  # the last commit's sentence (client endpoints)
@@ -369,8 +370,8 @@ class Stream:
         if end_ms <= start_ms or audio.size < self.sopts.min_sentence_ms * SAMPLE_RATE // 1000:
             return []
         spec, self._spec = self._spec, None
-        if spec is not None and spec[:2] == (start_ms, end_ms):  # decoded already, the same audio and limit
-            decoded: tuple[str, list[int]] | None = (spec[2], list(spec[3]))
+        if spec is not None and spec[0] == (start_ms, end_ms, self.opts):  # decoded already: same audio, options
+            decoded: tuple[str, list[int]] | None = (spec[1][0], list(spec[1][1]))
             self.sentences_speculated += 1
         else:
             decoded = self._decode(audio, self.sopts.max_new_tokens, draft, partial=False)
@@ -418,7 +419,7 @@ class Stream:
             return None
         end = self._vad.predicted_end(self.sopts.speculate_silence_ms)
         start_ms = max(0, int(self.speech_start))
-        if self._spec is not None and self._spec[:2] == (start_ms, end):
+        if self._spec is not None and self._spec[0] == (start_ms, end, self.opts):
             return []  # decoded already, and the pause goes on: its partial stands (no partial over silence)
         if end is None or end > self.duration_ms or end - start_ms > self.sopts.speculate_max_s * 1000:
             return None
@@ -431,7 +432,7 @@ class Stream:
             return []
         self.partials_decoded += 1
         text, tokens = decoded
-        self._spec = (start_ms, end, text, list(tokens))
+        self._spec = ((start_ms, end, self.opts), (text, list(tokens)))
         return self._partial_event(text, tokens, start_ms)
 
     def _partial(self) -> list[StreamEvent]:
