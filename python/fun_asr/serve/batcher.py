@@ -132,13 +132,9 @@ class Batcher:
                         finals_waiting = any(job is not None and job[3] != PARTIAL for job in self.jobs.queue)
                 try:
                     if finals_waiting:
-                        raise Interrupted("a closed sentence or file request waits")
-                    self._transcribe(batch, language, itn, hotwords, max_new, seconds, vad, words, vad_kwargs)
-                except Interrupted:
-                    for job in batch:
-                        job[2].set_result(None)
-                    self.partials_skipped += len(batch)
-                    self.partials_interrupted += len(batch)
+                        self._interrupted(batch)
+                    else:
+                        self._transcribe(batch, language, itn, hotwords, max_new, seconds, vad, words, vad_kwargs)
                 finally:
                     with self._state:
                         self._partial_running = False
@@ -155,8 +151,9 @@ class Batcher:
                 word_timestamps=words, warn=False,  # each route reports its results' warnings itself
                 drafts=[batch[0][1][2]] if len(batch) == 1 and batch[0][1][2] else None, **vad_kwargs)
         except Exception as exc:  # noqa: BLE001 - handed to every waiting request
-            if isinstance(exc, Interrupted) and batch[0][3] == PARTIAL:
-                raise  # partials given way to a final: _run answers them
+            if isinstance(exc, Interrupted) and batch[0][3] == PARTIAL:  # given way to a final: skipped
+                self._interrupted(batch)
+                return
             for job in batch:
                 job[2].set_exception(exc)
             return
@@ -165,6 +162,13 @@ class Batcher:
                 job[2].set_result(result)
             else:
                 job[2].set_exception(ValueError(result.error))
+
+
+    def _interrupted(self, batch: list) -> None:
+        for job in batch:
+            job[2].set_result(None)
+        self.partials_skipped += len(batch)
+        self.partials_interrupted += len(batch)
 
 
 def _take(jobs: list, most: int) -> tuple[list, list]:
