@@ -151,3 +151,21 @@ def test_speculative_closing_decodes_come_after_finals_and_before_partials() -> 
         assert rec.interrupted == [["p0"]]
     finally:
         b.close()
+
+
+def test_a_partial_interrupted_from_outside_is_skipped_and_the_worker_goes_on() -> None:
+    rec = _Recorder()
+    b = Batcher(rec, max_batch=4, max_new_tokens=5, interrupt_partials=False)  # type: ignore[arg-type]
+    try:
+        x = np.zeros(1600, np.float32)
+        p = b.submit(x, PARTIAL, "p", partial=True)
+        assert rec.started.wait(10)
+        f = b.submit(x, FINAL, "f")  # interrupt_partials off: the final does not interrupt
+        time.sleep(0.05)
+        assert not p.done()
+        assert rec.interrupt()  # someone else interrupts the session
+        assert p.result(10) is None and b.partials_interrupted == 1
+        rec.gate.set()
+        assert f.result(10).text == "f" and b.submit(x, FINAL, "g").result(10).text == "g"
+    finally:
+        b.close()
