@@ -456,7 +456,11 @@ def test_fused_bias_and_residual_tails_are_bitwise_the_plain_graph(package: str,
     def count(run: dict, kind: str) -> int:
         return int(sum(c for k, c in zip(run["kinds"], run["counts"], strict=True) if k == kind))
 
-    assert count(plain, "encode/RELU") > count(fused, "encode/RELU")  # the ReLUs went into the fused ops
+    if any(str(k).startswith("encode/GEMM_AMX/") for k in fused["kinds"]):
+        # the AMX GEMM adds the bias itself (kernels/amx): the ReLU after it stays a ggml node in both graphs
+        assert count(plain, "encode/RELU") == count(fused, "encode/RELU") > 0
+    else:
+        assert count(plain, "encode/RELU") > count(fused, "encode/RELU")  # the ReLUs went into the fused ops
     assert count(plain, "encode/ADD") > count(fused, "encode/ADD")
     assert count(plain, "encode/MUL") > count(fused, "encode/MUL")  # the LayerNorms' scale and shift
     for i in range(len(lengths)):

@@ -39,8 +39,9 @@ def test_bench_stream_smoke(tiny_gguf, tmp_path: Path) -> None:  # noqa: ANN001
                         "--threads", "1", "--out", str(out)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     table = out.read_text()
-    assert "| tiny-q8_0.gguf | 2 | on |" in table and "| close p95 | final p50 | final p95 |" in table
-    assert "| decodes with a draft | draft tokens kept | partials decoded / skipped |" in table
+    assert "| tiny-q8_0.gguf | 2 | on | on | on |" in table  # drafts, interrupt, speculate
+    assert "| close p95 | close (real time) p50 | p95 | final p50 | final p95 |" in table
+    assert "| decodes with a draft | draft tokens kept | partials decoded / skipped (interrupted) |" in table
 
 
 def test_bench_vad_smoke(tmp_path: Path) -> None:
