@@ -643,6 +643,7 @@ class Session:
         """The system prompt + instruction's K/V, computed once and reused by every segment's prefill
         (under the lock: another transcription may have set its own since)."""
         if self.prefix_cache and tuple(before) != self._prefix_ids:
+            self._prefix_ids = ()  # until set: an interrupted set_prefix leaves none
             self.model.set_prefix(prefix)
             self._prefix_ids = tuple(before)
         elif not self.prefix_cache and self._prefix_ids:
