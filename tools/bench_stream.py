@@ -3,6 +3,7 @@
 
     python tools/bench_stream.py --model full-q4_k_m.gguf --vad-model fsmn-vad.gguf [--threads 2]
                                  [--streams 1,2,4,8] [--seconds 40] [--out docs/stream_benchmarks.md]
+                                 [--drafts on,off] [--interrupt on,off] [--speculate on,off]
 
 Each stream feeds the same kind of audio (the example clips with 2.6-3 s pauses) in 60 ms chunks paced
 at real time, all streams at once, through one Session whose decoding is shared by the server's batcher
