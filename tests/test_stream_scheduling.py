@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
 from types import SimpleNamespace
 
 import numpy as np
 
 from fun_asr import Interrupted
+from fun_asr.asr.interrupts import RunningCalls
 from fun_asr.serve.batcher import Batcher
 
 FINAL = (None, True, (), 5, 30.0, False, False)
@@ -31,27 +30,10 @@ class _Recorder:
         self.interrupted: list[list[str]] = []
         self.gate = threading.Event()
         self.started = threading.Event()
-        self.calls = 0
         self.flag = threading.Event()
-        self.lock = threading.Lock()
-
-    @contextmanager
-    def interruptible(self) -> Iterator[None]:
-        with self.lock:
-            self.calls += 1
-        try:
-            yield
-        finally:
-            with self.lock:
-                self.calls -= 1
-                if self.calls == 0:
-                    self.flag.clear()
-
-    def interrupt(self) -> bool:
-        with self.lock:
-            if self.calls:
-                self.flag.set()
-            return self.calls > 0
+        self.calls = RunningCalls(self.flag.set, self.flag.clear)  # as Session's, on an Event
+        self.interruptible = self.calls.running
+        self.interrupt = self.calls.interrupt
 
     def transcribe_batch(self, audios: list, names: list[str], **_: object) -> list:  # noqa: ANN401
         with self.interruptible():

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import numpy as np
 from fun_asr import _core
 from fun_asr.asr.assemble import assemble
 from fun_asr.asr.cutting import _Cutter, _Item, _source_name
+from fun_asr.asr.interrupts import RunningCalls
 from fun_asr.asr.language import guess_language, language_notice, language_prompt_name, normalize_language
 from fun_asr.asr.options import TranscribeOptions, check_hotwords, check_lengths, check_vad_options
 from fun_asr.asr.progress import _bar, _NoBar
@@ -138,8 +139,7 @@ class Session:
         self.vocab_size = int(info["decoder"]["vocab"])
         self.limits = limits or Limits()
         self._lock = threading.Lock()
-        self._calls = 0  # transcriptions running (interrupt())
-        self._calls_lock = threading.Lock()
+        self._calls = RunningCalls(self.model.interrupt, self.model.clear_interrupt)  # for interrupt()
         self.prefix_cache = True  # reuse the prompt prefix's K/V across segments (token for token the same)
         self._prefix_ids: tuple[int, ...] = ()
         from fun_asr.asr.ctc import CtcAligner
@@ -490,10 +490,7 @@ class Session:
         the interrupted ones have ended stop too; once none runs, later calls run normally. Returns whether
         a transcription was running (with none, nothing happens: the next call is not affected). The VAD's and
         the speaker model's passes are not interrupted (they run between the model's, briefly)."""
-        with self._calls_lock:
-            if self._calls:
-                self.model.interrupt()
-            return self._calls > 0
+        return self._calls.interrupt()
 
     def _run(self, audios: list[AudioInput], sample_rate: int | None, opts: TranscribeOptions, batch_size: int,
              progress: bool, raise_errors: bool, names: list[str] | None = None,
@@ -505,21 +502,12 @@ class Session:
         with self.interruptible():
             return self._run_all(audios, sample_rate, opts, batch_size, progress, raise_errors, names, warn, drafts)
 
-    @contextmanager
-    def interruptible(self) -> Iterator[None]:
+    def interruptible(self) -> AbstractContextManager[None]:
         """A block that counts as one running transcription for :meth:`interrupt` (every transcription is one):
         an interrupt while it is open, also between the calls it makes, stops them (the calls raise
         :class:`fun_asr.Interrupted`) until it ends — for a caller that decides to run a transcription and
         must not lose an interrupt that comes before the call starts."""
-        with self._calls_lock:
-            self._calls += 1
-        try:
-            yield
-        finally:
-            with self._calls_lock:
-                self._calls -= 1
-                if self._calls == 0:
-                    self.model.clear_interrupt()
+        return self._calls.running()
 
     def _run_all(self, audios: list[AudioInput], sample_rate: int | None, opts: TranscribeOptions,
                  batch_size: int, progress: bool, raise_errors: bool, names: list[str] | None,

@@ -163,7 +163,6 @@ class Batcher:
             else:
                 job[2].set_exception(ValueError(result.error))
 
-
     def _interrupted(self, batch: list) -> None:
         for job in batch:
             job[2].set_result(None)
