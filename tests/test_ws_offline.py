@@ -625,7 +625,8 @@ def test_client_endpoint_server_sends_the_automatic_commit(session: fun_asr.Sess
     result then (with a notice); STOP's final holds the rest."""
     import types
 
-    def submit(audio: np.ndarray, opts: tuple, kind: str, draft: object = None, partial: bool = False) -> object:
+    def submit(audio: np.ndarray, opts: tuple, kind: str, draft: object = None, partial: bool = False,
+               speculative: bool = False) -> object:
         res = types.SimpleNamespace(text=f"{audio.size / SR:g}s", segments=[])
         return types.SimpleNamespace(result=lambda: res)
 

@@ -450,7 +450,7 @@ class _Connection:
                  partial: bool = False, speculative: bool = False) -> tuple[str, list[int]] | None:
         seconds = min(self.session.max_segment_seconds, max(30.0, audio.size / SAMPLE_RATE + 1.0))
         result = self.submit(audio, (self.language, True, tuple(self.hotwords), max_new, seconds, False, False),
-                             "stream", draft, partial, **({"speculative": True} if speculative else {})).result()
+                             "stream", draft, partial, speculative).result()
         if result is None:  # a partial the batcher skipped (busy with closed sentences): the stream asks again
             return None
         return result.text, [t for s in result.segments for t in s.tokens]
