@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 
+import fun_asr
 from fun_asr import _core
 
 needs_kernel = pytest.mark.skipif(_core.matvec_isa() == "", reason="no x86 AVX2 CPU: the kernel is not used here")
@@ -505,3 +506,22 @@ def test_encoder_attention_equals_flash_attention_to_rounding(wide_gguf, tmp_pat
     for T, (a, b) in zip(lengths, pairs, strict=True):
         assert T == "1" or not np.array_equal(a, b)  # really another path
 
+
+
+@needs_kernel
+@pytest.mark.parametrize("package", ["q8_0", "q4_k_m"])
+def test_prefill_output_projection_takes_the_decode_step_path(package: str, wide_gguf) -> None:  # noqa: ANN001
+    """A prefill needs the logits of each sequence's last position only: the (vocabulary-sized) output
+    projection of those few columns runs as a decode step (mat-vec kernels, at read bandwidth), not through
+    the many-column GEMMs the prefill's other products take; alone and in a batch alike."""
+    m = fun_asr.load_model(wide_gguf(package), threads=2)
+    rng = np.random.default_rng(0)
+    prompts = [np.ascontiguousarray(m.embed(rng.integers(0, 1000, n).tolist())) for n in (40, 33)]
+    m.profiling = True
+    for batch in ([prompts[0]], prompts):
+        m.reset_profile()
+        m.generate_batch(batch, 1, [])
+        keys = [k for k in m.profile() if k.startswith("prefill/")]
+        out = [k for k in keys if k.endswith(("/token_embd", "/output"))]
+        assert out and all(k.startswith("prefill/MATVEC/") for k in out), keys
+        assert any(k.startswith(("prefill/GEMM_", "prefill/MUL_MAT/")) for k in keys), keys  # the others do not

@@ -113,20 +113,37 @@ bool request_amx() {
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,amx-tile,amx-int8")
 #endif
 
+// One block's 16 x 16 int32 products into cbuf: tiles C, A (16 weight rows x one block of quants,
+// read in place with the row stride) and B (the prepared activation tile). A macro: the tile
+// intrinsics take the register numbers as literal text.
+#define FUN_ASR_AMX_BLOCK(C, A, B, a, rb, b, cbuf) \
+    do {                                            \
+        _tile_zero(C);                              \
+        _tile_loadd(A, (a), static_cast<long>(rb)); \
+        _tile_loadd(B, (b), 64);                    \
+        _tile_dpbssd(C, A, B);                      \
+        _tile_stored(C, (cbuf), 64);                \
+    } while (0)
+
 // Rows [t0 * 16, t1 * 16) of W (Q8_0, rb bytes per row) times every prepared column -> y.
 // dw: scratch for 16 x nb floats (allocated by the caller: no std:: containers in this region).
+// Software-pipelined: the tile unit computes block b + 1 (tiles 3-5) while the vector unit scales
+// block b's integers (tiles 0-2 wrote them), so neither waits for the other's latency; the float
+// steps per element are the same as one block at a time (blocks in order).
 static void amx_rows(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const uint8_t * prepared, int64_t m,
                      int64_t nb, const float * bias, float * dw, float * y, int64_t ys) {
     TileConfig cfg;
     std::memset(&cfg, 0, sizeof cfg);
     cfg.palette_id = 1;
-    cfg.rows[0] = kTile; cfg.colsb[0] = 64;  // C: 16 x 16 int32
-    cfg.rows[1] = kTile; cfg.colsb[1] = 32;  // A: 16 rows x one block of quants
-    cfg.rows[2] = 8;     cfg.colsb[2] = 64;  // B: 32 k x 16 columns, 4 k per int32
+    for (int s = 0; s < 2; ++s) {
+        cfg.rows[3 * s + 0] = kTile; cfg.colsb[3 * s + 0] = 64;  // C: 16 x 16 int32
+        cfg.rows[3 * s + 1] = kTile; cfg.colsb[3 * s + 1] = 32;  // A: 16 rows x one block of quants
+        cfg.rows[3 * s + 2] = 8;     cfg.colsb[3 * s + 2] = 64;  // B: 32 k x 16 columns, 4 k per int32
+    }
     _tile_loadconfig(&cfg);
     const int64_t mp = (m + kTile - 1) / kTile * kTile, nct = mp / kTile;
     const float * pdx = reinterpret_cast<const float *>(prepared + static_cast<size_t>(nct * nb) * kBTileBytes);
-    alignas(64) int32_t cbuf[kTile * kTile];
+    alignas(64) int32_t cbuf[2][kTile * kTile];
     alignas(64) float out[kTile][kTile];
     for (int64_t t = t0; t < t1; ++t) {
         const uint8_t * wt = w + static_cast<size_t>(t * kTile) * rb;
@@ -138,18 +155,25 @@ static void amx_rows(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const
             }
         }
         for (int64_t ct = 0; ct < nct; ++ct) {
+            const uint8_t * bt = prepared + static_cast<size_t>(ct * nb) * kBTileBytes;
             __m512 acc[kTile];
             for (int i = 0; i < kTile; ++i) acc[i] = _mm512_setzero_ps();
+            FUN_ASR_AMX_BLOCK(0, 1, 2, wt + 2, rb, bt, cbuf[0]);
             for (int64_t b = 0; b < nb; ++b) {
-                _tile_zero(0);
-                _tile_loadd(1, wt + static_cast<size_t>(b) * kBlockBytes + 2, static_cast<long>(rb));
-                _tile_loadd(2, prepared + static_cast<size_t>(ct * nb + b) * kBTileBytes, 64);
-                _tile_dpbssd(0, 1, 2);
-                _tile_stored(0, cbuf, 64);
+                if (b + 1 < nb) {
+                    const uint8_t * a = wt + static_cast<size_t>(b + 1) * kBlockBytes + 2;
+                    const uint8_t * bb = bt + static_cast<size_t>(b + 1) * kBTileBytes;
+                    if ((b + 1) & 1) {
+                        FUN_ASR_AMX_BLOCK(3, 4, 5, a, rb, bb, cbuf[1]);
+                    } else {
+                        FUN_ASR_AMX_BLOCK(0, 1, 2, a, rb, bb, cbuf[0]);
+                    }
+                }
+                const int32_t * cb = cbuf[b & 1];
                 const __m512 dxv = _mm512_loadu_ps(pdx + b * mp + ct * kTile);
                 for (int i = 0; i < kTile; ++i) {
                     const __m512 s = _mm512_mul_ps(_mm512_set1_ps(dw[i * nb + b]), dxv);
-                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + i * kTile)), s, acc[i]);
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb + i * kTile)), s, acc[i]);
                 }
             }
             for (int i = 0; i < kTile; ++i) {
@@ -165,6 +189,7 @@ static void amx_rows(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const
     }
     _tile_release();
 }
+#undef FUN_ASR_AMX_BLOCK
 
 #if defined(__clang__)
 #pragma clang attribute pop
