@@ -151,3 +151,35 @@ def test_a_partial_interrupted_from_outside_is_skipped_and_the_worker_goes_on() 
         assert f.result(10).text == "f" and b.submit(x, FINAL, "g").result(10).text == "g"
     finally:
         b.close()
+
+
+def test_close_answers_what_waits_even_beside_cancelled_requests() -> None:
+    """Shutting down answers every waiting request RuntimeError, also when a waiter already cancelled its own
+    (setting a cancelled future's exception raises: the requests after it went unanswered), and a request
+    after close() is refused at once instead of waiting forever."""
+    rec = _Recorder()
+    b = Batcher(rec, max_batch=4, max_new_tokens=5, partial_batch=2)  # type: ignore[arg-type]
+    b.interrupt_partials = False  # the finals below wait for the running call instead of interrupting it
+    x = np.zeros(1600, np.float32)
+    busy = b.submit(x, FINAL, "busy")
+    assert rec.started.wait(10)
+    gone = b.submit(x, PARTIAL, "gone", partial=True)
+    left = b.submit(x, PARTIAL, "left", partial=True)
+    final = b.submit(x, FINAL, "final")
+    assert gone.cancel()
+    closing = threading.Thread(target=b.close)
+    closing.start()
+    time.sleep(0.1)
+    rec.gate.set()
+    closing.join(20)
+    assert not closing.is_alive() and not b.thread.is_alive()
+    assert busy.result(1).text == "busy" and final.result(1).text == "final"  # the batch it was on, and one more
+    assert isinstance(left.exception(1), RuntimeError) and "shutting down" in str(left.exception())
+    assert gone.cancelled()
+    try:
+        b.submit(x, FINAL, "late")
+    except RuntimeError as exc:
+        assert "shutting down" in str(exc)
+    else:
+        raise AssertionError("a request after close() was accepted")
+    b.close()  # twice is harmless

@@ -50,6 +50,7 @@ class Batcher:
         self.interrupt_partials = interrupt_partials  # False: a final waits for the running partials (measuring)
         self._state = threading.Lock()
         self._partial_running = False
+        self._closed = False
         # (options, (samples, name, draft), future, kind (FINAL, SPECULATIVE or PARTIAL), time queued)
         self.jobs: queue.Queue[tuple[tuple, tuple[np.ndarray, str, list[int] | None], Future, str, float]
                                | None] = queue.Queue()
@@ -62,7 +63,10 @@ class Batcher:
         ``speculative``."""
         fut: Future = Future()
         kind = SPECULATIVE if speculative else PARTIAL if partial else FINAL
-        self.jobs.put((options, (samples, name, list(draft) if draft else None), fut, kind, time.monotonic()))
+        with self._state:  # never behind close()'s end mark, where nothing would answer it
+            if self._closed:
+                raise RuntimeError("server is shutting down: the decoder takes no more requests")
+            self.jobs.put((options, (samples, name, list(draft) if draft else None), fut, kind, time.monotonic()))
         if kind != PARTIAL and self.interrupt_partials:
             with self._state:  # a partial batch that runs now gives way (see the class)
                 if self._partial_running:
@@ -70,7 +74,12 @@ class Batcher:
         return fut
 
     def close(self) -> None:
-        self.jobs.put(None)
+        """Decodes the batch it is on (and one more if waiting), answers every other request RuntimeError, stops."""
+        with self._state:
+            if self._closed:
+                return
+            self._closed = True
+            self.jobs.put(None)
         self.thread.join(timeout=60)
 
     def _work(self) -> None:
@@ -112,7 +121,8 @@ class Batcher:
                 self._run(batch)
             if stop:
                 for job in finals + speculative + partials:
-                    job[2].set_exception(RuntimeError("server is shutting down"))
+                    if job[2].set_running_or_notify_cancel():  # (a waiter that gave up cancelled its own)
+                        job[2].set_exception(RuntimeError("server is shutting down"))
                 return
 
     def _run(self, batch: list) -> None:
