@@ -63,14 +63,12 @@ class Batcher:
         ``speculative``."""
         fut: Future = Future()
         kind = SPECULATIVE if speculative else PARTIAL if partial else FINAL
-        with self._state:  # never behind close()'s end mark, where nothing would answer it
-            if self._closed:
+        with self._state:
+            if self._closed:  # never behind close()'s end mark, where nothing would answer it
                 raise RuntimeError("server is shutting down: the decoder takes no more requests")
             self.jobs.put((options, (samples, name, list(draft) if draft else None), fut, kind, time.monotonic()))
-        if kind != PARTIAL and self.interrupt_partials:
-            with self._state:  # a partial batch that runs now gives way (see the class)
-                if self._partial_running:
-                    self.session.interrupt()
+            if kind != PARTIAL and self.interrupt_partials and self._partial_running:
+                self.session.interrupt()  # a partial batch that runs now gives way (see the class)
         return fut
 
     def close(self) -> None:
