@@ -457,8 +457,10 @@ def test_fused_bias_and_residual_tails_are_bitwise_the_plain_graph(package: str,
     def count(run: dict, kind: str) -> int:
         return int(sum(c for k, c in zip(run["kinds"], run["counts"], strict=True) if k == kind))
 
-    if any(str(k).startswith("encode/GEMM_AMX/") for k in fused["kinds"]):
+    amx = any(str(k).startswith("encode/GEMM_AMX/") for k in fused["kinds"])
+    if amx and not any(str(k).startswith("encode/GEMM_INT8/") for k in fused["kinds"]):
         # the AMX GEMM adds the bias itself (kernels/amx): the ReLU after it stays a ggml node in both graphs
+        # (with some products on the int8 GEMM - Q4_K_M's short inputs and Q6_K layers - those ReLUs are fused)
         assert count(plain, "encode/RELU") == count(fused, "encode/RELU") > 0
     else:
         assert count(plain, "encode/RELU") > count(fused, "encode/RELU")  # the ReLUs went into the fused ops
@@ -525,3 +527,56 @@ def test_prefill_output_projection_takes_the_decode_step_path(package: str, wide
         out = [k for k in keys if k.endswith(("/token_embd", "/output"))]
         assert out and all(k.startswith("prefill/MATVEC/") for k in out), keys
         assert any(k.startswith(("prefill/GEMM_", "prefill/MUL_MAT/")) for k in keys), keys  # the others do not
+
+
+_Q4K_ENCODER_BITS = (
+    "import sys, numpy as np; from fun_asr import _core\n"
+    "rng = np.random.default_rng(11); out = {'amx': _core.amx_available()}\n"
+    "for i, (n, k, m) in enumerate([(64, 1024, 37), (32, 512, 167), (16, 256, 1), (48, 768, 17)]):\n"
+    "    w = rng.standard_normal((n, k)).astype(np.float32)\n"
+    "    x = rng.standard_normal((m, k)).astype(np.float32)\n"
+    "    x[0, :64] = 0.0\n"
+    "    for t in (1, 2, 3):\n"
+    "        out[f'{i}-{t}'] = _core.eval_matmul('q4_k', w, x, threads=t, path='encoder')\n"
+    "np.savez(sys.argv[1], **out)\n"
+)
+
+
+@needs_amx
+@needs_int8_gemm
+def test_amx_q4_k_encoder_gemm_gives_the_int8_gemms_bits(tmp_path) -> None:  # noqa: ANN001
+    """The encoder's Q4_K products on AMX (quants 0..15 x int8 activations, tdpbusd) compute each element as the
+    int8 GEMM does (the same integer dot per block, the same float steps in the same order: d * scale, the
+    offset dmin * min times d_x * the quant sum), so a Q4_K_M encoder gives the same bits with AMX on or off
+    (FUN_ASR_AMX=0), for 1 to 3 threads, 16-row tiles 1 to 4, column tails and a zero block."""
+    runs = {}
+    for amx in ("1", "0"):
+        path = tmp_path / f"amx{amx}.npz"
+        env = {**os.environ, "FUN_ASR_AMX": amx}
+        out = subprocess.run([sys.executable, "-c", _Q4K_ENCODER_BITS, str(path)], env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        runs[amx] = dict(np.load(path))
+    assert bool(runs["1"]["amx"]) and not bool(runs["0"]["amx"])
+    keys = [k for k in runs["1"] if k != "amx"]
+    assert len(keys) == 12
+    for key in keys:
+        np.testing.assert_array_equal(runs["1"][key], runs["0"][key], err_msg=key)
+
+
+@needs_amx
+def test_q4_k_m_encoder_takes_amx_for_q4_k_and_the_int8_gemm_for_q6_k(wide_gguf) -> None:  # noqa: ANN001
+    """The routing: a Q4_K_M encoder's Q4_K products show as GEMM_AMX, its Q6_K ones (part of attn_v and
+    ffn_down) as GEMM_INT8; the decoder's Q4_K prefill products keep ggml's path (an unpack per product does not
+    pay over a prefill's few positions)."""
+    m = fun_asr.load_model(wide_gguf("q4_k_m"), threads=2)
+    m.profiling = True
+    m.encode(np.random.default_rng(0).standard_normal((120, m.info()["encoder"]["input_size"])).astype(np.float32))
+    keys = [k for k in m.profile() if k.startswith("encode/")]
+    assert any(k.startswith("encode/GEMM_AMX/enc.ffn_up") for k in keys), keys
+    assert any(k.startswith("encode/GEMM_INT8/enc.ffn_down") for k in keys), keys  # its Q6_K layers
+    assert not any(k.startswith("encode/GEMM_INT8/enc.ffn_up") for k in keys), keys  # all Q4_K
+    m.reset_profile()
+    prompt = np.ascontiguousarray(m.embed(np.random.default_rng(1).integers(0, 1000, 40).tolist()))
+    m.generate_batch([prompt], 1, [])
+    assert not any(k.startswith("prefill/GEMM_AMX/") and "ffn" in k for k in m.profile()), sorted(m.profile())

@@ -8,6 +8,8 @@
 
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
+#include "kernels/matvec.h"
+#include "kernels/q4_k_x8_layout.h"
 
 #if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
 #define FUN_ASR_AMX_BUILD 1
@@ -28,14 +30,15 @@ constexpr size_t kBTileBytes = 512;  // one block (32 k) x 16 columns, VNNI layo
 
 // The activation, prepared once per product by its own graph node (threads split the columns):
 // [column tile][block] 512-byte B tiles (32 k x 16 columns; int32 (r, j) = quants 4r..4r+3 of
-// column j), then [block][padded column] float scales (0 for padding columns).
+// column j), then [block][padded column] float scales d_x, then [block][padded column] d_x * (sum of
+// the block's quants) for Q4_K's offsets (0 for padding columns), as the int8 GEMM computes them.
 struct Layout {
     int64_t nb, mp, nct;
-    size_t b_bytes, bytes;
+    size_t b_bytes, d_bytes, bytes;
     Layout(int64_t k, int64_t m)
         : nb(k / kBlock), mp((m + kTile - 1) / kTile * kTile), nct(mp / kTile),
-          b_bytes(static_cast<size_t>(nct * nb) * kBTileBytes),
-          bytes(b_bytes + static_cast<size_t>(nb * mp) * sizeof(float)) {}
+          b_bytes(static_cast<size_t>(nct * nb) * kBTileBytes), d_bytes(static_cast<size_t>(nb * mp) * sizeof(float)),
+          bytes(b_bytes + 2 * d_bytes) {}
 };
 
 void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
@@ -44,6 +47,7 @@ void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const Layout L(k, m);
     uint8_t * base = static_cast<uint8_t *>(dst->data);
     float * dx = reinterpret_cast<float *>(base + L.b_bytes);
+    float * sx = reinterpret_cast<float *>(base + L.b_bytes + L.d_bytes);
     const int64_t xs = static_cast<int64_t>(x->nb[1] / sizeof(float));
     const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
     thread_local std::vector<uint8_t> q;
@@ -57,12 +61,15 @@ void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
         for (int64_t b = 0; b < L.nb; ++b) {
             const uint8_t * blk = q.data() + static_cast<size_t>(b) * kBlockBytes;
             float d = 0.0f;
+            int32_t sum = 0;
             if (c < m) {
                 uint16_t h;
                 std::memcpy(&h, blk, sizeof h);
                 d = ggml_fp16_to_fp32(h);
+                for (int i = 0; i < kBlock; ++i) sum += static_cast<int8_t>(blk[2 + i]);
             }
             dx[b * L.mp + c] = d;
+            sx[b * L.mp + c] = d * static_cast<float>(sum);
             uint8_t * t = base + static_cast<size_t>(ct * L.nb + b) * kBTileBytes;
             for (int r = 0; r < kBlock / 4; ++r) {
                 uint32_t v = 0;
@@ -113,25 +120,79 @@ bool request_amx() {
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,amx-tile,amx-int8")
 #endif
 
-// One block's 16 x 16 int32 products into cbuf: tiles C, A (16 weight rows x one block of quants,
-// read in place with the row stride) and B (the prepared activation tile). A macro: the tile
-// intrinsics take the register numbers as literal text.
-#define FUN_ASR_AMX_BLOCK(C, A, B, a, rb, b, cbuf) \
-    do {                                            \
-        _tile_zero(C);                              \
-        _tile_loadd(A, (a), static_cast<long>(rb)); \
-        _tile_loadd(B, (b), 64);                    \
-        _tile_dpbssd(C, A, B);                      \
-        _tile_stored(C, (cbuf), 64);                \
+// One block's 16 x 16 int32 products into cbuf: tiles C, A (16 weight rows x one block of quants, with
+// the row stride as) and B (the prepared activation tile); DOT is dpbssd (Q8_0: int8 x int8) or
+// dpbusd (Q4_K: quants 0..15 as uint8 x int8). A macro: the tile intrinsics take the register numbers
+// as literal text.
+#define FUN_ASR_AMX_BLOCK(DOT, C, A, B, a, as, b, cbuf) \
+    do {                                                 \
+        _tile_zero(C);                                   \
+        _tile_loadd(A, (a), static_cast<long>(as));      \
+        _tile_loadd(B, (b), 64);                         \
+        _tile_##DOT(C, A, B);                            \
+        _tile_stored(C, (cbuf), 64);                     \
     } while (0)
 
-// Rows [t0 * 16, t1 * 16) of W (Q8_0, rb bytes per row) times every prepared column -> y.
-// dw: scratch for 16 x nb floats (allocated by the caller: no std:: containers in this region).
-// Software-pipelined: the tile unit computes block b + 1 (tiles 3-5) while the vector unit scales
-// block b's integers (tiles 0-2 wrote them), so neither waits for the other's latency; the float
-// steps per element are the same as one block at a time (blocks in order).
-static void amx_rows(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const uint8_t * prepared, int64_t m,
-                     int64_t nb, const float * bias, float * dw, float * y, int64_t ys) {
+// 16 weight rows (one row tile) times every prepared column -> y (rows r0..r0+15 of each column).
+// a: the rows' quants (block b of row i at a + i * as + b * ab); dw / wo: [row][block] scale and
+// (Q4_K) offset as floats. Per element, as the int8 GEMM (kernels/gemm_avx2.h) computes it:
+// acc += float(dot) * (d_w * d_x), then for Q4_K acc -= offset * (d_x * sum of the quants), blocks in
+// order, + bias last. Software-pipelined: the tile unit computes block b + 1 (tiles 3-5) while the
+// vector unit scales block b's integers (tiles 0-2 wrote them), so neither waits for the other.
+template <bool kQ4K>
+static inline void amx_row_tile(const uint8_t * a, size_t as, size_t ab, const float * dw, const float * wo,
+                                const uint8_t * prepared, int64_t m, int64_t nb, const float * bias, float * y,
+                                int64_t ys, int64_t r0) {
+    const int64_t mp = (m + kTile - 1) / kTile * kTile, nct = mp / kTile;
+    const float * pdx = reinterpret_cast<const float *>(prepared + static_cast<size_t>(nct * nb) * kBTileBytes);
+    const float * psx = pdx + nb * mp;
+    alignas(64) int32_t cbuf[2][kTile * kTile];
+    alignas(64) float out[kTile][kTile];
+    for (int64_t ct = 0; ct < nct; ++ct) {
+        const uint8_t * bt = prepared + static_cast<size_t>(ct * nb) * kBTileBytes;
+        __m512 acc[kTile];
+        for (int i = 0; i < kTile; ++i) acc[i] = _mm512_setzero_ps();
+        if constexpr (kQ4K) {
+            FUN_ASR_AMX_BLOCK(dpbusd, 0, 1, 2, a, as, bt, cbuf[0]);
+        } else {
+            FUN_ASR_AMX_BLOCK(dpbssd, 0, 1, 2, a, as, bt, cbuf[0]);
+        }
+        for (int64_t b = 0; b < nb; ++b) {
+            if (b + 1 < nb) {
+                const uint8_t * an = a + static_cast<size_t>(b + 1) * ab;
+                const uint8_t * bn = bt + static_cast<size_t>(b + 1) * kBTileBytes;
+                if constexpr (kQ4K) {
+                    if ((b + 1) & 1) FUN_ASR_AMX_BLOCK(dpbusd, 3, 4, 5, an, as, bn, cbuf[1]);
+                    else FUN_ASR_AMX_BLOCK(dpbusd, 0, 1, 2, an, as, bn, cbuf[0]);
+                } else {
+                    if ((b + 1) & 1) FUN_ASR_AMX_BLOCK(dpbssd, 3, 4, 5, an, as, bn, cbuf[1]);
+                    else FUN_ASR_AMX_BLOCK(dpbssd, 0, 1, 2, an, as, bn, cbuf[0]);
+                }
+            }
+            const int32_t * cb = cbuf[b & 1];
+            const __m512 dxv = _mm512_loadu_ps(pdx + b * mp + ct * kTile);
+            for (int i = 0; i < kTile; ++i) {
+                const __m512 s = _mm512_mul_ps(_mm512_set1_ps(dw[i * nb + b]), dxv);
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb + i * kTile)), s, acc[i]);
+            }
+            if constexpr (kQ4K) {
+                const __m512 sxv = _mm512_loadu_ps(psx + b * mp + ct * kTile);
+                for (int i = 0; i < kTile; ++i) acc[i] = _mm512_fnmadd_ps(_mm512_set1_ps(wo[i * nb + b]), sxv, acc[i]);
+            }
+        }
+        for (int i = 0; i < kTile; ++i) {
+            // + bias as its own rounding step, the same float add as a separate ggml_add
+            _mm512_store_ps(out[i], bias ? _mm512_add_ps(acc[i], _mm512_set1_ps(bias[r0 + i])) : acc[i]);
+        }
+        const int64_t cols = m - ct * kTile < kTile ? m - ct * kTile : kTile;
+        for (int64_t j = 0; j < cols; ++j) {
+            float * dst = y + (ct * kTile + j) * ys + r0;
+            for (int i = 0; i < kTile; ++i) dst[i] = out[i][j];
+        }
+    }
+}
+
+static void configure_tiles() {
     TileConfig cfg;
     std::memset(&cfg, 0, sizeof cfg);
     cfg.palette_id = 1;
@@ -141,10 +202,13 @@ static void amx_rows(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const
         cfg.rows[3 * s + 2] = 8;     cfg.colsb[3 * s + 2] = 64;  // B: 32 k x 16 columns, 4 k per int32
     }
     _tile_loadconfig(&cfg);
-    const int64_t mp = (m + kTile - 1) / kTile * kTile, nct = mp / kTile;
-    const float * pdx = reinterpret_cast<const float *>(prepared + static_cast<size_t>(nct * nb) * kBTileBytes);
-    alignas(64) int32_t cbuf[2][kTile * kTile];
-    alignas(64) float out[kTile][kTile];
+}
+
+// Rows [t0 * 16, t1 * 16) of W (Q8_0, rb bytes per row, read in place) times every prepared column -> y.
+// dw: scratch for 16 x nb floats (allocated by the caller: no std:: containers in this region).
+static void amx_rows_q8_0(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const uint8_t * prepared, int64_t m,
+                          int64_t nb, const float * bias, float * dw, float * y, int64_t ys) {
+    configure_tiles();
     for (int64_t t = t0; t < t1; ++t) {
         const uint8_t * wt = w + static_cast<size_t>(t * kTile) * rb;
         for (int i = 0; i < kTile; ++i) {
@@ -154,38 +218,50 @@ static void amx_rows(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const
                 dw[i * nb + b] = _cvtsh_ss(h);
             }
         }
-        for (int64_t ct = 0; ct < nct; ++ct) {
-            const uint8_t * bt = prepared + static_cast<size_t>(ct * nb) * kBTileBytes;
-            __m512 acc[kTile];
-            for (int i = 0; i < kTile; ++i) acc[i] = _mm512_setzero_ps();
-            FUN_ASR_AMX_BLOCK(0, 1, 2, wt + 2, rb, bt, cbuf[0]);
-            for (int64_t b = 0; b < nb; ++b) {
-                if (b + 1 < nb) {
-                    const uint8_t * a = wt + static_cast<size_t>(b + 1) * kBlockBytes + 2;
-                    const uint8_t * bb = bt + static_cast<size_t>(b + 1) * kBTileBytes;
-                    if ((b + 1) & 1) {
-                        FUN_ASR_AMX_BLOCK(3, 4, 5, a, rb, bb, cbuf[1]);
-                    } else {
-                        FUN_ASR_AMX_BLOCK(0, 1, 2, a, rb, bb, cbuf[0]);
+        amx_row_tile<false>(wt + 2, rb, kBlockBytes, dw, nullptr, prepared, m, nb, bias, y, ys, t * kTile);
+    }
+    _tile_release();
+}
+
+// Rows [t0 * 16, t1 * 16) of W (Q4_K in ggml's repacked 8-row layout, kernels/q4_k_x8_layout.h: row
+// tile t = groups 2t, 2t + 1) times every prepared column -> y. Each row tile is unpacked once into
+// the scratch (q: 16 rows x k quants 0..15; dw / wo: 16 x nb floats d * scale, dmin * min, the float
+// products of ggml's dequantization and of the int8 GEMM) and then multiplied by every column tile.
+static void amx_rows_q4_k(const uint8_t * w, int64_t t0, int64_t t1, const uint8_t * prepared, int64_t m, int64_t nb,
+                          const float * bias, uint8_t * q, float * dw, float * wo, float * y, int64_t ys) {
+    configure_tiles();
+    const int64_t nsb = nb / 8, k = nb * kBlock;
+    for (int64_t t = t0; t < t1; ++t) {
+        for (int gi = 0; gi < 2; ++gi) {
+            const uint8_t * grp = w + static_cast<size_t>((2 * t + gi) * nsb) * kQ4KX8Bytes;
+            for (int64_t sb = 0; sb < nsb; ++sb) {
+                const uint8_t * blk = grp + static_cast<size_t>(sb) * kQ4KX8Bytes;
+                alignas(16) uint8_t sc[8][8], mn[8][8];
+                q4_k_x8_scales(blk, sc, mn);
+                for (int r = 0; r < 8; ++r) {
+                    const int64_t row = 8 * gi + r;
+                    uint16_t hd, hm;
+                    std::memcpy(&hd, blk + 2 * r, sizeof hd);
+                    std::memcpy(&hm, blk + 16 + 2 * r, sizeof hm);
+                    const float d = _cvtsh_ss(hd), dmin = _cvtsh_ss(hm);
+                    for (int sub = 0; sub < 8; ++sub) {
+                        dw[row * nb + sb * 8 + sub] = d * static_cast<float>(sc[sub][r]);
+                        wo[row * nb + sb * 8 + sub] = dmin * static_cast<float>(mn[sub][r]);
+                    }
+                    // chunk ch = 4j + q4: 8 bytes of each row; low nibbles weights 64j + 8q4.., high 64j + 32 + 8q4..
+                    uint8_t * qr = q + row * k + sb * 256;
+                    for (int ch = 0; ch < 16; ++ch) {
+                        const int j = ch / 4, q4 = ch % 4;
+                        uint64_t v;
+                        std::memcpy(&v, blk + 128 + 64 * ch + 8 * r, sizeof v);
+                        const uint64_t lo = v & 0x0F0F0F0F0F0F0F0Full, hi = (v >> 4) & 0x0F0F0F0F0F0F0F0Full;
+                        std::memcpy(qr + 64 * j + 8 * q4, &lo, sizeof lo);
+                        std::memcpy(qr + 64 * j + 32 + 8 * q4, &hi, sizeof hi);
                     }
                 }
-                const int32_t * cb = cbuf[b & 1];
-                const __m512 dxv = _mm512_loadu_ps(pdx + b * mp + ct * kTile);
-                for (int i = 0; i < kTile; ++i) {
-                    const __m512 s = _mm512_mul_ps(_mm512_set1_ps(dw[i * nb + b]), dxv);
-                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb + i * kTile)), s, acc[i]);
-                }
-            }
-            for (int i = 0; i < kTile; ++i) {
-                // + bias as its own rounding step, the same float add as a separate ggml_add
-                _mm512_store_ps(out[i], bias ? _mm512_add_ps(acc[i], _mm512_set1_ps(bias[t * kTile + i])) : acc[i]);
-            }
-            const int64_t cols = m - ct * kTile < kTile ? m - ct * kTile : kTile;
-            for (int64_t j = 0; j < cols; ++j) {
-                float * dst = y + (ct * kTile + j) * ys + t * kTile;
-                for (int i = 0; i < kTile; ++i) dst[i] = out[i][j];
             }
         }
+        amx_row_tile<true>(q, static_cast<size_t>(k), kBlock, dw, wo, prepared, m, nb, bias, y, ys, t * kTile);
     }
     _tile_release();
 }
@@ -207,10 +283,21 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const int64_t t0 = std::min<int64_t>(tiles, per * ith), t1 = std::min<int64_t>(tiles, t0 + per);
     if (t0 >= t1) return;
     const float * bias = dst->src[2] ? static_cast<const float *>(dst->src[2]->data) : nullptr;
-    thread_local std::vector<float> dw;
-    dw.resize(static_cast<size_t>(kTile * (k / kBlock)));
-    amx_rows(static_cast<const uint8_t *>(w->data), w->nb[1], t0, t1, static_cast<const uint8_t *>(prepared->data), m,
-             k / kBlock, bias, dw.data(), static_cast<float *>(dst->data), static_cast<int64_t>(dst->nb[1] / sizeof(float)));
+    const int64_t nb = k / kBlock;
+    thread_local std::vector<float> dw, wo;
+    thread_local std::vector<uint8_t> q;
+    dw.resize(static_cast<size_t>(kTile * nb));
+    const auto * wdata = static_cast<const uint8_t *>(w->data);
+    const auto * pdata = static_cast<const uint8_t *>(prepared->data);
+    auto * y = static_cast<float *>(dst->data);
+    const auto ys = static_cast<int64_t>(dst->nb[1] / sizeof(float));
+    if (w->type == GGML_TYPE_Q4_K) {
+        wo.resize(static_cast<size_t>(kTile * nb));
+        q.resize(static_cast<size_t>(kTile * k));
+        amx_rows_q4_k(wdata, t0, t1, pdata, m, nb, bias, q.data(), dw.data(), wo.data(), y, ys);
+    } else {
+        amx_rows_q8_0(wdata, w->nb[1], t0, t1, pdata, m, nb, bias, dw.data(), y, ys);
+    }
 #else
     (void)dst; (void)ith; (void)nth;
 #endif
@@ -232,8 +319,15 @@ bool amx_available() {
 }
 
 bool amx_gemm_supported(const ggml_tensor * w, const ggml_tensor * x) {
-    if (!w || !x || w->type != GGML_TYPE_Q8_0 || x->type != GGML_TYPE_F32 || !amx_available()) return false;
-    if (!w->buffer || !ggml_backend_buffer_is_host(w->buffer) || w->extra != nullptr) return false;
+    if (!w || !x || x->type != GGML_TYPE_F32 || !w->buffer || !amx_available()) return false;
+    if (w->type == GGML_TYPE_Q8_0) {
+        if (!ggml_backend_buffer_is_host(w->buffer) || w->extra != nullptr) return false;
+    } else if (w->type == GGML_TYPE_Q4_K) {
+        // ggml's repacked 8-row layout only (what its CPU backend makes of Q4_K on x86)
+        if (w->view_src || !weight_is_repacked(w) || w->extra == nullptr || w->ne[0] % 256 != 0) return false;
+    } else {
+        return false;
+    }
     if (!ggml_is_contiguous(w) || w->ne[2] != 1 || w->ne[3] != 1) return false;
     if (w->ne[1] % kTile != 0 || w->ne[0] % kBlock != 0) return false;
     if (x->ne[0] != w->ne[0] || x->ne[2] != 1 || x->ne[3] != 1 || x->nb[0] != sizeof(float)) return false;
@@ -262,8 +356,9 @@ ggml_tensor * amx_gemm(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggm
 }
 
 bool is_amx_gemm(const ggml_tensor * t) {
-    // The product node: a custom op on a Q8_0 matrix and an I8 prepared activation.
-    return t && t->op == GGML_OP_CUSTOM && t->src[0] && t->src[1] && t->src[0]->type == GGML_TYPE_Q8_0 &&
+    // The product node: a custom op on a Q8_0 or Q4_K matrix and an I8 prepared activation.
+    return t && t->op == GGML_OP_CUSTOM && t->src[0] && t->src[1] &&
+           (t->src[0]->type == GGML_TYPE_Q8_0 || t->src[0]->type == GGML_TYPE_Q4_K) &&
            t->src[1]->type == GGML_TYPE_I8 && t->ne[0] == t->src[0]->ne[1] && amx_available();
 }
 

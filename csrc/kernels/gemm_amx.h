@@ -1,4 +1,4 @@
-// Q8_0 x F32 matrix products on Intel AMX (tile int8 multiply-add), for the audio encoder.
+// Q8_0 / Q4_K x F32 matrix products on Intel AMX (tile int8 multiply-add), for the audio encoder.
 //
 // The encoder multiplies every weight by all ~17 frames per second of audio: a GEMM that ggml 0.15.3
 // runs through llamafile's AVX-512 tiles (~90 GFLOP/s per core here), while ggml's own AMX path
@@ -9,8 +9,14 @@
 // d_w * d_x in float with AVX-512 - per element the same terms as ggml's path, summed in another
 // order (rounding-level differences, not bit for bit).
 //
-// Used by the encoder / adaptor / CTC linear layers (graph/common.cpp linear()) and by the decoder's
-// prefill for every column count (so a sequence's prefill is the same alone or in a batch); decode
+// Q4_K (ggml's repacked 8-row layout, the encoder's products only): each 16-row tile is unpacked once per
+// product into its quants 0..15 (uint8 A tiles, tdpbusd against the same int8 activation tiles) and the
+// float products d * scale, dmin * min; per element the arithmetic of the AVX2 int8 GEMM
+// (kernels/gemm_avx2.h), bit for bit: acc += float(dot) * (d_w * d_x), acc -= offset * (d_x * quant sum).
+//
+// Used by the encoder / adaptor / CTC linear layers (graph/common.cpp linear()) and (Q8_0) by the decoder's
+// prefill for every column count (so a sequence's prefill is the same alone or in a batch; its output
+// projection of the last positions takes the decode step's path); decode
 // steps keep the mat-vec kernels / ggml, which are bit for bit equal to each other, so batched and
 // one-by-one decoding stay token-identical. FUN_ASR_AMX=0 turns it off.
 #pragma once
@@ -24,7 +30,8 @@ namespace fun_asr {
 // Whether this CPU and OS run AMX int8 (and FUN_ASR_AMX is not 0).
 bool amx_available();
 
-// Whether w x x can go through the AMX kernel: w plain Q8_0 in host memory, contiguous 2-D, rows a
+// Whether w x x can go through the AMX kernel: w plain Q8_0 in host memory or Q4_K in ggml's repacked
+// 8-row layout (graph/common.cpp takes it for the encoder's products only), contiguous 2-D, rows a
 // multiple of 16; x F32 [w->ne[0], m], any m (columns are padded to tiles of 16).
 bool amx_gemm_supported(const ggml_tensor * w, const ggml_tensor * x);
 
