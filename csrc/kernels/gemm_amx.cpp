@@ -120,8 +120,8 @@ bool request_amx() {
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,amx-tile,amx-int8")
 #endif
 
-// One block's 16 x 16 int32 products into cbuf: tiles C, A (16 weight rows x one block of quants, with
-// the row stride as) and B (the prepared activation tile); DOT is dpbssd (Q8_0: int8 x int8) or
+// One block's 16 x 16 int32 products into cbuf: tiles C, A (16 weight rows x one block of quants, read
+// with the row stride `as`) and B (the prepared activation tile); DOT is dpbssd (Q8_0: int8 x int8) or
 // dpbusd (Q4_K: quants 0..15 as uint8 x int8). A macro: the tile intrinsics take the register numbers
 // as literal text.
 #define FUN_ASR_AMX_BLOCK(DOT, C, A, B, a, as, b, cbuf) \
