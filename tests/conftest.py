@@ -95,6 +95,15 @@ def nano(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
+@pytest.fixture(scope="session")
+def ctc_demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The demo model with its trained CTC head (tests/trained_ctc.py), as F32 and Q4_K_M packages."""
+    from trained_ctc import demo_with_ctc
+
+    root = tmp_path_factory.mktemp("ctc_demo")
+    return {t: demo_with_ctc(root / f"demo-ctc-{t}.gguf", t, work=root) for t in ("f32", "q4_k_m")}
+
+
 @pytest.fixture(scope="module")
 def demo(vad_dir: Path):  # noqa: ANN201 - fun_asr.Session
     """The 20-word demo model (-m demo) with the real FSMN-VAD: real words, one segment per utterance (as

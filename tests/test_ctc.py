@@ -175,3 +175,43 @@ def test_hf_layout_has_no_ctc(tiny_gguf, tiny_f32: Path) -> None:  # noqa: ANN00
         assert CtcAligner.from_model(model, meta) is None
         assert not any(k.startswith("fun_asr_nano.ctc.tokenizer") for k in meta)
         assert json.loads(meta["fun_asr_nano.prompt"])["fake_token_len"]["halvings"] == 3
+
+
+def test_ctc_greedy_is_the_argmax_of_the_log_probabilities(ctc_demo) -> None:  # noqa: ANN001
+    """Model.encode_keep_encoder gives encode()'s rows and the encoder output; Model.ctc_greedy on that output
+    gives each frame's argmax of ctc_logprobs (one encoder pass, the head after it); bad input is a clear
+    ValueError. The demo model's trained head hears: its greedy transcript is the held-out clip's text."""
+    import soundfile as sf
+
+    from fun_asr import Session
+    from fun_asr.asr.ctc import draft_text, merge_labels
+    from fun_asr.audio.frontend import features
+    from trained_model import heldout_clips
+
+    s = Session(str(ctc_demo["f32"]), device="cpu", vad=None, progress=False)
+    m = s.model
+    path, text = heldout_clips(Path(ctc_demo["f32"]).parent / "clips")[0]
+    feats = features(sf.read(str(path), dtype="float32")[0], s.frontend)
+    rows, enc = m.encode_keep_encoder(feats)
+    assert np.array_equal(rows, m.encode(feats)) and np.array_equal(enc, m.debug_stages(feats)["enc.out"])
+    labels = m.ctc_greedy(enc)
+    assert labels.dtype == np.int32 and labels.shape == (feats.shape[0],)
+    assert np.array_equal(labels, m.ctc_logprobs(feats).argmax(-1))
+    blank = m.info()["ctc"]["blank_id"]
+    assert merge_labels(np.array([blank, 5, 5, blank, 5, 7, 7]), blank) == [5, 5, 7]
+    assert draft_text(labels, blank, s.aligner.tokenizer) == text
+    d = m.info()["encoder"]["d_model"]
+    for bad, msg in ((np.zeros((0, d), np.float32), "empty"), (np.zeros((3, d + 1), np.float32), "columns"),
+                     (np.full((3, d), np.nan, np.float32), "NaN")):
+        with pytest.raises(ValueError, match=msg):
+            m.ctc_greedy(bad)
+    with pytest.raises(TypeError, match="float32"):
+        m.ctc_greedy(np.zeros((3, d), np.float64))
+
+
+def test_ctc_greedy_needs_a_ctc_head(tiny_gguf) -> None:  # noqa: ANN001
+    from fun_asr.model.native import load_model
+
+    m = load_model(tiny_gguf("f32"), threads=1)
+    with pytest.raises(ValueError, match="no CTC head"):
+        m.ctc_greedy(np.zeros((3, m.info()["encoder"]["d_model"]), np.float32))

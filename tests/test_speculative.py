@@ -202,3 +202,92 @@ def test_batcher_takes_a_draft_only_for_a_lone_request(demo, three) -> None:  # 
             assert r.text == plain.text and "draft_proposed" not in r.timings
     finally:
         b.close()
+
+
+# -- the CTC head's greedy transcript as the draft (checkpoints with a CTC head) ---------------------------
+
+def _heldout(tmp_path_factory: pytest.TempPathFactory, n: int) -> list[tuple[np.ndarray, str]]:
+    import soundfile as sf
+
+    from trained_model import heldout_clips
+
+    clips = heldout_clips(tmp_path_factory.mktemp("heldout"))[:n]
+    return [(sf.read(str(path), dtype="float32")[0], text) for path, text in clips]
+
+
+@pytest.fixture(scope="module")
+def heldout(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[np.ndarray, str]]:
+    return _heldout(tmp_path_factory, 16)
+
+
+def _tokens(r) -> list[int]:  # noqa: ANN001
+    return [t for s in r.segments for t in s.tokens]
+
+
+@pytest.mark.parametrize("package", ["f32", "q4_k_m"])
+def test_ctc_draft_is_lossless_and_saves_passes(ctc_demo, heldout, package: str) -> None:  # noqa: ANN001
+    """With a CTC head, a segment decoded alone takes the CTC greedy transcript as its draft: the same tokens
+    as without (Session.ctc_drafts = False), and on the demo model with its trained head most draft tokens are
+    kept, so far fewer decoder passes run than one per token."""
+    import fun_asr
+
+    s = fun_asr.Session(str(ctc_demo[package]), device="cpu", vad=None, progress=False)
+    assert s.ctc_drafts and s.aligner is not None
+    passes = plain_passes = proposed = kept = 0
+    for x, _text in heldout:
+        s.ctc_drafts = True
+        on = s.transcribe(x, sample_rate=16000)
+        s.ctc_drafts = False
+        off = s.transcribe(x, sample_rate=16000)
+        assert _tokens(on) == _tokens(off) and on.text == off.text
+        assert "draft_proposed" not in off.timings and "ctc_draft_ms" not in off.timings
+        assert on.timings["ctc_draft_ms"] > 0
+        passes += on.timings["decode_passes"]
+        plain_passes += len(_tokens(off)) - 1  # plain greedy: one pass per token after the prefill's
+        proposed += on.timings["draft_proposed"]
+        kept += on.timings["draft_accepted"]
+    assert proposed > 0 and kept >= 0.9 * proposed, (kept, proposed)
+    assert passes < 0.6 * plain_passes, (passes, plain_passes)
+
+
+def test_ctc_draft_only_for_a_lone_segment_and_never_over_a_given_draft(ctc_demo, heldout) -> None:  # noqa: ANN001
+    """Segments decoded together take no draft (the CTC head does not run, the kept encoder outputs are
+    dropped); a draft the caller gives is the one verified; a stream's decode without a draft takes the CTC
+    one; draft_max = 0 turns it off."""
+    import fun_asr
+
+    s = fun_asr.Session(str(ctc_demo["f32"]), device="cpu", vad=None, progress=False)
+    (x, _), (y, _) = heldout[0], heldout[1]
+    alone = [s.transcribe(a, sample_rate=16000) for a in (x, y)]
+    both = s.transcribe_batch([x, y], sample_rate=16000)
+    for a, b in zip(alone, both, strict=True):
+        assert _tokens(a) == _tokens(b) and "draft_proposed" not in b.timings and "ctc_draft_ms" not in b.timings
+    wrong = [7, 8, 9, 10]
+    given = s.transcribe(x, sample_rate=16000, draft=wrong)
+    assert _tokens(given) == _tokens(alone[0]) and "ctc_draft_ms" not in given.timings
+    assert given.timings["draft_accepted"] == 0
+    opts = s.options()
+    tokens, _, timings = s._decode_audio(x, opts, [], 64)
+    assert tokens == [t for t in _tokens(alone[0]) if t not in s.stop_ids] and timings["draft_accepted"] > 0
+    s.model.draft_max = 0
+    try:
+        off = s.transcribe(x, sample_rate=16000)
+        assert _tokens(off) == _tokens(alone[0]) and "ctc_draft_ms" not in off.timings
+    finally:
+        s.model.draft_max = 4
+
+
+def test_ctc_drafts_per_vad_segment(ctc_demo, vad_dir, three) -> None:  # noqa: ANN001
+    """With the VAD and batch_size=1 each speech segment is decoded alone with its own CTC draft: the same
+    segments and tokens as decoded together (batch_size=8, no drafts), in fewer passes."""
+    import fun_asr
+
+    s = fun_asr.Session(str(ctc_demo["f32"]), device="cpu", vad="fsmn", vad_model=vad_dir, progress=False)
+    x = _three_audio(three)
+    one = s.transcribe(x, sample_rate=16000, batch_size=1)
+    together = s.transcribe(x, sample_rate=16000, batch_size=8)
+    assert len(one.segments) == len(together.segments) == 3
+    assert [sg.tokens for sg in one.segments] == [sg.tokens for sg in together.segments]
+    assert "draft_proposed" not in together.timings
+    assert one.timings["draft_accepted"] >= 0.9 * one.timings["draft_proposed"] > 0
+    assert one.timings["decode_passes"] < sum(len(sg.tokens) - 1 for sg in one.segments)

@@ -205,6 +205,43 @@ void bind_model(py::module_ & m) {
             "encode() and ctc_logprobs() from one encoder pass: (adaptor output float32[T, d_llm], CTC "
             "log-probabilities float32[T, ctc_vocab]).")
         .def(
+            "encode_keep_encoder",
+            [](Model & self, const py::array & features) {
+                require_rows(features, self.hparams().enc.input_size, "features");
+                const int64_t T = features.shape(0);
+                const float * p = static_cast<const float *>(features.data());
+                std::pair<std::vector<float>, std::vector<float>> out;
+                {
+                    py::gil_scoped_release release;
+                    out = self.encode_keep_encoder(p, T);
+                }
+                return py::make_tuple(to_numpy(std::move(out.first), {T, self.hparams().adp.d_model}),
+                                      to_numpy(std::move(out.second), {T, self.hparams().enc.d_model}));
+            },
+            py::arg("features"),
+            "encode() that also returns the encoder output: (adaptor output float32[T, d_llm], encoder output "
+            "float32[T, d_enc]) -- the input of ctc_greedy().")
+        .def(
+            "ctc_greedy",
+            [](Model & self, const py::array & encoder_output) {
+                require_rows(encoder_output, self.hparams().enc.d_model, "encoder_output");
+                if (!self.has_ctc()) throw py::value_error("this model has no CTC head: " + self.hparams().ctc.unavailable);
+                const int64_t T = encoder_output.shape(0);
+                const float * p = static_cast<const float *>(encoder_output.data());
+                std::vector<int32_t> ids;
+                {
+                    py::gil_scoped_release release;
+                    ids = self.ctc_greedy(p, T);
+                }
+                py::array_t<int32_t> labels(static_cast<py::ssize_t>(T));
+                std::copy(ids.begin(), ids.end(), labels.mutable_data());
+                return labels;
+            },
+            py::arg("encoder_output"),
+            "The CTC head on an encoder output float32[T, d_enc] (encode_keep_encoder) -> int32[T]: each frame's "
+            "most likely CTC label (argmax of its logits). Repeats merged and blanks dropped, that is the CTC greedy "
+            "transcript. ValueError without a CTC head.")
+        .def(
             "debug_stages",
             [](Model & self, const py::array & features) {
                 require_rows(features, self.hparams().enc.input_size, "features");

@@ -309,6 +309,41 @@ std::pair<std::vector<float>, std::vector<float>> Model::encode_ctc(const float 
     return out;
 }
 
+std::pair<std::vector<float>, std::vector<float>> Model::encode_keep_encoder(const float * features, int64_t T) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    GraphScope g;
+    ggml_tensor * enc = nullptr;
+    auto outs = run_encoder(g, [&](ggml_tensor * t, const std::string & name) {
+        if (name == "enc.out") {
+            ggml_set_output(t);  // the allocator must not reuse its memory
+            enc = t;
+        }
+    }, features, T, true, false);
+    if (!enc) throw std::logic_error("the encoder graph has no enc.out stage");
+    return {read_tensor(outs.first), read_tensor(enc)};
+}
+
+std::vector<int32_t> Model::ctc_greedy(const float * encoder_out, int64_t T) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    require_ctc();
+    check_features(T);  // one encoder frame per LFR frame: the same bounds
+    stage_ = "ctc";
+    GraphScope g;
+    new_graph(g);
+    GraphCtx gc{g.ctx, {}};
+    ggml_tensor * enc = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, hp_.enc.d_model, T);
+    ggml_set_input(enc);
+    ggml_tensor * labels = ggml_argmax(g.ctx, build_ctc(gc, hp_, weights_->w, enc, nullptr));  // [T] int32
+    ggml_set_output(labels);
+    ggml_build_forward_expand(g.gf, labels);
+    alloc_graph(g.gf);
+    ggml_backend_tensor_set(enc, encoder_out, 0, ggml_nbytes(enc));
+    compute_graph(g.gf);
+    std::vector<int32_t> ids(static_cast<size_t>(T));
+    ggml_backend_tensor_get(labels, ids.data(), 0, ids.size() * sizeof(int32_t));
+    return ids;
+}
+
 void Model::check_token(int64_t id) const {
     if (id < 0 || id >= hp_.dec.vocab) {
         throw std::out_of_range("token id " + std::to_string(id) + " is outside the vocabulary [0, " +

@@ -77,6 +77,13 @@ public:
     std::vector<float> ctc_logprobs(const float * features, int64_t T);
     // Both in one encoder pass: adaptor output [T, adp.d_model] and CTC log-probabilities [T, ctc.vocab].
     std::pair<std::vector<float>, std::vector<float>> encode_ctc(const float * features, int64_t T);
+    // encode() that also returns the encoder's output row-major [T, enc.d_model] (kept so that the CTC head
+    // can run on it later, only if needed: ctc_greedy).
+    std::pair<std::vector<float>, std::vector<float>> encode_keep_encoder(const float * features, int64_t T);
+    // The CTC head on an encoder output [T, enc.d_model] -> each frame's most likely CTC label (the argmax of
+    // its logits, taken in the graph: T ids, not T x ctc.vocab floats). Merged repeats without blanks are the
+    // CTC greedy transcript: the draft of speculative decoding (Session). Throws without a CTC head.
+    std::vector<int32_t> ctc_greedy(const float * encoder_out, int64_t T);
     // token embeddings row-major [n, dec.d_model]
     std::vector<float> embed(const std::vector<int32_t> & ids);
     // Resets the cache, runs embeddings [n, d]; returns the last position's logits [vocab].

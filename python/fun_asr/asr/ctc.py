@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CtcAligner", "CtcTokenizer", "TokenTime", "align", "align_ids", "forced_align", "funasr_text",
-           "greedy_ids"]
+__all__ = ["CtcAligner", "CtcTokenizer", "TokenTime", "align", "align_ids", "draft_text", "forced_align",
+           "funasr_text", "greedy_ids", "merge_labels"]
 
 
 @dataclass(frozen=True)
@@ -303,8 +303,24 @@ class CtcAligner:
 def greedy_ids(log_probs: np.ndarray, blank: int) -> list[int]:
     """FunASR's CTC greedy text ids (argmax per frame, repeats merged, blanks dropped): its ``ctc_text``
     is ``tokenizer.decode(greedy_ids(...)).replace("<|nospeech|>", "")``."""
-    best = np.asarray(log_probs).argmax(axis=-1)
+    return merge_labels(np.asarray(log_probs).argmax(axis=-1), blank)
+
+
+def merge_labels(labels: np.ndarray, blank: int) -> list[int]:
+    """Per-frame CTC labels -> the label sequence: repeats merged, blanks dropped."""
+    best = np.asarray(labels).reshape(-1)
+    if best.size == 0:
+        return []
     keep = np.ones(best.shape[0], dtype=bool)
     keep[1:] = best[1:] != best[:-1]
-    best = best[keep]
-    return [int(x) for x in best if x != blank]
+    return [int(x) for x in best[keep] if x != blank]
+
+
+_SPECIAL = re.compile(r"<\|[^|<>]*\|>")
+
+
+def draft_text(labels: np.ndarray, blank: int, tokenizer: CtcTokenizer) -> str:
+    """The CTC greedy transcript of one segment from each frame's most likely label (``Model.ctc_greedy``):
+    repeats merged, blanks dropped, decoded, special tokens (``<|nospeech|>``, ``<|en|>``, ...) removed and
+    white space collapsed. Speculative decoding's draft: it is only ever verified, never trusted."""
+    return re.sub(r"\s+", " ", _SPECIAL.sub(" ", tokenizer.decode(merge_labels(labels, blank)))).strip()

@@ -40,6 +40,7 @@ class _Item:
         self.speaker_turns: list[tuple[float, float, int]] | None = None  # diarize: the speaker timeline
         self.draft: list[int] | None = None  # token ids its transcript probably contains (speculative decoding)
         self.draft_stats: dict[str, int] = {}  # with a draft: decode_passes, draft_proposed, draft_accepted
+        self.enc_out: dict[int, np.ndarray] = {}  # segment -> encoder output, kept for its CTC draft (Session)
         self.timings = {"load_ms": 0.0, "frontend_ms": 0.0, "vad_ms": 0.0, "encode_ms": 0.0, "prefill_ms": 0.0,
                         "decode_ms": 0.0}
 
@@ -48,6 +49,7 @@ class _Item:
         self.error = msg if self.source in msg else f"{self.source}: {msg}"
         self.segments = []
         self.feats.clear()
+        self.enc_out.clear()
 
 
 class _Rolling:

@@ -146,6 +146,10 @@ class Session:
 
         self.aligner = CtcAligner.from_model(self.model, meta)  # None: no CTC head, no word timestamps
         self.ctc_reason = None if self.aligner else str(self.model.info()["ctc"].get("reason") or "no CTC head")
+        # A segment decoded alone takes its CTC greedy transcript (re-tokenized) as the draft of lossless
+        # speculative decoding: the same tokens as without it, fewer decoder passes where the two agree. The CTC
+        # head runs on the kept encoder output only when the segment is decoded alone. False: never.
+        self.ctc_drafts = self.aligner is not None
         self._told_no_ctc = False
         self._told_languages: set[str] = set()  # languages the spec lacks, logged once each
         self.vad: FsmnVad | None = None
@@ -465,7 +469,12 @@ class Session:
         before, after = self.prompt_ids(opts)
         stop = [] if opts.ignore_eos else self.stop_ids
         with self._lock:
-            out = self.model.encode(feats)
+            if not draft and self._ctc_drafting():  # no draft given: the segment's CTC greedy transcript
+                out, enc = self.model.encode_keep_encoder(feats)
+                draft = self._ctc_draft(enc)
+                del enc
+            else:
+                out = self.model.encode(feats)
             rows = out[: fake_token_len(feats.shape[0], self.prompt.fake_token_halvings)]
             prefix = self.model.embed(before)
             parts = [prefix, rows, self.model.embed(after)]
@@ -602,8 +611,13 @@ class Session:
         if feats.shape[0] == 0:  # a tail shorter than one 25 ms frame has nothing to hear
             return
         t0 = time.perf_counter()
+        keep = item.draft is None and self._ctc_drafting()
         with self._lock:
-            out = self.model.encode(feats)
+            if keep:  # the encoder output stays for the CTC draft, in case the segment is decoded alone
+                out, item.enc_out[si] = self.model.encode_keep_encoder(feats)
+                waiting[0] += item.enc_out[si].nbytes
+            else:
+                out = self.model.encode(feats)
         rows = out[: fake_token_len(feats.shape[0], self.prompt.fake_token_halvings)].copy()  # not a view of out
         item.timings["encode_ms"] += (time.perf_counter() - t0) * 1e3
         jobs.append((item, si, rows))
@@ -611,6 +625,25 @@ class Session:
         if opts.word_timestamps and self.aligner is not None:
             item.feats[si] = feats
             waiting[0] += feats.nbytes
+
+    def _ctc_drafting(self) -> bool:
+        """Whether a segment without a draft of its own gets its CTC greedy transcript as one: a CTC head,
+        ``ctc_drafts`` on, and the model taking drafts (``draft_max`` > 0, flash attention)."""
+        return (self.ctc_drafts and self.aligner is not None and self.model.draft_max > 0
+                and bool(self.model.flash_attn))
+
+    def _ctc_draft(self, encoder_output: np.ndarray) -> list[int]:
+        """The CTC head's greedy transcript of a segment (from its encoder output), as decoder token ids: the
+        draft that the decoder verifies (never trusted: a wrong one costs a pass)."""
+        from fun_asr.asr.ctc import draft_text
+
+        assert self.aligner is not None
+        try:
+            labels = self.model.ctc_greedy(encoder_output)
+        except (ValueError, RuntimeError, MemoryError) as exc:  # no draft is only slower: decode without one
+            log.debug("no CTC draft: %s", exc)
+            return []
+        return self.tokenizer.encode_plain(draft_text(labels, self.aligner.blank_id, self.aligner.tokenizer))
 
     def _label_speakers(self, item: _Item, opts: TranscribeOptions) -> None:
         """Each segment's speaker from the recording's windows (FunASR's clustering, vad_segment mode)."""
@@ -780,9 +813,16 @@ class Session:
 
             inputs = [j[2] if prefix is None else np.ascontiguousarray(np.concatenate([prefix, j[2], suffix]))
                       for j in chunk]
-            # A segment decoded alone verifies its recording's draft (the model takes drafts for one sequence:
-            # in a batch, the batch already shares each step's weight reads).
+            # A segment decoded alone verifies its recording's draft, else its CTC greedy transcript (the model
+            # takes drafts for one sequence: in a batch, the batch already shares each step's weight reads).
             lone = chunk[0][0].draft if len(chunk) == 1 else None
+            kept = [j[0].enc_out.pop(j[1], None) for j in chunk]  # dropped either way: nothing else needs them
+            ctc_ms = 0.0
+            if len(chunk) == 1 and lone is None and kept[0] is not None:
+                t0 = time.perf_counter()
+                lone = self._ctc_draft(kept[0])  # the caller holds the lock
+                ctc_ms = (time.perf_counter() - t0) * 1e3
+            del kept
             draft = [t for t in lone if t not in self.stop_ids] or None if lone else None
             try:
                 results = self.model.generate_batch(inputs, opts.max_new_tokens, stop,
@@ -806,6 +846,8 @@ class Session:
                 seg.truncated, seg.repetition = reason == "max_new_tokens", reason == "repetition"
                 item.timings["prefill_ms"] += stats["prefill_ms"] / len(chunk)
                 item.timings["decode_ms"] += stats["decode_ms"] / len(chunk)
+                if ctc_ms:
+                    item.timings["ctc_draft_ms"] = item.timings.get("ctc_draft_ms", 0.0) + ctc_ms
                 if draft:
                     for key in ("decode_passes", "draft_proposed", "draft_accepted"):
                         item.draft_stats[key] = item.draft_stats.get(key, 0) + int(stats[key])
