@@ -81,41 +81,57 @@ def head_tensors(d_enc: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     return tensors, conf
 
 
-def demo_with_ctc(dest: str | Path, package_type: str = "f32", work: str | Path | None = None) -> Path:
-    """The demo package of `package_type` with the trained CTC head: written to `dest` (a .gguf path)."""
+def ctc_metadata(d_model: int, proj: int, n_heads: int, ffn: int, n_layers: int, ranks: list[bytes],
+                 source: str) -> dict[str, Any]:
+    """The ``fun_asr_nano.ctc.*`` keys a FunASR conversion writes for a CTC head of these dimensions over the
+    SenseVoice-style vocabulary `ranks` + specials (blank = the last id)."""
+    vocab = len(ranks) + len(specials())
+    k = "fun_asr_nano."
+    return {
+        k + "ctc.embedding_length": d_model, k + "ctc.projector_length": proj, k + "ctc.attention.head_count": n_heads,
+        k + "ctc.feed_forward_length": ffn, k + "ctc.block_count": n_layers, k + "ctc.vocab_size": vocab,
+        k + "ctc.blank_id": vocab - 1, k + "ctc.attention.layer_norm_epsilon": 1e-12, k + "ctc.frame_ms": 60,
+        k + "ctc.tokenizer.type": "tiktoken", k + "ctc.tokenizer.name": "SenseVoiceTokenizer",
+        k + "ctc.tokenizer.pattern": CTC_PATTERN, k + "ctc.tokenizer.ranks": ranks_text(ranks),
+        k + "ctc.tokenizer.specials": json.dumps(specials(), ensure_ascii=False), k + "ctc.tokenizer.source": source,
+    }
+
+
+def add_ctc_head(src: Path, dest: Path, ctc_meta: dict[str, Any],
+                 tensors: list[tuple[str, np.ndarray, Any]]) -> Path:
+    """A copy of the package `src` with a CTC head: its metadata plus `ctc_meta` (its ``ctc.unavailable``
+    dropped), its tensors plus `tensors` ((name, array, raw ggml type or None for a plain F32 array))."""
     import gguf
 
     from fun_asr.converter.output import _write_metadata
     from fun_asr.model.native import model_metadata
 
-    dest = Path(dest)
-    src = demo_gguf(Path(work) if work is not None else dest.parent, package_type)
     meta = model_metadata(src)
-    d_enc = int(meta["fun_asr_nano.encoder.embedding_length"])
-    tensors, conf = head_tensors(d_enc)
-    ranks = [base64.b64decode(r) for r in conf["ranks"]]
-    assert len(ranks) + len(specials()) == conf["vocab"], "ctc_head.json does not match the SenseVoice specials"
-    k = "fun_asr_nano."
-    meta.pop(k + "ctc.unavailable", None)
-    meta.update({
-        k + "ctc.embedding_length": d_enc, k + "ctc.projector_length": int(conf["proj"]),
-        k + "ctc.attention.head_count": 4, k + "ctc.feed_forward_length": d_enc // 4, k + "ctc.block_count": 0,
-        k + "ctc.vocab_size": int(conf["vocab"]), k + "ctc.blank_id": int(conf["blank"]),
-        k + "ctc.attention.layer_norm_epsilon": 1e-12, k + "ctc.frame_ms": 60,
-        k + "ctc.tokenizer.type": "tiktoken", k + "ctc.tokenizer.name": "SenseVoiceTokenizer",
-        k + "ctc.tokenizer.pattern": CTC_PATTERN, k + "ctc.tokenizer.ranks": ranks_text(ranks),
-        k + "ctc.tokenizer.specials": json.dumps(specials(), ensure_ascii=False),
-        k + "ctc.tokenizer.source": "tests/data/tiny_trained/ctc_head.json",
-    })
+    meta.pop("fun_asr_nano.ctc.unavailable", None)
+    meta.update(ctc_meta)
     reader = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(dest, str(meta["general.architecture"]))
     _write_metadata(w, meta)
     for t in reader.tensors:
         w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-    for name, arr in tensors.items():
-        w.add_tensor(name, arr)
+    for name, arr, raw in tensors:
+        w.add_tensor(name, arr, raw_dtype=raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return dest
+
+
+def demo_with_ctc(dest: str | Path, package_type: str = "f32", work: str | Path | None = None) -> Path:
+    """The demo package of `package_type` with the trained CTC head (its tensors F32): written to `dest`."""
+    from fun_asr.model.native import model_metadata
+
+    dest = Path(dest)
+    src = demo_gguf(Path(work) if work is not None else dest.parent, package_type)
+    d_enc = int(model_metadata(src)["fun_asr_nano.encoder.embedding_length"])
+    tensors, conf = head_tensors(d_enc)
+    ranks = [base64.b64decode(r) for r in conf["ranks"]]
+    assert len(ranks) + len(specials()) == conf["vocab"], "ctc_head.json does not match the SenseVoice specials"
+    meta = ctc_metadata(d_enc, int(conf["proj"]), 4, d_enc // 4, 0, ranks, "tests/data/tiny_trained/ctc_head.json")
+    return add_ctc_head(src, dest, meta, [(name, arr, None) for name, arr in tensors.items()])
