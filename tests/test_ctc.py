@@ -196,7 +196,9 @@ def test_ctc_greedy_is_the_argmax_of_the_log_probabilities(ctc_demo) -> None:  #
     assert np.array_equal(rows, m.encode(feats)) and np.array_equal(enc, m.debug_stages(feats)["enc.out"])
     labels = m.ctc_greedy(enc)
     assert labels.dtype == np.int32 and labels.shape == (feats.shape[0],)
-    assert np.array_equal(labels, m.ctc_logprobs(feats).argmax(-1))
+    logp = m.ctc_logprobs(feats)
+    assert np.array_equal(labels, logp.argmax(-1))
+    assert np.array_equal(m.ctc_logprobs_encoded(enc), logp)  # word timestamps from the kept encoder output
     blank = m.info()["ctc"]["blank_id"]
     assert merge_labels(np.array([blank, 5, 5, blank, 5, 7, 7]), blank) == [5, 5, 7]
     assert draft_text(labels, blank, s.aligner.tokenizer) == text
@@ -205,6 +207,8 @@ def test_ctc_greedy_is_the_argmax_of_the_log_probabilities(ctc_demo) -> None:  #
                      (np.full((3, d), np.nan, np.float32), "NaN")):
         with pytest.raises(ValueError, match=msg):
             m.ctc_greedy(bad)
+        with pytest.raises(ValueError, match=msg):
+            m.ctc_logprobs_encoded(bad)
     with pytest.raises(TypeError, match="float32"):
         m.ctc_greedy(np.zeros((3, d), np.float64))
 
@@ -213,5 +217,28 @@ def test_ctc_greedy_needs_a_ctc_head(tiny_gguf) -> None:  # noqa: ANN001
     from fun_asr.model.native import load_model
 
     m = load_model(tiny_gguf("f32"), threads=1)
-    with pytest.raises(ValueError, match="no CTC head"):
-        m.ctc_greedy(np.zeros((3, m.info()["encoder"]["d_model"]), np.float32))
+    for fn in (m.ctc_greedy, m.ctc_logprobs_encoded):
+        with pytest.raises(ValueError, match="no CTC head"):
+            fn(np.zeros((3, m.info()["encoder"]["d_model"]), np.float32))
+
+
+def test_word_timestamps_and_ctc_draft_share_the_kept_encoder_output(ctc_demo) -> None:  # noqa: ANN001
+    """With word timestamps on, the CTC head runs on the encoder output kept at encode time (for the draft, then
+    for the alignment): the trained head times the held-out clip's words, in order, inside the clip."""
+    import soundfile as sf
+
+    from fun_asr import Session
+    from trained_model import heldout_clips
+
+    s = Session(str(ctc_demo["f32"]), device="cpu", vad=None, progress=False)
+    path, text = heldout_clips(Path(ctc_demo["f32"]).parent / "clips_ts")[0]
+    x = sf.read(str(path), dtype="float32")[0]
+    r = s.transcribe(x, sample_rate=16000, word_timestamps=True)
+    assert r.text == text and r.timings["draft_accepted"] > 0
+    words = r.segments[0].words
+    assert "".join(w["word"] for w in words).split() == text.split()
+    starts = [w["start"] for w in words]
+    assert starts == sorted(starts) and 0 <= starts[0] and words[-1]["end"] <= len(x) / 16000 + 0.06
+    s.ctc_drafts = False
+    again = s.transcribe(x, sample_rate=16000, word_timestamps=True)
+    assert again.segments[0].words == words and "draft_proposed" not in again.timings

@@ -242,6 +242,23 @@ void bind_model(py::module_ & m) {
             "most likely CTC label (argmax of its logits). Repeats merged and blanks dropped, that is the CTC greedy "
             "transcript. ValueError without a CTC head.")
         .def(
+            "ctc_logprobs_encoded",
+            [](Model & self, const py::array & encoder_output) {
+                require_rows(encoder_output, self.hparams().enc.d_model, "encoder_output");
+                if (!self.has_ctc()) throw py::value_error("this model has no CTC head: " + self.hparams().ctc.unavailable);
+                const int64_t T = encoder_output.shape(0);
+                const float * p = static_cast<const float *>(encoder_output.data());
+                std::vector<float> out;
+                {
+                    py::gil_scoped_release release;
+                    out = self.ctc_logprobs_encoded(p, T);
+                }
+                return to_numpy(std::move(out), {T, self.hparams().ctc.vocab});
+            },
+            py::arg("encoder_output"),
+            "The CTC head on an encoder output float32[T, d_enc] (encode_keep_encoder) -> log-probabilities "
+            "float32[T, ctc_vocab]: ctc_logprobs() without running the encoder again. ValueError without a CTC head.")
+        .def(
             "debug_stages",
             [](Model & self, const py::array & features) {
                 require_rows(features, self.hparams().enc.input_size, "features");

@@ -323,25 +323,39 @@ std::pair<std::vector<float>, std::vector<float>> Model::encode_keep_encoder(con
     return {read_tensor(outs.first), read_tensor(enc)};
 }
 
-std::vector<int32_t> Model::ctc_greedy(const float * encoder_out, int64_t T) {
-    std::lock_guard<std::mutex> lock(mutex_);
+ggml_tensor * Model::run_ctc_head(GraphScope & g, const float * encoder_out, int64_t T, bool argmax) {
     require_ctc();
     check_features(T);  // one encoder frame per LFR frame: the same bounds
     stage_ = "ctc";
-    GraphScope g;
     new_graph(g);
     GraphCtx gc{g.ctx, {}};
     ggml_tensor * enc = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, hp_.enc.d_model, T);
     ggml_set_input(enc);
-    ggml_tensor * labels = ggml_argmax(g.ctx, build_ctc(gc, hp_, weights_->w, enc, nullptr));  // [T] int32
-    ggml_set_output(labels);
-    ggml_build_forward_expand(g.gf, labels);
+    ggml_tensor * out = build_ctc(gc, hp_, weights_->w, enc, nullptr);
+    if (argmax) out = ggml_argmax(g.ctx, out);  // [T] int32
+    ggml_set_output(out);
+    ggml_build_forward_expand(g.gf, out);
     alloc_graph(g.gf);
     ggml_backend_tensor_set(enc, encoder_out, 0, ggml_nbytes(enc));
     compute_graph(g.gf);
+    return out;
+}
+
+std::vector<int32_t> Model::ctc_greedy(const float * encoder_out, int64_t T) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    GraphScope g;
+    ggml_tensor * labels = run_ctc_head(g, encoder_out, T, true);
     std::vector<int32_t> ids(static_cast<size_t>(T));
     ggml_backend_tensor_get(labels, ids.data(), 0, ids.size() * sizeof(int32_t));
     return ids;
+}
+
+std::vector<float> Model::ctc_logprobs_encoded(const float * encoder_out, int64_t T) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    GraphScope g;
+    std::vector<float> out = read_tensor(run_ctc_head(g, encoder_out, T, false));
+    log_softmax_rows(out, T);
+    return out;
 }
 
 void Model::check_token(int64_t id) const {

@@ -84,6 +84,9 @@ public:
     // its logits, taken in the graph: T ids, not T x ctc.vocab floats). Merged repeats without blanks are the
     // CTC greedy transcript: the draft of speculative decoding (Session). Throws without a CTC head.
     std::vector<int32_t> ctc_greedy(const float * encoder_out, int64_t T);
+    // The CTC head on an encoder output -> log-probabilities [T, ctc.vocab]: ctc_logprobs() without the
+    // encoder pass (word timestamps from the encoder output kept at encode time).
+    std::vector<float> ctc_logprobs_encoded(const float * encoder_out, int64_t T);
     // token embeddings row-major [n, dec.d_model]
     std::vector<float> embed(const std::vector<int32_t> & ids);
     // Resets the cache, runs embeddings [n, d]; returns the last position's logits [vocab].
@@ -204,6 +207,9 @@ private:
     // returns {adaptor output or null, CTC logits or null}.
     std::pair<ggml_tensor *, ggml_tensor *> run_encoder(GraphScope & g, const StageCallback & on_stage,
                                                         const float * features, int64_t T, bool adaptor, bool ctc);
+    // The CTC head graph on an encoder output [T, enc.d_model]: logits [vocab, T], or with argmax their
+    // per-frame argmax (int32 [T]); computed.
+    ggml_tensor * run_ctc_head(GraphScope & g, const float * encoder_out, int64_t T, bool argmax);
     void require_ctc() const;
     // Stable log-softmax of CTC logits [T, vocab] in place (torch's formula: x - max - log(sum(exp(x - max)))).
     void log_softmax_rows(std::vector<float> & logits, int64_t T) const;

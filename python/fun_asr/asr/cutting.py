@@ -30,7 +30,6 @@ class _Item:
         self.segments: list[Segment] = []
         self.spans: list[tuple[int, int]] = []
         self.fbank: np.ndarray | _Rolling | None = None
-        self.feats: dict[int, np.ndarray] = {}  # segment -> LFR features, kept for word timestamps
         self.segmentation: str | None = None
         self.warnings: list[str] = []
         self.input_truncated = False
@@ -40,7 +39,7 @@ class _Item:
         self.speaker_turns: list[tuple[float, float, int]] | None = None  # diarize: the speaker timeline
         self.draft: list[int] | None = None  # token ids its transcript probably contains (speculative decoding)
         self.draft_stats: dict[str, int] = {}  # with a draft: decode_passes, draft_proposed, draft_accepted
-        self.enc_out: dict[int, np.ndarray] = {}  # segment -> encoder output, kept for its CTC draft (Session)
+        self.enc_out: dict[int, np.ndarray] = {}  # segment -> encoder output, for the CTC head (drafts, timestamps)
         self.timings = {"load_ms": 0.0, "frontend_ms": 0.0, "vad_ms": 0.0, "encode_ms": 0.0, "prefill_ms": 0.0,
                         "decode_ms": 0.0}
 
@@ -48,7 +47,6 @@ class _Item:
         msg = str(exc) or type(exc).__name__
         self.error = msg if self.source in msg else f"{self.source}: {msg}"
         self.segments = []
-        self.feats.clear()
         self.enc_out.clear()
 
 

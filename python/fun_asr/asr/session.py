@@ -611,9 +611,12 @@ class Session:
         if feats.shape[0] == 0:  # a tail shorter than one 25 ms frame has nothing to hear
             return
         t0 = time.perf_counter()
-        keep = item.draft is None and self._ctc_drafting()
+        # the encoder output stays for the CTC head: word timestamps, and the CTC draft in case the segment is
+        # decoded alone (the head runs later, only if needed, without a second encoder pass)
+        stamps = opts.word_timestamps and self.aligner is not None
+        keep = stamps or (item.draft is None and self._ctc_drafting())
         with self._lock:
-            if keep:  # the encoder output stays for the CTC draft, in case the segment is decoded alone
+            if keep:
                 out, item.enc_out[si] = self.model.encode_keep_encoder(feats)
                 waiting[0] += item.enc_out[si].nbytes
             else:
@@ -622,9 +625,6 @@ class Session:
         item.timings["encode_ms"] += (time.perf_counter() - t0) * 1e3
         jobs.append((item, si, rows))
         waiting[0] += rows.nbytes
-        if opts.word_timestamps and self.aligner is not None:
-            item.feats[si] = feats
-            waiting[0] += feats.nbytes
 
     def _ctc_drafting(self) -> bool:
         """Whether a segment without a draft of its own gets its CTC greedy transcript as one: a CTC head,
@@ -722,8 +722,8 @@ class Session:
 
     def _align(self, items: list[_Item]) -> None:
         """Word (CTC token) timestamps of every decoded segment: FunASR 1.4.16's forced alignment of the
-        LLM's text on the CTC head's posteriors (a second encoder pass per segment, so nothing large is
-        kept while decoding). Without a CTC head: segment times only, logged once per Session, and every
+        LLM's text on the CTC head's posteriors (the head on each segment's encoder output, kept since it was
+        encoded: no second encoder pass). Without a CTC head: segment times only, logged once per Session, and every
         result carries the ``word_timestamps_unavailable`` warning. A segment with text whose alignment
         fails (FunASR then has no times either) keeps ``words == []`` and gets ``word_timestamps_failed``;
         its subtitle is one segment-level cue."""
@@ -734,17 +734,18 @@ class Session:
             return
         for item in items:
             t0 = time.perf_counter()
-            for si, feats in item.feats.items():
+            for si, enc in item.enc_out.items():
                 seg = item.segments[si]
                 raw = self.tokenizer.decode([t for t in seg.tokens if t not in self.stop_ids])  # not stripped
-                times = self.aligner.words(self.model, feats, raw, offset_ms=int(round(seg.start * 1000)))
+                times = self.aligner.align_text(self.model.ctc_logprobs_encoded(enc), raw,
+                                                offset_ms=int(round(seg.start * 1000)))
                 seg.words = [{"word": t.text, "start": t.start, "end": t.end, "score": t.score} for t in times]
                 if seg.text.strip() and not any(w["word"].strip() for w in seg.words):
                     item.warnings.append(Notice(
                         "word_timestamps_failed",
                         f"{item.source}: segment {seg.start:.2f}-{seg.end:.2f} s: the forced alignment of its text "
                         "on the CTC head failed, so it has segment-level times only (one subtitle cue)"))
-            item.feats.clear()
+            item.enc_out.clear()
             item.timings["align_ms"] = item.timings.get("align_ms", 0.0) + (time.perf_counter() - t0) * 1e3
 
     def _segment(self, item: _Item, opts: TranscribeOptions) -> None:
@@ -816,13 +817,16 @@ class Session:
             # A segment decoded alone verifies its recording's draft, else its CTC greedy transcript (the model
             # takes drafts for one sequence: in a batch, the batch already shares each step's weight reads).
             lone = chunk[0][0].draft if len(chunk) == 1 else None
-            kept = [j[0].enc_out.pop(j[1], None) for j in chunk]  # dropped either way: nothing else needs them
             ctc_ms = 0.0
-            if len(chunk) == 1 and lone is None and kept[0] is not None:
+            kept = chunk[0][0].enc_out.get(chunk[0][1]) if len(chunk) == 1 and lone is None else None
+            if kept is not None and self._ctc_drafting():
                 t0 = time.perf_counter()
-                lone = self._ctc_draft(kept[0])  # the caller holds the lock
+                lone = self._ctc_draft(kept)  # the caller holds the lock
                 ctc_ms = (time.perf_counter() - t0) * 1e3
             del kept
+            if not opts.word_timestamps:  # nothing else needs the kept encoder outputs
+                for j in chunk:
+                    j[0].enc_out.pop(j[1], None)
             draft = [t for t in lone if t not in self.stop_ids] or None if lone else None
             try:
                 results = self.model.generate_batch(inputs, opts.max_new_tokens, stop,
