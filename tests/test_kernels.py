@@ -93,8 +93,9 @@ def test_many_columns_are_bitwise_ggml(matvec: str) -> None:
     """Encoder frames and prefills (mul_mat_frames) take these kernels where they beat ggml's GEMM on the
     build (VNNI kernels: Q8_0 without VNNI in ggml, Q6_K): for any column count, split by rows (few columns) or by
     columns (32+ per thread: 64 columns on 2 threads, and an uneven 65), the bits are ggml_mul_mat's. (With the
-    int8 GEMM off: it takes Q8_0 first and rounds differently, see test_int8_gemm_*.)"""
-    env = {**os.environ, "FUN_ASR_GEMM": "0"}
+    int8 GEMM and AMX off: they take Q8_0 first, of any row count, and round differently, see test_int8_gemm_*
+    and test_amx_*.)"""
+    env = {**os.environ, "FUN_ASR_GEMM": "0", "FUN_ASR_AMX": "0"}
     if matvec:
         env["FUN_ASR_MATVEC"] = matvec
     out = subprocess.run([sys.executable, "-c", _MANY_COLUMNS], env=env, capture_output=True, text=True, timeout=300)
@@ -302,17 +303,40 @@ def test_amx_columns_do_not_depend_on_their_neighbours() -> None:
         np.testing.assert_array_equal(_core.eval_matmul("q8_0", w, x[lo:hi], threads=2, path="frames"), together[lo:hi])
 
 
-@needs_amx
-def test_amx_gemm_leaves_unsupported_shapes_to_ggml() -> None:
-    """Rows that are not whole 16-row tiles (nor whole 8-row groups of the int8 GEMM): ggml's GEMM, bit for bit."""
-    rng = np.random.default_rng(2)
-    w = rng.standard_normal((36, 256)).astype(np.float32)  # 36 rows: not whole 16-row tiles
-    x = rng.standard_normal((20, 256)).astype(np.float32)
-    np.testing.assert_array_equal(_core.eval_matmul("q8_0", w, x, path="frames"),
-                                  _core.eval_matmul("q8_0", w, x, path="ggml"))
-
-
 needs_int8_gemm = pytest.mark.skipif(_core.int8_gemm_isa() == "", reason="no AVX2: the int8 GEMM does not run here")
+
+
+_ROW_TAILS_CHILD = (
+    "import sys, numpy as np\n"
+    "from fun_asr import _core\n"
+    "wtype, rows, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])\n"
+    "rng = np.random.default_rng(rows)\n"
+    "w = rng.standard_normal((48, 256)).astype(np.float32)\n"
+    "x = rng.standard_normal((20, 256)).astype(np.float32)\n"
+    "ours = _core.eval_matmul(wtype, w[:rows], x, threads=threads, path='encoder')\n"
+    "whole = _core.eval_matmul(wtype, w, x, threads=threads, path='encoder')\n"
+    "ggml = _core.eval_matmul(wtype, w[:rows], x, threads=threads, path='ggml')\n"
+    "rel = float(np.abs(ours - ggml).max() / np.abs(ggml).max())\n"
+    "print(int(np.array_equal(ours, whole[:, :rows])), int(np.array_equal(ours, ggml)), rel, _core.amx_available())\n"
+)
+
+
+@needs_int8_gemm
+@pytest.mark.parametrize("amx", ["1", "0"])
+@pytest.mark.parametrize(("wtype", "rows"), [("q8_0", 3), ("q8_0", 13), ("q8_0", 36), ("q8_0", 45), ("q6_k", 5),
+                                             ("q6_k", 45)])
+def test_gemm_rows_past_the_last_whole_tile(amx: str, wtype: str, rows: int) -> None:
+    """Row counts that are not whole 16-row tiles (AMX) or 8-row groups (the int8 GEMM) -- the CTC head's
+    60,515-label output -- stay on the GEMMs: the last partial tile is zero-padded and each of its rows gets the
+    numbers it gets inside a whole tile, bit for bit (1 to 3 threads; AMX on and off)."""
+    for threads in (1, 2, 3):
+        out = subprocess.run([sys.executable, "-c", _ROW_TAILS_CHILD, wtype, str(rows), str(threads)],
+                             env={**os.environ, "FUN_ASR_AMX": amx}, capture_output=True, text=True, check=True)
+        same_as_whole, same_as_ggml, rel, _ = out.stdout.split()
+        assert same_as_whole == "1", (wtype, rows, threads, out.stdout)
+        assert same_as_ggml == "0"  # really the GEMM, not ggml's path
+        assert float(rel) <= (1e-6 if wtype == "q8_0" else 3e-2), out.stdout
+
 
 
 def _dequantized(wtype: str, w: np.ndarray) -> np.ndarray:
@@ -390,7 +414,7 @@ def test_int8_gemm_avx2_and_vnni_give_the_same_bits(tmp_path) -> None:  # noqa: 
     runs = {}
     for gemm in ("", "avx2", "0"):
         path = tmp_path / f"{gemm or 'auto'}.npz"
-        env = {**os.environ, "FUN_ASR_GEMM": gemm}
+        env = {**os.environ, "FUN_ASR_GEMM": gemm, "FUN_ASR_AMX": "0"}  # AMX takes Q8_0 of any row count
         env.pop("FUN_ASR_MATVEC", None)
         out = subprocess.run([sys.executable, "-c", _INT8_BITS, str(path)], env=env, capture_output=True, text=True,
                              timeout=120)

@@ -82,6 +82,32 @@ def test_stops_inside_a_verified_draft(wide_gguf) -> None:  # noqa: ANN001
     assert _run(model, prompt, 30, [], loop, guard=True)[:3] == _run(model, prompt, 30, [], None, guard=True)[:3]
 
 
+def test_tokens_to_skip_bridge_what_the_draft_lacks(wide_gguf) -> None:  # noqa: ANN001
+    """Model.draft_skip (the punctuation a CTC transcript lacks): a draft without some of greedy's tokens is
+    matched with those tokens left out on both sides, so it stays aligned across them and a pass that meets one
+    does not end drafting; more draft tokens are kept, and the output is plain greedy's, bit for bit."""
+    model = _core.load_gguf(str(wide_gguf("q8_0")), device="cpu", threads=2)
+    model.logit_digests = True
+    prompt = _prompt(model, 19, 6)
+    plain, reason, digests, _ = _run(model, prompt, 30, [], None)
+    marks = sorted({plain[i] for i in (4, 9, 15, 22)} - {plain[0]})  # the "punctuation" greedy puts in
+    draft = [t for t in plain if t not in marks]  # what a CTC transcript would give: none of it
+    assert len(draft) < len(plain)
+    runs = {}
+    for skip in ([], marks):
+        model.draft_skip = skip
+        tokens, r, dg, st = _run(model, prompt, 30, [], draft)
+        assert (tokens, r, dg) == (plain, reason, digests), skip
+        runs[bool(skip)] = st
+    assert list(model.draft_skip) == marks
+    without, with_skip = runs[False], runs[True]
+    assert with_skip["draft_accepted"] > without["draft_accepted"], (with_skip, without)
+    assert with_skip["decode_passes"] < without["decode_passes"], (with_skip, without)
+    with pytest.raises(IndexError, match="draft_skip token -1 is outside the vocabulary"):
+        model.draft_skip = [-1]
+    model.draft_skip = []
+
+
 def test_draft_options_and_errors(wide_gguf) -> None:  # noqa: ANN001
     model = _core.load_gguf(str(wide_gguf("q4_k_m")), device="cpu", threads=0)
     prompt = _prompt(model, 11, 2)
@@ -291,3 +317,16 @@ def test_ctc_drafts_per_vad_segment(ctc_demo, vad_dir, three) -> None:  # noqa: 
     assert "draft_proposed" not in together.timings
     assert one.timings["draft_accepted"] >= 0.9 * one.timings["draft_proposed"] > 0
     assert one.timings["decode_passes"] < sum(len(sg.tokens) - 1 for sg in one.segments)
+
+
+def test_ctc_drafting_leaves_punctuation_out_of_the_match(ctc_demo, heldout) -> None:  # noqa: ANN001
+    """A CTC transcript has no punctuation (FunASR trains the head on normalized text): at its first CTC draft
+    the Session sets Model.draft_skip to the vocabulary's punctuation-only tokens."""
+    import fun_asr
+
+    s = fun_asr.Session(str(ctc_demo["f32"]), device="cpu", vad=None, progress=False)
+    assert list(s.model.draft_skip) == []
+    s.transcribe(heldout[0][0], sample_rate=16000)
+    texts = [s.tokenizer.decode([i]) for i in s.model.draft_skip]
+    assert {",", ".", "?", "，", "。"} <= set(texts), texts
+    assert all(t.strip() and not any(c.isalnum() for c in t) for t in texts), texts

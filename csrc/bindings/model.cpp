@@ -388,6 +388,12 @@ void bind_model(py::module_ & m) {
                                "True between interrupt() and clear_interrupt().")
         .def_property("draft_max", &Model::draft_max, &Model::set_draft_max,
                       "Most draft tokens one verification pass takes (default 4; 0 = drafts unused).")
+        .def_property(
+            "draft_skip", [](const Model & self) { return self.draft_skip(); },
+            [](Model & self, const std::vector<int64_t> & ids) { self.set_draft_skip(vocab_ids(self, ids, "draft_skip token")); },
+            "Token ids left out when the output so far is matched with a draft (default none; the Session sets the "
+            "punctuation-only tokens where it drafts with the CTC transcript, which has none): a comma the draft "
+            "lacks neither misaligns it nor ends drafting.")
         .def_property("logit_digests", &Model::logit_digests, &Model::set_logit_digests,
                       "Test aid (default False): generate_batch/generate keep a 64-bit digest of every logits row a "
                       "token was taken from; last_logit_digests() returns them.")

@@ -279,7 +279,9 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const ggml_tensor * w = dst->src[0];
     const ggml_tensor * prepared = dst->src[1];
     const int64_t k = w->ne[0], rows = w->ne[1], m = dst->ne[1];
-    const int64_t tiles = rows / kTile, per = (tiles + nth - 1) / nth;
+    // Q8_0 rows past the last whole tile (a CTC vocabulary of 60,515) form one more, zero-padded tile
+    const int64_t full = rows / kTile, tail = rows - full * kTile;
+    const int64_t tiles = full + (tail ? 1 : 0), per = (tiles + nth - 1) / nth;
     const int64_t t0 = std::min<int64_t>(tiles, per * ith), t1 = std::min<int64_t>(tiles, t0 + per);
     if (t0 >= t1) return;
     const float * bias = dst->src[2] ? static_cast<const float *>(dst->src[2]->data) : nullptr;
@@ -296,7 +298,25 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
         q.resize(static_cast<size_t>(kTile * k));
         amx_rows_q4_k(wdata, t0, t1, pdata, m, nb, bias, q.data(), dw.data(), wo.data(), y, ys);
     } else {
-        amx_rows_q8_0(wdata, w->nb[1], t0, t1, pdata, m, nb, bias, dw.data(), y, ys);
+        const size_t rb = w->nb[1];
+        const int64_t t1_full = std::min(t1, full);
+        if (t0 < t1_full) amx_rows_q8_0(wdata, rb, t0, t1_full, pdata, m, nb, bias, dw.data(), y, ys);
+        if (t1 > full) {  // the partial tile: its rows in a zeroed 16-row tile (zero blocks add 0), its own output
+            thread_local std::vector<uint8_t> wpad;
+            thread_local std::vector<float> bpad, ypad;
+            wpad.assign(static_cast<size_t>(kTile) * rb, 0);
+            std::memcpy(wpad.data(), wdata + static_cast<size_t>(full * kTile) * rb, static_cast<size_t>(tail) * rb);
+            if (bias) {
+                bpad.assign(kTile, 0.0f);
+                std::memcpy(bpad.data(), bias + full * kTile, static_cast<size_t>(tail) * sizeof(float));
+            }
+            ypad.resize(static_cast<size_t>(m * kTile));
+            amx_rows_q8_0(wpad.data(), rb, 0, 1, pdata, m, nb, bias ? bpad.data() : nullptr, dw.data(), ypad.data(),
+                          kTile);
+            for (int64_t j = 0; j < m; ++j) {
+                std::memcpy(y + j * ys + full * kTile, ypad.data() + j * kTile, static_cast<size_t>(tail) * sizeof(float));
+            }
+        }
     }
 #else
     (void)dst; (void)ith; (void)nth;
@@ -329,7 +349,8 @@ bool amx_gemm_supported(const ggml_tensor * w, const ggml_tensor * x) {
         return false;
     }
     if (!ggml_is_contiguous(w) || w->ne[2] != 1 || w->ne[3] != 1) return false;
-    if (w->ne[1] % kTile != 0 || w->ne[0] % kBlock != 0) return false;
+    // Q8_0 takes any row count (a last partial tile is zero-padded); Q4_K's repacked groups come in whole tiles
+    if ((w->type != GGML_TYPE_Q8_0 && w->ne[1] % kTile != 0) || w->ne[0] % kBlock != 0) return false;
     if (x->ne[0] != w->ne[0] || x->ne[2] != 1 || x->ne[3] != 1 || x->nb[0] != sizeof(float)) return false;
     return x->ne[1] >= 1;
 }

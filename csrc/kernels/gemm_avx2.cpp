@@ -161,7 +161,9 @@ const Choice & choice() {
 void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const ggml_tensor * w = dst->src[0];
     const ggml_tensor * prepared = dst->src[1];
-    const int64_t k = w->ne[0], groups = w->ne[1] / kGroup, m = dst->ne[1];
+    const int64_t k = w->ne[0], rows = w->ne[1], m = dst->ne[1];
+    // Q8_0 / Q6_K rows past the last whole group (a CTC vocabulary of 60,515) form one more, zero-padded group
+    const int64_t full = rows / kGroup, tail = rows - full * kGroup, groups = full + (tail ? 1 : 0);
     const int64_t per = (groups + nth - 1) / nth;
     const int64_t g0 = std::min<int64_t>(groups, per * ith), g1 = std::min<int64_t>(groups, g0 + per);
     if (g0 >= g1) return;
@@ -174,10 +176,33 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     wo.resize(static_cast<size_t>(2 * L.nb) * kGroup);
     const auto * base = static_cast<const uint8_t *>(prepared->data);
     const Weights kind = w->type == GGML_TYPE_Q4_K ? Weights::q4_k : w->type == GGML_TYPE_Q6_K ? Weights::q6_k : Weights::q8_0;
-    choice().rows(static_cast<const uint8_t *>(w->data), w->nb[1], kind, g0, g1, L.nb,
-                  reinterpret_cast<const int16_t *>(base), reinterpret_cast<const float *>(base + L.q_bytes),
-                  reinterpret_cast<const float *>(base + L.q_bytes + L.d_bytes), m, bias, wq.data(), wd.data(),
-                  wo.data(), static_cast<float *>(dst->data), static_cast<int64_t>(dst->nb[1] / sizeof(float)));
+    const auto * wdata = static_cast<const uint8_t *>(w->data);
+    const auto * xq = reinterpret_cast<const int16_t *>(base);
+    const auto * xd = reinterpret_cast<const float *>(base + L.q_bytes);
+    const auto * xs = reinterpret_cast<const float *>(base + L.q_bytes + L.d_bytes);
+    auto * y = static_cast<float *>(dst->data);
+    const auto ys = static_cast<int64_t>(dst->nb[1] / sizeof(float));
+    const size_t rb = w->nb[1];
+    const int64_t g1_full = std::min(g1, full);
+    if (g0 < g1_full) {
+        choice().rows(wdata, rb, kind, g0, g1_full, L.nb, xq, xd, xs, m, bias, wq.data(), wd.data(), wo.data(), y, ys);
+    }
+    if (g1 > full) {  // the partial group: its rows in a zeroed 8-row group (zero blocks add 0), its own output
+        thread_local std::vector<uint8_t> wpad;
+        thread_local std::vector<float> bpad, ypad;
+        wpad.assign(static_cast<size_t>(kGroup) * rb, 0);
+        std::memcpy(wpad.data(), wdata + static_cast<size_t>(full * kGroup) * rb, static_cast<size_t>(tail) * rb);
+        if (bias) {
+            bpad.assign(kGroup, 0.0f);
+            std::memcpy(bpad.data(), bias + full * kGroup, static_cast<size_t>(tail) * sizeof(float));
+        }
+        ypad.resize(static_cast<size_t>(m * kGroup));
+        choice().rows(wpad.data(), rb, kind, 0, 1, L.nb, xq, xd, xs, m, bias ? bpad.data() : nullptr, wq.data(),
+                      wd.data(), wo.data(), ypad.data(), kGroup);
+        for (int64_t j = 0; j < m; ++j) {
+            std::memcpy(y + j * ys + full * kGroup, ypad.data() + j * kGroup, static_cast<size_t>(tail) * sizeof(float));
+        }
+    }
 }
 
 }  // namespace
@@ -195,7 +220,8 @@ bool int8_gemm_supported(const ggml_tensor * w, const ggml_tensor * x) {
         return false;
     }
     if (!ggml_is_contiguous(w) || w->ne[2] != 1 || w->ne[3] != 1) return false;
-    if (w->ne[1] % kGroup != 0 || w->ne[0] % kBlock != 0) return false;
+    // Q8_0 / Q6_K take any row count (a last partial group is zero-padded); Q4_K's repacked groups are whole
+    if ((w->type == GGML_TYPE_Q4_K && w->ne[1] % kGroup != 0) || w->ne[0] % kBlock != 0) return false;
     if (x->ne[0] != w->ne[0] || x->ne[2] != 1 || x->ne[3] != 1 || x->nb[0] != sizeof(float)) return false;
     return x->ne[1] >= 1;
 }

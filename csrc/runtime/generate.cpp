@@ -57,22 +57,41 @@ void take_token(Model::Generated & g, int32_t tok, const std::vector<int32_t> & 
     }
 }
 
-// Up to `most` draft tokens to follow `tokens`: where tokens is a prefix of the draft, the draft's next
-// tokens; else those after the last occurrence in the draft of tokens' last two.
-std::vector<int32_t> propose(const std::vector<int32_t> & tokens, const std::vector<int32_t> & draft, int64_t most) {
-    const size_t t = tokens.size();
+// Up to `most` draft tokens to follow `tokens`, both read without the ids in `skip` (sorted): where tokens is
+// a prefix of the draft, the draft's next tokens; else those after the last occurrence in the draft of
+// tokens' last two. Skipped ids that tokens ends with are stepped over where the draft has them too.
+std::vector<int32_t> propose(const std::vector<int32_t> & tokens, const std::vector<int32_t> & draft, int64_t most,
+                             const std::vector<int32_t> & skip) {
+    auto skipped = [&](int32_t id) { return !skip.empty() && std::binary_search(skip.begin(), skip.end(), id); };
+    std::vector<size_t> kept;  // the draft's positions that are not skipped
+    kept.reserve(draft.size());
+    for (size_t j = 0; j < draft.size(); ++j) {
+        if (!skipped(draft[j])) kept.push_back(j);
+    }
+    std::vector<int32_t> said;  // tokens, not skipped
+    said.reserve(tokens.size());
+    for (int32_t id : tokens) {
+        if (!skipped(id)) said.push_back(id);
+    }
+    const size_t t = said.size();
     size_t from = std::string::npos;
-    if (t <= draft.size() && std::equal(tokens.begin(), tokens.end(), draft.begin())) {
-        from = t;
+    bool prefix = t <= kept.size();
+    for (size_t i = 0; prefix && i < t; ++i) prefix = draft[kept[i]] == said[i];
+    if (prefix) {
+        from = t == 0 ? 0 : kept[t - 1] + 1;
     } else if (t >= 2) {
-        for (size_t j = draft.size(); j-- > 1;) {
-            if (draft[j - 1] == tokens[t - 2] && draft[j] == tokens[t - 1]) {
-                from = j + 1;
+        for (size_t j = kept.size(); j-- > 1;) {
+            if (draft[kept[j - 1]] == said[t - 2] && draft[kept[j]] == said[t - 1]) {
+                from = kept[j] + 1;
                 break;
             }
         }
     }
-    if (from == std::string::npos || from >= draft.size() || most <= 0) return {};
+    if (from == std::string::npos) return {};
+    size_t tail = tokens.size();
+    while (tail > 0 && skipped(tokens[tail - 1])) --tail;
+    for (; tail < tokens.size() && from < draft.size() && draft[from] == tokens[tail]; ++tail) ++from;
+    if (from >= draft.size() || most <= 0) return {};
     const size_t end = std::min(draft.size(), from + static_cast<size_t>(most));
     return std::vector<int32_t>(draft.begin() + static_cast<std::ptrdiff_t>(from),
                                 draft.begin() + static_cast<std::ptrdiff_t>(end));
@@ -347,7 +366,7 @@ void Model::decode_with_draft(Generated & g, int32_t next, int64_t past, int64_t
         // no position past the prompt + max_new_tokens - 1 the cache was sized for is written.
         const int64_t room = max_new_tokens - static_cast<int64_t>(g.tokens.size()) - 1;
         const std::vector<int32_t> cand =
-            drafting ? propose(g.tokens, draft, std::min(draft_max_, room)) : std::vector<int32_t>{};
+            drafting ? propose(g.tokens, draft, std::min(draft_max_, room), draft_skip_) : std::vector<int32_t>{};
         std::vector<int32_t> in(1, next);
         in.insert(in.end(), cand.begin(), cand.end());
         const int64_t n = static_cast<int64_t>(in.size());
@@ -374,7 +393,11 @@ void Model::decode_with_draft(Generated & g, int32_t next, int64_t past, int64_t
             next = choice;  // the first token the draft did not have (or the one after the whole draft)
             break;
         }
-        if (n > 1 && last_.draft_accepted == kept_before) drafting = false;  // the draft has stopped helping
+        // the draft has stopped helping -- unless greedy put a token to skip where the draft went on
+        if (n > 1 && last_.draft_accepted == kept_before &&
+            !std::binary_search(draft_skip_.begin(), draft_skip_.end(), next)) {
+            drafting = false;
+        }
     }
 }
 

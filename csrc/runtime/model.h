@@ -4,6 +4,7 @@
 // threads, but calls run one at a time (the KV cache is part of the model).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -114,8 +115,10 @@ public:
     // the draft (its prefix, else the last two tokens found in it), up to draft_max() of the draft's
     // next tokens are verified in one pass of decode-step arithmetic (mul_mat_step per position, the
     // fused attention's per-row loop), and the longest prefix that greedy decoding itself takes is kept.
-    // A pass that keeps none of its draft tokens ends drafting for the rest of the generation (a wrong
-    // draft costs one pass). Tokens, stop reason and every logits row are plain greedy's, bit for bit (tests);
+    // Tokens in draft_skip() (punctuation, say: a CTC transcript has none) are left out on both sides when
+    // the tokens so far are matched with the draft. A pass that keeps none of its draft tokens ends drafting
+    // for the rest of the generation (a wrong draft costs one pass), unless greedy's token there is one to
+    // skip (the model put a comma where the draft has none). Tokens, stop reason and every logits row are plain greedy's, bit for bit (tests);
     // with flash_attn off (the matmul attention sums over the pass's longest row) the draft is not used.
     std::vector<Generated> generate_batch(const std::vector<std::pair<const float *, int64_t>> & prompts,
                                           int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
@@ -129,6 +132,14 @@ public:
     bool interrupt_requested() const { return interrupt_.load(std::memory_order_relaxed); }
     // Most draft tokens one verification pass takes (default 4; 0 turns drafts off).
     int64_t draft_max() const { return draft_max_; }
+    // Token ids left out when the output so far is matched with a draft (default none).
+    const std::vector<int32_t> & draft_skip() const { return draft_skip_; }
+    void set_draft_skip(std::vector<int32_t> ids) {
+        for (int32_t id : ids) check_token(id);
+        std::sort(ids.begin(), ids.end());
+        ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+        draft_skip_ = std::move(ids);
+    }
     void set_draft_max(int64_t n) {
         if (n < 0) throw std::invalid_argument("draft_max must be >= 0 (0 = drafts off)");
         draft_max_ = n;
@@ -237,6 +248,7 @@ private:
     bool logit_digests_on_ = false;
     int64_t max_step_seqs_ = 0;
     int64_t draft_max_ = 4;
+    std::vector<int32_t> draft_skip_;  // sorted
     std::vector<std::vector<uint64_t>> digests_;
     bool profiling_ = false;
     std::map<std::string, ProfileEntry> profile_;

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from tokenizers import Tokenizer
 
@@ -51,6 +52,13 @@ class TextTokenizer:
                 pos = m.end()
             pending.append(text[pos:])
         return ids + self.encode_plain("".join(pending))
+
+    def punctuation_ids(self, vocab_size: int) -> list[int]:
+        """Ids of the tokens that are nothing but punctuation (and white space): ``，`` ``。`` ``,`` ``?`` ...,
+        what a CTC transcript (normalized targets) leaves out. One pass over the vocabulary (~0.2 s for Qwen's)."""
+        texts = self._tok.decode_batch([[i] for i in range(vocab_size)], skip_special_tokens=False)
+        return [i for i, t in enumerate(texts) if t.strip() and "\ufffd" not in t
+                and all(c.isspace() or unicodedata.category(c).startswith("P") for c in t)]
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
