@@ -13,6 +13,8 @@ per repeat, on the same clip, decoding exactly --tokens tokens (ignore_eos, as t
 - **CTC, wrong**: the random head's greedy transcript as the draft: what the head and a useless draft cost;
 - **CTC, matching**: the real head runs (its cost is paid), but the draft handed to the decoder is the
   model's own plain-greedy output: the best case, a CTC transcript that tokenizes exactly like the LLM's.
+- **CTC, no punctuation**: the same, with every 6th token of that output left out of the draft and those ids
+  set as ``Model.draft_skip`` (what the Session does with the punctuation a normalized CTC transcript lacks).
 
 Random weights cannot say how often a real CTC head agrees with its LLM (the trained demo model's head agrees on
 105 of 108 draft tokens of its held-out clips: tests/test_speculative.py); these rows bound what it costs and
@@ -129,15 +131,26 @@ def main() -> None:
         _, oracle = run(s, x, a.tokens)  # warm-up, and the tokens a matching CTC transcript would give
         real_draft = s._ctc_draft
 
+        marks = sorted(set(oracle[5::6]) - {oracle[0]})
+        unpunctuated = [t for t in oracle if t not in marks]
+
         def matching(enc: np.ndarray, real=real_draft, oracle=oracle) -> list[int]:  # noqa: ANN001
             real(enc)  # the head's cost is paid
             return list(oracle)
 
-        res: dict[str, list[dict[str, float]]] = {"plain": [], "CTC, wrong": [], "CTC, matching": []}
+        def no_punctuation(enc: np.ndarray, real=real_draft, model=s.model, marks=marks,  # noqa: ANN001
+                           draft=unpunctuated) -> list[int]:
+            real(enc)
+            model.draft_skip = marks
+            return list(draft)
+
+        res: dict[str, list[dict[str, float]]] = {"plain": [], "CTC, wrong": [], "CTC, matching": [],
+                                                  "CTC, no punctuation": []}
         for _ in range(a.repeats):
             for way in res:
                 s.ctc_drafts = way != "plain"
-                s._ctc_draft = matching if way == "CTC, matching" else real_draft
+                s._ctc_draft = {"CTC, matching": matching, "CTC, no punctuation": no_punctuation}.get(way, real_draft)
+                s.model.draft_skip = []
                 t, toks = run(s, x, a.tokens)
                 assert toks == oracle, f"{package} {way}: tokens differ from plain greedy"
                 res[way].append(t)

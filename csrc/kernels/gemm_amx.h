@@ -31,8 +31,9 @@ namespace fun_asr {
 bool amx_available();
 
 // Whether w x x can go through the AMX kernel: w plain Q8_0 in host memory or Q4_K in ggml's repacked
-// 8-row layout (graph/common.cpp takes it for the encoder's products only), contiguous 2-D, rows a
-// multiple of 16; x F32 [w->ne[0], m], any m (columns are padded to tiles of 16).
+// 8-row layout (graph/common.cpp takes it for the encoder's products only), contiguous 2-D; Q4_K rows a
+// multiple of 16, Q8_0 any row count (a last partial tile is zero-padded: the CTC head's 60,515 labels);
+// x F32 [w->ne[0], m], any m (columns are padded to tiles of 16).
 bool amx_gemm_supported(const ggml_tensor * w, const ggml_tensor * x);
 
 // The activation x (F32 [k, m]) quantized and laid out as AMX tiles, in its own graph node; one

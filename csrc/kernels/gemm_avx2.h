@@ -30,7 +30,8 @@ namespace fun_asr {
 const char * int8_gemm_isa();
 
 // Whether w x x can go through this kernel: w Q8_0 or Q6_K in host memory or Q4_K in ggml's repacked
-// 8-row layout, contiguous 2-D, not a view, rows a multiple of 8; x F32 [w->ne[0], m], any m >= 1.
+// 8-row layout, contiguous 2-D, not a view; Q4_K rows a multiple of 8, Q8_0 / Q6_K any row count (a last
+// partial group is zero-padded); x F32 [w->ne[0], m], any m >= 1.
 bool int8_gemm_supported(const ggml_tensor * w, const ggml_tensor * x);
 
 // x (F32 [k, m]) quantized (Q8_0) and widened to int16 in its own graph node (I16), with each block's
