@@ -332,7 +332,8 @@ ggml_tensor * Model::run_ctc_head(GraphScope & g, const float * encoder_out, int
     ggml_tensor * enc = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, hp_.enc.d_model, T);
     ggml_set_input(enc);
     ggml_tensor * out = build_ctc(gc, hp_, weights_->w, enc, nullptr);
-    if (argmax) out = ctc_argmax(g.ctx, out);  // [T] int32
+    // [T] int32: our multithreaded argmax on the CPU, ggml's where another backend computes (CUDA has it)
+    if (argmax) out = backend_ == cpu_backend_ ? ctc_argmax(g.ctx, out) : ggml_argmax(g.ctx, out);
     ggml_set_output(out);
     ggml_build_forward_expand(g.gf, out);
     alloc_graph(g.gf);
