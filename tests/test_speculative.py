@@ -320,13 +320,12 @@ def test_ctc_drafts_per_vad_segment(ctc_demo, vad_dir, three) -> None:  # noqa: 
 
 
 def test_ctc_drafting_leaves_punctuation_out_of_the_match(ctc_demo, heldout) -> None:  # noqa: ANN001
-    """A CTC transcript has no punctuation (FunASR trains the head on normalized text): at its first CTC draft
-    the Session sets Model.draft_skip to the vocabulary's punctuation-only tokens."""
+    """A CTC transcript has no punctuation (FunASR trains the head on normalized text): a Session on a model
+    with a CTC head sets Model.draft_skip to the vocabulary's punctuation-only tokens; without one, none."""
     import fun_asr
 
     s = fun_asr.Session(str(ctc_demo["f32"]), device="cpu", vad=None, progress=False)
-    assert list(s.model.draft_skip) == []
-    s.transcribe(heldout[0][0], sample_rate=16000)
+    assert list(fun_asr.Session("demo", device="cpu", vad=None, progress=False).model.draft_skip) == []
     texts = [s.tokenizer.decode([i]) for i in s.model.draft_skip]
     assert {",", ".", "?", "，", "。"} <= set(texts), texts
     assert all(t.strip() and not any(c.isalnum() for c in t) for t in texts), texts

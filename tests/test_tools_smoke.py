@@ -30,6 +30,15 @@ def test_bench_smoke(tmp_path: Path) -> None:
         assert needle in table, needle
 
 
+def test_bench_ctc_draft_smoke(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, str(TOOLS / "bench_ctc_draft.py"), "--smoke", "--work", str(tmp_path)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for needle in ("| q8_0 | plain |", "| q4_k_m | CTC, wrong |", "| q8_0 | CTC, matching |", "CTC, no punctuation",
+                   "| decoder passes | draft kept |"):
+        assert needle in r.stdout, needle
+
+
 def test_bench_stream_smoke(tiny_gguf, tmp_path: Path) -> None:  # noqa: ANN001
     from vad_fixture import fsmn_vad_dir
 

@@ -3,6 +3,7 @@
 
     python tools/bench_ctc_draft.py [--types q8_0,q4_k_m] [--seconds 10] [--tokens 40] [--repeats 3]
                                     [--threads 2] [--work /tmp/fun-asr-bench]
+    python tools/bench_ctc_draft.py --smoke   # tiny model and head, one repeat: keeps the harness from rotting (CI)
 
 The full-size random checkpoint of tools/bench.py (HF layout: no CTC head) gets a random CTC head of the
 release's dimensions (5 blocks of width 512, linear1 2048, FFN 128, 60,515 labels), its tensors typed as
@@ -42,6 +43,7 @@ from make_random_checkpoint import make_checkpoint  # noqa: E402
 from trained_ctc import add_ctc_head, ctc_metadata, specials  # noqa: E402
 
 RELEASE_CTC = dict(d_model=512, proj=2048, n_heads=8, ffn=128, n_layers=5, vocab=60515)
+SMOKE_CTC = dict(d_model=64, proj=128, n_heads=4, ffn=16, n_layers=1, vocab=2000)
 
 
 def random_ranks(n: int, seed: int) -> list[bytes]:
@@ -57,9 +59,9 @@ def random_ranks(n: int, seed: int) -> list[bytes]:
     return out
 
 
-def with_release_ctc(ckpt: Path, src: Path, dest: Path, package: str, seed: int = 0) -> Path:
-    """`src` (a package of `ckpt`) plus a random CTC head of the release's dimensions, typed as the converter
-    types it for `package`."""
+def with_random_ctc(ckpt: Path, src: Path, dest: Path, package: str, c: dict[str, int], seed: int = 0) -> Path:
+    """`src` (a package of `ckpt`) plus a random CTC head of dimensions `c`, typed as the converter types it for
+    `package`."""
     import gguf
 
     from fun_asr import _core
@@ -70,7 +72,6 @@ def with_release_ctc(ckpt: Path, src: Path, dest: Path, package: str, seed: int 
 
     if dest.is_file():
         return dest
-    c = RELEASE_CTC
     ranks = random_ranks(c["vocab"] - len(specials()), seed)
     opened = open_checkpoint(ckpt)
     hp = opened.hparams
@@ -115,17 +116,21 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--work", type=Path, default=Path("/tmp/fun-asr-bench"))
+    ap.add_argument("--smoke", action="store_true", help="tiny model and head, one repeat, short clip (CI)")
     a = ap.parse_args()
-    ckpt = a.work / "full-bf16"
+    size, head = ("tiny", SMOKE_CTC) if a.smoke else ("full", RELEASE_CTC)
+    if a.smoke:
+        a.repeats, a.seconds, a.tokens = 1, 3.0, 6
+    ckpt = a.work / f"{size}-bf16"
     if not (ckpt / "config.json").exists():
-        make_checkpoint(ckpt, "full", seed=0, dtype="bf16")
+        make_checkpoint(ckpt, size, seed=0, dtype="bf16")
     x = clip(a.seconds)
     rows = []
     for package in a.types.split(","):
-        src = a.work / f"full-{package}.gguf"
+        src = a.work / f"{size}-{package}.gguf"
         if not src.is_file():
             fun_asr.convert(ckpt, src, package, progress=False)
-        pkg = with_release_ctc(ckpt, src, a.work / f"full-{package}-ctc.gguf", package)
+        pkg = with_random_ctc(ckpt, src, a.work / f"{size}-{package}-ctc.gguf", package, head)
         s = fun_asr.Session(str(pkg), device="cpu", threads=a.threads, progress=False, vad=None)
         s.ctc_drafts = False
         _, oracle = run(s, x, a.tokens)  # warm-up, and the tokens a matching CTC transcript would give

@@ -150,7 +150,8 @@ class Session:
         # speculative decoding: the same tokens as without it, fewer decoder passes where the two agree. The CTC
         # head runs on the kept encoder output only when the segment is decoded alone. False: never.
         self.ctc_drafts = self.aligner is not None
-        self._draft_skip_set = False  # Model.draft_skip: set at the first CTC draft
+        if self.aligner is not None:  # its transcript has no punctuation: greedy's commas must not misalign it
+            self.model.draft_skip = self.tokenizer.punctuation_ids(self.vocab_size)  # ~0.2 s, once
         self._told_no_ctc = False
         self._told_languages: set[str] = set()  # languages the spec lacks, logged once each
         self.vad: FsmnVad | None = None
@@ -639,9 +640,6 @@ class Session:
         from fun_asr.asr.ctc import draft_text
 
         assert self.aligner is not None
-        if not self._draft_skip_set:  # the transcript has no punctuation: greedy's commas must not misalign it
-            self.model.draft_skip = self.tokenizer.punctuation_ids(self.vocab_size)
-            self._draft_skip_set = True
         try:
             labels = self.model.ctc_greedy(encoder_output)
         except (ValueError, RuntimeError, MemoryError) as exc:  # no draft is only slower: decode without one
