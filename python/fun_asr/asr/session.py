@@ -100,6 +100,9 @@ class Session:
     (``fun-asr-convert --speaker-model``); ``$FUN_ASR_SPEAKER_MODEL``; for a hub ``model``, the hub's CAM++
     (downloaded once); one already in fun-asr's cache. None: no speakers (``diarize=True`` then raises).
     ``speaker_source`` says where it came from.
+    With a CTC head (FunASR/ModelScope checkpoints), a segment decoded alone takes the head's greedy transcript
+    as the draft of lossless speculative decoding: the same tokens, fewer decoder passes (``ctc_drafts``, True
+    then; set it False to skip the head's cost where its transcript rarely matches).
     One Session can be used from several threads; transcriptions run one at a time.
     """
 
