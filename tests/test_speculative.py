@@ -329,3 +329,36 @@ def test_ctc_drafting_leaves_punctuation_out_of_the_match(ctc_demo, heldout) -> 
     texts = [s.tokenizer.decode([i]) for i in s.model.draft_skip]
     assert {",", ".", "?", "，", "。"} <= set(texts), texts
     assert all(t.strip() and not any(c.isalnum() for c in t) for t in texts), texts
+
+
+def test_stream_events_are_the_same_with_ctc_drafts(ctc_demo, vad_dir, three) -> None:  # noqa: ANN001
+    """A VAD stream on a CTC model: decodes without a previous partial (each sentence's first partial) take the
+    CTC draft; every event is the same as with ctc_drafts off, in fewer decoder passes."""
+    import fun_asr
+
+    s = fun_asr.Session(str(ctc_demo["f32"]), device="cpu", vad="fsmn", vad_model=vad_dir, progress=False)
+    x = _three_audio(three)
+    real = s.transcribe
+    timings: list[dict] = []
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        r = real(*args, **kwargs)
+        timings.append(r.timings)
+        return r
+
+    s.transcribe = spy
+    runs = {}
+    for on in (True, False):
+        s.ctc_drafts = on
+        timings.clear()
+        st = s.stream()
+        events = []
+        for i in range(0, x.size, 960):
+            events += st.feed(x[i : i + 960])
+        events += st.close()
+        passes = sum(t.get("decode_passes", max(t["tokens"] - 1, 0)) for t in timings)
+        runs[on] = ([e.to_dict() for e in events], passes, sum("ctc_draft_ms" in t for t in timings))
+    (ev_on, passes_on, ctc_on), (ev_off, passes_off, ctc_off) = runs[True], runs[False]
+    assert ev_on == ev_off and sum(e["type"] == "sentence" for e in ev_on) == 3
+    assert ctc_on >= 3 and ctc_off == 0  # at least each sentence's first partial
+    assert passes_on < passes_off, (passes_on, passes_off)
