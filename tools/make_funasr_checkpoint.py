@@ -115,13 +115,14 @@ def funasr_config(d: dict[str, Any], ctc_vocab: int, ctc: bool = True) -> dict[s
     return conf
 
 
-def make_tiktoken_vocab(n_merges: int) -> list[bytes]:
-    """Byte-level BPE trained on a little text: the 256 bytes, then merges by pair frequency."""
+def make_tiktoken_vocab(n_merges: int, corpus: list[str] | None = None) -> list[bytes]:
+    """Byte-level BPE trained on a little text (`corpus`, default BPE_CORPUS): the 256 bytes, then merges by
+    pair frequency."""
     from tokenizers import Regex, pre_tokenizers
 
     split = pre_tokenizers.Split(Regex(TIKTOKEN_PATTERN), behavior="isolated")
     words: Counter[tuple[bytes, ...]] = Counter()
-    for line in BPE_CORPUS:
+    for line in BPE_CORPUS if corpus is None else corpus:
         for piece, _ in split.pre_tokenize_str(line):
             words[tuple(bytes([b]) for b in piece.encode("utf-8"))] += 1
     vocab = [bytes([b]) for b in range(256)]

@@ -24,7 +24,6 @@ import json
 import multiprocessing as mp
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tools"))
 
+from make_funasr_checkpoint import make_tiktoken_vocab  # noqa: E402
 from train_tiny import add_noise, make_recipes, synth_clean  # noqa: E402
-from trained_ctc import ARTIFACT_JSON, ARTIFACT_WEIGHTS, CTC_PATTERN, demo_gguf, tokenizer  # noqa: E402
+from trained_ctc import ARTIFACT_JSON, ARTIFACT_WEIGHTS, demo_gguf, tokenizer  # noqa: E402
 from trained_model import WORDS  # noqa: E402
 
 CTC_SEED = 3  # the demo's training clips use seed 1, its held-out clips seed 2
@@ -44,37 +44,8 @@ PROJ = 256  # ctc_decoder.linear1 width (the release: 2048 over a 512-wide encod
 
 def learn_ranks(n_merges: int) -> list[bytes]:
     """Byte-level BPE on the 20 words (alone and after a space, as the pattern splits them): 256 bytes, then
-    merges by pair frequency."""
-    from tokenizers import Regex, pre_tokenizers
-
-    split = pre_tokenizers.Split(Regex(CTC_PATTERN), behavior="isolated")
-    words: Counter[tuple[bytes, ...]] = Counter()
-    for line in [" ".join(WORDS), " ".join(reversed(WORDS))]:
-        for piece, _ in split.pre_tokenize_str(line):
-            words[tuple(bytes([b]) for b in piece.encode("utf-8"))] += 1
-    vocab = [bytes([b]) for b in range(256)]
-    for _ in range(n_merges):
-        pairs: Counter[tuple[bytes, bytes]] = Counter()
-        for w, c in words.items():
-            for a, b in zip(w, w[1:], strict=False):
-                pairs[(a, b)] += c
-        if not pairs:
-            break
-        (a, b), _ = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))
-        vocab.append(a + b)
-        new: Counter[tuple[bytes, ...]] = Counter()
-        for w, c in words.items():
-            out, i = [], 0
-            while i < len(w):
-                if i + 1 < len(w) and w[i] == a and w[i + 1] == b:
-                    out.append(a + b)
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
-            new[tuple(out)] += c
-        words = new
-    return vocab
+    merges by pair frequency (tools/make_funasr_checkpoint.py's learner on this corpus)."""
+    return make_tiktoken_vocab(n_merges, [" ".join(WORDS), " ".join(reversed(WORDS))])
 
 
 def _clip(r: dict[str, Any]) -> np.ndarray:
