@@ -10,6 +10,7 @@
 #include "ggml-cpu.h"
 #include "kernels/matvec.h"
 #include "kernels/q4_k_x8_layout.h"
+#include "kernels/row_tail.h"
 
 #if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
 #define FUN_ASR_AMX_BUILD 1
@@ -301,21 +302,11 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
         const size_t rb = w->nb[1];
         const int64_t t1_full = std::min(t1, full);
         if (t0 < t1_full) amx_rows_q8_0(wdata, rb, t0, t1_full, pdata, m, nb, bias, dw.data(), y, ys);
-        if (t1 > full) {  // the partial tile: its rows in a zeroed 16-row tile (zero blocks add 0), its own output
-            thread_local std::vector<uint8_t> wpad;
-            thread_local std::vector<float> bpad, ypad;
-            wpad.assign(static_cast<size_t>(kTile) * rb, 0);
-            std::memcpy(wpad.data(), wdata + static_cast<size_t>(full * kTile) * rb, static_cast<size_t>(tail) * rb);
-            if (bias) {
-                bpad.assign(kTile, 0.0f);
-                std::memcpy(bpad.data(), bias + full * kTile, static_cast<size_t>(tail) * sizeof(float));
-            }
-            ypad.resize(static_cast<size_t>(m * kTile));
-            amx_rows_q8_0(wpad.data(), rb, 0, 1, pdata, m, nb, bias ? bpad.data() : nullptr, dw.data(), ypad.data(),
-                          kTile);
-            for (int64_t j = 0; j < m; ++j) {
-                std::memcpy(y + j * ys + full * kTile, ypad.data() + j * kTile, static_cast<size_t>(tail) * sizeof(float));
-            }
+        if (t1 > full) {  // the partial tile: its own zero-padded 16-row tile (kernels/row_tail.h)
+            padded_tail_rows(wdata, rb, full * kTile, tail, kTile, bias, m, y, ys,
+                             [&](const uint8_t * wt, const float * bt, float * yt, int64_t yts) {
+                                 amx_rows_q8_0(wt, rb, 0, 1, pdata, m, nb, bt, dw.data(), yt, yts);
+                             });
         }
     }
 #else

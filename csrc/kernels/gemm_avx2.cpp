@@ -11,6 +11,7 @@
 #include "ggml-cpu.h"
 
 #include "kernels/gemm_amx.h"
+#include "kernels/row_tail.h"
 #include "kernels/matvec.h"
 #include "kernels/q4_k_x8_layout.h"
 
@@ -187,21 +188,12 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     if (g0 < g1_full) {
         choice().rows(wdata, rb, kind, g0, g1_full, L.nb, xq, xd, xs, m, bias, wq.data(), wd.data(), wo.data(), y, ys);
     }
-    if (g1 > full) {  // the partial group: its rows in a zeroed 8-row group (zero blocks add 0), its own output
-        thread_local std::vector<uint8_t> wpad;
-        thread_local std::vector<float> bpad, ypad;
-        wpad.assign(static_cast<size_t>(kGroup) * rb, 0);
-        std::memcpy(wpad.data(), wdata + static_cast<size_t>(full * kGroup) * rb, static_cast<size_t>(tail) * rb);
-        if (bias) {
-            bpad.assign(kGroup, 0.0f);
-            std::memcpy(bpad.data(), bias + full * kGroup, static_cast<size_t>(tail) * sizeof(float));
-        }
-        ypad.resize(static_cast<size_t>(m * kGroup));
-        choice().rows(wpad.data(), rb, kind, 0, 1, L.nb, xq, xd, xs, m, bias ? bpad.data() : nullptr, wq.data(),
-                      wd.data(), wo.data(), ypad.data(), kGroup);
-        for (int64_t j = 0; j < m; ++j) {
-            std::memcpy(y + j * ys + full * kGroup, ypad.data() + j * kGroup, static_cast<size_t>(tail) * sizeof(float));
-        }
+    if (g1 > full) {  // the partial group: its own zero-padded 8-row group (kernels/row_tail.h)
+        padded_tail_rows(wdata, rb, full * kGroup, tail, kGroup, bias, m, y, ys,
+                         [&](const uint8_t * wg, const float * bg, float * yg, int64_t ygs) {
+                             choice().rows(wg, rb, kind, 0, 1, L.nb, xq, xd, xs, m, bg, wq.data(), wd.data(), wo.data(),
+                                           yg, ygs);
+                         });
     }
 }
 
