@@ -139,6 +139,16 @@ def _three_audio(three) -> np.ndarray:  # noqa: ANN001
     return x
 
 
+def _stream_events(session, x: np.ndarray) -> list[dict]:  # noqa: ANN001
+    """A VAD stream of `x` fed in 60 ms chunks: every event, as dicts."""
+    st = session.stream()
+    events = []
+    for i in range(0, x.size, 960):
+        events += st.feed(x[i : i + 960])
+    events += st.close()
+    return [e.to_dict() for e in events]
+
+
 def test_transcribe_draft_is_lossless_and_counted(demo, three) -> None:  # noqa: ANN001
     """Session.transcribe(draft=): the same result with the right draft, a wrong one or none; a right draft is
     kept and saves decoder passes (the timings count them); bad drafts are clear errors."""
@@ -191,12 +201,7 @@ def test_stream_partials_are_the_draft_of_the_next_decode(demo, three) -> None: 
         for draft_max in (4, 0):
             demo.model.draft_max = draft_max
             stats.clear()
-            st = demo.stream()
-            events = []
-            for i in range(0, x.size, 960):
-                events += st.feed(x[i : i + 960])
-            events += st.close()
-            runs[draft_max] = ([e.to_dict() for e in events], list(stats))
+            runs[draft_max] = (_stream_events(demo, x), list(stats))
     finally:
         demo.model.draft_max = 4
         del demo.transcribe
@@ -351,13 +356,9 @@ def test_stream_events_are_the_same_with_ctc_drafts(ctc_demo, vad_dir, three) ->
     for on in (True, False):
         s.ctc_drafts = on
         timings.clear()
-        st = s.stream()
-        events = []
-        for i in range(0, x.size, 960):
-            events += st.feed(x[i : i + 960])
-        events += st.close()
+        events = _stream_events(s, x)
         passes = sum(t.get("decode_passes", max(t["tokens"] - 1, 0)) for t in timings)
-        runs[on] = ([e.to_dict() for e in events], passes, sum("ctc_draft_ms" in t for t in timings))
+        runs[on] = (events, passes, sum("ctc_draft_ms" in t for t in timings))
     (ev_on, passes_on, ctc_on), (ev_off, passes_off, ctc_off) = runs[True], runs[False]
     assert ev_on == ev_off and sum(e["type"] == "sentence" for e in ev_on) == 3
     assert ctc_on >= 3 and ctc_off == 0  # at least each sentence's first partial
