@@ -103,23 +103,14 @@ def add_ctc_head(src: Path, dest: Path, ctc_meta: dict[str, Any],
     dropped), its tensors plus `tensors` ((name, array, raw ggml type or None for a plain F32 array))."""
     import gguf
 
-    from fun_asr.converter.output import _write_metadata
+    from fun_asr.converter.output import write_gguf
     from fun_asr.model.native import model_metadata
 
     meta = model_metadata(src)
     meta.pop("fun_asr_nano.ctc.unavailable", None)
     meta.update(ctc_meta)
-    reader = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(dest, str(meta["general.architecture"]))
-    _write_metadata(w, meta)
-    for t in reader.tensors:
-        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-    for name, arr, raw in tensors:
-        w.add_tensor(name, arr, raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    kept = [(t.name, np.asarray(t.data), t.tensor_type) for t in gguf.GGUFReader(src).tensors]
+    write_gguf(dest, str(meta["general.architecture"]), meta, kept + list(tensors))
     return dest
 
 

@@ -127,21 +127,6 @@ def _gguf_fields(path: Path) -> tuple[dict[str, Any], list[Any]]:
     return meta, list(r.tensors)
 
 
-def _write_gguf(out: Path, arch: str, meta: dict[str, Any], tensors: list[tuple[str, np.ndarray, Any]]) -> None:
-    import gguf
-
-    from fun_asr.converter.output import _write_metadata
-
-    w = gguf.GGUFWriter(out, arch)
-    _write_metadata(w, meta)
-    for name, data, raw_dtype in tensors:
-        w.add_tensor(name, data, raw_dtype=raw_dtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
 def small_vocab_gguf(package: str = "q8_0") -> Path:
     """micro-<package>.gguf with SMALL_VOCAB tokens (token_embd rows cut) and without its tokenizer."""
     def make(out: Path) -> None:
@@ -157,7 +142,9 @@ def small_vocab_gguf(package: str = "q8_0") -> Path:
             if t.name == "token_embd.weight":
                 data = data[:SMALL_VOCAB]
             rows.append((t.name, np.ascontiguousarray(data), t.tensor_type))
-        _write_gguf(out, "fun_asr_nano", meta, rows)
+        from fun_asr.converter.output import write_gguf
+
+        write_gguf(out, "fun_asr_nano", meta, rows)
     return _build(f"micro-v{SMALL_VOCAB}-{package}.gguf", make)
 
 
@@ -190,7 +177,9 @@ def micro_vad_gguf() -> Path:
         full = {k[len("fsmn_vad."):]: v for k, v in meta.items() if k.startswith("fsmn_vad.") and isinstance(v, int)}
         rng = np.random.default_rng(0)
         rows = [(g, rng.standard_normal(shape).astype(np.float32), None) for _, g, shape in table(full)]
-        _write_gguf(out, "fsmn_vad", meta, rows)
+        from fun_asr.converter.output import write_gguf
+
+        write_gguf(out, "fsmn_vad", meta, rows)
     return _build("fsmn-vad-micro.gguf", make)
 
 

@@ -61,6 +61,20 @@ def _write_metadata(w: gguf.GGUFWriter, meta: dict[str, Any]) -> None:
             w.add_array(key, list(value))
 
 
+def write_gguf(out: str | os.PathLike[str], arch: str, meta: dict[str, Any],
+               tensors: list[tuple[str, Any, Any]]) -> None:
+    """A small GGUF written in one go (test fixtures, derived packages): `meta` as _write_metadata writes it,
+    then `tensors` as (name, array, raw ggml type or None for a plain array), in order."""
+    w = gguf.GGUFWriter(out, arch)
+    _write_metadata(w, meta)
+    for name, data, raw_dtype in tensors:
+        w.add_tensor(name, data, raw_dtype=raw_dtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 class OutputError(ValueError):
     """The output path would destroy something: an input, a non-regular file, or (without
     overwrite) an existing file."""
