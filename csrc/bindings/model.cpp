@@ -37,6 +37,11 @@ std::vector<int32_t> vocab_ids(const Model & m, const std::vector<int64_t> & ids
     return out;
 }
 
+// ValueError naming why, for the calls that need the CTC head (info()['ctc']['reason']).
+void require_ctc_head(const Model & m) {
+    if (!m.has_ctc()) throw py::value_error("this model has no CTC head: " + m.hparams().ctc.unavailable);
+}
+
 std::unique_ptr<Model> load_gguf(const std::string & path, const std::string & device, int threads) {
     py::gil_scoped_release release;
     fun_asr::ModelSource src = fun_asr::read_gguf(path);
@@ -173,7 +178,7 @@ void bind_model(py::module_ & m) {
             "ctc_logprobs",
             [](Model & self, const py::array & features) {
                 require_rows(features, self.hparams().enc.input_size, "features");
-                if (!self.has_ctc()) throw py::value_error("this model has no CTC head: " + self.hparams().ctc.unavailable);
+                require_ctc_head(self);
                 const int64_t T = features.shape(0);
                 const float * p = static_cast<const float *>(features.data());
                 std::vector<float> out;
@@ -190,7 +195,7 @@ void bind_model(py::module_ & m) {
             "encode_ctc",
             [](Model & self, const py::array & features) {
                 require_rows(features, self.hparams().enc.input_size, "features");
-                if (!self.has_ctc()) throw py::value_error("this model has no CTC head: " + self.hparams().ctc.unavailable);
+                require_ctc_head(self);
                 const int64_t T = features.shape(0);
                 const float * p = static_cast<const float *>(features.data());
                 std::pair<std::vector<float>, std::vector<float>> out;
@@ -225,7 +230,7 @@ void bind_model(py::module_ & m) {
             "ctc_greedy",
             [](Model & self, const py::array & encoder_output) {
                 require_rows(encoder_output, self.hparams().enc.d_model, "encoder_output");
-                if (!self.has_ctc()) throw py::value_error("this model has no CTC head: " + self.hparams().ctc.unavailable);
+                require_ctc_head(self);
                 const int64_t T = encoder_output.shape(0);
                 const float * p = static_cast<const float *>(encoder_output.data());
                 std::vector<int32_t> ids;
@@ -245,7 +250,7 @@ void bind_model(py::module_ & m) {
             "ctc_logprobs_encoded",
             [](Model & self, const py::array & encoder_output) {
                 require_rows(encoder_output, self.hparams().enc.d_model, "encoder_output");
-                if (!self.has_ctc()) throw py::value_error("this model has no CTC head: " + self.hparams().ctc.unavailable);
+                require_ctc_head(self);
                 const int64_t T = encoder_output.shape(0);
                 const float * p = static_cast<const float *>(encoder_output.data());
                 std::vector<float> out;
