@@ -140,10 +140,13 @@ bool request_amx() {
 // acc += float(dot) * (d_w * d_x), then for Q4_K acc -= offset * (d_x * sum of the quants), blocks in
 // order, + bias last. Software-pipelined: the tile unit computes block b + 1 (tiles 3-5) while the
 // vector unit scales block b's integers (tiles 0-2 wrote them), so neither waits for the other.
+// dw's element (row i, block b) is dw[i * dsi + b * dsb]. pf / pf_share: while the first column tile
+// runs, pf_share bytes from pf + b * pf_share are prefetched into L2 per block (the next row tile, for a
+// decode step's few columns, where the weights stream from memory once); pf null: none.
 template <bool kQ4K>
-static inline void amx_row_tile(const uint8_t * a, size_t as, size_t ab, const float * dw, const float * wo,
-                                const uint8_t * prepared, int64_t m, int64_t nb, const float * bias, float * y,
-                                int64_t ys, int64_t r0) {
+static inline void amx_row_tile(const uint8_t * a, size_t as, size_t ab, const float * dw, int64_t dsi, int64_t dsb,
+                                const float * wo, const uint8_t * prepared, int64_t m, int64_t nb, const float * bias,
+                                float * y, int64_t ys, int64_t r0, const uint8_t * pf, size_t pf_share) {
     const int64_t mp = (m + kTile - 1) / kTile * kTile, nct = mp / kTile;
     const float * pdx = reinterpret_cast<const float *>(prepared + static_cast<size_t>(nct * nb) * kBTileBytes);
     const float * psx = pdx + nb * mp;
@@ -159,6 +162,11 @@ static inline void amx_row_tile(const uint8_t * a, size_t as, size_t ab, const f
             FUN_ASR_AMX_BLOCK(dpbssd, 0, 1, 2, a, as, bt, cbuf[0]);
         }
         for (int64_t b = 0; b < nb; ++b) {
+            if (pf && ct == 0) {
+                for (size_t p = static_cast<size_t>(b) * pf_share; p < static_cast<size_t>(b + 1) * pf_share; p += 64) {
+                    _mm_prefetch(reinterpret_cast<const char *>(pf + p), _MM_HINT_T1);
+                }
+            }
             if (b + 1 < nb) {
                 const uint8_t * an = a + static_cast<size_t>(b + 1) * ab;
                 const uint8_t * bn = bt + static_cast<size_t>(b + 1) * kBTileBytes;
@@ -173,12 +181,12 @@ static inline void amx_row_tile(const uint8_t * a, size_t as, size_t ab, const f
             const int32_t * cb = cbuf[b & 1];
             const __m512 dxv = _mm512_loadu_ps(pdx + b * mp + ct * kTile);
             for (int i = 0; i < kTile; ++i) {
-                const __m512 s = _mm512_mul_ps(_mm512_set1_ps(dw[i * nb + b]), dxv);
+                const __m512 s = _mm512_mul_ps(_mm512_set1_ps(dw[i * dsi + b * dsb]), dxv);
                 acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb + i * kTile)), s, acc[i]);
             }
             if constexpr (kQ4K) {
                 const __m512 sxv = _mm512_loadu_ps(psx + b * mp + ct * kTile);
-                for (int i = 0; i < kTile; ++i) acc[i] = _mm512_fnmadd_ps(_mm512_set1_ps(wo[i * nb + b]), sxv, acc[i]);
+                for (int i = 0; i < kTile; ++i) acc[i] = _mm512_fnmadd_ps(_mm512_set1_ps(wo[i * dsi + b * dsb]), sxv, acc[i]);
             }
         }
         for (int i = 0; i < kTile; ++i) {
@@ -210,16 +218,20 @@ static void configure_tiles() {
 static void amx_rows_q8_0(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const uint8_t * prepared, int64_t m,
                           int64_t nb, const float * bias, float * dw, float * y, int64_t ys) {
     configure_tiles();
+    // a block's 16 row scales in one gather (fp16 at row i * rb of the block): dw is [block][row]
+    const __m512i off = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(static_cast<int>(rb)));
+    // Few columns (a decode step): the weights stream from memory once, so the next row tile is prefetched.
+    const bool stream = m <= kTile;
+    const size_t share = (kTile * rb + static_cast<size_t>(nb) - 1) / static_cast<size_t>(nb);
     for (int64_t t = t0; t < t1; ++t) {
         const uint8_t * wt = w + static_cast<size_t>(t * kTile) * rb;
-        for (int i = 0; i < kTile; ++i) {
-            for (int64_t b = 0; b < nb; ++b) {
-                uint16_t h;
-                std::memcpy(&h, wt + static_cast<size_t>(i) * rb + static_cast<size_t>(b) * kBlockBytes, sizeof h);
-                dw[i * nb + b] = _cvtsh_ss(h);
-            }
+        for (int64_t b = 0; b < nb; ++b) {
+            const __m512i d32 = _mm512_i32gather_epi32(off, wt + static_cast<size_t>(b) * kBlockBytes, 1);
+            _mm512_storeu_ps(dw + b * kTile, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d32)));
         }
-        amx_row_tile<false>(wt + 2, rb, kBlockBytes, dw, nullptr, prepared, m, nb, bias, y, ys, t * kTile);
+        amx_row_tile<false>(wt + 2, rb, kBlockBytes, dw, 1, kTile, nullptr, prepared, m, nb, bias, y, ys, t * kTile,
+                            stream ? wt + kTile * rb : nullptr, share);
     }
     _tile_release();
 }
@@ -262,7 +274,8 @@ static void amx_rows_q4_k(const uint8_t * w, int64_t t0, int64_t t1, const uint8
                 }
             }
         }
-        amx_row_tile<true>(q, static_cast<size_t>(k), kBlock, dw, wo, prepared, m, nb, bias, y, ys, t * kTile);
+        amx_row_tile<true>(q, static_cast<size_t>(k), kBlock, dw, nb, 1, wo, prepared, m, nb, bias, y, ys, t * kTile,
+                           nullptr, 0);
     }
     _tile_release();
 }
