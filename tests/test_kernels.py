@@ -1,10 +1,12 @@
 """fun-asr's own CPU kernels against ggml's mul_mat on the same quantized weights.
 
 The decode kernels (csrc/kernels/matvec) compute every column the same way whatever the column count
-(batch invariance: a sequence's step gives the same bits alone or in a batch). Q8_0 and Q6_K give bit
-for bit what ggml_mul_mat gives; F32 and F16 what it gives for two or more columns (llamafile's
-tinyBLAS; one column takes ggml's vec_dot, which rounds differently); repacked Q4_K ggml's numbers to
-rounding, the same bits on AVX2 and AVX-512. tests/test_batch_invariance.py checks whole models.
+(batch invariance: a sequence's step gives the same bits alone or in a batch). Q8_0 gives bit for bit
+the AMX / int8 GEMMs' numbers (int32 block dots, one FMA per block in order: checked against an exact
+emulation), ggml's to rounding; Q6_K bit for bit what ggml_mul_mat gives; F32 and F16 what it gives for
+two or more columns (llamafile's tinyBLAS; one column takes ggml's vec_dot, which rounds differently);
+repacked Q4_K ggml's numbers to rounding, the same bits on AVX2 and AVX-512.
+tests/test_batch_invariance.py checks whole models.
 """
 
 from __future__ import annotations
@@ -22,21 +24,60 @@ from fun_asr import _core
 needs_kernel = pytest.mark.skipif(_core.matvec_isa() == "", reason="no x86 AVX2 CPU: the kernel is not used here")
 
 
+def q8_0_exact_case(rng: np.random.Generator, rows: int, k: int, cols: int) -> tuple[np.ndarray, ...]:
+    """Weights [rows, k] and activations [cols, k] that Q8_0 represents exactly (per block an fp16 scale d
+    and integer quants with one at +-127, so ggml's quantizers give back d and the quants whatever their
+    rounding), and y [cols, rows] as the kernels compute it: per block the int32 dot product, then
+    acc = fma(float(dot), d_w * d_x, acc) in float32, blocks in order (the fma emulated in float64: the
+    product is exact there, one rounding of the sum). One activation block is all zeros (scale 0)."""
+    nb = k // 32
+
+    def make(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        q = rng.integers(-127, 128, size=(n, nb, 32))
+        q[:, :, 0] = np.where(rng.random((n, nb)) < 0.5, 127, -127)
+        d = rng.uniform(0.002, 0.2, size=(n, nb)).astype(np.float16).astype(np.float32)
+        return (q * d[:, :, None]).astype(np.float32).reshape(n, k), q, d
+
+    w, wq, dw = make(rows)
+    x, xq, dx = make(cols)
+    x[0, :32], xq[0, 0], dx[0, 0] = 0.0, 0, 0.0
+    acc = np.zeros((cols, rows), np.float32)
+    for b in range(nb):
+        dot = (xq[:, b].astype(np.int64) @ wq[:, b].T.astype(np.int64)).astype(np.float64)
+        s = (dx[:, b][:, None] * dw[:, b][None, :]).astype(np.float32)  # float32 product, one rounding
+        acc = (dot * s.astype(np.float64) + acc.astype(np.float64)).astype(np.float32)
+    return w, x, acc
+
+
 @needs_kernel
 @pytest.mark.parametrize(
     ("rows", "k", "cols"),
     [
-        (64, 1024, 1),  # decoder-like, whole 8-block groups
-        (67, 256, 3),  # rows not a multiple of the 4-row tile
-        (5, 800, 8),  # 25 blocks: a tail after the 8-block groups; the most columns the kernel takes
-        (130, 96, 1),  # 3 blocks: only the tail loop
+        (64, 1024, 1),  # decoder-like
+        (67, 256, 3),  # rows not a multiple of the 8-row group
+        (5, 800, 8),  # fewer rows than a group; 4 columns at a time and more (AMX from 4)
+        (130, 96, 1),  # 3 blocks
         (9, 3072, 2),
-        (3, 32, 1),  # one block, fewer rows than a tile
+        (3, 32, 1),  # one block, fewer rows than a group
+        (40, 768, 11),  # 4 + 4 + 1 + 1 + 1 columns
     ],
 )
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_q8_0_matvec_is_bitwise_ggml(rows: int, k: int, cols: int, threads: int) -> None:
-    _bitwise("q8_0", rows, k, cols, threads)
+def test_q8_0_matvec_is_the_gemms_arithmetic(rows: int, k: int, cols: int, threads: int) -> None:
+    """Exactly the emulated arithmetic, bit for bit; the same bits as the encoder's GEMM (AMX or the int8
+    GEMM: what a decode step of 4+ columns takes on AMX, and a prefill); ggml's numbers to rounding."""
+    rng = np.random.default_rng(rows * 7 + k + cols)
+    w, x, want = q8_0_exact_case(rng, rows, k, cols)
+    ours = _core.eval_matmul("q8_0", w, x, threads=threads, path="decode")
+    assert ours.shape == (cols, rows)
+    np.testing.assert_array_equal(ours, want)
+    w = rng.standard_normal((rows, k)).astype(np.float32)
+    x = rng.standard_normal((cols, k)).astype(np.float32)
+    ours = _core.eval_matmul("q8_0", w, x, threads=threads, path="decode")
+    gemm = _core.eval_matmul("q8_0", w, x, threads=threads, path="encoder")
+    np.testing.assert_array_equal(ours, gemm)
+    ggml = _core.eval_matmul("q8_0", w, x, threads=threads, path="ggml")
+    assert np.abs(ours - ggml).max() <= 1e-6 * max(np.abs(ggml).max(), 1.0)
 
 
 @needs_kernel
@@ -72,16 +113,22 @@ def test_more_columns_than_the_kernel_takes_still_match() -> None:
 
 
 _MANY_COLUMNS = (
-    "import numpy as np; from fun_asr import _core\n"
+    "import sys, numpy as np; from fun_asr import _core\n"
+    "sys.path.insert(0, sys.argv[1]); from test_kernels import q8_0_exact_case\n"
     "rng = np.random.default_rng(12); bad = []\n"
     "for wt, rows, k in [('q8_0', 72, 512), ('q8_0', 37, 96), ('q6_k', 40, 512)]:\n"
     "    w = rng.standard_normal((rows, k)).astype(np.float32)\n"
     "    for cols in (9, 64, 65, 167):\n"
     "        x = rng.standard_normal((cols, k)).astype(np.float32)\n"
+    "        if wt == 'q8_0':\n"
+    "            w, x, want = q8_0_exact_case(rng, rows, k, cols)\n"
     "        for t in (1, 2):\n"
     "            ref = _core.eval_matmul(wt, w, x, threads=t, path='ggml')\n"
     "            for p in ('decode', 'frames'):\n"
-    "                if not np.array_equal(_core.eval_matmul(wt, w, x, threads=t, path=p), ref):\n"
+    "                got = _core.eval_matmul(wt, w, x, threads=t, path=p)\n"
+    "                # Q8_0: the decode kernels' arithmetic (exact emulation), ggml's where ggml's GEMM runs\n"
+    "                mine = wt == 'q8_0' and (p == 'decode' or not np.array_equal(got, ref))\n"
+    "                if not np.array_equal(got, want if mine else ref):\n"
     "                    bad.append((wt, rows, k, cols, t, p))\n"
     "print(_core.matvec_isa(), bad)\n"
 )
@@ -92,13 +139,14 @@ _MANY_COLUMNS = (
 def test_many_columns_are_bitwise_ggml(matvec: str) -> None:
     """Encoder frames and prefills (mul_mat_frames) take these kernels where they beat ggml's GEMM on the
     build (VNNI kernels: Q8_0 without VNNI in ggml, Q6_K): for any column count, split by rows (few columns) or by
-    columns (32+ per thread: 64 columns on 2 threads, and an uneven 65), the bits are ggml_mul_mat's. (With the
-    int8 GEMM and AMX off: they take Q8_0 first, of any row count, and round differently, see test_int8_gemm_*
-    and test_amx_*.)"""
+    columns (32+ per thread: 64 columns on 2 threads, and an uneven 65), the bits are ggml_mul_mat's for Q6_K
+    and, for Q8_0, the decode kernels' own (their exact emulation) or ggml's where ggml's GEMM runs. (With the
+    int8 GEMM and AMX off: they take Q8_0 first, of any row count, see test_int8_gemm_* and test_amx_*.)"""
     env = {**os.environ, "FUN_ASR_GEMM": "0", "FUN_ASR_AMX": "0"}
     if matvec:
         env["FUN_ASR_MATVEC"] = matvec
-    out = subprocess.run([sys.executable, "-c", _MANY_COLUMNS], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", _MANY_COLUMNS, os.path.dirname(__file__)], env=env,
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1].endswith(" []"), out.stdout
 
@@ -137,24 +185,29 @@ def test_eval_matmul_rejects_bad_shapes() -> None:
 
 
 @needs_kernel
-def test_avx2_code_path_is_bitwise_ggml_too() -> None:
-    """The AVX2 copy of the kernel (what AVX2-only CPUs run), forced on this CPU in a subprocess."""
+def test_avx2_code_path_is_exact_too() -> None:
+    """The AVX2 copy of the kernel (what AVX2-only CPUs run), forced on this CPU in a subprocess: Q8_0 the
+    exact emulation of its arithmetic (AMX off: every column count in the kernel itself), Q6_K ggml's bits."""
     code = (
-        "import numpy as np; from fun_asr import _core\n"
+        "import sys, numpy as np; from fun_asr import _core\n"
+        "sys.path.insert(0, sys.argv[1]); from test_kernels import q8_0_exact_case\n"
         "assert _core.matvec_isa() == 'avx2', _core.matvec_isa()\n"
         "rng = np.random.default_rng(5)\n"
         "for wt, rows, k, cols in [('q8_0', 67, 256, 3), ('q8_0', 5, 800, 8), ('q8_0', 130, 96, 1),\n"
-        "                          ('q6_k', 67, 256, 3), ('q6_k', 5, 768, 8)]:\n"
+        "                          ('q8_0', 19, 512, 9), ('q6_k', 67, 256, 3), ('q6_k', 5, 768, 8)]:\n"
         "    w = rng.standard_normal((rows, k)).astype(np.float32)\n"
         "    x = rng.standard_normal((cols, k)).astype(np.float32)\n"
+        "    if wt == 'q8_0':\n"
+        "        w, x, want = q8_0_exact_case(rng, rows, k, cols)\n"
         "    for t in (1, 2):\n"
         "        a = _core.eval_matmul(wt, w, x, threads=t, path='decode')\n"
-        "        b = _core.eval_matmul(wt, w, x, threads=t, path='ggml')\n"
+        "        b = want if wt == 'q8_0' else _core.eval_matmul(wt, w, x, threads=t, path='ggml')\n"
         "        assert np.array_equal(a, b), (wt, rows, k, cols, t, np.abs(a - b).max())\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "FUN_ASR_MATVEC": "avx2"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "FUN_ASR_MATVEC": "avx2", "FUN_ASR_AMX": "0"}
+    out = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__)], env=env, capture_output=True,
+                         text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
@@ -604,3 +657,24 @@ def test_q4_k_m_encoder_takes_amx_for_q4_k_and_the_int8_gemm_for_q6_k(wide_gguf)
     prompt = np.ascontiguousarray(m.embed(np.random.default_rng(1).integers(0, 1000, 40).tolist()))
     m.generate_batch([prompt], 1, [])
     assert not any(k.startswith("prefill/GEMM_AMX/") and "ffn" in k for k in m.profile()), sorted(m.profile())
+
+
+@needs_amx
+def test_q8_0_batch_steps_take_amx_with_the_same_bits(tiny_gguf) -> None:  # noqa: ANN001
+    """A Q8_0 decode step of 8+ sequences goes through the AMX GEMM (the profile's decode/GEMM_AMX nodes),
+    fewer through the mat-vec kernel; each sequence's tokens and logits are its one-by-one run's."""
+    model = _core.load_gguf(str(tiny_gguf("q8_0")), device="cpu", threads=2)
+    model.logit_digests = True
+    d = model.info()["decoder"]["d_model"]
+    rng = np.random.default_rng(3)
+    prompts = [np.ascontiguousarray(rng.standard_normal((5 + i, d)).astype(np.float32)) for i in range(9)]
+    model.profiling = True
+    together = [t for t, _ in model.generate_batch(prompts, 5, [])]
+    digests = model.last_logit_digests()
+    assert any(k.startswith("decode/GEMM_AMX/") for k in model.profile()), sorted(model.profile())
+    model.reset_profile()
+    for i, p in enumerate(prompts):
+        (alone, _), = model.generate_batch([p], 5, [])
+        assert alone == together[i]
+        assert model.last_logit_digests()[0] == digests[i]
+    assert not any(k.startswith("decode/GEMM_AMX/") for k in model.profile())

@@ -16,9 +16,10 @@
 //
 // Used by the encoder / adaptor / CTC linear layers (graph/common.cpp linear()) and (Q8_0) by the decoder's
 // prefill for every column count (so a sequence's prefill is the same alone or in a batch; its output
-// projection of the last positions takes the decode step's path); decode
-// steps keep the mat-vec kernels / ggml, which are bit for bit equal to each other, so batched and
-// one-by-one decoding stay token-identical. FUN_ASR_AMX=0 turns it off.
+// projection of the last positions takes the decode step's path), and by Q8_0 decode steps of 8 or more
+// columns (a batch, a verification pass): the Q8_0 mat-vec kernel computes exactly this arithmetic
+// (kernels/matvec_q8_0.inc), so batched and one-by-one decoding give the same bits. Few-column products
+// prefetch the next row tile (the weights stream from memory once). FUN_ASR_AMX=0 turns it off.
 #pragma once
 
 #include <cstdint>

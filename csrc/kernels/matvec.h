@@ -13,7 +13,9 @@
 // bits alone or in a batch (ggml's own paths do not: one column takes vec_dot or a GEMV, two or more
 // llamafile's tiled GEMM or, for repacked Q4_K, a GEMM from 4 columns on, which round differently).
 //
-//   Q8_0 and Q6_K: bit for bit ggml_mul_mat's result (same float operations in the same order).
+//   Q8_0: the AMX / int8 GEMMs' arithmetic (int32 block dot products, one FMA per block in order), bit
+//   for bit, so decode steps of 8+ columns go through the AMX GEMM with the same bits (ggml's to rounding).
+//   Q6_K: bit for bit ggml_mul_mat's result (same float operations in the same order).
 //   F32 and F16: bit for bit ggml's many-column result (llamafile's tinyBLAS: one FMA chain per
 //   element over 8 or 16 lanes, as wide as ggml was built for; F16 activations rounded to F16 as
 //   ggml does); one column differs from ggml's vec_dot there.
