@@ -55,7 +55,7 @@ def q8_0_exact_case(rng: np.random.Generator, rows: int, k: int, cols: int) -> t
     [
         (64, 1024, 1),  # decoder-like
         (67, 256, 3),  # rows not a multiple of the 8-row group
-        (5, 800, 8),  # fewer rows than a group; 4 columns at a time and more (AMX from 4)
+        (5, 800, 8),  # fewer rows than a group; 4 columns at a time; 8: AMX in a decode step
         (130, 96, 1),  # 3 blocks
         (9, 3072, 2),
         (3, 32, 1),  # one block, fewer rows than a group
@@ -65,7 +65,7 @@ def q8_0_exact_case(rng: np.random.Generator, rows: int, k: int, cols: int) -> t
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_q8_0_matvec_is_the_gemms_arithmetic(rows: int, k: int, cols: int, threads: int) -> None:
     """Exactly the emulated arithmetic, bit for bit; the same bits as the encoder's GEMM (AMX or the int8
-    GEMM: what a decode step of 4+ columns takes on AMX, and a prefill); ggml's numbers to rounding."""
+    GEMM: what a decode step of 8+ columns takes on AMX, and a prefill); ggml's numbers to rounding."""
     rng = np.random.default_rng(rows * 7 + k + cols)
     w, x, want = q8_0_exact_case(rng, rows, k, cols)
     ours = _core.eval_matmul("q8_0", w, x, threads=threads, path="decode")

@@ -35,11 +35,12 @@ ggml_tensor * mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
 
 ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
     if (matvec_step_supported(w, x)) {
-        // Q8_0 from 4 columns (a batch, a verification pass) on AMX: the AMX GEMM, whose arithmetic per
+        // Q8_0 from 8 columns (a batch, a verification pass) on AMX: the AMX GEMM, whose arithmetic per
         // element is the mat-vec kernel's (kernels/matvec_q8_0.inc), so the same bits at a fraction of the
         // vector instructions. Measured, full-size decoder, 2 threads (docs/performance.md): a batch of 8
-        // 10.0 -> 7.8 ms per token and sequence; 2 columns are faster in the mat-vec kernel (18.8 vs 24.4),
-        // and the AVX2 int8 GEMM (which unpacks the weights per product) loses to it at every count.
+        // 9.2 -> 7.2 ms per token and sequence; 2 and 4 columns are faster in the mat-vec kernel (B=2 18.8
+        // vs 24.4, B=4 11.4 vs 12.2 ms), and the AVX2 int8 GEMM (which unpacks the weights per product)
+        // loses to it at every count.
         constexpr int64_t kAmxStepCols = 8;
         if (w->type == GGML_TYPE_Q8_0 && x->ne[1] >= kAmxStepCols && amx_gemm_supported(w, x)) return amx_gemm(ctx, w, x);
         return matvec(ctx, w, x);

@@ -174,7 +174,7 @@ struct Activation {
     std::vector<uint8_t> blocks;  // Q8_0: scratch for one column; Q6_K, Q4_K: the Q8_K blocks of every column
     std::vector<int8_t> quants;   // Q8_0: k int8 per column, contiguous
     std::vector<float> scales;    // Q8_0: k / 32 floats per column, then per column and block 128 * the quant sum
-                                  // (int32 bits; the VNNI kernel's offset form)
+                                  // (int32 bits; the VNNI kernel's offset form, left unset for the AVX2 one)
     std::vector<float> floats;    // F32 / F16: k floats per column, contiguous (F16: rounded to F16)
     std::vector<ggml_fp16_t> halves;  // F16: scratch for one column
     const void * data() const {
@@ -208,6 +208,7 @@ void quantize_cols(ggml_type wtype, const float * x, int64_t xs, int64_t n, int6
         a.quants.resize(static_cast<size_t>(n * k));
         a.scales.resize(static_cast<size_t>(2 * n * nb));
         const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
+        const bool sums = std::strcmp(kernels().name, "avx512vnni") == 0;  // only the VNNI kernel reads them
         for (int64_t c = 0; c < n; ++c) {
             from_float(x + c * xs, a.blocks.data(), k);
             for (int64_t b = 0; b < nb; ++b) {
@@ -216,6 +217,7 @@ void quantize_cols(ggml_type wtype, const float * x, int64_t xs, int64_t n, int6
                 std::memcpy(&h, blk, sizeof h);
                 a.scales[static_cast<size_t>(c * nb + b)] = ggml_fp16_to_fp32(h);
                 std::memcpy(a.quants.data() + c * k + b * kQ8Block, blk + 2, kQ8Block);
+                if (!sums) continue;
                 int32_t sum = 0;
                 for (int64_t i = 0; i < kQ8Block; ++i) sum += static_cast<int8_t>(blk[2 + i]);
                 sum *= 128;
