@@ -437,6 +437,26 @@ def test_int8_gemm_is_the_sum_of_its_integer_terms(wtype: str, rows: int, k: int
 
 
 @needs_int8_gemm
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_int8_gemm_q4_k_extreme_sums_are_exact(sign: float) -> None:
+    """Q4_K on plain AVX2 adds a block's u8 x s8 products in int16 (vpmaddubsw): exact only while
+    16 * 15 * 127 = 30480 < 2^15. Quants near 15 everywhere against activations quantized to +-127 (a
+    constant column) come as close to that bound as the data can: the sum must still be the exact one."""
+    rng = np.random.default_rng(3)
+    rows, k = 16, 512
+    w = rng.uniform(0.9, 1.0, (rows, k)).astype(np.float32)
+    w[:, ::32] = 0.0  # each block's minimum 0: the other quants land at 14-15
+    x = np.full((3, k), sign, dtype=np.float32)
+    x[1, ::2] *= 0.5  # some quants at +-64 too
+    ours = _core.eval_matmul("q4_k", w, x, threads=1, path="encoder").astype(np.float64)
+    q, d = _q8_0(x)
+    wd = _dequantized("q4_k", w).reshape(rows, -1, 32)
+    ref = np.einsum("mbi,nbi,mb->mn", q.reshape(3, -1, 32), wd, d)
+    assert np.abs(q).max() == 127
+    assert np.abs(ours - ref).max() <= 2e-5 * np.abs(ref).max(), np.abs(ours - ref).max() / np.abs(ref).max()
+
+
+@needs_int8_gemm
 @pytest.mark.parametrize("wtype", ["q8_0", "q4_k", "q6_k"])
 def test_int8_gemm_columns_do_not_depend_on_their_neighbours(wtype: str) -> None:
     """A prefill's numbers are the same alone or in a batch: each column of the int8 GEMM is computed the
@@ -604,6 +624,27 @@ def test_prefill_output_projection_takes_the_decode_step_path(package: str, wide
         out = [k for k in keys if k.endswith(("/token_embd", "/output"))]
         assert out and all(k.startswith("prefill/MATVEC/") for k in out), keys
         assert any(k.startswith(("prefill/GEMM_", "prefill/MUL_MAT/")) for k in keys), keys  # the others do not
+
+
+@needs_int8_gemm
+def test_prefill_k_quants_take_the_int8_gemm_on_plain_avx2(wide_gguf) -> None:  # noqa: ANN001
+    """The routing of a Q4_K_M prefill's Q4_K / Q6_K products: the int8 GEMM where it runs plain AVX2 without
+    AMX (about twice ggml's K-quant GEMM there from ~12 columns), ggml's own paths elsewhere; the same for
+    any prompt length (never chosen by column count), alone and in a batch."""
+    m = fun_asr.load_model(wide_gguf("q4_k_m"), threads=2)
+    rng = np.random.default_rng(0)
+    plain_avx2 = _core.int8_gemm_isa() == "avx2" and not _core.amx_available()
+    m.profiling = True
+    for lengths in ([40], [3], [40, 5]):
+        prompts = [np.ascontiguousarray(m.embed(rng.integers(0, 1000, n).tolist())) for n in lengths]
+        m.reset_profile()
+        m.generate_batch(prompts, 1, [])
+        keys = [k for k in m.profile() if k.startswith("prefill/") and k.endswith(("/ffn_gate", "/attn_q"))]
+        assert keys, m.profile().keys()
+        if plain_avx2:
+            assert all(k.startswith("prefill/GEMM_INT8/") for k in keys), keys
+        else:
+            assert not any(k.startswith("prefill/GEMM_INT8/") for k in keys), keys
 
 
 _Q4K_ENCODER_BITS = (

@@ -69,17 +69,26 @@ ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x)
 namespace {
 
 // The many-column product's kernel for w x x: Intel AMX (Q8_0, Q4_K), else the AVX2 int8 GEMM (Q8_0,
-// Q4_K, Q6_K), else none. Both take K-quants only where asked (the audio encoder's products, k_quants):
-// they unpack each row group once per product, which pays for itself over an encoder's frames but not
-// over a prefill's few positions, where ggml's own Q4_K / Q6_K paths stay (measured: docs/performance.md).
+// Q4_K, Q6_K), else none. Both take K-quants where asked (the audio encoder's products, k_quants); the
+// decoder's prefill takes them on the int8 GEMM only where it runs plain AVX2. The GEMM unpacks each
+// row group once per product: on AVX2 that pays for itself from ~12 columns (a transcription's prompt
+// has 30+), where it is ~2x ggml's Q4_K / Q6_K; with AVX-512 (ggml's own 512-bit paths) it was measured
+// not to over a prefill's positions (docs/performance.md). The choice depends on the weight type and
+// the CPU, never on the column count.
 enum class FramesGemm { none, amx, int8 };
+
+bool int8_gemm_prefill_k_quants() {
+    static const bool plain_avx2 = std::strcmp(int8_gemm_isa(), "avx2") == 0 && !amx_available();
+    return plain_avx2;
+}
 
 FramesGemm frames_gemm(const ggml_tensor * w, const ggml_tensor * x, bool k_quants) {
     // AMX's Q4_K unpacks its 16-row tiles with scalar code: under 8 columns the int8 GEMM is faster
     // (2048 x 512: 0.06 vs 0.10 ms at 1 column, equal at 8). The two give the same bits for Q4_K.
     const bool amx_q4_k = k_quants && x->ne[1] >= 8;
     if ((w->type == GGML_TYPE_Q8_0 || amx_q4_k) && amx_gemm_supported(w, x)) return FramesGemm::amx;
-    if ((k_quants || w->type == GGML_TYPE_Q8_0) && int8_gemm_supported(w, x)) return FramesGemm::int8;
+    const bool int8_k_quants = k_quants || int8_gemm_prefill_k_quants();
+    if ((int8_k_quants || w->type == GGML_TYPE_Q8_0) && int8_gemm_supported(w, x)) return FramesGemm::int8;
     return FramesGemm::none;
 }
 

@@ -35,13 +35,15 @@ constexpr int64_t kScratchBytes = 512;  // one block of 32 of a group's 8 rows, 
 enum class Weights { q8_0, q4_k, q6_k };
 
 // The prepared activation: [column][k] int16 quants, then [column][block] float scales d_x, then
-// [column][block] d_x * (sum of the block's quants) (for Q4_K's offsets).
+// [column][block] d_x * (sum of the block's quants) (for Q4_K's offsets), then [column][k] the quants
+// as int8 (Q4_K's u8 x s8 multiply-adds on AVX2).
 struct Layout {
     int64_t nb;
-    size_t q_bytes, d_bytes, bytes;
+    size_t q_bytes, d_bytes, i8_bytes, bytes;
     Layout(int64_t k, int64_t m)
         : nb(k / kBlock), q_bytes(static_cast<size_t>(m * k) * sizeof(int16_t)),
-          d_bytes(static_cast<size_t>(m * nb) * sizeof(float)), bytes(q_bytes + 2 * d_bytes) {}
+          d_bytes(static_cast<size_t>(m * nb) * sizeof(float)), i8_bytes(static_cast<size_t>(m * k)),
+          bytes(q_bytes + 2 * d_bytes + i8_bytes) {}
 };
 
 void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
@@ -51,6 +53,7 @@ void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     auto * xq = static_cast<int16_t *>(dst->data);
     auto * dx = reinterpret_cast<float *>(static_cast<uint8_t *>(dst->data) + L.q_bytes);
     auto * sx = reinterpret_cast<float *>(static_cast<uint8_t *>(dst->data) + L.q_bytes + L.d_bytes);
+    auto * x8 = reinterpret_cast<int8_t *>(static_cast<uint8_t *>(dst->data) + L.q_bytes + 2 * L.d_bytes);
     const int64_t xs = static_cast<int64_t>(x->nb[1] / sizeof(float));
     const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
     thread_local std::vector<uint8_t> q;
@@ -65,6 +68,7 @@ void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
             std::memcpy(&h, blk, sizeof h);
             const float d = ggml_fp16_to_fp32(h);
             int16_t * out = xq + c * k + b * kBlock;
+            std::memcpy(x8 + c * k + b * kBlock, blk + 2, kBlock);
             int32_t sum = 0;
             for (int64_t i = 0; i < kBlock; ++i) {
                 out[i] = static_cast<int8_t>(blk[2 + i]);
@@ -76,7 +80,7 @@ void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     }
 }
 
-using RowsFn = void (*)(const uint8_t *, size_t, Weights, int64_t, int64_t, int64_t, const int16_t *, const float *,
+using RowsFn = void (*)(const uint8_t *, size_t, Weights, int64_t, int64_t, int64_t, const int16_t *, const int8_t *, const float *,
                         const float *, int64_t, const float *, int8_t *, float *, float *, float *, int64_t);
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -181,17 +185,18 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const auto * xq = reinterpret_cast<const int16_t *>(base);
     const auto * xd = reinterpret_cast<const float *>(base + L.q_bytes);
     const auto * xs = reinterpret_cast<const float *>(base + L.q_bytes + L.d_bytes);
+    const auto * x8 = reinterpret_cast<const int8_t *>(base + L.q_bytes + 2 * L.d_bytes);
     auto * y = static_cast<float *>(dst->data);
     const auto ys = static_cast<int64_t>(dst->nb[1] / sizeof(float));
     const size_t rb = w->nb[1];
     const int64_t g1_full = std::min(g1, full);
     if (g0 < g1_full) {
-        choice().rows(wdata, rb, kind, g0, g1_full, L.nb, xq, xd, xs, m, bias, wq.data(), wd.data(), wo.data(), y, ys);
+        choice().rows(wdata, rb, kind, g0, g1_full, L.nb, xq, x8, xd, xs, m, bias, wq.data(), wd.data(), wo.data(), y, ys);
     }
     if (g1 > full) {  // the partial group: its own zero-padded 8-row group (kernels/row_tail.h)
         padded_tail_rows(wdata, rb, full * kGroup, tail, kGroup, bias, m, y, ys,
                          [&](const uint8_t * wg, const float * bg, float * yg, int64_t ygs) {
-                             choice().rows(wg, rb, kind, 0, 1, L.nb, xq, xd, xs, m, bg, wq.data(), wd.data(), wo.data(),
+                             choice().rows(wg, rb, kind, 0, 1, L.nb, xq, x8, xd, xs, m, bg, wq.data(), wd.data(), wo.data(),
                                            yg, ygs);
                          });
     }
