@@ -437,20 +437,22 @@ def test_int8_gemm_is_the_sum_of_its_integer_terms(wtype: str, rows: int, k: int
 
 
 @needs_int8_gemm
+@pytest.mark.parametrize("wtype", ["q4_k", "q6_k"])
 @pytest.mark.parametrize("sign", [1.0, -1.0])
-def test_int8_gemm_q4_k_extreme_sums_are_exact(sign: float) -> None:
-    """Q4_K on plain AVX2 adds a block's u8 x s8 products in int16 (vpmaddubsw): exact only while
-    16 * 15 * 127 = 30480 < 2^15. Quants near 15 everywhere against activations quantized to +-127 (a
-    constant column) come as close to that bound as the data can: the sum must still be the exact one."""
+def test_int8_gemm_k_quant_extreme_sums_are_exact(wtype: str, sign: float) -> None:
+    """On plain AVX2 the K-quants' u8 x s8 products (vpmaddubsw) are added in int16: exact only while
+    Q4_K's 16 * 15 * 127 = 30480 and Q6_K's 4 * 63 * 127 = 32004 stay under 2^15. Quants at the top of
+    their range everywhere against activations quantized to +-127 (a constant column) come as close to that
+    bound as the data can: the sum must still be the exact one."""
     rng = np.random.default_rng(3)
     rows, k = 16, 512
     w = rng.uniform(0.9, 1.0, (rows, k)).astype(np.float32)
-    w[:, ::32] = 0.0  # each block's minimum 0: the other quants land at 14-15
+    w[:, ::32] = 0.0  # Q4_K: each block's minimum 0, the other quants at 14-15 (Q6_K: 60-63)
     x = np.full((3, k), sign, dtype=np.float32)
     x[1, ::2] *= 0.5  # some quants at +-64 too
-    ours = _core.eval_matmul("q4_k", w, x, threads=1, path="encoder").astype(np.float64)
+    ours = _core.eval_matmul(wtype, w, x, threads=1, path="encoder").astype(np.float64)
     q, d = _q8_0(x)
-    wd = _dequantized("q4_k", w).reshape(rows, -1, 32)
+    wd = _dequantized(wtype, w).reshape(rows, -1, 32)
     ref = np.einsum("mbi,nbi,mb->mn", q.reshape(3, -1, 32), wd, d)
     assert np.abs(q).max() == 127
     assert np.abs(ours - ref).max() <= 2e-5 * np.abs(ref).max(), np.abs(ours - ref).max() / np.abs(ref).max()

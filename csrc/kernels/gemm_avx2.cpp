@@ -36,14 +36,15 @@ enum class Weights { q8_0, q4_k, q6_k };
 
 // The prepared activation: [column][k] int16 quants, then [column][block] float scales d_x, then
 // [column][block] d_x * (sum of the block's quants) (for Q4_K's offsets), then [column][k] the quants
-// as int8 (Q4_K's u8 x s8 multiply-adds on AVX2).
+// as int8 (Q4_K's / Q6_K's u8 x s8 multiply-adds on AVX2), then [column][block] the quant sums of the
+// block's two halves as an int16 pair (Q6_K's -32 offset on AVX2).
 struct Layout {
     int64_t nb;
     size_t q_bytes, d_bytes, i8_bytes, bytes;
     Layout(int64_t k, int64_t m)
         : nb(k / kBlock), q_bytes(static_cast<size_t>(m * k) * sizeof(int16_t)),
           d_bytes(static_cast<size_t>(m * nb) * sizeof(float)), i8_bytes(static_cast<size_t>(m * k)),
-          bytes(q_bytes + 2 * d_bytes + i8_bytes) {}
+          bytes(q_bytes + 3 * d_bytes + i8_bytes) {}
 };
 
 void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
@@ -54,6 +55,7 @@ void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     auto * dx = reinterpret_cast<float *>(static_cast<uint8_t *>(dst->data) + L.q_bytes);
     auto * sx = reinterpret_cast<float *>(static_cast<uint8_t *>(dst->data) + L.q_bytes + L.d_bytes);
     auto * x8 = reinterpret_cast<int8_t *>(static_cast<uint8_t *>(dst->data) + L.q_bytes + 2 * L.d_bytes);
+    auto * xh = reinterpret_cast<int16_t *>(static_cast<uint8_t *>(dst->data) + L.q_bytes + 2 * L.d_bytes + L.i8_bytes);
     const int64_t xs = static_cast<int64_t>(x->nb[1] / sizeof(float));
     const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
     thread_local std::vector<uint8_t> q;
@@ -69,18 +71,22 @@ void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
             const float d = ggml_fp16_to_fp32(h);
             int16_t * out = xq + c * k + b * kBlock;
             std::memcpy(x8 + c * k + b * kBlock, blk + 2, kBlock);
-            int32_t sum = 0;
+            int32_t half[2] = {0, 0};
             for (int64_t i = 0; i < kBlock; ++i) {
                 out[i] = static_cast<int8_t>(blk[2 + i]);
-                sum += out[i];
+                half[i / 16] += out[i];
             }
+            const int32_t sum = half[0] + half[1];
+            xh[2 * (c * L.nb + b)] = static_cast<int16_t>(half[0]);  // |.| <= 16 * 127
+            xh[2 * (c * L.nb + b) + 1] = static_cast<int16_t>(half[1]);
             dx[c * L.nb + b] = d;
             sx[c * L.nb + b] = d * static_cast<float>(sum);
         }
     }
 }
 
-using RowsFn = void (*)(const uint8_t *, size_t, Weights, int64_t, int64_t, int64_t, const int16_t *, const int8_t *, const float *,
+using RowsFn = void (*)(const uint8_t *, size_t, Weights, int64_t, int64_t, int64_t, const int16_t *, const int8_t *,
+                        const int32_t *, const float *,
                         const float *, int64_t, const float *, int8_t *, float *, float *, float *, int64_t);
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -186,17 +192,18 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const auto * xd = reinterpret_cast<const float *>(base + L.q_bytes);
     const auto * xs = reinterpret_cast<const float *>(base + L.q_bytes + L.d_bytes);
     const auto * x8 = reinterpret_cast<const int8_t *>(base + L.q_bytes + 2 * L.d_bytes);
+    const auto * xh = reinterpret_cast<const int32_t *>(base + L.q_bytes + 2 * L.d_bytes + L.i8_bytes);
     auto * y = static_cast<float *>(dst->data);
     const auto ys = static_cast<int64_t>(dst->nb[1] / sizeof(float));
     const size_t rb = w->nb[1];
     const int64_t g1_full = std::min(g1, full);
     if (g0 < g1_full) {
-        choice().rows(wdata, rb, kind, g0, g1_full, L.nb, xq, x8, xd, xs, m, bias, wq.data(), wd.data(), wo.data(), y, ys);
+        choice().rows(wdata, rb, kind, g0, g1_full, L.nb, xq, x8, xh, xd, xs, m, bias, wq.data(), wd.data(), wo.data(), y, ys);
     }
     if (g1 > full) {  // the partial group: its own zero-padded 8-row group (kernels/row_tail.h)
         padded_tail_rows(wdata, rb, full * kGroup, tail, kGroup, bias, m, y, ys,
                          [&](const uint8_t * wg, const float * bg, float * yg, int64_t ygs) {
-                             choice().rows(wg, rb, kind, 0, 1, L.nb, xq, x8, xd, xs, m, bg, wq.data(), wd.data(), wo.data(),
+                             choice().rows(wg, rb, kind, 0, 1, L.nb, xq, x8, xh, xd, xs, m, bg, wq.data(), wd.data(), wo.data(),
                                            yg, ygs);
                          });
     }
