@@ -71,10 +71,14 @@ void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
             const float d = ggml_fp16_to_fp32(h);
             int16_t * out = xq + c * k + b * kBlock;
             std::memcpy(x8 + c * k + b * kBlock, blk + 2, kBlock);
-            int32_t half[2] = {0, 0};
-            for (int64_t i = 0; i < kBlock; ++i) {
-                out[i] = static_cast<int8_t>(blk[2 + i]);
-                half[i / 16] += out[i];
+            int32_t half[2];
+            for (int h = 0; h < 2; ++h) {
+                int32_t s = 0;
+                for (int64_t i = 16 * h; i < 16 * h + 16; ++i) {
+                    out[i] = static_cast<int8_t>(blk[2 + i]);
+                    s += out[i];
+                }
+                half[h] = s;
             }
             const int32_t sum = half[0] + half[1];
             xh[2 * (c * L.nb + b)] = static_cast<int16_t>(half[0]);  // |.| <= 16 * 127
