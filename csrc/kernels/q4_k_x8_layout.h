@@ -28,10 +28,11 @@ inline void q4_k_x8_scales(const uint8_t * blk, uint8_t sc[8][8], uint8_t mn[8][
         std::memcpy(&c, p + 8, 4);
         const uint32_t s_lo = a & 0x3F3F3F3Fu, s_hi = (c & 0x0F0F0F0Fu) | ((a >> 2) & 0x30303030u);
         const uint32_t m_lo = bb & 0x3F3F3F3Fu, m_hi = ((c >> 4) & 0x0F0F0F0Fu) | ((bb >> 2) & 0x30303030u);
-        std::memcpy(&sc[s][0], &s_lo, 4);
-        std::memcpy(&sc[s][4], &s_hi, 4);
-        std::memcpy(&mn[s][0], &m_lo, 4);
-        std::memcpy(&mn[s][4], &m_hi, 4);
+        // one 8-byte store per row of sc / mn: the kernels read them back as 8-byte loads, which a
+        // store-to-load forward serves only from a single store (two 4-byte stores stall the load)
+        const uint64_t s8 = s_lo | static_cast<uint64_t>(s_hi) << 32, m8 = m_lo | static_cast<uint64_t>(m_hi) << 32;
+        std::memcpy(&sc[s][0], &s8, 8);
+        std::memcpy(&mn[s][0], &m8, 8);
     }
 }
 
