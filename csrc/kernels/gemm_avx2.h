@@ -37,7 +37,8 @@ const char * int8_gemm_isa();
 bool int8_gemm_supported(const ggml_tensor * w, const ggml_tensor * x);
 
 // x (F32 [k, m]) quantized (Q8_0) and widened to int16 in its own graph node (I16), with each block's
-// scale and scaled quant sum; one prepared activation feeds several products with the same input.
+// scale and scaled quant sum, an int8 copy of the quants and each half-block's quant sum (the plain-AVX2
+// K-quant tiles); one prepared activation feeds several products with the same input.
 ggml_tensor * int8_gemm_prepare(ggml_context * ctx, ggml_tensor * x);
 
 // Whether `bias` (may be null) can be added inside the product: F32 [w->ne[1]] in host memory.
