@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ggml-backend.h"
@@ -90,8 +91,8 @@ void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
 }
 
 using RowsFn = void (*)(const uint8_t *, size_t, Weights, int64_t, int64_t, int64_t, const int16_t *, const int8_t *,
-                        const int32_t *, const float *,
-                        const float *, int64_t, const float *, int8_t *, float *, float *, float *, int64_t);
+                        const int32_t *, const float *, const float *, int64_t, const float *, int8_t *, float *,
+                        float *, float *, int64_t);
 
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12 reports its own intrinsic headers (see kernels/matvec.cpp); nothing here reads an undefined value.
