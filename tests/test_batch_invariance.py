@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from fun_asr import _core
+from gpu import GPU
 
 # These tests decode a few tokens on purpose: the max_new_tokens warnings are expected.
 pytestmark = pytest.mark.filterwarnings("ignore::fun_asr.notices.TruncatedOutputWarning")
@@ -51,7 +52,7 @@ from fun_asr import _core
 
 path, opts = sys.argv[1], json.loads(sys.argv[2])
 new = opts["new_tokens"]
-model = _core.load_gguf(path, device="cpu", threads=2)
+model = _core.load_gguf(path, device=opts["device"], threads=2)
 model.logit_digests = True
 model.flash_attn = opts["flash_attn"]
 model.max_step_sequences = opts["max_step_sequences"]
@@ -85,14 +86,14 @@ print(json.dumps(report))
 
 
 def run_matrix(package_path: Path, matvec: str, new_tokens: int = 6, batch_sizes: list[int] | None = None,
-               flash_attn: bool = True, max_step_sequences: int = 0) -> dict:
+               flash_attn: bool = True, max_step_sequences: int = 0, device: str = "cpu") -> dict:
     """Decodes the prompts one by one and in batches in a subprocess with FUN_ASR_MATVEC=matvec."""
     env = dict(os.environ)
     env.pop("FUN_ASR_MATVEC", None)
     if matvec:
         env["FUN_ASR_MATVEC"] = matvec
     opts = {"new_tokens": new_tokens, "batch_sizes": [b for b in (batch_sizes or BATCH_SIZES) if b > 1],
-            "flash_attn": flash_attn, "max_step_sequences": max_step_sequences}
+            "flash_attn": flash_attn, "max_step_sequences": max_step_sequences, "device": device}
     out = subprocess.run([sys.executable, "-c", CHILD, str(package_path), json.dumps(opts)], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -108,6 +109,15 @@ def test_batch_is_invariant(package: str, matvec: str, wide_gguf) -> None:  # no
     elif matvec == "avx2":
         assert report["isa"] == "avx2"
     # the random model's tokens vary (a stuck decoder would hide nothing, but say little)
+    assert len({t for seq in report["tokens"] for t in seq}) > 8
+    assert report["mismatches"] == [], report["mismatches"]
+
+
+@GPU
+@pytest.mark.parametrize("package", PACKAGES)
+def test_batch_is_invariant_on_cuda(package: str, wide_gguf) -> None:  # noqa: ANN001
+    """The same matrix with the model on the GPU (ggml's CUDA kernels; tools/gpu_check.sh runs it)."""
+    report = run_matrix(wide_gguf(package), "", device="cuda")
     assert len({t for seq in report["tokens"] for t in seq}) > 8
     assert report["mismatches"] == [], report["mismatches"]
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import fun_asr
+from gpu import DEVICES
 from reference import ReferenceDecoder, load_reference, reference_stages, rel_max_abs
 
 T_LFR = [1, 2, 7, 50, 183]
@@ -31,10 +32,12 @@ def ref_f16(tiny_f32: Path):  # noqa: ANN201
     return load_reference(tiny_f32, round_to=torch.float16)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("T", T_LFR)
 @pytest.mark.parametrize("package,bound", [("f32", 1e-4), ("f16", 2e-3)])
-def test_stages_match_transformers(T: int, package: str, bound: float, tiny_gguf, ref_f32, ref_f16) -> None:  # noqa: ANN001
-    model = fun_asr.load_model(tiny_gguf(package))
+def test_stages_match_transformers(T: int, package: str, bound: float, device: str, tiny_gguf, ref_f32,  # noqa: ANN001
+                                   ref_f16) -> None:  # noqa: ANN001
+    model = fun_asr.load_model(tiny_gguf(package), device=device)
     x = features(T, seed=T)
     ref = reference_stages(ref_f32 if package == "f32" else ref_f16, x)
     ours = model.debug_stages(x)
@@ -55,10 +58,12 @@ def _decoder_input(ref: ReferenceDecoder, model: fun_asr._core.Model, n_audio: i
     return np.ascontiguousarray(np.concatenate([ref.embed(ids), audio, ref.embed([151645, 198])]), dtype=np.float32)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("package,bound", [("f32", 1e-4), ("f16", 2e-3)])
-def test_prefill_and_steps_match_transformers(package: str, bound: float, tiny_gguf, ref_f32, ref_f16) -> None:  # noqa: ANN001
+def test_prefill_and_steps_match_transformers(package: str, bound: float, device: str, tiny_gguf, ref_f32,  # noqa: ANN001
+                                              ref_f16) -> None:  # noqa: ANN001
     ref = ReferenceDecoder(ref_f32 if package == "f32" else ref_f16)
-    model = fun_asr.load_model(tiny_gguf(package))
+    model = fun_asr.load_model(tiny_gguf(package), device=device)
     emb = _decoder_input(ref, model)
     ours, theirs = model.prefill(emb), ref.prefill(emb)
     assert rel_max_abs(ours, theirs) <= bound
@@ -70,10 +75,11 @@ def test_prefill_and_steps_match_transformers(package: str, bound: float, tiny_g
         assert rel_max_abs(ours, theirs) <= bound
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("package", ["f32", "f16"])
-def test_generate_matches_transformers_greedy(package: str, tiny_gguf, ref_f32, ref_f16) -> None:  # noqa: ANN001
+def test_generate_matches_transformers_greedy(package: str, device: str, tiny_gguf, ref_f32, ref_f16) -> None:  # noqa: ANN001
     ref = ReferenceDecoder(ref_f32 if package == "f32" else ref_f16)
-    model = fun_asr.load_model(tiny_gguf(package))
+    model = fun_asr.load_model(tiny_gguf(package), device=device)
     emb = _decoder_input(ref, model)
     theirs = ref.greedy(emb, 40, STOP)
     ours = model.generate(emb, 40, STOP)
@@ -82,8 +88,9 @@ def test_generate_matches_transformers_greedy(package: str, tiny_gguf, ref_f32, 
     assert len(set(ours)) > 3, "degenerate reference: tokens should vary"
 
 
-def test_cache_equals_full_recompute(tiny_gguf) -> None:  # noqa: ANN001
-    model = fun_asr.load_model(tiny_gguf("f32"))
+@pytest.mark.parametrize("device", DEVICES)
+def test_cache_equals_full_recompute(device: str, tiny_gguf) -> None:  # noqa: ANN001
+    model = fun_asr.load_model(tiny_gguf("f32"), device=device)
     emb = model.embed([151644, 20, 21, 22, 23])
     logits = model.prefill(emb)
     seq = []
@@ -95,10 +102,12 @@ def test_cache_equals_full_recompute(tiny_gguf) -> None:  # noqa: ANN001
     assert rel_max_abs(logits, full) <= 1e-5
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("package,min_cos,min_agree", [("q8_0", 0.999, 0.75), ("q4_k_m", 0.9, 0.5)])
-def test_quantized_close(package: str, min_cos: float, min_agree: float, tiny_gguf, ref_f32, capsys) -> None:  # noqa: ANN001
+def test_quantized_close(package: str, min_cos: float, min_agree: float, device: str, tiny_gguf, ref_f32,  # noqa: ANN001
+                         capsys) -> None:  # noqa: ANN001
     ref = ReferenceDecoder(ref_f32)
-    model = fun_asr.load_model(tiny_gguf(package))
+    model = fun_asr.load_model(tiny_gguf(package), device=device)
     emb = _decoder_input(ref, model)
     ours, theirs = model.prefill(emb), ref.prefill(emb)
     cos = float(ours @ theirs / (np.linalg.norm(ours) * np.linalg.norm(theirs)))
@@ -110,7 +119,7 @@ def test_quantized_close(package: str, min_cos: float, min_agree: float, tiny_gg
         agree += int(np.argmax(ours)) == tok
         ours, theirs = model.step(tok), ref.step(tok)
     with capsys.disabled():
-        print(f"\n[{package}] prefill logits cosine {cos:.5f}, rel max-abs {rel:.3e}, "
+        print(f"\n[{package} {device}] prefill logits cosine {cos:.5f}, rel max-abs {rel:.3e}, "
               f"teacher-forced greedy agreement {agree}/{n}")
     assert cos >= min_cos
     assert agree / n >= min_agree
@@ -140,8 +149,9 @@ def test_info(tiny_gguf) -> None:  # noqa: ANN001
     assert info["backend"] == "CPU" and info["threads"] == 2 and info["weight_bytes"] > 0
 
 
-def test_bad_inputs(tiny_gguf, tmp_path: Path) -> None:  # noqa: ANN001
-    model = fun_asr.load_model(tiny_gguf("f32"))
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_inputs(device: str, tiny_gguf, tmp_path: Path) -> None:  # noqa: ANN001
+    model = fun_asr.load_model(tiny_gguf("f32"), device=device)
     with pytest.raises(ValueError, match="560 columns"):
         model.encode(np.zeros((5, 80), np.float32))
     with pytest.raises(TypeError, match="float32"):
@@ -166,7 +176,7 @@ def test_bad_inputs(tiny_gguf, tmp_path: Path) -> None:  # noqa: ANN001
         model.step(10**6)
     with pytest.raises(ValueError, match="max_new_tokens"):
         model.generate(np.zeros((2, 256), np.float32), 0, STOP)
-    fresh = fun_asr.load_model(tiny_gguf("f32"))
+    fresh = fun_asr.load_model(tiny_gguf("f32"), device=device)
     with pytest.raises(RuntimeError, match="prefill"):
         fresh.step(5)
     with pytest.raises(ValueError, match="unknown device 'tpu'"):
@@ -175,17 +185,18 @@ def test_bad_inputs(tiny_gguf, tmp_path: Path) -> None:  # noqa: ANN001
         fun_asr.load_model(tmp_path / "missing.gguf")
 
 
-def test_corrupt_gguf(tiny_gguf, tmp_path: Path) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("device", DEVICES)
+def test_corrupt_gguf(device: str, tiny_gguf, tmp_path: Path) -> None:  # noqa: ANN001
     data = tiny_gguf("q8_0").read_bytes()
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a gguf file at all" * 10)
     with pytest.raises(RuntimeError, match="not a valid GGUF"):
-        fun_asr.load_model(junk)
+        fun_asr.load_model(junk, device=device)
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(data[: len(data) // 2])
     with pytest.raises(RuntimeError, match="truncated|not a valid GGUF"):
-        fun_asr.load_model(cut)
+        fun_asr.load_model(cut, device=device)
     empty = tmp_path / "empty.gguf"
     empty.write_bytes(b"")
     with pytest.raises(RuntimeError):
-        fun_asr.load_model(empty)
+        fun_asr.load_model(empty, device=device)

@@ -86,6 +86,38 @@ function(fun_asr_fetch_ggml out_dir)
   set(${out_dir} "${dest}/ggml" PARENT_SCOPE)
 endfunction()
 
+# A ggml already built and installed (`cmake --install`, static libraries) can be linked instead of
+# building one: -DFUN_ASR_GGML_PREBUILT_DIR=PREFIX or the environment variable of that name. Its
+# options are its own (CUDA architectures, CPU flags); tools/build_cuda.sh --ggml-only makes one, so
+# the long CUDA compile can happen on another machine than the one that builds the extension.
+set(FUN_ASR_GGML_PREBUILT_DIR "$ENV{FUN_ASR_GGML_PREBUILT_DIR}" CACHE PATH
+    "Link the ggml installed under this prefix (static libraries) instead of building it")
+if(FUN_ASR_GGML_PREBUILT_DIR)
+  find_package(ggml CONFIG REQUIRED PATHS "${FUN_ASR_GGML_PREBUILT_DIR}" NO_DEFAULT_PATH)
+  if(NOT ggml_VERSION VERSION_EQUAL FUN_ASR_GGML_EXPECTED_VERSION)
+    message(WARNING "fun-asr: prebuilt ggml ${ggml_VERSION}; fun-asr is tested with ${FUN_ASR_GGML_EXPECTED_VERSION}")
+  endif()
+  set(_prebuilt ggml ggml-base ggml-cpu)
+  if(FUN_ASR_CUDA)
+    list(APPEND _prebuilt ggml-cuda)
+  endif()
+  foreach(_t IN LISTS _prebuilt)
+    if(NOT TARGET ggml::${_t})
+      message(FATAL_ERROR "fun-asr: the ggml under ${FUN_ASR_GGML_PREBUILT_DIR} has no ${_t} library")
+    endif()
+    add_library(${_t} INTERFACE)
+    target_link_libraries(${_t} INTERFACE ggml::${_t})
+  endforeach()
+  if(FUN_ASR_CUDA)
+    # ggml's package config adds the CUDA runtime and cuBLAS only to a GGML_STATIC build; ours links
+    # them as shared libraries (ggml-cuda's own choice when GGML_STATIC is off).
+    find_package(CUDAToolkit REQUIRED)
+    target_link_libraries(ggml-cuda INTERFACE CUDA::cudart CUDA::cublas CUDA::cublasLt)
+  endif()
+  message(STATUS "fun-asr: prebuilt ggml ${ggml_VERSION} from ${FUN_ASR_GGML_PREBUILT_DIR}")
+  return()
+endif()
+
 if(FUN_ASR_GGML_SOURCE_DIR)
   if(NOT EXISTS "${FUN_ASR_GGML_SOURCE_DIR}/CMakeLists.txt")
     message(FATAL_ERROR "fun-asr: FUN_ASR_GGML_SOURCE_DIR=${FUN_ASR_GGML_SOURCE_DIR} is not a ggml source tree (no CMakeLists.txt)")
