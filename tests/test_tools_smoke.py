@@ -30,6 +30,17 @@ def test_bench_smoke(tmp_path: Path) -> None:
         assert needle in table, needle
 
 
+def test_bench_gpu_harness_smoke(tmp_path: Path) -> None:
+    """The GPU benchmark's harness (tools/gpu_check.sh runs it with --device cuda), here on the CPU."""
+    out = tmp_path / "gpu.md"
+    r = subprocess.run([sys.executable, str(TOOLS / "bench.py"), "--smoke", "--gpu", "--device", "cpu", "--work",
+                        str(tmp_path / "w"), "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = out.read_text()
+    for needle in ("| q8_0 | 1 |", "| q8_0 | 3 |", "tokens equal to CPU", "4/4 |", "3 clips of 5-29.5 s"):
+        assert needle in table, needle
+
+
 def test_bench_ctc_draft_smoke(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, str(TOOLS / "bench_ctc_draft.py"), "--smoke", "--work", str(tmp_path)],
                        capture_output=True, text=True, timeout=900)

@@ -398,8 +398,9 @@ def main() -> None:
                     help="shared CPU: quiet vs beside --busy spinning processes (docs/contention.md)")
     ap.add_argument("--busy", type=int, default=1, help="with --contention: busy processes beside the run")
     ap.add_argument("--no-reference", action="store_true", help="with --contention: skip Transformers")
-    ap.add_argument("--device", default="cpu",
+    ap.add_argument("--device", default=None,
                     help="cuda / cuda:N: the GPU benchmark (latency, transcribe_batch RTFx, GPU memory) instead")
+    ap.add_argument("--gpu", action="store_true", help="the GPU benchmark on --device (default cuda; cpu: smoke test)")
     ap.add_argument("--batch-files", type=int, default=64, help="with --device cuda: clips of 5-29.5 s")
     ap.add_argument("--batch-sizes", default="16,64", help="with --device cuda")
     ap.add_argument("--tokens-per-second", type=float, default=4.0, help="with --device cuda: batch decode length")
@@ -432,10 +433,13 @@ def main() -> None:
             print(f"converting {label} ...", flush=True)
             fun_asr.convert(ckpt, ggufs[label], package, progress=False, encoder_type=enc or None)
 
-    if args.device != "cpu":
+    gpu_mode = args.gpu or args.device not in (None, "cpu")
+    if args.smoke and gpu_mode:
+        args.batch_files, args.batch_sizes = 3, "1,3"
+    if gpu_mode:
         default_out = str(ROOT / "docs" / "benchmarks.md")
         out = Path(args.out) if args.out != default_out else ROOT / "docs" / "benchmarks_cuda.md"
-        gpu_bench(ggufs, args.device, args.repeats, args.tokens, out, args.batch_files,
+        gpu_bench(ggufs, args.device or "cuda", args.repeats, args.tokens, out, args.batch_files,
                   [int(b) for b in args.batch_sizes.split(",")], args.tokens_per_second, threads)
         return
     if args.contention:

@@ -72,7 +72,7 @@ fi
 
 if [ -z "$skip_bench" ]; then
   step "benchmark (full-size random model: $types)"
-  "$py" tools/bench.py --device cuda --types "$types" --tokens 40 --repeats 3 --work /tmp/fun-asr-bench \
+  "$py" tools/bench.py --gpu --device cuda --types "$types" --tokens 40 --repeats 3 --work /tmp/fun-asr-bench \
     --out "$OUT/benchmarks_cuda.md" || status=1
   nvidia-smi --query-gpu=name,memory.used --format=csv
 fi
