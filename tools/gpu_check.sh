@@ -3,7 +3,8 @@
 #   1. builds fun_asr._core (+ _spin) for the machine's Python against the CUDA ggml that
 #      `tools/build_cuda.sh 90 --ggml-only` packed into build/gpu-carry/ (the long nvcc part is done
 #      elsewhere; here only fun-asr's own C++ is compiled, with all cores);
-#   2. installs the Python packages the machine lacks from build/gpu-carry/wheels (no index);
+#   2. installs the Python packages the machine lacks from build/gpu-carry/wheels (no index) and
+#      Transformers 5.23 (pruned to the models used) from build/gpu-carry/transformers-*-slim.tar.xz;
 #   3. runs the GPU cases of the test suite: parity against Transformers on CUDA within the CPU's
 #      tolerances (tests/test_model_parity.py), batch invariance on CUDA (tests/test_batch_invariance.py),
 #      CPU tokens = GPU tokens on the trained demo model (tests/test_cuda.py);
@@ -43,6 +44,9 @@ if [ -z "$skip_build" ]; then
   step "Python packages from $carry/wheels"
   "$py" -m pip install -q --no-index --no-deps --disable-pip-version-check --target "$deps" "$carry"/wheels/*.whl \
     || { echo "gpu_check: wheels failed"; exit 1; }
+  # Transformers 5.23 (the parity reference), pruned to the model families the tests use
+  "$py" -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='data')" \
+    "$(ls "$carry"/transformers-*-slim.tar.xz | head -n1)" "$deps" || { echo "gpu_check: no Transformers"; exit 1; }
 
   step "ggml (CUDA sm_$arch, prebuilt) and fun-asr's own sources"
   ggml=build/gpu-ggml
