@@ -227,9 +227,23 @@ namespace {
 
 // Depthwise conv1d over time (zero padding (K-1)/2 | K-1-(K-1)/2, no bias) of v [d, T] with the
 // FSMN kernel [K, 1, d], plus v itself: FunASR's FSMN memory block.
+// On a GPU (kernel not in CPU memory) as K shifted products instead: ggml's CUDA ssm_conv takes only
+// a few kernel sizes (3, 4, 5, 9, 15 in ggml 0.15.3) and aborts the process on others (SAN-M's is 11).
 ggml_tensor * fsmn(ggml_context * ctx, ggml_tensor * v, ggml_tensor * kernel, int64_t K) {
     const int64_t d = v->ne[0], T = v->ne[1];
     const int left = static_cast<int>((K - 1) / 2), right = static_cast<int>(K - 1 - left);
+    if (!weight_in_cpu_memory(kernel)) {
+        ggml_tensor * vp = ggml_pad_ext(ctx, v, 0, 0, left, right, 0, 0, 0, 0);         // [d, T + K - 1]
+        ggml_tensor * taps = ggml_cont(ctx, ggml_transpose(ctx, ggml_reshape_2d(ctx, kernel, K, d)));  // [d, K]
+        ggml_tensor * conv = nullptr;
+        for (int64_t j = 0; j < K; ++j) {
+            ggml_tensor * shifted = ggml_view_2d(ctx, vp, d, T, vp->nb[1], static_cast<size_t>(j) * vp->nb[1]);
+            ggml_tensor * tap = ggml_view_2d(ctx, taps, d, 1, taps->nb[1], static_cast<size_t>(j) * taps->nb[1]);
+            ggml_tensor * term = ggml_mul(ctx, shifted, tap);
+            conv = conv ? ggml_add(ctx, conv, term) : term;
+        }
+        return ggml_add(ctx, conv, v);
+    }
     ggml_tensor * vt = ggml_cont(ctx, ggml_transpose(ctx, v));  // [T, d]
     vt = ggml_pad_ext(ctx, vt, left, right, 0, 0, 0, 0, 0, 0);   // [T + K - 1, d]
     vt = ggml_reshape_3d(ctx, vt, T + K - 1, d, 1);
