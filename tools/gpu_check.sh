@@ -42,7 +42,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
 deps=/tmp/fun-asr-deps
 if [ -z "$skip_build" ]; then
   step "Python packages from $carry/wheels"
-  "$py" -m pip install -q --no-index --no-deps --disable-pip-version-check --target "$deps" "$carry"/wheels/*.whl \
+  "$py" -m pip install -q --upgrade --no-index --no-deps --disable-pip-version-check --target "$deps" "$carry"/wheels/*.whl \
     || { echo "gpu_check: wheels failed"; exit 1; }
   # Transformers 5.23 (the parity reference), pruned to the model families the tests use
   "$py" -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='data')" \
