@@ -56,6 +56,7 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         };
         ggml_tensor * q4 = ggml_reshape_4d(ctx, q, hd, d.n_heads, n, B);
         ggml_tensor * att;
+        const bool cpu_cache = kc->buffer && ggml_backend_buffer_is_host(kc->buffer);
         if (in.flash_attn) {  // fused: F32 K/V, online softmax in F32, one node instead of six
             // Keys past a sequence's own length are masked (-inf) and skipped, so every (sequence, head)
             // row is the same loop over its own keys in any batch. One exception: for a query of one
@@ -67,7 +68,6 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
             // (A view may not reach past its source's bytes, so the single head is copied per query
             // head rather than read with stride 0: only tiny test configs have one K/V head.)
             ggml_tensor *Q, *K, *V;
-            const bool cpu_cache = kc->buffer && ggml_backend_buffer_is_host(kc->buffer);
             if (n == 1 && B == 1 && cpu_cache) {
                 const int64_t Hkv = d.n_kv_heads, G = d.n_heads / Hkv, h3 = Hkv > 1 ? Hkv : d.n_heads;
                 Q = ggml_reshape_4d(ctx, q, hd, 1, Hkv > 1 ? G : 1, h3);  // head g + G * kv_head
@@ -95,7 +95,8 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
                 ggml_tensor * V = ggml_cont(ctx, ggml_permute(ctx, window(vc, n_kv, seqs, slot), 1, 2, 0, 3));  // [n_kv, hd, Hkv, s]
                 return ggml_cont(ctx, ggml_permute(ctx, ggml_mul_mat(ctx, V, kq), 0, 2, 1, 3));            // [hd, Hq, n, s]
             };
-            if (n == 1 && B > 1 && in.kv_lens) {
+            // (On a GPU the whole batch in one chain: its kernels round batches differently anyway.)
+            if (n == 1 && B > 1 && in.kv_lens && cpu_cache) {
                 att = nullptr;
                 for (int64_t b = 0; b < B; ++b) {
                     const int64_t len = (*in.kv_lens)[static_cast<size_t>(b)];

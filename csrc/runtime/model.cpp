@@ -77,6 +77,9 @@ Model::Model(const ModelSource & src, const std::string & device, int threads) {
         backends.push_back(cpu_backend_);
     }
     set_threads(threads);
+    // ggml's CUDA flash attention rounds K and V to F16 (relative errors ~1e-3 where the CPU's F32
+    // attention meets the reference within 1e-4): on a GPU the matmul / softmax / matmul attention.
+    flash_attn_ = cpu_backend_ == backend_;
     ggml_backend_cpu_set_abort_callback(cpu_backend_, &Model::abort_callback, this);  // interrupt()
     sched_ = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()), kGraphSize, false, true);
     if (!sched_) throw std::runtime_error("cannot create the ggml scheduler");
@@ -172,6 +175,14 @@ void Model::alloc_graph(ggml_cgraph * gf) {
         if (is_matvec(node) || is_amx_gemm(node) || is_amx_prepare(node) || is_int8_gemm(node) ||
             is_int8_gemm_prepare(node)) {
             ggml_backend_sched_set_tensor_backend(sched_, node, cpu_backend_);
+        }
+    }
+    // On a GPU, products accumulate in F32 as on the CPU (ggml's CUDA backend would otherwise run F16
+    // weights through cuBLAS with F16 accumulation).
+    if (backend_ != cpu_backend_) {
+        for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
+            ggml_tensor * node = ggml_graph_node(gf, i);
+            if (node->op == GGML_OP_MUL_MAT) ggml_mul_mat_set_prec(node, GGML_PREC_F32);
         }
     }
     if (!ggml_backend_sched_alloc_graph(sched_, gf)) throw std::runtime_error("cannot allocate the compute graph");
