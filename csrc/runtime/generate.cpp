@@ -175,9 +175,11 @@ int64_t Model::step_chunk() const {
     // stay within half the graph; a larger batch steps in chunks of sequences, which gives the same
     // numbers (no sequence's numbers depend on the others) at the cost of reading the weights again.
     auto per_column = [](ggml_tensor * w) { return weight_is_repacked(w) && !matvec_step_takes(w) ? 1 : 0; };
+    // (a KV cache on a GPU attends in one chain for the whole batch: decoder_qwen3.cpp)
+    const bool per_sequence_attention = !flash_attn_ && backend_ == cpu_backend_;
     int64_t per_seq = per_column(weights_->w.output);
     for (const Qwen3Layer & l : weights_->w.dec) {
-        per_seq += flash_attn_ ? 0 : 16;
+        per_seq += per_sequence_attention ? 16 : 0;
         for (ggml_tensor * w : {l.q, l.k, l.v, l.o, l.gate, l.up, l.down}) per_seq += per_column(w);
     }
     if (per_seq == 0) return std::numeric_limits<int64_t>::max();
