@@ -159,7 +159,8 @@ void bind_model(py::module_ & m) {
              "(decode-step estimate per candidate, -1 = not measured), 'probes'}.")
         .def_property_readonly("n_past", &Model::n_past, "Positions currently in the KV cache.")
         .def_property("flash_attn", &Model::flash_attn, &Model::set_flash_attn,
-                      "Decoder attention via ggml's fused flash-attention kernel (default True).")
+                      "Decoder attention via ggml's fused flash-attention kernel (default: True on the CPU, False "
+                      "on a GPU, whose flash attention rounds K and V to F16).")
         .def(
             "encode",
             [](Model & self, const py::array & features) {

@@ -200,7 +200,7 @@ ggml_tensor * attention_full(ggml_context * ctx, ggml_tensor * q, ggml_tensor * 
     const int64_t d = q->ne[0], T = q->ne[1], hd = d / n_heads;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     if (mask == nullptr && cpu && attention_supported(q, k, v, n_heads)) return attention(ctx, q, k, v, n_heads, scale);
-    if (mask == nullptr && cpu) {
+    if (mask == nullptr && cpu) {  // (not on a GPU: ggml's CUDA flash attention rounds K and V to F16)
         // One fused node (F32 K/V, online softmax in F32): the matmul path's second product has the
         // sequence length as its inner dimension, which ggml's fast GEMM only takes in multiples of
         // 16, so it ran at ~13 GFLOP/s and took ~18% of the encoder's time.
