@@ -119,3 +119,20 @@ def test_prefix_kv_reuse_gives_the_same_tokens(tiny_gguf) -> None:  # noqa: ANN0
     assert model.last_generation()["prefix_reused"] == 0
     model.generate_batch([emb], 4, STOP)
     assert model.last_generation()["prefix_reused"] == 3
+
+
+def test_generation_says_where_the_decoder_passes_time_went(tiny_gguf) -> None:  # noqa: ANN001
+    """last_generation(): graph building, copies, compute and the host's token choice, per generation."""
+    import fun_asr
+
+    model = fun_asr.load_model(tiny_gguf("q8_0"), threads=1)
+    emb = np.ascontiguousarray(model.embed([151644, 8, 9, 10, 11, 12]))
+    model.generate_batch([emb, emb[:4]], 6, [])
+    first = model.last_generation()
+    parts = [first[k] for k in ("graph_ms", "transfer_ms", "compute_ms", "select_ms")]
+    assert all(p > 0 for p in parts), first
+    assert first["compute_ms"] <= first["prefill_ms"] + first["decode_ms"]
+    assert sum(parts) <= (first["prefill_ms"] + first["decode_ms"]) * 1.05 + 1.0
+    model.generate_batch([emb], 1, [])  # a new generation starts from zero; one token needs no decode step
+    again = model.last_generation()
+    assert again["decode_passes"] == 0 and again["select_ms"] == 0.0 and 0 < again["graph_ms"]

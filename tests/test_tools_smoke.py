@@ -37,7 +37,8 @@ def test_bench_gpu_harness_smoke(tmp_path: Path) -> None:
                         str(tmp_path / "w"), "--out", str(out)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     table = out.read_text()
-    for needle in ("| q8_0 | 1 |", "| q8_0 | 3 |", "tokens equal to CPU", "4/4 |", "3 clips of 5-29.5 s"):
+    for needle in ("| q8_0 | 1 |", "| q8_0 | 3 |", "tokens equal to CPU", "4/4 |", "3 clips of 5-29.5 s",
+                   "host argmax s"):
         assert needle in table, needle
 
 

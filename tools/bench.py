@@ -675,8 +675,9 @@ def gpu_bench(ggufs: dict[str, Path], device: str, repeats: int, tokens: int, ou
         f"({cpu_threads} threads) ms | tokens equal to CPU |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    batch_rows = ["", "| type | batch size | wall s | RTFx (audio s / wall s) | tokens | tokens/s | peak GPU MiB |",
-                  "|---|---|---|---|---|---|---|"]
+    batch_rows = ["", "| type | batch size | wall s | RTFx (audio s / wall s) | tokens | tokens/s | peak GPU MiB | "
+                  "prefill s | decode s | of the decoder passes: graphs s | copies s | compute s | host argmax s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     kw = dict(sample_rate=RATE, ignore_eos=True, repetition_guard=False)
     for label, path in ggufs.items():
         with GpuMemory() as mem:
@@ -690,13 +691,18 @@ def gpu_bench(ggufs: dict[str, Path], device: str, repeats: int, tokens: int, ou
             for bs in batch_sizes:
                 t0 = time.perf_counter()
                 n_tok = 0
+                parts = dict.fromkeys(("prefill_ms", "decode_ms", "graph_ms", "transfer_ms", "compute_ms",
+                                       "select_ms"), 0.0)
                 for i in range(0, files, bs):
                     group = corpus[i:i + bs]
                     new = int(np.ceil(tokens_per_second * durations[min(i + bs, files) - 1]))
                     res = s.transcribe_batch(group, batch_size=bs, max_new_tokens=new, **kw)
                     n_tok += sum(len(seg.tokens) for r in res for seg in r.segments)
+                    gen = s.model.last_generation()  # the group's one generate_batch (one segment per clip)
+                    for key in parts:
+                        parts[key] += gen[key]
                 wall = time.perf_counter() - t0
-                batch.append((bs, wall, n_tok))
+                batch.append((bs, wall, n_tok, parts))
                 print(f"{label} batch {bs}: {wall:.2f} s for {audio_s:.0f} s of audio, RTFx {audio_s / wall:.0f}, "
                       f"{n_tok} tokens", flush=True)
         del s
@@ -714,9 +720,9 @@ def gpu_bench(ggufs: dict[str, Path], device: str, repeats: int, tokens: int, ou
         lines.append(f"| {label} | {load_s:.1f} | {med('total_ms'):.0f} | {10e3 / med('total_ms'):.0f} | "
                      f"{med('encode_ms'):.1f} | {med('prefill_ms'):.1f} | {per_token:.2f} | "
                      f"{cpu_ms:.0f} | {agree}/{tokens} |")
-        for bs, wall, n_tok in batch:
+        for bs, wall, n_tok, parts in batch:
             batch_rows.append(f"| {label} | {bs} | {wall:.2f} | {audio_s / wall:.0f} | {n_tok} | {n_tok / wall:.0f} | "
-                              f"{mem.mib:.0f} |")
+                              f"{mem.mib:.0f} | " + " | ".join(f"{v / 1e3:.2f}" for v in parts.values()) + " |")
         print(lines[-1], flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines + batch_rows) + "\n", "utf-8")

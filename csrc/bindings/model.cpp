@@ -454,9 +454,15 @@ void bind_model(py::module_ & m) {
                 d["decode_passes"] = s.decode_passes;
                 d["draft_proposed"] = s.draft_proposed;
                 d["draft_accepted"] = s.draft_accepted;
+                d["graph_ms"] = s.graph_ms;
+                d["transfer_ms"] = s.transfer_ms;
+                d["compute_ms"] = s.compute_ms;
+                d["select_ms"] = s.select_ms;
                 return d;
             },
-            "Stop reason (eos, max_new_tokens, repetition) and timings of the last generate().")
+            "Stop reason (eos, max_new_tokens, repetition) and timings of the last generate(); graph_ms, "
+            "transfer_ms, compute_ms: its decoder passes' graph building, host<->backend copies and compute; "
+            "select_ms: choosing the tokens of its decode steps on the host.")
         .def("__repr__", [](const Model & self) {
             const auto & hp = self.hparams();
             return "<fun_asr._core.Model enc=" + std::to_string(hp.enc.n_layers) + "x" + std::to_string(hp.enc.d_model) +

@@ -114,6 +114,7 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     }
     if (n_kv > kv_.capacity() || slot0 + B > kv_.n_seq()) throw std::logic_error("KV cache too small");
     stage_ = verify ? "verify" : n > 1 ? "prefill" : "decode";
+    const auto t_start = std::chrono::steady_clock::now();
 
     GraphScope g;
     new_graph(g);
@@ -143,6 +144,8 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     ggml_set_output(logits);
     ggml_build_forward_expand(g.gf, logits);
     alloc_graph(g.gf);
+    last_.graph_ms += ms_since(t_start);
+    auto t_io = std::chrono::steady_clock::now();
 
     if (emb_in) ggml_backend_tensor_set(emb_in, embeddings, 0, ggml_nbytes(emb_in));
     if (tok_in) ggml_backend_tensor_set(tok_in, tokens, 0, ggml_nbytes(tok_in));
@@ -162,9 +165,14 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     ggml_backend_tensor_set(pos, positions.data(), 0, ggml_nbytes(pos));
     ggml_backend_tensor_set(rows, row_ids.data(), 0, ggml_nbytes(rows));
     ggml_backend_tensor_set(mask, m.data(), 0, ggml_nbytes(mask));
+    last_.transfer_ms += ms_since(t_io);
+    const auto t_compute = std::chrono::steady_clock::now();
     compute_graph(g.gf, n == 1 ? B : 0);
+    last_.compute_ms += ms_since(t_compute);
+    t_io = std::chrono::steady_clock::now();
     std::vector<float> out(static_cast<size_t>(d.vocab * B * (verify ? n : 1)));
     ggml_backend_tensor_get(logits, out.data(), 0, out.size() * sizeof(float));
+    last_.transfer_ms += ms_since(t_io);
     return out;
 }
 
@@ -339,6 +347,7 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
                     logits.insert(logits.end(), l.begin(), l.end());
                 }
             }
+            const auto t_select = std::chrono::steady_clock::now();
             for (int64_t b = 0; b < B; ++b) {
                 next[static_cast<size_t>(b)] = argmax(logits.data() + b * d.vocab, d.vocab);
                 past[static_cast<size_t>(b)] += 1;
@@ -347,6 +356,7 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
                     digests_[static_cast<size_t>(b)].push_back(digest(logits.data() + b * d.vocab, d.vocab));
                 }
             }
+            last_.select_ms += ms_since(t_select);
         }
     }
     last_.decode_ms = ms_since(t0);

@@ -162,6 +162,10 @@ public:
         int64_t prefix_reused = 0;  // prompt positions whose K/V came from the prefix cache
         int64_t decode_passes = 0;   // decoder graphs after the prefill (steps + verification passes)
         int64_t draft_proposed = 0, draft_accepted = 0;  // draft tokens verified / kept
+        // Where the decoder passes' time went (all passes of the generation, prefills included): building
+        // and allocating graphs, copying inputs and logits between host and backend, computing; and the
+        // decode steps' token choice on the host (argmax over every sequence's logits).
+        double graph_ms = 0, transfer_ms = 0, compute_ms = 0, select_ms = 0;
     };
     GenerationStats last_generation() const { return last_; }
 
