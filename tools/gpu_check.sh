@@ -12,6 +12,10 @@
 #      transcribe_batch over 64 clips of 5-29.5 s (RTFx), GPU memory.
 # Everything it prints, and the benchmark's table, goes to $OUT (default /tmp/gpu-check).
 #   tools/gpu_check.sh [--skip-build] [--skip-tests] [--skip-bench] [--types f16,q8_0]
+# Before, on the machine with the network (the carry is build/gpu-carry, ~47 MB; with the working tree
+# it must stay under the device tool's 64 MiB):
+#   tools/build_cuda.sh 90 --ggml-only             # ~25 min on 2 cores
+#   tools/gpu_check.sh --prepare [--python 3.12]   # the wheels + Transformers for the device's Python
 # Uses the machine's python3 (PYTHON=...) with its numpy/torch/tokenizers; needs nvcc's toolkit
 # (cuBLAS, the CUDA runtime) and cmake/ninja on PATH.
 set -uo pipefail
@@ -20,17 +24,40 @@ OUT="${OUT:-/tmp/gpu-check}"
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/gpu_check.log") 2>&1
 py="${PYTHON:-python3}"
+case "$py" in */*) py="$(cd "$(dirname "$py")" && pwd)/$(basename "$py")" ;; esac  # absolute, links kept
 arch="${CUDA_ARCH:-90}"
 carry=build/gpu-carry
-skip_build="" skip_tests="" skip_bench="" types="f16,q8_0"
+skip_build="" skip_tests="" skip_bench="" types="f16,q8_0" prepare="" pyver="3.12"
 while [ $# -gt 0 ]; do
   case "$1" in
     --skip-build) skip_build=1 ;; --skip-tests) skip_tests=1 ;; --skip-bench) skip_bench=1 ;;
     --types) types="$2"; shift ;;
+    --prepare) prepare=1 ;; --python) pyver="$2"; shift ;;
     *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
   esac
   shift
 done
+if [ -n "$prepare" ]; then
+  # What the device lacks (its own Python has numpy, torch, tokenizers, huggingface_hub, tqdm, pyyaml):
+  # binary wheels for its Python, and Transformers 5.23 without the ~400 model families the tests never
+  # import (13 MB -> 1.5 MB).
+  mkdir -p "$carry/wheels"
+  "$py" -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_27_x86_64 \
+    --platform manylinux_2_28_x86_64 --platform any -d "$carry/wheels" \
+    kaldi-native-fbank soundfile cffi pycparser soxr gguf || exit 1
+  tmp="$(mktemp -d)"
+  "$py" -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "transformers==5.23.0" || exit 1
+  (cd "$tmp" && "$py" -m zipfile -e transformers-*.whl x >/dev/null && cd x \
+     && find transformers/models -mindepth 1 -maxdepth 1 -type d \
+          ! -name auto ! -name fun_asr_nano ! -name qwen3 -exec rm -rf {} + \
+     && tar -cJf transformers-5.23.0-slim.tar.xz transformers transformers-5.23.0.dist-info) || exit 1
+  mv "$tmp/x/transformers-5.23.0-slim.tar.xz" "$carry/"
+  rm -rf "$tmp"
+  ls -la "$carry" "$carry/wheels"
+  exit 0
+fi
+
 t0=$(date +%s)
 step() { echo; echo "== [$(( $(date +%s) - t0 )) s] $*"; }
 status=0
