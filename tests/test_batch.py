@@ -136,3 +136,5 @@ def test_generation_says_where_the_decoder_passes_time_went(tiny_gguf) -> None: 
     model.generate_batch([emb], 1, [])  # a new generation starts from zero; one token needs no decode step
     again = model.last_generation()
     assert again["decode_passes"] == 0 and again["select_ms"] == 0.0 and 0 < again["graph_ms"]
+    model.prefill(emb)  # a pass outside a generation leaves the last generation's figures alone
+    assert model.last_generation() == again

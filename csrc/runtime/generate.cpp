@@ -144,7 +144,7 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     ggml_set_output(logits);
     ggml_build_forward_expand(g.gf, logits);
     alloc_graph(g.gf);
-    last_.graph_ms += ms_since(t_start);
+    passes_.graph_ms += ms_since(t_start);
     auto t_io = std::chrono::steady_clock::now();
 
     if (emb_in) ggml_backend_tensor_set(emb_in, embeddings, 0, ggml_nbytes(emb_in));
@@ -165,14 +165,14 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     ggml_backend_tensor_set(pos, positions.data(), 0, ggml_nbytes(pos));
     ggml_backend_tensor_set(rows, row_ids.data(), 0, ggml_nbytes(rows));
     ggml_backend_tensor_set(mask, m.data(), 0, ggml_nbytes(mask));
-    last_.transfer_ms += ms_since(t_io);
+    passes_.transfer_ms += ms_since(t_io);
     const auto t_compute = std::chrono::steady_clock::now();
     compute_graph(g.gf, n == 1 ? B : 0);
-    last_.compute_ms += ms_since(t_compute);
+    passes_.compute_ms += ms_since(t_compute);
     t_io = std::chrono::steady_clock::now();
     std::vector<float> out(static_cast<size_t>(d.vocab * B * (verify ? n : 1)));
     ggml_backend_tensor_get(logits, out.data(), 0, out.size() * sizeof(float));
-    last_.transfer_ms += ms_since(t_io);
+    passes_.transfer_ms += ms_since(t_io);
     return out;
 }
 
@@ -287,6 +287,7 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
                                     std::to_string(d.max_positions));
     }
     last_ = GenerationStats{};
+    passes_ = PassTimes{};
     auto t0 = std::chrono::steady_clock::now();
     n_past_ = 0;  // the single-sequence state does not survive a batch
     kv_.reserve(d, ggml_backend_get_default_buffer_type(backend_), longest + max_new_tokens, 0, B);
@@ -362,6 +363,9 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
     last_.decode_ms = ms_since(t0);
     for (const auto & g : out) last_.new_tokens += static_cast<int64_t>(g.tokens.size());
     last_.stop_reason = B == 1 ? out[0].stop_reason : "batch";
+    last_.graph_ms = passes_.graph_ms;
+    last_.transfer_ms = passes_.transfer_ms;
+    last_.compute_ms = passes_.compute_ms;
     return out;
 }
 

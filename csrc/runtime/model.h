@@ -242,6 +242,11 @@ private:
     KvCache kv_;
     int64_t n_past_ = 0;
     GenerationStats last_;
+    // The decoder passes' graph / copy / compute time (run_decoder) since the current generation began,
+    // copied into last_ at its end (prefill(), step() and set_prefix() outside a generation leave last_ alone).
+    struct PassTimes {
+        double graph_ms = 0, transfer_ms = 0, compute_ms = 0;
+    } passes_;
     std::vector<float> prefix_rows_;                 // the prefix embeddings [n, d]
     std::vector<std::vector<uint8_t>> prefix_k_, prefix_v_;  // per layer: K/V rows of positions 0..n-1
     bool prefix_matches(const float * embeddings, int64_t n) const;
