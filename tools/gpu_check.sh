@@ -82,15 +82,17 @@ if [ -z "$skip_build" ]; then
     "$carry/ggml-cuda-sm$arch.tar.xz" "$ggml" || { echo "gpu_check: no $carry/ggml-cuda-sm$arch.tar.xz"; exit 1; }
   cuda_root="$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"
   cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFUN_ASR_CUDA=ON -DFUN_ASR_NATIVE=OFF \
-    -DFUN_ASR_GGML_PREBUILT_DIR="$PWD/$ggml" -DCUDAToolkit_ROOT="$cuda_root" \
+    -DFUN_ASR_GGML_PREBUILT_DIR="$PWD/$ggml" -DCUDAToolkit_ROOT="$cuda_root" -DCMAKE_INSTALL_RPATH_USE_LINK_PATH=ON \
     -DPython_EXECUTABLE="$(command -v "$py")" -Dpybind11_DIR="$("$py" -m pybind11 --cmakedir)" \
     > "$OUT/cmake_configure.log" 2>&1 || { tail -40 "$OUT/cmake_configure.log"; exit 1; }
   cmake --build build/gpu --target _core _spin -j "$(nproc)" > "$OUT/cmake_build.log" 2>&1 \
     || { grep -E "error|Error" "$OUT/cmake_build.log" | head -40; tail -20 "$OUT/cmake_build.log"; exit 1; }
-  cp build/gpu/_core*.so build/gpu/_spin*.so python/fun_asr/
-  mkdir -p python/fun_asr/model_specs && cp model_specs/*.json python/fun_asr/model_specs/
+  # the package as pip would install it, beside the wheels (the working tree is left as it is)
+  rm -rf "$deps/fun_asr" && cp -r python/fun_asr "$deps/"
+  cmake --install build/gpu --prefix "$deps" > "$OUT/cmake_install.log" 2>&1 \
+    || { tail -20 "$OUT/cmake_install.log"; exit 1; }
 fi
-export PYTHONPATH="$deps:$PWD/python:$PWD/tools${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$deps:$PWD/tools${PYTHONPATH:+:$PYTHONPATH}"
 "$py" -c "import fun_asr, json; i = fun_asr.system_info(); print(json.dumps({k: i[k] for k in ('compiled_backends', 'registered_backends', 'devices')}, indent=1))" \
   || { echo "gpu_check: fun_asr does not import"; exit 1; }
 
