@@ -609,6 +609,49 @@ def test_encoder_attention_equals_flash_attention_to_rounding(wide_gguf, tmp_pat
 
 
 
+_DECODE_CODE = (
+    "import sys, numpy as np, fun_asr\n"
+    "m = fun_asr.load_model(sys.argv[1], threads=2)\n"
+    "m.profiling = True\n"
+    "rng = np.random.default_rng(0)\n"
+    "outs = []\n"
+    "for n, steps in ((1, 3), (40, 20), (530, 3)):\n"
+    "    outs.append(np.asarray(m.prefill(np.ascontiguousarray(m.embed(rng.integers(0, 1000, n).tolist())))))\n"
+    "    outs += [np.asarray(m.step(int(t))) for t in rng.integers(0, 1000, steps)]\n"
+    "p = m.profile()\n"
+    "np.savez(sys.argv[2], np.stack(outs), kinds=np.array(sorted(p)))\n"
+)
+
+
+@pytest.mark.skipif(_core.matvec_isa() == "", reason="no AVX2: the attention kernel does not run here")
+def test_decoder_attention_equals_flash_attention_to_rounding(wide_gguf, tmp_path) -> None:  # noqa: ANN001
+    """The decoder's attention over its KV cache (kernels/attention, cached_attention: each GQA pair of query
+    heads against the keys its mask leaves visible) against ggml's flash attention (FUN_ASR_ATTN=ggml): the
+    logits of prefills of 1, 40 and 530 positions (ggml splits a lone row's keys over its threads from 512)
+    and of the decode steps after them equal to rounding, and the op really ran in both stages."""
+    path = str(wide_gguf("f32"))
+    runs = {}
+    for name, attn in (("ours", None), ("ggml", "ggml")):
+        env = {k: v for k, v in os.environ.items() if k != "FUN_ASR_ATTN"}
+        if attn:
+            env["FUN_ASR_ATTN"] = attn
+        out = tmp_path / f"{name}.npz"
+        r = subprocess.run([sys.executable, "-c", _DECODE_CODE, path, str(out)], env=env, capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        runs[name] = dict(np.load(out))
+    ours, ggml = runs["ours"], runs["ggml"]
+    for stage in ("prefill", "decode"):
+        assert f"{stage}/ATTN" in set(ours["kinds"]) and f"{stage}/FLASH_ATTN_EXT" not in set(ours["kinds"])
+        assert f"{stage}/FLASH_ATTN_EXT" in set(ggml["kinds"]) and f"{stage}/ATTN" not in set(ggml["kinds"])
+    a, b = ours["arr_0"], ggml["arr_0"]
+    assert a.shape == b.shape == (29, a.shape[1]) and np.isfinite(a).all()
+    for i in range(len(a)):
+        err = float(np.abs(a[i] - b[i]).max() / np.abs(b[i]).max())
+        assert err < 1e-5, f"logits row {i}: the attention op differs from ggml's by {err:.2e} (relative)"
+    assert not np.array_equal(a, b)  # really another path
+
+
 @needs_kernel
 @pytest.mark.parametrize("package", ["q8_0", "q4_k_m"])
 def test_prefill_output_projection_takes_the_decode_step_path(package: str, wide_gguf) -> None:  # noqa: ANN001

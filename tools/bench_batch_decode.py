@@ -4,13 +4,15 @@
     python tools/bench_batch_decode.py MODEL.gguf [MODEL.gguf ...] [--batch 1,8] [--tokens 24]
                                        [--prompt 60] [--repeats 3] [--threads 2]
                                        [--core PATH/_core.so ...]   # compare other builds of the extension
+                                       [--env NAME=VALUE[,NAME=VALUE] ...]  # or the same build with switches
 
 Each measurement is a fresh process (FUN_ASR_MATVEC and the other switches come from the environment).
 B = 1 decodes 8 prompts one by one; B = 8 decodes the same 8 prompts as one batch; the figure is the
 decode time (prefill excluded) divided by the tokens the decoding steps produced. Processes alternate
 over models and extension builds in every repeat; medians are reported. `--core` loads another build
 of fun_asr._core (e.g. one made from an older commit with `pip install --target`) in place of the
-installed one, so that before/after numbers come from the same run.
+installed one, so that before/after numbers come from the same run; `--env FUN_ASR_ATTN=ggml` runs the
+installed build with those variables set as one more alternated variant (a kernel against ggml's path).
 """
 
 from __future__ import annotations
@@ -60,31 +62,40 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--core", action="append", default=[], help="another _core build to compare (repeatable)")
+    ap.add_argument("--env", action="append", default=[],
+                    help="NAME=VALUE[,NAME=VALUE]: the installed build with these variables set (repeatable)")
     args = ap.parse_args()
     batch = [int(b) for b in args.batch.split(",")]
     if any(b < 1 or 8 % b for b in batch):
         raise SystemExit("--batch: sizes must divide 8")
     opts = {"batch": batch, "tokens": args.tokens, "prompt": args.prompt, "threads": args.threads}
-    cores = [""] + args.core
+    # variants: (label, extension path or "" for the installed one, extra environment)
+    variants: list[tuple[str, str, dict[str, str]]] = [("installed", "", {})]
+    variants += [(core, core, {}) for core in args.core]
+    for spec in args.env:
+        pairs = [item.partition("=") for item in spec.split(",")]
+        if any(not name or not eq for name, eq, _ in pairs):
+            raise SystemExit(f"--env {spec!r}: expected NAME=VALUE[,NAME=VALUE]")
+        variants.append((spec, "", {name: value for name, _, value in pairs}))
     results: dict[tuple[str, str], list[dict]] = {}
     for _ in range(args.repeats):
         for model in args.models:
-            for core in cores:
+            for label, core, extra in variants:
                 r = subprocess.run([sys.executable, "-c", CHILD, core, str(model), json.dumps(opts)],
-                                   capture_output=True, text=True, env=dict(os.environ), check=False)
+                                   capture_output=True, text=True, env={**os.environ, **extra}, check=False)
                 if r.returncode != 0:
-                    raise SystemExit(f"{model} ({core or 'installed'}): {r.stderr[-2000:]}")
-                results.setdefault((model.name, core), []).append(json.loads(r.stdout.strip().splitlines()[-1]))
+                    raise SystemExit(f"{model} ({label}): {r.stderr[-2000:]}")
+                results.setdefault((model.name, label), []).append(json.loads(r.stdout.strip().splitlines()[-1]))
     print(f"decode ms per token, median of {args.repeats}, {args.threads} threads, {args.tokens} tokens, "
           f"prompt {args.prompt} rows, FUN_ASR_MATVEC={os.environ.get('FUN_ASR_MATVEC', '(default)')}")
     head = "| model | extension | ISA | " + " | ".join(f"B={b}" for b in batch) + " | B=1 / B=8 |"
     print(head)
     print("|" + " --- |" * (head.count("|") - 1))
-    for (name, core), runs in results.items():
+    for (name, label), runs in results.items():
         med = {b: statistics.median(r[str(b)] for r in runs) for b in batch}
         ratio = f"{med[1] / med[8]:.2f}x" if 1 in med and 8 in med else "-"
         cells = " | ".join(f"{med[b]:.1f}" for b in batch)
-        print(f"| {name} | {core or 'installed'} | {runs[0]['isa'] or 'ggml'} | {cells} | {ratio} |")
+        print(f"| {name} | {label} | {runs[0]['isa'] or 'ggml'} | {cells} | {ratio} |")
 
 
 if __name__ == "__main__":

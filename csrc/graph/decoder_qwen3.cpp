@@ -4,6 +4,7 @@
 
 #include "ggml-backend.h"
 #include "graph/stages.h"
+#include "kernels/attention.h"
 
 namespace fun_asr {
 
@@ -57,7 +58,12 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         ggml_tensor * q4 = ggml_reshape_4d(ctx, q, hd, d.n_heads, n, B);
         ggml_tensor * att;
         const bool cpu_cache = kc->buffer && ggml_backend_buffer_is_host(kc->buffer);
-        if (in.flash_attn) {  // fused: F32 K/V, online softmax in F32, one node instead of six
+        ggml_tensor * kw = window(kc, in.n_kv, B, in.slot0), * vw = window(vc, in.n_kv, B, in.slot0);
+        if (in.flash_attn && cpu_cache && cached_attention_supported(q, kw, vw, in.mask, d.n_heads, d.n_kv_heads)) {
+            // fun-asr's CPU op (kernels/attention): each query row over its own visible keys, so the same
+            // bits alone, in any batch and in a verification pass; ~4x ggml's flash attention per step.
+            att = cached_attention(ctx, q, kw, vw, in.mask, d.n_heads, d.n_kv_heads, scale);
+        } else if (in.flash_attn) {  // fused: F32 K/V, online softmax in F32, one node instead of six
             // Keys past a sequence's own length are masked (-inf) and skipped, so every (sequence, head)
             // row is the same loop over its own keys in any batch. One exception: for a query of one
             // position in dimension 1 and one sequence in dimension 3, ggml splits the keys over its
@@ -80,8 +86,8 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
                 V = kv(vc);
             } else {
                 Q = ggml_permute(ctx, q4, 0, 2, 1, 3);                                    // [hd, n, Hq, B]
-                K = ggml_permute(ctx, window(kc, in.n_kv, B, in.slot0), 0, 2, 1, 3);      // [hd, n_kv, Hkv, B]
-                V = ggml_permute(ctx, window(vc, in.n_kv, B, in.slot0), 0, 2, 1, 3);
+                K = ggml_permute(ctx, kw, 0, 2, 1, 3);  // [hd, n_kv, Hkv, B]
+                V = ggml_permute(ctx, vw, 0, 2, 1, 3);
             }
             att = ggml_flash_attn_ext(ctx, Q, K, V, in.mask, scale, 0.0f, 0.0f);  // [hd, Hq, n, B] (same layout)
             ggml_flash_attn_ext_set_prec(att, GGML_PREC_F32);

@@ -26,6 +26,22 @@ struct Params {
     bool operator<(const Params & o) const { return n_heads != o.n_heads ? n_heads < o.n_heads : scale < o.scale; }
 };
 
+struct CachedParams {
+    int64_t n_heads, n_kv_heads;
+    float scale;
+    bool operator<(const CachedParams & o) const {
+        if (n_heads != o.n_heads) return n_heads < o.n_heads;
+        return n_kv_heads != o.n_kv_heads ? n_kv_heads < o.n_kv_heads : scale < o.scale;
+    }
+};
+
+constexpr uint16_t kF16MinusInf = 0xFC00;
+
+// A mask entry as ggml reads it (0 and -inf, the decoder's only values, without a conversion call).
+inline float mask_value(ggml_fp16_t h) {
+    return h == 0 ? 0.0f : h == kF16MinusInf ? -INFINITY : ggml_fp16_to_fp32(h);
+}
+
 #if FUN_ASR_ATTN_X86
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
@@ -149,6 +165,51 @@ static void weighted_values(const float * const p[R], const float * inv, const f
     }
 }
 
+// s <- exp(scale * s + mask - max) in place, 0 where the mask is -inf (the key is skipped); returns 1 / sum,
+// or 0 when every key is masked (the row's output is then zeros, as in ggml's flash attention).
+static float masked_softmax_row(float * s, const ggml_fp16_t * mrow, int64_t T, float scale) {
+    float m = -INFINITY;
+    for (int64_t j = 0; j < T; ++j) {
+        s[j] = s[j] * scale + mask_value(mrow[j]);
+        m = std::max(m, s[j]);
+    }
+    if (m == -INFINITY) return 0.0f;
+    const __m256 mv = _mm256_set1_ps(m), minf = _mm256_set1_ps(-INFINITY);
+    __m256 sum = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= T; j += 8) {
+        const __m256 t = _mm256_loadu_ps(s + j);
+        const __m256 e = _mm256_and_ps(exp_nonpositive(_mm256_sub_ps(t, mv)), _mm256_cmp_ps(t, minf, _CMP_NEQ_OQ));
+        _mm256_storeu_ps(s + j, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    if (j < T) {  // the tail through the same vector code, padded with -inf (e = 0)
+        alignas(32) float t[8];
+        for (int u = 0; u < 8; ++u) t[u] = j + u < T ? s[j + u] : -INFINITY;
+        const __m256 tv = _mm256_load_ps(t);
+        const __m256 e = _mm256_and_ps(exp_nonpositive(_mm256_sub_ps(tv, mv)), _mm256_cmp_ps(tv, minf, _CMP_NEQ_OQ));
+        _mm256_store_ps(t, e);
+        for (int u = 0; j + u < T; ++u) s[j + u] = t[u];
+        sum = _mm256_add_ps(sum, e);
+    }
+    return 1.0f / hsum(sum);
+}
+
+// R query heads q[r] of one position that share a K/V head, against its keys [0, T) (key j at k + j * ldk,
+// value j at v + j * ldv), masked by mrow: o[r] = softmax(scale * q_r k^T + mask) v.
+template <int R>
+static void cached_rows(const float * const q[R], const float * k, int64_t ldk, const float * v, int64_t ldv,
+                        const ggml_fp16_t * mrow, int64_t T, int64_t hd, float scale, float * scratch,
+                        float * const o[R]) {
+    float * s[R];
+    const float * p[R];
+    float inv[R];
+    for (int r = 0; r < R; ++r) p[r] = s[r] = scratch + r * T;
+    scores<R>(q, k, ldk, T, hd, s);
+    for (int r = 0; r < R; ++r) inv[r] = masked_softmax_row(s[r], mrow, T, scale);
+    weighted_values<R>(p, inv, v, ldv, T, hd, o);
+}
+
 // Query rows [i, i + R) of head h.
 template <int R>
 static void rows(const float * q, const float * k, const float * v, float * o, int64_t d, int64_t T, int64_t hd,
@@ -202,6 +263,38 @@ void run(ggml_tensor * dst, int ith, int nth, void * userdata) {
 #endif
 }
 
+void run_cached(ggml_tensor * dst, int ith, int nth, void * userdata) {
+#if FUN_ASR_ATTN_X86
+    const CachedParams & prm = *static_cast<const CachedParams *>(userdata);
+    const ggml_tensor *qt = dst->src[0], *kt = dst->src[1], *vt = dst->src[2], *mt = dst->src[3];
+    const int64_t hd = kt->ne[0], Hkv = prm.n_kv_heads, n_kv = kt->ne[2], B = kt->ne[3];
+    const int64_t n = qt->ne[2] / B, G = prm.n_heads / Hkv, groups = (G + 1) / 2;
+    const int64_t ldk = static_cast<int64_t>(kt->nb[2] / sizeof(float)), ldv = static_cast<int64_t>(vt->nb[2] / sizeof(float));
+    thread_local std::vector<float> scratch;
+    scratch.resize(static_cast<size_t>(2 * n_kv));
+    // Tasks: (sequence, position, K/V head, pair of its query heads), interleaved over the threads.
+    const int64_t tasks = B * n * Hkv * groups;
+    for (int64_t t = ith; t < tasks; t += nth) {
+        const int64_t gi = t % groups, h = (t / groups) % Hkv, i = (t / (groups * Hkv)) % n, b = t / (groups * Hkv * n);
+        const auto * mrow = reinterpret_cast<const ggml_fp16_t *>(static_cast<const char *>(mt->data) + i * mt->nb[1] +
+                                                                  b * mt->nb[3]);
+        int64_t len = n_kv;  // the masked keys at the end are not read at all (another sequence's longer window)
+        while (len > 0 && mrow[len - 1] == kF16MinusInf) --len;
+        const auto * k = reinterpret_cast<const float *>(static_cast<const char *>(kt->data) + b * kt->nb[3] + h * kt->nb[1]);
+        const auto * v = reinterpret_cast<const float *>(static_cast<const char *>(vt->data) + b * vt->nb[3] + h * vt->nb[1]);
+        const int64_t col = b * n + i, head = h * G + 2 * gi;
+        const auto * q = reinterpret_cast<const float *>(static_cast<const char *>(qt->data) + col * qt->nb[2]) + head * hd;
+        auto * o = reinterpret_cast<float *>(static_cast<char *>(dst->data) + col * dst->nb[1]) + head * hd;
+        const float * qr[2] = {q, q + hd};
+        float * orow[2] = {o, o + hd};
+        if (G - 2 * gi >= 2) cached_rows<2>(qr, k, ldk, v, ldv, mrow, len, hd, prm.scale, scratch.data(), orow);
+        else cached_rows<1>(qr, k, ldk, v, ldv, mrow, len, hd, prm.scale, scratch.data(), orow);
+    }
+#else
+    (void)dst; (void)ith; (void)nth; (void)userdata;
+#endif
+}
+
 bool cpu_ok() {
 #if FUN_ASR_ATTN_X86
     static const bool ok = [] {
@@ -227,6 +320,43 @@ bool plain(const ggml_tensor * t, const ggml_tensor * like) {
 bool attention_supported(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * v, int64_t n_heads) {
     if (!cpu_ok() || !q || n_heads <= 0 || q->ne[0] % n_heads != 0 || (q->ne[0] / n_heads) % 8 != 0) return false;
     return plain(q, q) && plain(k, q) && plain(v, q) && q->ne[1] >= 1;
+}
+
+static bool host_view(const ggml_tensor * t) {
+    const ggml_tensor * base = t->view_src ? t->view_src : t;
+    return base->buffer && ggml_backend_buffer_is_host(base->buffer);
+}
+
+bool cached_attention_supported(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * v,
+                                const ggml_tensor * mask, int64_t n_heads, int64_t n_kv_heads) {
+    if (!cpu_ok() || !q || !k || !v || !mask || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0) return false;
+    const int64_t hd = q->ne[0], B = k->ne[3];
+    if (hd % 8 != 0 || q->type != GGML_TYPE_F32 || !ggml_is_contiguous(q) || q->ne[1] != n_heads || q->ne[3] != 1 ||
+        B <= 0 || q->ne[2] % B != 0 || (q->buffer && !ggml_backend_buffer_is_host(q->buffer))) {
+        return false;
+    }
+    for (const ggml_tensor * t : {k, v}) {
+        if (t->type != GGML_TYPE_F32 || t->ne[0] != hd || t->ne[1] != n_kv_heads || t->ne[2] != k->ne[2] ||
+            t->ne[3] != B || t->nb[0] != sizeof(float) || !host_view(t)) {
+            return false;
+        }
+    }
+    return mask->type == GGML_TYPE_F16 && mask->ne[0] == k->ne[2] && mask->ne[1] * B == q->ne[2] && mask->ne[2] == 1 &&
+           mask->ne[3] == B && mask->nb[0] == sizeof(ggml_fp16_t) && (!mask->buffer || ggml_backend_buffer_is_host(mask->buffer));
+}
+
+ggml_tensor * cached_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+                               ggml_tensor * mask, int64_t n_heads, int64_t n_kv_heads, float scale) {
+    ggml_tensor * args[4] = {q, k, v, mask};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, q->ne[0] * n_heads, q->ne[2], 1, 1, args, 4, run_cached,
+                          GGML_N_TASKS_MAX, const_cast<CachedParams *>(intern_op_params(CachedParams{n_heads, n_kv_heads, scale})));
+}
+
+bool is_attention(const ggml_tensor * t) {
+    if (!t || t->op != GGML_OP_CUSTOM) return false;
+    ggml_custom_op_t fun;
+    std::memcpy(&fun, t->op_params, sizeof(fun));  // ggml's custom op parameters start with the function
+    return fun == run || fun == run_cached;
 }
 
 ggml_tensor * attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, int64_t n_heads,

@@ -24,4 +24,24 @@ bool attention_supported(const ggml_tensor * q, const ggml_tensor * k, const ggm
 ggml_tensor * attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, int64_t n_heads,
                         float scale);
 
+// The decoder's attention over its KV cache, on the same AVX2 building blocks: ggml 0.15.3's flash
+// attention takes one query row at a time through a dot product and an axpy per key (~15 GFLOP/s, ~8 % of
+// a Q4_K_M decode step on 2 AVX2 cores). Per (sequence, position, K/V head) this op computes the scores of
+// the query heads that share the head (GQA: up to 2 per pass, sharing each key load) over the keys the
+// mask leaves visible, a two-pass softmax, and P V. Each query row's numbers depend on its own keys only:
+// the same bits alone, in a batch of any size, or as a position of a speculative verification pass.
+// Whether cached_attention(...) can run: AVX2 + FMA CPU (FUN_ASR_ATTN not "ggml"); q F32 contiguous
+// [hd, n_heads, n * B]; k, v F32 views [hd, n_kv_heads, n_kv, B] of host caches (contiguous rows);
+// mask F16 [n_kv, n, 1, B]; hd a multiple of 8; n_heads a multiple of n_kv_heads.
+bool cached_attention_supported(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * v,
+                                const ggml_tensor * mask, int64_t n_heads, int64_t n_kv_heads);
+
+// softmax(scale * q k^T + mask) v per sequence, position and query head (query head g reads K/V head
+// g / (n_heads / n_kv_heads)): F32 [hd * n_heads, n * B]. A row whose keys are all masked gives zeros.
+ggml_tensor * cached_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+                               ggml_tensor * mask, int64_t n_heads, int64_t n_kv_heads, float scale);
+
+// Whether t is one of these ops (the profile shows them as ATTN).
+bool is_attention(const ggml_tensor * t);
+
 }  // namespace fun_asr

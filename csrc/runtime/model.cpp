@@ -11,6 +11,7 @@
 
 #include "ggml-cpu.h"
 #include "graph/stages.h"
+#include "kernels/attention.h"
 #include "kernels/gemm_amx.h"
 #include "kernels/gemm_avx2.h"
 #include "kernels/matvec.h"
@@ -112,6 +113,7 @@ bool Model::eval_callback(ggml_tensor * t, bool ask, void * user) {
                        : kernel        ? "MATVEC"
                        : is_amx_prepare(t) ? "GEMM_AMX_PREPARE"
                        : is_int8_gemm_prepare(t) ? "GEMM_INT8_PREPARE"
+                       : is_attention(t)         ? "ATTN"
                                                  : ggml_op_desc(t));
     if (matmul && t->src[0] != nullptr) {
         std::string w = ggml_get_name(t->src[0]);
