@@ -138,3 +138,51 @@ def test_generation_says_where_the_decoder_passes_time_went(tiny_gguf) -> None: 
     assert again["decode_passes"] == 0 and again["select_ms"] == 0.0 and 0 < again["graph_ms"]
     model.prefill(emb)  # a pass outside a generation leaves the last generation's figures alone
     assert model.last_generation() == again
+
+
+_REUSE_CODE = (
+    "import hashlib, json, sys, numpy as np, fun_asr\n"
+    "m = fun_asr.load_model(sys.argv[1], threads=2)\n"
+    "m.logit_digests = True\n"
+    "rng = np.random.default_rng(0)\n"
+    "emb = [np.ascontiguousarray(m.embed(rng.integers(0, 1000, n).tolist())) for n in (9, 5, 250)]\n"
+    "out = {}\n"
+    "for name, batch in (('one', emb[:1]), ('two', emb[:2]), ('one_again', emb[:1])):\n"
+    "    gens = m.generate_batch(batch, 12, [])\n"
+    "    g = m.last_generation()\n"
+    "    out[name] = [[list(t) for t, _ in gens], m.last_logit_digests(), g['graphs_built'], g['decode_passes']]\n"
+    "m.prefill(emb[2])\n"  # 250 positions: the steps below outgrow the cache's 256 and reallocate it
+    "steps = [m.step(int(t)) for t in range(12)]\n"
+    "out['steps'] = [hashlib.sha256(np.asarray(x).tobytes()).hexdigest() for x in steps]\n"
+    "print(json.dumps(out))\n"
+)
+
+
+@pytest.mark.skipif(fun_asr._core.matvec_isa() == "", reason="no AVX2: the attention op (and graph reuse) is off")
+def test_decode_steps_reuse_their_graph_with_the_same_bits(wide_gguf) -> None:  # noqa: ANN001
+    """On the CPU a decode step computes the previous step's graph again (built once for the cache's
+    capacity; the sequences' lengths are inputs): one graph per batch shape instead of one per step, and
+    logits bit for bit those of graphs built per step (FUN_ASR_GRAPH_REUSE=0), alone, in a batch, after
+    another batch shape and across a KV cache that grows and is reallocated (Model.step)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    runs = {}
+    for name, reuse in (("reuse", None), ("rebuild", "0")):
+        env = {k: v for k, v in os.environ.items() if k != "FUN_ASR_GRAPH_REUSE"}
+        if reuse:
+            env["FUN_ASR_GRAPH_REUSE"] = reuse
+        r = subprocess.run([sys.executable, "-c", _REUSE_CODE, str(wide_gguf("q8_0"))], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        runs[name] = json.loads(r.stdout.strip().splitlines()[-1])
+    reuse, rebuild = runs["reuse"], runs["rebuild"]
+    for name, prefills in (("one", 1), ("two", 2), ("one_again", 1)):
+        tokens, digests, built, passes = reuse[name]
+        assert passes == 11 and all(len(t) == 12 for t in tokens)
+        assert built == prefills + 1, (name, built)  # each prefill's graph and one for all the steps
+        assert rebuild[name][2] == prefills + passes  # one per pass
+        assert tokens == rebuild[name][0] and digests == rebuild[name][1], name
+    assert reuse["steps"] == rebuild["steps"]

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "graph/stages.h"
+#include "kernels/attention.h"
 #include "kernels/matvec.h"
 #include "runtime/model.h"
 
@@ -116,34 +117,73 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     stage_ = verify ? "verify" : n > 1 ? "prefill" : "decode";
     const auto t_start = std::chrono::steady_clock::now();
 
-    GraphScope g;
-    new_graph(g);
-    GraphCtx gc{g.ctx, {}};
-    ggml_tensor * x;
-    ggml_tensor * emb_in = nullptr;
-    ggml_tensor * tok_in = nullptr;
-    if (embeddings) {
-        emb_in = x = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, d.d_model, n * B);
-        ggml_set_input(emb_in);
+    // A decode step (one token per sequence) on the CPU reuses the previous step's graph where it can
+    // (Model::StepGraph): built for the cache's capacity, each row attending over the keys its mask leaves.
+    StepGraph & sg = step_graph_;
+    bool reuse = n == 1 && !verify && !embeddings && step_graph_reusable();
+    const bool hit = reuse && sg.valid && sg.B == B && sg.slot0 == slot0 && sg.cache_epoch == kv_.epoch() &&
+                     sg.n_kv == kv_.capacity();
+    GraphScope local;
+    ggml_tensor *emb_in = nullptr, *tok_in = nullptr, *pos = nullptr, *rows = nullptr, *mask = nullptr, *logits = nullptr;
+    int64_t n_kv_graph = n_kv;
+    if (hit) {
+        tok_in = sg.tok, pos = sg.pos, rows = sg.rows, mask = sg.mask, logits = sg.logits;
+        n_kv_graph = sg.n_kv;
     } else {
-        tok_in = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, n * B);
-        ggml_set_input(tok_in);
-        x = ggml_get_rows(g.ctx, weights_->w.tok_embd, tok_in);
+        std::vector<int64_t> kv_lens(past.begin(), past.end());
+        for (auto & len : kv_lens) len += n;
+        auto build = [&](GraphScope & g, std::vector<uint8_t> * meta) {
+            new_graph(g, meta);
+            passes_.graphs_built += 1;
+            GraphCtx gc{g.ctx, {}};
+            ggml_tensor * x;
+            if (embeddings) {
+                emb_in = x = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, d.d_model, n * B);
+                ggml_set_input(emb_in);
+            } else {
+                tok_in = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, n * B);
+                ggml_set_input(tok_in);
+                x = ggml_get_rows(g.ctx, weights_->w.tok_embd, tok_in);
+            }
+            pos = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, n * B);
+            rows = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I64, n * B);
+            mask = ggml_new_tensor_4d(g.ctx, GGML_TYPE_F16, n_kv_graph, n, 1, B);
+            ggml_set_input(pos);
+            ggml_set_input(rows);
+            ggml_set_input(mask);
+            DecoderInputs in{x, pos, rows, mask, &kv_.k(), &kv_.v(), n, B, n_kv_graph, slot0, verify, flash_attn_, &kv_lens};
+            in.step_products = verify;
+            logits = build_decoder(gc, g.gf, hp_, weights_->w, in);
+            ggml_set_output(logits);
+            ggml_build_forward_expand(g.gf, logits);
+        };
+        if (reuse) {
+            sg.valid = false;
+            n_kv_graph = kv_.capacity();
+            build(sg.g, &sg.meta);
+            bool op = false;  // the graph is length-independent only with the cached-attention op in it
+            for (int i = 0; i < ggml_graph_n_nodes(sg.g.gf) && !op; ++i) op = is_attention(ggml_graph_node(sg.g.gf, i));
+            if (!op) {
+                step_graph_off_ = true;
+                reuse = false;
+                n_kv_graph = n_kv;
+            }
+        }
+        ggml_cgraph * gf = nullptr;
+        if (reuse) {
+            gf = sg.g.gf;
+        } else {
+            build(local, nullptr);
+            gf = local.gf;
+        }
+        alloc_graph(gf);
+        if (reuse) {
+            sg.tok = tok_in, sg.pos = pos, sg.rows = rows, sg.mask = mask, sg.logits = logits;
+            sg.B = B, sg.slot0 = slot0, sg.n_kv = n_kv_graph, sg.cache_epoch = kv_.epoch();
+            sg.valid = true;
+        }
     }
-    ggml_tensor * pos = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, n * B);
-    ggml_tensor * rows = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I64, n * B);
-    ggml_tensor * mask = ggml_new_tensor_4d(g.ctx, GGML_TYPE_F16, n_kv, n, 1, B);
-    ggml_set_input(pos);
-    ggml_set_input(rows);
-    ggml_set_input(mask);
-    std::vector<int64_t> kv_lens(past.begin(), past.end());
-    for (auto & len : kv_lens) len += n;
-    DecoderInputs in{x, pos, rows, mask, &kv_.k(), &kv_.v(), n, B, n_kv, slot0, verify, flash_attn_, &kv_lens};
-    in.step_products = verify;
-    ggml_tensor * logits = build_decoder(gc, g.gf, hp_, weights_->w, in);
-    ggml_set_output(logits);
-    ggml_build_forward_expand(g.gf, logits);
-    alloc_graph(g.gf);
+    ggml_cgraph * gf = hit || reuse ? sg.g.gf : local.gf;
     passes_.graph_ms += ms_since(t_start);
     auto t_io = std::chrono::steady_clock::now();
 
@@ -151,15 +191,15 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     if (tok_in) ggml_backend_tensor_set(tok_in, tokens, 0, ggml_nbytes(tok_in));
     std::vector<int32_t> positions(static_cast<size_t>(n * B));
     std::vector<int64_t> row_ids(static_cast<size_t>(n * B));
-    std::vector<ggml_fp16_t> m(static_cast<size_t>(n_kv * n * B));
+    std::vector<ggml_fp16_t> m(static_cast<size_t>(n_kv_graph * n * B));
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), minus_inf = ggml_fp32_to_fp16(-INFINITY);
     for (int64_t b = 0; b < B; ++b) {
         for (int64_t i = 0; i < n; ++i) {
             const int64_t p = past[static_cast<size_t>(b)] + i;
             positions[static_cast<size_t>(b * n + i)] = static_cast<int32_t>(p);
             row_ids[static_cast<size_t>(b * n + i)] = (slot0 + b) * kv_.capacity() + p;
-            ggml_fp16_t * row = m.data() + (b * n + i) * n_kv;
-            for (int64_t j = 0; j < n_kv; ++j) row[j] = j <= p ? zero : minus_inf;
+            ggml_fp16_t * row = m.data() + (b * n + i) * n_kv_graph;
+            for (int64_t j = 0; j < n_kv_graph; ++j) row[j] = j <= p ? zero : minus_inf;
         }
     }
     ggml_backend_tensor_set(pos, positions.data(), 0, ggml_nbytes(pos));
@@ -167,7 +207,7 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     ggml_backend_tensor_set(mask, m.data(), 0, ggml_nbytes(mask));
     passes_.transfer_ms += ms_since(t_io);
     const auto t_compute = std::chrono::steady_clock::now();
-    compute_graph(g.gf, n == 1 ? B : 0);
+    compute_graph(gf, n == 1 ? B : 0);
     passes_.compute_ms += ms_since(t_compute);
     t_io = std::chrono::steady_clock::now();
     std::vector<float> out(static_cast<size_t>(d.vocab * B * (verify ? n : 1)));
@@ -366,6 +406,7 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
     last_.graph_ms = passes_.graph_ms;
     last_.transfer_ms = passes_.transfer_ms;
     last_.compute_ms = passes_.compute_ms;
+    last_.graphs_built = passes_.graphs_built;
     return out;
 }
 

@@ -1,6 +1,7 @@
 #include "runtime/kv_cache.h"
 
 #include <algorithm>
+#include <atomic>
 #include <stdexcept>
 
 namespace fun_asr {
@@ -54,6 +55,8 @@ void KvCache::reserve(const DecoderHParams & d, ggml_backend_buffer_type_t buft,
     ggml_backend_buffer_clear(buffer_, 0);
     capacity_ = cap;
     n_seq_ = n_seq;
+    static std::atomic<uint64_t> epochs{0};
+    epoch_ = ++epochs;
     for (size_t i = 0, s = 0; i < saved.size() / 2; ++i) {
         ggml_backend_tensor_set(k_[i], saved[s].data(), 0, saved[s].size());
         ++s;

@@ -25,6 +25,8 @@ public:
     int64_t capacity() const { return capacity_; }
     int64_t n_seq() const { return n_seq_; }
     size_t bytes() const;
+    // Changes whenever the cache's tensors are reallocated (graphs that view them must be rebuilt).
+    uint64_t epoch() const { return epoch_; }
     const std::vector<ggml_tensor *> & k() const { return k_; }
     const std::vector<ggml_tensor *> & v() const { return v_; }
 
@@ -35,6 +37,7 @@ private:
     std::vector<ggml_tensor *> k_, v_;
     int64_t capacity_ = 0;
     int64_t n_seq_ = 0;
+    uint64_t epoch_ = 0;
 };
 
 }  // namespace fun_asr

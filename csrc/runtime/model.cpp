@@ -162,13 +162,25 @@ std::map<std::string, std::string> Model::tensor_types() const {
     return out;
 }
 
-void Model::new_graph(GraphScope & g) {
-    ggml_init_params ip{graph_meta_.size(), graph_meta_.data(), /*no_alloc=*/true};
+void Model::new_graph(GraphScope & g, std::vector<uint8_t> * meta) {
+    if (g.ctx) ggml_free(g.ctx);
+    if (meta) meta->resize(graph_meta_.size());
+    std::vector<uint8_t> & m = meta ? *meta : graph_meta_;
+    ggml_init_params ip{m.size(), m.data(), /*no_alloc=*/true};
     g.ctx = ggml_init(ip);
     g.gf = ggml_new_graph_custom(g.ctx, kGraphSize, false);
 }
 
+bool Model::step_graph_reusable() const {
+    static const bool enabled = [] {
+        const char * env = std::getenv("FUN_ASR_GRAPH_REUSE");
+        return !(env && std::strcmp(env, "0") == 0);
+    }();
+    return enabled && !step_graph_off_ && backend_ == cpu_backend_ && flash_attn_;
+}
+
 void Model::alloc_graph(ggml_cgraph * gf) {
+    if (gf != step_graph_.g.gf) step_graph_.valid = false;  // the scheduler's buffers now hold another graph
     ggml_backend_sched_reset(sched_);
     // Our mat-vec kernels are custom ops; when their weight lives in ggml's CPU_REPACK buffer the
     // scheduler asks that buffer type, which only knows MUL_MAT, so the node is placed by hand.

@@ -166,6 +166,7 @@ public:
         // and allocating graphs, copying inputs and logits between host and backend, computing; and the
         // decode steps' token choice on the host (argmax over every sequence's logits).
         double graph_ms = 0, transfer_ms = 0, compute_ms = 0, select_ms = 0;
+        int64_t graphs_built = 0;  // decoder graphs built (a decode step reusing the previous one builds none)
     };
     GenerationStats last_generation() const { return last_; }
 
@@ -217,7 +218,7 @@ private:
         ggml_cgraph * gf = nullptr;
         ~GraphScope();
     };
-    void new_graph(GraphScope & g);
+    void new_graph(GraphScope & g, std::vector<uint8_t> * meta = nullptr);  // meta: graph_meta_ if null
     // Builds, allocates and computes the encoder graph with the adaptor and/or the CTC head on top;
     // returns {adaptor output or null, CTC logits or null}.
     std::pair<ggml_tensor *, ggml_tensor *> run_encoder(GraphScope & g, const StageCallback & on_stage,
@@ -231,6 +232,20 @@ private:
     void alloc_graph(ggml_cgraph * gf);
     // step_columns > 0: a decode step for that many sequences (timed for the thread chooser).
     void compute_graph(ggml_cgraph * gf, int64_t step_columns = 0);
+    // A decode step's graph, kept and computed again for the next steps of the same batch (CPU with the
+    // cached-attention op: its graph does not depend on the sequences' lengths, which only the inputs
+    // carry, so it is built once for the cache's capacity). Allocating any other graph on the scheduler
+    // makes it stale, as does a reallocated KV cache. FUN_ASR_GRAPH_REUSE=0 builds every step's graph.
+    struct StepGraph {
+        std::vector<uint8_t> meta;  // (before g: g's context lives in it)
+        GraphScope g;
+        ggml_tensor *tok = nullptr, *pos = nullptr, *rows = nullptr, *mask = nullptr, *logits = nullptr;
+        int64_t B = 0, slot0 = 0, n_kv = 0;
+        uint64_t cache_epoch = 0;
+        bool valid = false;
+    } step_graph_;
+    bool step_graph_off_ = false;  // a capacity-wide step graph came out without the op: never again
+    bool step_graph_reusable() const;
 
     HParams hp_;
     std::unique_ptr<LoadedWeights> weights_;
@@ -246,6 +261,7 @@ private:
     // copied into last_ at its end (prefill(), step() and set_prefix() outside a generation leave last_ alone).
     struct PassTimes {
         double graph_ms = 0, transfer_ms = 0, compute_ms = 0;
+        int64_t graphs_built = 0;
     } passes_;
     std::vector<float> prefix_rows_;                 // the prefix embeddings [n, d]
     std::vector<std::vector<uint8_t>> prefix_k_, prefix_v_;  // per layer: K/V rows of positions 0..n-1
