@@ -70,16 +70,16 @@ namespace {
 
 // The many-column product's kernel for w x x: Intel AMX (Q8_0, Q4_K), else the AVX2 int8 GEMM (Q8_0,
 // Q4_K, Q6_K), else none. Both take K-quants where asked (the audio encoder's products, k_quants); the
-// decoder's prefill takes them on the int8 GEMM only where it runs plain AVX2. The GEMM unpacks each
+// decoder's prefill takes them on the int8 GEMM wherever it runs without AMX. The GEMM unpacks each
 // row group once per product: on AVX2 that pays for itself from ~12 columns (a transcription's prompt
-// has 30+), where it is ~2x ggml's Q4_K / Q6_K; with AVX-512 (ggml's own 512-bit paths) it was measured
-// not to over a prefill's positions (docs/performance.md). The choice depends on the weight type and
-// the CPU, never on the column count.
+// has 30+), where it is ~2x ggml's Q4_K / Q6_K; with VNNI (vpdpbusd) against ggml's AVX-512 paths from
+// ~16 (Q4_K) / ~8 (Q6_K) columns, 1.3-1.4x / 2.3-2.4x at 40 (Zen 4, docs/performance.md). The choice
+// depends on the weight type and the CPU, never on the column count.
 enum class FramesGemm { none, amx, int8 };
 
 bool int8_gemm_prefill_k_quants() {
-    static const bool plain_avx2 = std::strcmp(int8_gemm_isa(), "avx2") == 0 && !amx_available();
-    return plain_avx2;
+    static const bool on = int8_gemm_isa()[0] != '\0' && !amx_available();
+    return on;
 }
 
 FramesGemm frames_gemm(const ggml_tensor * w, const ggml_tensor * x, bool k_quants) {

@@ -8,9 +8,10 @@
 // product, each group of 8 rows is unpacked once into an interleaved layout (two weights of each row
 // per 32-bit lane: Q8_0's quants, Q4_K's 0..15 with an offset per block, Q6_K's int16 scale * quant),
 // each column's pair of int16 activation quants is broadcast, and vpmaddwd (VNNI's vpdpwssd where
-// the CPU has it: the same integers) gives 8 rows x 1 column per instruction. Q4_K on plain AVX2 takes
-// vpmaddubsw instead (quants 0..15 as u8 times the activation as s8: 8 rows x 4 weights per
-// instruction, a block's sums exact in int16; the same integers again). Per block the scales
+// the CPU has it: the same integers) gives 8 rows x 1 column per instruction. Q4_K and Q6_K take
+// vpmaddubsw instead (quants as u8 times the activation as s8: 8 rows x 4 weights per instruction, a
+// block's sums exact in int16; with VNNI, vpdpbusd adds Q4_K's straight into int32 and vpdpwssd applies
+// Q6_K's scales: the same integers again). Per block the scales
 // are applied in float as acc += float(dot) * (d_w * d_x) (- offset * d_x * sum of the quants for
 // Q4_K). For Q8_0 that is the AMX kernel's arithmetic (kernels/gemm_amx.h): ggml's terms summed in
 // another order (rounding-level differences). For Q4_K / Q6_K the weights are ggml's, the activation
@@ -19,7 +20,8 @@
 //
 // Each column's numbers depend only on that column (the tiling over columns does not change its
 // arithmetic), so a prefill is the same alone or in a batch. graph/common.cpp decides per weight type,
-// stage and CPU (never per column count): on plain AVX2 the decoder's prefill takes Q4_K / Q6_K here too. FUN_ASR_GEMM=0 turns the kernel off, FUN_ASR_GEMM=avx2 (or
+// stage and CPU (never per column count): without AMX the decoder's prefill takes Q4_K / Q6_K here too.
+// FUN_ASR_GEMM=0 turns the kernel off, FUN_ASR_GEMM=avx2 (or
 // FUN_ASR_MATVEC=avx2) keeps the plain AVX2 instructions on a VNNI CPU.
 #pragma once
 
