@@ -765,3 +765,29 @@ def test_q8_0_batch_steps_take_amx_with_the_same_bits(tiny_gguf) -> None:  # noq
         assert alone == together[i]
         assert model.last_logit_digests()[0] == digests[i]
     assert not any(k.startswith("decode/GEMM_AMX/") for k in model.profile())
+
+
+@needs_int8_gemm
+def test_q8_0_batch_steps_take_the_vnni_gemm_with_the_same_bits(tiny_gguf) -> None:  # noqa: ANN001
+    """Without AMX, a Q8_0 decode step of 8+ sequences goes through the int8 GEMM where it runs VNNI
+    (vpdpbusd; the profile's decode/GEMM_INT8 nodes; on plain AVX2 the mat-vec kernel stays faster and
+    takes every step), fewer sequences through the mat-vec kernel; each sequence's tokens and logits are
+    its one-by-one run's."""
+    if _core.amx_available():
+        pytest.skip("AMX takes these steps on this CPU")
+    model = _core.load_gguf(str(tiny_gguf("q8_0")), device="cpu", threads=2)
+    model.logit_digests = True
+    d = model.info()["decoder"]["d_model"]
+    rng = np.random.default_rng(4)
+    prompts = [np.ascontiguousarray(rng.standard_normal((5 + i, d)).astype(np.float32)) for i in range(9)]
+    model.profiling = True
+    together = [t for t, _ in model.generate_batch(prompts, 5, [])]
+    digests = model.last_logit_digests()
+    routed = any(k.startswith("decode/GEMM_INT8/") for k in model.profile())
+    assert routed == (_core.int8_gemm_isa() == "avx512vnni"), sorted(model.profile())
+    model.reset_profile()
+    for i, p in enumerate(prompts):
+        (alone, _), = model.generate_batch([p], 5, [])
+        assert alone == together[i]
+        assert model.last_logit_digests()[0] == digests[i]
+    assert not any(k.startswith("decode/GEMM_INT8/") for k in model.profile())
