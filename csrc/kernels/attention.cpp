@@ -195,6 +195,21 @@ static float masked_softmax_row(float * s, const ggml_fp16_t * mrow, int64_t T, 
     return 1.0f / hsum(sum);
 }
 
+// 1 + the last key the row's mask leaves visible (0 if none): the masked keys after it are never read.
+// 16 mask entries per compare, from the end (a reused step graph's rows span the cache's capacity).
+static int64_t visible_length(const ggml_fp16_t * mrow, int64_t n) {
+    const __m256i minf = _mm256_set1_epi16(static_cast<short>(kF16MinusInf));
+    int64_t len = n;
+    while (len >= 16) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(mrow + len - 16));
+        const auto masked = static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_cmpeq_epi16(v, minf)));
+        if (masked != 0xFFFFFFFFu) return len - 16 + (31 - __builtin_clz(~masked)) / 2 + 1;
+        len -= 16;
+    }
+    while (len > 0 && mrow[len - 1] == kF16MinusInf) --len;
+    return len;
+}
+
 // R query heads q[r] of one position that share a K/V head, against its keys [0, T) (key j at k + j * ldk,
 // value j at v + j * ldv), masked by mrow: o[r] = softmax(scale * q_r k^T + mask) v.
 template <int R>
@@ -278,8 +293,7 @@ void run_cached(ggml_tensor * dst, int ith, int nth, void * userdata) {
         const int64_t gi = t % groups, h = (t / groups) % Hkv, i = (t / (groups * Hkv)) % n, b = t / (groups * Hkv * n);
         const auto * mrow = reinterpret_cast<const ggml_fp16_t *>(static_cast<const char *>(mt->data) + i * mt->nb[1] +
                                                                   b * mt->nb[3]);
-        int64_t len = n_kv;  // the masked keys at the end are not read at all (another sequence's longer window)
-        while (len > 0 && mrow[len - 1] == kF16MinusInf) --len;
+        const int64_t len = visible_length(mrow, n_kv);  // masked keys at the end are not read at all
         const auto * k = reinterpret_cast<const float *>(static_cast<const char *>(kt->data) + b * kt->nb[3] + h * kt->nb[1]);
         const auto * v = reinterpret_cast<const float *>(static_cast<const char *>(vt->data) + b * vt->nb[3] + h * vt->nb[1]);
         const int64_t col = b * n + i, head = h * G + 2 * gi;
