@@ -22,6 +22,10 @@ import fun_asr
 from fun_asr import _core
 
 needs_kernel = pytest.mark.skipif(_core.matvec_isa() == "", reason="no x86 AVX2 CPU: the kernel is not used here")
+# AVX-VNNI (VEX) on this CPU: the "avxvnni" copies can be forced here (FUN_ASR_MATVEC / FUN_ASR_GEMM=avxvnni)
+HAS_AVX_VNNI = _core.system_info()["cpu_features"].get("AVX_VNNI") == "1"
+# the narrower copies this CPU can be held to: AVX2 always, AVX-VNNI where it has it
+NARROWER_ISAS = ["avx2"] + (["avxvnni"] if HAS_AVX_VNNI and _core.matvec_isa() != "avxvnni" else [])
 
 
 def q8_0_exact_case(rng: np.random.Generator, rows: int, k: int, cols: int) -> tuple[np.ndarray, ...]:
@@ -174,7 +178,8 @@ def test_encoder_takes_the_kernels_where_ggml_has_no_fast_gemm(tiny_gguf) -> Non
 
 
 def test_kernel_isa_is_reported() -> None:
-    assert _core.matvec_isa() in {"", "avx2", "avx512vnni"}
+    assert _core.matvec_isa() in {"", "avx2", "avxvnni", "avx512vnni"}
+    assert _core.int8_gemm_isa() in {"", "avx2", "avxvnni", "avx512vnni"}
 
 
 def test_eval_matmul_rejects_bad_shapes() -> None:
@@ -185,13 +190,15 @@ def test_eval_matmul_rejects_bad_shapes() -> None:
 
 
 @needs_kernel
-def test_avx2_code_path_is_exact_too() -> None:
-    """The AVX2 copy of the kernel (what AVX2-only CPUs run), forced on this CPU in a subprocess: Q8_0 the
-    exact emulation of its arithmetic (AMX off: every column count in the kernel itself), Q6_K ggml's bits."""
+@pytest.mark.parametrize("isa", [*NARROWER_ISAS, ""])
+def test_each_code_path_is_exact_too(isa: str) -> None:
+    """Each copy of the kernels this CPU runs, forced in a subprocess (avx2: what AVX2-only CPUs run;
+    avxvnni: Intel's client cores; "": this CPU's own): Q8_0 decode products the exact emulation of their
+    arithmetic at every column count (AMX off; from 3 columns VNNI CPUs take the int8 GEMM), Q6_K ggml's bits."""
     code = (
         "import sys, numpy as np; from fun_asr import _core\n"
         "sys.path.insert(0, sys.argv[1]); from test_kernels import q8_0_exact_case\n"
-        "assert _core.matvec_isa() == 'avx2', _core.matvec_isa()\n"
+        "assert sys.argv[2] == '' or _core.matvec_isa() == sys.argv[2], _core.matvec_isa()\n"
         "rng = np.random.default_rng(5)\n"
         "for wt, rows, k, cols in [('q8_0', 67, 256, 3), ('q8_0', 5, 800, 8), ('q8_0', 130, 96, 1),\n"
         "                          ('q8_0', 19, 512, 9), ('q6_k', 67, 256, 3), ('q6_k', 5, 768, 8)]:\n"
@@ -205,8 +212,11 @@ def test_avx2_code_path_is_exact_too() -> None:
         "        assert np.array_equal(a, b), (wt, rows, k, cols, t, np.abs(a - b).max())\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "FUN_ASR_MATVEC": "avx2", "FUN_ASR_AMX": "0"}
-    out = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__)], env=env, capture_output=True,
+    env = {k: v for k, v in os.environ.items() if k not in ("FUN_ASR_MATVEC", "FUN_ASR_GEMM")}
+    env["FUN_ASR_AMX"] = "0"
+    if isa:
+        env["FUN_ASR_MATVEC"] = isa
+    out = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__), isa], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
@@ -311,8 +321,8 @@ def test_avx2_and_avx512_kernels_give_the_same_bits() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         runs = []
-        for matvec in ("", "avx2"):
-            env = {k: v for k, v in os.environ.items() if k != "FUN_ASR_MATVEC"}
+        for matvec in ("", *NARROWER_ISAS):
+            env = {k: v for k, v in os.environ.items() if k not in ("FUN_ASR_MATVEC", "FUN_ASR_GEMM")}
             if matvec:
                 env["FUN_ASR_MATVEC"] = matvec
             path = os.path.join(tmp, f"run{len(runs)}.npz")
@@ -320,8 +330,9 @@ def test_avx2_and_avx512_kernels_give_the_same_bits() -> None:
                                  timeout=120)
             assert out.returncode == 0, out.stderr
             runs.append(dict(np.load(path)))
-        for wt in runs[0]:
-            np.testing.assert_array_equal(runs[0][wt], runs[1][wt], err_msg=wt)
+        for run in runs[1:]:
+            for wt in runs[0]:
+                np.testing.assert_array_equal(runs[0][wt], run[wt], err_msg=wt)
 
 
 needs_amx = pytest.mark.skipif(not _core.amx_available(), reason="no Intel AMX on this CPU/OS")
@@ -485,9 +496,10 @@ _INT8_BITS = (
 @needs_int8_gemm
 def test_int8_gemm_avx2_and_vnni_give_the_same_bits(tmp_path) -> None:  # noqa: ANN001
     """The plain AVX2 copy (vpmaddwd / vpmaddubsw + adds; FUN_ASR_GEMM=avx2) and the VNNI one (vpdpwssd /
-    vpdpbusd) sum the same integers: the same bits. FUN_ASR_GEMM=0 turns the kernel off (ggml's GEMM, bit for bit)."""
+    vpdpbusd; AVX-512's or AVX-VNNI's encodings, FUN_ASR_GEMM=avxvnni where the CPU has it) sum the same integers:
+    the same bits. FUN_ASR_GEMM=0 turns the kernel off (ggml's GEMM, bit for bit)."""
     runs = {}
-    for gemm in ("", "avx2", "0"):
+    for gemm in ("", *NARROWER_ISAS, "0"):
         path = tmp_path / f"{gemm or 'auto'}.npz"
         env = {**os.environ, "FUN_ASR_GEMM": gemm, "FUN_ASR_AMX": "0"}  # AMX takes Q8_0 of any row count
         env.pop("FUN_ASR_MATVEC", None)
@@ -496,8 +508,10 @@ def test_int8_gemm_avx2_and_vnni_give_the_same_bits(tmp_path) -> None:  # noqa: 
         assert out.returncode == 0, out.stderr
         runs[gemm] = dict(np.load(path))
     assert str(runs["avx2"]["isa"]) == "avx2" and str(runs["0"]["isa"]) == ""
+    assert "avxvnni" not in runs or str(runs["avxvnni"]["isa"]) == "avxvnni"
     for wt in ("q8_0", "q4_k", "q6_k"):
-        np.testing.assert_array_equal(runs[""][wt], runs["avx2"][wt], err_msg=wt)
+        for isa in NARROWER_ISAS:
+            np.testing.assert_array_equal(runs[""][wt], runs[isa][wt], err_msg=f"{wt} {isa}")
         assert not np.array_equal(runs[""][wt], runs["0"][wt]), wt
     rng = np.random.default_rng(9)
     w = rng.standard_normal((40, 768)).astype(np.float32)
@@ -769,10 +783,10 @@ def test_q8_0_batch_steps_take_amx_with_the_same_bits(tiny_gguf) -> None:  # noq
 
 @needs_int8_gemm
 def test_q8_0_batch_steps_take_the_vnni_gemm_with_the_same_bits(tiny_gguf) -> None:  # noqa: ANN001
-    """Without AMX, a Q8_0 decode step of 8+ sequences goes through the int8 GEMM where it runs VNNI
-    (vpdpbusd; the profile's decode/GEMM_INT8 nodes; on plain AVX2 the mat-vec kernel stays faster and
-    takes every step), fewer sequences through the mat-vec kernel; each sequence's tokens and logits are
-    its one-by-one run's."""
+    """Without AMX, a Q8_0 decode step of 3+ sequences goes through the int8 GEMM where it runs VNNI
+    (vpdpbusd, AVX-512 or AVX-VNNI; the profile's decode/GEMM_INT8 nodes; on plain AVX2 the mat-vec kernel
+    stays faster and takes every step), fewer sequences through the mat-vec kernel; each sequence's tokens
+    and logits are its one-by-one run's."""
     if _core.amx_available():
         pytest.skip("AMX takes these steps on this CPU")
     model = _core.load_gguf(str(tiny_gguf("q8_0")), device="cpu", threads=2)
@@ -784,7 +798,10 @@ def test_q8_0_batch_steps_take_the_vnni_gemm_with_the_same_bits(tiny_gguf) -> No
     together = [t for t, _ in model.generate_batch(prompts, 5, [])]
     digests = model.last_logit_digests()
     routed = any(k.startswith("decode/GEMM_INT8/") for k in model.profile())
-    assert routed == (_core.int8_gemm_isa() == "avx512vnni"), sorted(model.profile())
+    assert routed == (_core.int8_gemm_isa() in ("avx512vnni", "avxvnni")), sorted(model.profile())
+    model.reset_profile()
+    model.generate_batch(prompts[:2], 5, [])  # two sequences: the mat-vec kernel
+    assert not any(k.startswith("decode/GEMM_INT8/") for k in model.profile())
     model.reset_profile()
     for i, p in enumerate(prompts):
         (alone, _), = model.generate_batch([p], 5, [])

@@ -41,13 +41,15 @@ ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x)
         // 9.2 -> 7.2 ms per token and sequence; 2 and 4 columns are faster in the mat-vec kernel (B=2 18.8
         // vs 24.4, B=4 11.4 vs 12.2 ms), and the AVX2 int8 GEMM (which unpacks the weights per product)
         // loses to it at every count. Without AMX, the VNNI int8 GEMM (vpdpbusd on the weights' offset
-        // form, the same bits again) from 8 columns: on Zen 4, 2 threads, 3072 x 1024 x 8 0.11 vs 0.21 ms,
-        // the 151936-row output matrix 9.7 vs 10.1 ms (x 4: 8.2 vs 5.5, hence 8).
-        constexpr int64_t kGemmStepCols = 8;
-        if (w->type == GGML_TYPE_Q8_0 && x->ne[1] >= kGemmStepCols) {
-            if (amx_gemm_supported(w, x)) return amx_gemm(ctx, w, x);
-            static const bool vnni = std::strcmp(int8_gemm_isa(), "avx512vnni") == 0;
-            if (vnni && int8_gemm_supported(w, x)) return int8_gemm(ctx, w, x);
+        // form, the same bits again; AVX-512 or AVX-VNNI) from 3 columns: on Zen 4, 2 threads, in cache,
+        // 3072 x 1024 x 2 / 3 / 4 / 8 0.071 / 0.067 / 0.074 / 0.107 vs 0.077 / 0.106 / 0.118 / 0.21 ms, the
+        // 151936-row output matrix x 2 / 3 / 4 3.7 / 4.5 / 5.0 vs 3.5 / 5.1 / 5.6 ms.
+        constexpr int64_t kAmxStepCols = 8, kVnniStepCols = 3;
+        if (w->type == GGML_TYPE_Q8_0 && x->ne[1] >= kAmxStepCols && amx_gemm_supported(w, x)) return amx_gemm(ctx, w, x);
+        static const bool vnni = !amx_available() && (std::strcmp(int8_gemm_isa(), "avx512vnni") == 0 ||
+                                                      std::strcmp(int8_gemm_isa(), "avxvnni") == 0);
+        if (w->type == GGML_TYPE_Q8_0 && x->ne[1] >= kVnniStepCols && vnni && int8_gemm_supported(w, x)) {
+            return int8_gemm(ctx, w, x);
         }
         return matvec(ctx, w, x);
     }

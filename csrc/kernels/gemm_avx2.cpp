@@ -128,15 +128,32 @@ namespace avx2 {
 #endif
 namespace vnni {
 #define FUN_ASR_VNNI 1
-
-
-
-
-
-
+#define FUN_ASR_DPBUSD _mm256_dpbusd_epi32
+#define FUN_ASR_DPWSSD _mm256_dpwssd_epi32
 #include "kernels/gemm_avx2_rows.inc"
+#undef FUN_ASR_DPWSSD
+#undef FUN_ASR_DPBUSD
 #undef FUN_ASR_VNNI
 }  // namespace vnni
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avxvnni"))), apply_to = function)
+#else
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avxvnni")
+#endif
+// AVX-VNNI (Intel's client cores from Alder Lake on: the VNNI dot products in 256-bit VEX form, no AVX-512):
+// the VNNI kernels with those encodings (all of them 256-bit, 16 registers are enough for their tiles).
+namespace avxvnni {
+#define FUN_ASR_VNNI 1
+#define FUN_ASR_DPBUSD _mm256_dpbusd_avx_epi32
+#define FUN_ASR_DPWSSD _mm256_dpwssd_avx_epi32
+#include "kernels/gemm_avx2_rows.inc"
+#undef FUN_ASR_DPWSSD
+#undef FUN_ASR_DPBUSD
+#undef FUN_ASR_VNNI
+}  // namespace avxvnni
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -161,12 +178,15 @@ const Choice & choice() {
         if (want == "0") return c;
         const char * mv = std::getenv("FUN_ASR_MATVEC");
         const bool plain = want == "avx2" || (mv && std::string(mv) == "avx2");
+        const bool vex_vnni = want == "avxvnni" || (mv && std::string(mv) == "avxvnni");
         __builtin_cpu_init();
         const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                               __builtin_cpu_supports("f16c");
         const bool has_vnni = has_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                               __builtin_cpu_supports("avx512vnni");
-        if (has_vnni && !plain) c = {vnni::rows, "avx512vnni"};
+        const bool has_avx_vnni = has_avx2 && __builtin_cpu_supports("avxvnni");
+        if (has_vnni && !plain && !vex_vnni) c = {vnni::rows, "avx512vnni"};
+        else if (has_avx_vnni && !plain) c = {avxvnni::rows, "avxvnni"};
         else if (has_avx2) c = {avx2::rows, "avx2"};
 #endif
         return c;

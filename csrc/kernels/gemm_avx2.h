@@ -29,8 +29,9 @@
 
 namespace fun_asr {
 
-// "avx2" or "avx512vnni" (the instructions this CPU runs the kernel with), or "" (off:
-// no AVX2 / FMA / F16C, or FUN_ASR_GEMM=0).
+// "avx2", "avxvnni" (AVX-VNNI's VEX dot products, no AVX-512) or "avx512vnni" (the instructions this CPU
+// runs the kernel with), or "" (off: no AVX2 / FMA / F16C, or FUN_ASR_GEMM=0). FUN_ASR_GEMM=avx2 / avxvnni
+// (or FUN_ASR_MATVEC=...) picks a narrower copy; every copy gives the same bits.
 const char * int8_gemm_isa();
 
 // Whether w x x can go through this kernel: w Q8_0 or Q6_K in host memory or Q4_K in ggml's repacked

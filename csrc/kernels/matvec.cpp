@@ -40,6 +40,7 @@ struct Kernels {
     RowsFn f32 = nullptr;      // F32 / F16 weights in the lane width of ggml's tinyBLAS (fp_lanes())
     RowsFn f16 = nullptr;
     const char * name = "";
+    bool q8_offset_sums = false;  // the Q8_0 kernel's VNNI form reads 128 * each block's quant sum
 };
 
 // The lane count of ggml's llamafile tinyBLAS for F32/F16 (16 when ggml's CPU backend was built
@@ -82,12 +83,31 @@ namespace avx2 {
 #endif
 namespace vnni {
 #define FUN_ASR_VNNI 1
+#define FUN_ASR_DPBUSD _mm256_dpbusd_epi32
 #include "kernels/matvec_q8_0.inc"
 #include "kernels/matvec_q6_k.inc"
 #include "kernels/matvec_q4_k_x8.inc"
 #include "kernels/matvec_fp.inc"
+#undef FUN_ASR_DPBUSD
 #undef FUN_ASR_VNNI
 }  // namespace vnni
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avxvnni"))), apply_to = function)
+#else
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avxvnni")
+#endif
+// AVX-VNNI without AVX-512 (Intel's client cores from Alder Lake on): the Q8_0 kernel's VNNI form in VEX
+// encoding; the other types keep the AVX2 copies (their VNNI copies are 512-bit).
+namespace avxvnni {
+#define FUN_ASR_VNNI 1
+#define FUN_ASR_DPBUSD _mm256_dpbusd_avx_epi32
+#include "kernels/matvec_q8_0.inc"
+#undef FUN_ASR_DPBUSD
+#undef FUN_ASR_VNNI
+}  // namespace avxvnni
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -100,11 +120,17 @@ Kernels pick(const std::string & want) {
                           __builtin_cpu_supports("f16c");
     const bool has_vnni = has_avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512f");
+    const bool has_avx_vnni = has_avx2 && __builtin_cpu_supports("avxvnni");
     const bool wide = fp_lanes() == 16;
-    if (has_vnni && want != "avx2") {
+    if (has_vnni && want != "avx2" && want != "avxvnni") {
         return {vnni::q8_0_rows_x_cols, vnni::q6_k_rows_x_cols, vnni::q4_k_x8_rows_x_cols,
                 wide ? vnni::f32_rows_x_cols_16 : vnni::f32_rows_x_cols_8,
-                wide ? vnni::f16_rows_x_cols_16 : vnni::f16_rows_x_cols_8, "avx512vnni"};
+                wide ? vnni::f16_rows_x_cols_16 : vnni::f16_rows_x_cols_8, "avx512vnni", true};
+    }
+    if (has_avx_vnni && want != "avx2") {
+        return {avxvnni::q8_0_rows_x_cols, avx2::q6_k_rows_x_cols, avx2::q4_k_x8_rows_x_cols,
+                wide ? avx2::f32_rows_x_cols_16 : avx2::f32_rows_x_cols_8,
+                wide ? avx2::f16_rows_x_cols_16 : avx2::f16_rows_x_cols_8, "avxvnni", true};
     }
     if (has_avx2) {
         return {avx2::q8_0_rows_x_cols, avx2::q6_k_rows_x_cols, avx2::q4_k_x8_rows_x_cols,
@@ -208,7 +234,7 @@ void quantize_cols(ggml_type wtype, const float * x, int64_t xs, int64_t n, int6
         a.quants.resize(static_cast<size_t>(n * k));
         a.scales.resize(static_cast<size_t>(2 * n * nb));
         const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
-        const bool sums = std::strcmp(kernels().name, "avx512vnni") == 0;  // only the VNNI kernel reads them
+        const bool sums = kernels().q8_offset_sums;  // only the VNNI kernels read them
         for (int64_t c = 0; c < n; ++c) {
             from_float(x + c * xs, a.blocks.data(), k);
             for (int64_t b = 0; b < nb; ++b) {

@@ -32,7 +32,9 @@
 
 namespace fun_asr {
 
-// Which code path this CPU gets: "avx512vnni", "avx2" or "" (none: ggml_mul_mat everywhere).
+// Which code path this CPU gets: "avx512vnni", "avxvnni" (AVX-VNNI without AVX-512: the Q8_0 kernel in
+// that form, the others AVX2), "avx2" or "" (none: ggml_mul_mat everywhere). FUN_ASR_MATVEC=avx2 /
+// avxvnni / 0 picks a narrower one (every copy gives the same bits).
 const char * matvec_isa();
 
 // The most activation columns mul_mat() gives a kernel (a short prefill); decode steps
