@@ -33,7 +33,24 @@ ggml_tensor * mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
     return matvec_supported(w, x) ? matvec(ctx, w, x) : ggml_mul_mat(ctx, w, x);
 }
 
-ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
+namespace {
+
+// Whether a decode step's product of w and x takes the VNNI int8 GEMM (below).
+bool step_takes_vnni_gemm(const ggml_tensor * w, const ggml_tensor * x) {
+    constexpr int64_t kVnniStepCols = 3;
+    static const bool vnni = !amx_available() && (std::strcmp(int8_gemm_isa(), "avx512vnni") == 0 ||
+                                                  std::strcmp(int8_gemm_isa(), "avxvnni") == 0);
+    return vnni && w->type == GGML_TYPE_Q8_0 && x->ne[1] >= kVnniStepCols && matvec_step_supported(w, x) &&
+           int8_gemm_supported(w, x);
+}
+
+}  // namespace
+
+ggml_tensor * prepare_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
+    return step_takes_vnni_gemm(w, x) ? int8_gemm_prepare(ctx, x) : nullptr;
+}
+
+ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared) {
     if (matvec_step_supported(w, x)) {
         // Q8_0 from 8 columns (a batch, a verification pass) on AMX: the AMX GEMM, whose arithmetic per
         // element is the mat-vec kernel's (kernels/matvec_q8_0.inc), so the same bits at a fraction of the
@@ -44,13 +61,9 @@ ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x)
         // form, the same bits again; AVX-512 or AVX-VNNI) from 3 columns: on Zen 4, 2 threads, in cache,
         // 3072 x 1024 x 2 / 3 / 4 / 8 0.071 / 0.067 / 0.074 / 0.107 vs 0.077 / 0.106 / 0.118 / 0.21 ms, the
         // 151936-row output matrix x 2 / 3 / 4 3.7 / 4.5 / 5.0 vs 3.5 / 5.1 / 5.6 ms.
-        constexpr int64_t kAmxStepCols = 8, kVnniStepCols = 3;
+        constexpr int64_t kAmxStepCols = 8;
         if (w->type == GGML_TYPE_Q8_0 && x->ne[1] >= kAmxStepCols && amx_gemm_supported(w, x)) return amx_gemm(ctx, w, x);
-        static const bool vnni = !amx_available() && (std::strcmp(int8_gemm_isa(), "avx512vnni") == 0 ||
-                                                      std::strcmp(int8_gemm_isa(), "avxvnni") == 0);
-        if (w->type == GGML_TYPE_Q8_0 && x->ne[1] >= kVnniStepCols && vnni && int8_gemm_supported(w, x)) {
-            return int8_gemm(ctx, w, x);
-        }
+        if (step_takes_vnni_gemm(w, x)) return int8_gemm(ctx, w, x, is_int8_gemm_prepare(prepared) ? prepared : nullptr);
         return matvec(ctx, w, x);
     }
     const int64_t n = x->ne[1];

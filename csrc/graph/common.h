@@ -32,7 +32,11 @@ ggml_tensor * mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
 // columns there are (batch invariance). The kernels in kernels/matvec for any column count where
 // they take w; else, for weights in CPU memory, ggml's one-column arithmetic for every column
 // (ggml_mul_mat itself rounds one column and several differently). Weights on a GPU: ggml_mul_mat.
-ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
+// `prepared`: prepare_step(ctx, w, x) or null.
+ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared = nullptr);
+// The prepared activation a decode step's product of w and x reads when it goes through the int8 GEMM
+// (VNNI steps of several sequences), else null: products with the same input (q/k/v, gate/up) share it.
+ggml_tensor * prepare_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
 // For many columns (encoder frames, a prefill's positions): a Q8_0 matrix on Intel AMX
 // (kernels/gemm_amx) where the CPU has it; else the int8 GEMM (kernels/gemm_avx2) for Q8_0, and with
 // k_quants (the audio encoder's products: linear(), product()) for Q4_K / Q6_K too; else the kernels in

@@ -21,10 +21,11 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
     // (A speculative verification, step_products, runs its positions as decode steps.)
     const bool frames = in.n > 1 && !in.step_products;
     auto proj = [&](ggml_tensor * W, ggml_tensor * a, ggml_tensor * prepared = nullptr) {
-        return frames ? mul_mat_frames(ctx, W, a, prepared) : mul_mat_step(ctx, W, a);
+        return frames ? mul_mat_frames(ctx, W, a, prepared) : mul_mat_step(ctx, W, a, prepared);
     };
-    // On AMX the products that read the same input (q/k/v, gate/up) share its prepared tiles.
-    auto prepare = [&](ggml_tensor * W, ggml_tensor * a) { return frames ? prepare_frames(ctx, W, a) : nullptr; };
+    // The products that read the same input (q/k/v, gate/up) share its prepared activation (AMX tiles, the
+    // int8 GEMM's quants) where their kernel takes one.
+    auto prepare = [&](ggml_tensor * W, ggml_tensor * a) { return frames ? prepare_frames(ctx, W, a) : prepare_step(ctx, W, a); };
     for (int64_t il = 0; il < d.n_layers; ++il) {
         const Qwen3Layer & l = w.dec[static_cast<size_t>(il)];
         ggml_tensor * kc = (*in.k_cache)[static_cast<size_t>(il)];
