@@ -89,10 +89,29 @@ static inline __m128 hsum4(const __m256 a[4]) {
 
 // R (1 or 2) query rows q[r] (hd floats each) of one head against every key (row j at k + j * ld):
 // s[r][j] = q_r . k_j, four keys at a time.
-template <int R>
+// A row of hd floats, ahead of its use (Ahead: the caller's rows sit in a KV cache whose rows of one head
+// are a whole cache row apart: a 4 KB stride at the decoder's widths, a new page per key, where the
+// hardware prefetcher does not follow).
+template <bool Ahead>
+static inline void prefetch_row(const float * row, int64_t hd) {
+    if constexpr (Ahead) {
+        for (int64_t c = 0; c < hd; c += 16) _mm_prefetch(reinterpret_cast<const char *>(row + c), _MM_HINT_T0);
+    } else {
+        (void)row, (void)hd;
+    }
+}
+constexpr int64_t kKeysAhead = 8;
+
+template <int R, bool Ahead = false>
 static void scores(const float * const q[R], const float * k, int64_t ld, int64_t T, int64_t hd, float * const s[R]) {
     int64_t j = 0;
+    if constexpr (Ahead) {
+        for (int64_t a = 0; a < std::min<int64_t>(kKeysAhead, T); ++a) prefetch_row<true>(k + a * ld, hd);
+    }
     for (; j + 4 <= T; j += 4) {
+        if constexpr (Ahead) {
+            for (int64_t a = j + kKeysAhead; a < std::min<int64_t>(j + kKeysAhead + 4, T); ++a) prefetch_row<true>(k + a * ld, hd);
+        }
         __m256 acc[R][4];
         for (int r = 0; r < R; ++r)
             for (int u = 0; u < 4; ++u) acc[r][u] = _mm256_setzero_ps();
@@ -142,15 +161,21 @@ static float softmax_row(float * s, int64_t T, float scale) {
 }
 
 // o[r][c] = inv[r] * sum_j p[r][j] v_j[c] for R rows, 32 channels at a time.
-template <int R>
+template <int R, bool Ahead = false>
 static void weighted_values(const float * const p[R], const float * inv, const float * v, int64_t ld, int64_t T,
                             int64_t hd, float * const o[R]) {
+    if constexpr (Ahead) {  // the first pass over the keys reads each value row whole; later passes hit the cache
+        for (int64_t a = 0; a < std::min<int64_t>(kKeysAhead, T); ++a) prefetch_row<true>(v + a * ld, hd);
+    }
     for (int64_t c = 0; c < hd; c += 8) {
         const int nv = static_cast<int>(std::min<int64_t>(4, (hd - c) / 8));
         __m256 acc[R][4];
         for (int r = 0; r < R; ++r)
             for (int u = 0; u < 4; ++u) acc[r][u] = _mm256_setzero_ps();
         for (int64_t j = 0; j < T; ++j) {
+            if constexpr (Ahead) {
+                if (c == 0 && j + kKeysAhead < T) prefetch_row<true>(v + (j + kKeysAhead) * ld, hd);
+            }
             __m256 pv[R];
             for (int r = 0; r < R; ++r) pv[r] = _mm256_set1_ps(p[r][j]);
             for (int u = 0; u < nv; ++u) {
@@ -220,9 +245,9 @@ static void cached_rows(const float * const q[R], const float * k, int64_t ldk, 
     const float * p[R];
     float inv[R];
     for (int r = 0; r < R; ++r) p[r] = s[r] = scratch + r * T;
-    scores<R>(q, k, ldk, T, hd, s);
+    scores<R, true>(q, k, ldk, T, hd, s);
     for (int r = 0; r < R; ++r) inv[r] = masked_softmax_row(s[r], mrow, T, scale);
-    weighted_values<R>(p, inv, v, ldv, T, hd, o);
+    weighted_values<R, true>(p, inv, v, ldv, T, hd, o);
 }
 
 // Query rows [i, i + R) of head h.
