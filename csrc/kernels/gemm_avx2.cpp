@@ -22,6 +22,13 @@
 #else
 #define FUN_ASR_GEMM_X86 0
 #endif
+// AVX-VNNI's VEX intrinsics (_mm256_dpbusd_avx_epi32) arrived in GCC 11 and clang 12; older compilers
+// build without that copy (those CPUs then run the AVX2 one).
+#if FUN_ASR_GEMM_X86 && ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
+#define FUN_ASR_AVX_VNNI 1
+#else
+#define FUN_ASR_AVX_VNNI 0
+#endif
 
 namespace fun_asr {
 namespace {
@@ -137,9 +144,13 @@ namespace vnni {
 }  // namespace vnni
 #if defined(__clang__)
 #pragma clang attribute pop
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avxvnni"))), apply_to = function)
 #else
 #pragma GCC pop_options
+#endif
+#if FUN_ASR_AVX_VNNI
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avxvnni"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avxvnni")
 #endif
@@ -159,6 +170,7 @@ namespace avxvnni {
 #else
 #pragma GCC pop_options
 #endif
+#endif  // FUN_ASR_AVX_VNNI
 #endif  // FUN_ASR_GEMM_X86
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -184,10 +196,11 @@ const Choice & choice() {
                               __builtin_cpu_supports("f16c");
         const bool has_vnni = has_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                               __builtin_cpu_supports("avx512vnni");
-        const bool has_avx_vnni = has_avx2 && __builtin_cpu_supports("avxvnni");
-        if (has_vnni && !plain && !vex_vnni) c = {vnni::rows, "avx512vnni"};
-        else if (has_avx_vnni && !plain) c = {avxvnni::rows, "avxvnni"};
-        else if (has_avx2) c = {avx2::rows, "avx2"};
+        if (has_vnni && !plain && !vex_vnni) return Choice{vnni::rows, "avx512vnni"};
+#if FUN_ASR_AVX_VNNI
+        if (has_avx2 && __builtin_cpu_supports("avxvnni") && !plain) return Choice{avxvnni::rows, "avxvnni"};
+#endif
+        if (has_avx2) c = {avx2::rows, "avx2"};
 #endif
         return c;
     }();

@@ -17,6 +17,12 @@
 #else
 #define FUN_ASR_MATVEC_X86 0
 #endif
+// AVX-VNNI's VEX intrinsics arrived in GCC 11 and clang 12: older compilers build without that copy.
+#if FUN_ASR_MATVEC_X86 && ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
+#define FUN_ASR_AVX_VNNI 1
+#else
+#define FUN_ASR_AVX_VNNI 0
+#endif
 
 namespace fun_asr {
 namespace {
@@ -93,9 +99,13 @@ namespace vnni {
 }  // namespace vnni
 #if defined(__clang__)
 #pragma clang attribute pop
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avxvnni"))), apply_to = function)
 #else
 #pragma GCC pop_options
+#endif
+#if FUN_ASR_AVX_VNNI
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avxvnni"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avxvnni")
 #endif
@@ -113,6 +123,7 @@ namespace avxvnni {
 #else
 #pragma GCC pop_options
 #endif
+#endif  // FUN_ASR_AVX_VNNI
 
 Kernels pick(const std::string & want) {
     __builtin_cpu_init();
@@ -120,18 +131,19 @@ Kernels pick(const std::string & want) {
                           __builtin_cpu_supports("f16c");
     const bool has_vnni = has_avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512f");
-    const bool has_avx_vnni = has_avx2 && __builtin_cpu_supports("avxvnni");
     const bool wide = fp_lanes() == 16;
     if (has_vnni && want != "avx2" && want != "avxvnni") {
         return {vnni::q8_0_rows_x_cols, vnni::q6_k_rows_x_cols, vnni::q4_k_x8_rows_x_cols,
                 wide ? vnni::f32_rows_x_cols_16 : vnni::f32_rows_x_cols_8,
                 wide ? vnni::f16_rows_x_cols_16 : vnni::f16_rows_x_cols_8, "avx512vnni", true};
     }
-    if (has_avx_vnni && want != "avx2") {
+#if FUN_ASR_AVX_VNNI
+    if (has_avx2 && __builtin_cpu_supports("avxvnni") && want != "avx2") {
         return {avxvnni::q8_0_rows_x_cols, avx2::q6_k_rows_x_cols, avx2::q4_k_x8_rows_x_cols,
                 wide ? avx2::f32_rows_x_cols_16 : avx2::f32_rows_x_cols_8,
                 wide ? avx2::f16_rows_x_cols_16 : avx2::f16_rows_x_cols_8, "avxvnni", true};
     }
+#endif
     if (has_avx2) {
         return {avx2::q8_0_rows_x_cols, avx2::q6_k_rows_x_cols, avx2::q4_k_x8_rows_x_cols,
                 wide ? avx2::f32_rows_x_cols_16 : avx2::f32_rows_x_cols_8,
