@@ -3,9 +3,9 @@
 // ggml 0.15.3's flash attention walks one query row at a time (a dot product and an axpy per key, with
 // the online softmax's rescaling): ~50 GFLOP/s on 2 AVX2 cores for the encoder's 4 heads x 128 x 167
 // frames, ~15 % of an encoder pass once its products ran on the int8 GEMM. This op computes, per head
-// and pair of query rows, the scores against 4 keys at a time (register-tiled FMAs), a two-pass
+// and three query rows, the scores against 4 keys at a time (register-tiled FMAs), a two-pass
 // softmax (max, then exp and sum; exp by range reduction and a degree-6 polynomial, ~1 ulp), and P V
-// with 2 rows x 32 channels per tile, then scales by 1 / sum. The same terms as ggml's, rounded
+// with 3 rows x 32 channels per tile, then scales by 1 / sum. The same terms as ggml's, rounded
 // in another order (rounding-level differences); each query row's numbers do not depend on the other
 // rows. FUN_ASR_ATTN=ggml keeps ggml's flash attention.
 #pragma once
