@@ -138,9 +138,16 @@ static void scores(const float * const q[R], const float * k, int64_t ld, int64_
 
 // s <- exp(scale * s - max) in place; returns 1 / sum.
 static float softmax_row(float * s, int64_t T, float scale) {
+    const __m256 sc = _mm256_set1_ps(scale);
+    __m256 mx = _mm256_set1_ps(-INFINITY);  // the row's maximum (exact in any order)
+    int64_t j0 = 0;
+    for (; j0 + 8 <= T; j0 += 8) mx = _mm256_max_ps(mx, _mm256_mul_ps(_mm256_loadu_ps(s + j0), sc));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, mx);
     float m = -INFINITY;
-    for (int64_t j = 0; j < T; ++j) m = std::max(m, s[j] * scale);
-    const __m256 sc = _mm256_set1_ps(scale), mv = _mm256_set1_ps(m);
+    for (float l : lanes) m = std::max(m, l);
+    for (; j0 < T; ++j0) m = std::max(m, s[j0] * scale);
+    const __m256 mv = _mm256_set1_ps(m);
     __m256 sum = _mm256_setzero_ps();
     int64_t j = 0;
     for (; j + 8 <= T; j += 8) {
