@@ -760,25 +760,33 @@ def test_q4_k_m_encoder_takes_amx_for_q4_k_and_the_int8_gemm_for_q6_k(wide_gguf)
     assert not any(k.startswith("prefill/GEMM_AMX/") and "ffn" in k for k in m.profile()), sorted(m.profile())
 
 
-@needs_amx
-def test_q8_0_batch_steps_take_amx_with_the_same_bits(tiny_gguf) -> None:  # noqa: ANN001
-    """A Q8_0 decode step of 8+ sequences goes through the AMX GEMM (the profile's decode/GEMM_AMX nodes),
-    fewer through the mat-vec kernel; each sequence's tokens and logits are its one-by-one run's."""
-    model = _core.load_gguf(str(tiny_gguf("q8_0")), device="cpu", threads=2)
+def _q8_0_steps_alone_and_in_a_batch(path: str, seed: int, node: str) -> tuple[bool, bool, object]:
+    """Nine prompts of different lengths decoded as one batch and then one by one: each sequence's tokens
+    and logits digests must be its one-by-one run's. Returns whether the profile had `node` in the batch
+    and in the one-by-one runs, and the model."""
+    model = _core.load_gguf(path, device="cpu", threads=2)
     model.logit_digests = True
     d = model.info()["decoder"]["d_model"]
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(seed)
     prompts = [np.ascontiguousarray(rng.standard_normal((5 + i, d)).astype(np.float32)) for i in range(9)]
     model.profiling = True
     together = [t for t, _ in model.generate_batch(prompts, 5, [])]
     digests = model.last_logit_digests()
-    assert any(k.startswith("decode/GEMM_AMX/") for k in model.profile()), sorted(model.profile())
+    in_batch = any(k.startswith(node) for k in model.profile())
     model.reset_profile()
     for i, p in enumerate(prompts):
         (alone, _), = model.generate_batch([p], 5, [])
         assert alone == together[i]
         assert model.last_logit_digests()[0] == digests[i]
-    assert not any(k.startswith("decode/GEMM_AMX/") for k in model.profile())
+    return in_batch, any(k.startswith(node) for k in model.profile()), (model, prompts)
+
+
+@needs_amx
+def test_q8_0_batch_steps_take_amx_with_the_same_bits(tiny_gguf) -> None:  # noqa: ANN001
+    """A Q8_0 decode step of 8+ sequences goes through the AMX GEMM (the profile's decode/GEMM_AMX nodes),
+    fewer through the mat-vec kernel; each sequence's tokens and logits are its one-by-one run's."""
+    in_batch, alone, _ = _q8_0_steps_alone_and_in_a_batch(str(tiny_gguf("q8_0")), 3, "decode/GEMM_AMX/")
+    assert in_batch and not alone
 
 
 @needs_int8_gemm
@@ -789,22 +797,10 @@ def test_q8_0_batch_steps_take_the_vnni_gemm_with_the_same_bits(tiny_gguf) -> No
     and logits are its one-by-one run's."""
     if _core.amx_available():
         pytest.skip("AMX takes these steps on this CPU")
-    model = _core.load_gguf(str(tiny_gguf("q8_0")), device="cpu", threads=2)
-    model.logit_digests = True
-    d = model.info()["decoder"]["d_model"]
-    rng = np.random.default_rng(4)
-    prompts = [np.ascontiguousarray(rng.standard_normal((5 + i, d)).astype(np.float32)) for i in range(9)]
-    model.profiling = True
-    together = [t for t, _ in model.generate_batch(prompts, 5, [])]
-    digests = model.last_logit_digests()
-    routed = any(k.startswith("decode/GEMM_INT8/") for k in model.profile())
-    assert routed == (_core.int8_gemm_isa() in ("avx512vnni", "avxvnni")), sorted(model.profile())
+    in_batch, alone, (model, prompts) = _q8_0_steps_alone_and_in_a_batch(str(tiny_gguf("q8_0")), 4,
+                                                                          "decode/GEMM_INT8/")
+    assert in_batch == (_core.int8_gemm_isa() in ("avx512vnni", "avxvnni")), sorted(model.profile())
+    assert not alone
     model.reset_profile()
     model.generate_batch(prompts[:2], 5, [])  # two sequences: the mat-vec kernel
-    assert not any(k.startswith("decode/GEMM_INT8/") for k in model.profile())
-    model.reset_profile()
-    for i, p in enumerate(prompts):
-        (alone, _), = model.generate_batch([p], 5, [])
-        assert alone == together[i]
-        assert model.last_logit_digests()[0] == digests[i]
     assert not any(k.startswith("decode/GEMM_INT8/") for k in model.profile())

@@ -87,30 +87,25 @@ static inline __m128 hsum4(const __m256 a[4]) {
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-// R (1 or 2) query rows q[r] (hd floats each) of one head against every key (row j at k + j * ld):
-// s[r][j] = q_r . k_j, four keys at a time.
-// A row of hd floats, ahead of its use (Ahead: the caller's rows sit in a KV cache whose rows of one head
-// are a whole cache row apart: a 4 KB stride at the decoder's widths, a new page per key, where the
-// hardware prefetcher does not follow).
-template <bool Ahead>
+// A row of hd floats into L1 ahead of its use. With Ahead (below) the caller's rows sit in a KV cache whose
+// rows of one head are a whole cache row apart: a 4 KB stride at the decoder's widths, a new page per key,
+// where the hardware prefetcher does not follow.
 static inline void prefetch_row(const float * row, int64_t hd) {
-    if constexpr (Ahead) {
-        for (int64_t c = 0; c < hd; c += 16) _mm_prefetch(reinterpret_cast<const char *>(row + c), _MM_HINT_T0);
-    } else {
-        (void)row, (void)hd;
-    }
+    for (int64_t c = 0; c < hd; c += 16) _mm_prefetch(reinterpret_cast<const char *>(row + c), _MM_HINT_T0);
 }
 constexpr int64_t kKeysAhead = 8;
 
+// R (1 to 3) query rows q[r] (hd floats each) of one head against every key (row j at k + j * ld):
+// s[r][j] = q_r . k_j, four keys at a time; Ahead: keys prefetched kKeysAhead ahead.
 template <int R, bool Ahead = false>
 static void scores(const float * const q[R], const float * k, int64_t ld, int64_t T, int64_t hd, float * const s[R]) {
     int64_t j = 0;
     if constexpr (Ahead) {
-        for (int64_t a = 0; a < std::min<int64_t>(kKeysAhead, T); ++a) prefetch_row<true>(k + a * ld, hd);
+        for (int64_t a = 0; a < std::min<int64_t>(kKeysAhead, T); ++a) prefetch_row(k + a * ld, hd);
     }
     for (; j + 4 <= T; j += 4) {
         if constexpr (Ahead) {
-            for (int64_t a = j + kKeysAhead; a < std::min<int64_t>(j + kKeysAhead + 4, T); ++a) prefetch_row<true>(k + a * ld, hd);
+            for (int64_t a = j + kKeysAhead; a < std::min<int64_t>(j + kKeysAhead + 4, T); ++a) prefetch_row(k + a * ld, hd);
         }
         __m256 acc[R][4];
         for (int r = 0; r < R; ++r)
@@ -172,7 +167,7 @@ template <int R, bool Ahead = false>
 static void weighted_values(const float * const p[R], const float * inv, const float * v, int64_t ld, int64_t T,
                             int64_t hd, float * const o[R]) {
     if constexpr (Ahead) {  // the first pass over the keys reads each value row whole; later passes hit the cache
-        for (int64_t a = 0; a < std::min<int64_t>(kKeysAhead, T); ++a) prefetch_row<true>(v + a * ld, hd);
+        for (int64_t a = 0; a < std::min<int64_t>(kKeysAhead, T); ++a) prefetch_row(v + a * ld, hd);
     }
     for (int64_t c = 0; c < hd; c += 8) {
         const int nv = static_cast<int>(std::min<int64_t>(4, (hd - c) / 8));
@@ -181,7 +176,7 @@ static void weighted_values(const float * const p[R], const float * inv, const f
             for (int u = 0; u < 4; ++u) acc[r][u] = _mm256_setzero_ps();
         for (int64_t j = 0; j < T; ++j) {
             if constexpr (Ahead) {
-                if (c == 0 && j + kKeysAhead < T) prefetch_row<true>(v + (j + kKeysAhead) * ld, hd);
+                if (c == 0 && j + kKeysAhead < T) prefetch_row(v + (j + kKeysAhead) * ld, hd);
             }
             __m256 pv[R];
             for (int r = 0; r < R; ++r) pv[r] = _mm256_set1_ps(p[r][j]);

@@ -22,13 +22,7 @@
 #else
 #define FUN_ASR_GEMM_X86 0
 #endif
-// AVX-VNNI's VEX intrinsics (_mm256_dpbusd_avx_epi32) arrived in GCC 11 and clang 12; older compilers
-// build without that copy (those CPUs then run the AVX2 one).
-#if FUN_ASR_GEMM_X86 && ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
-#define FUN_ASR_AVX_VNNI 1
-#else
-#define FUN_ASR_AVX_VNNI 0
-#endif
+#include "kernels/avx_vnni.h"
 
 namespace fun_asr {
 namespace {

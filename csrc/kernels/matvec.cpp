@@ -17,12 +17,7 @@
 #else
 #define FUN_ASR_MATVEC_X86 0
 #endif
-// AVX-VNNI's VEX intrinsics arrived in GCC 11 and clang 12: older compilers build without that copy.
-#if FUN_ASR_MATVEC_X86 && ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
-#define FUN_ASR_AVX_VNNI 1
-#else
-#define FUN_ASR_AVX_VNNI 0
-#endif
+#include "kernels/avx_vnni.h"
 
 namespace fun_asr {
 namespace {
@@ -137,17 +132,18 @@ Kernels pick(const std::string & want) {
                 wide ? vnni::f32_rows_x_cols_16 : vnni::f32_rows_x_cols_8,
                 wide ? vnni::f16_rows_x_cols_16 : vnni::f16_rows_x_cols_8, "avx512vnni", true};
     }
-#if FUN_ASR_AVX_VNNI
-    if (has_avx2 && __builtin_cpu_supports("avxvnni") && want != "avx2") {
-        return {avxvnni::q8_0_rows_x_cols, avx2::q6_k_rows_x_cols, avx2::q4_k_x8_rows_x_cols,
-                wide ? avx2::f32_rows_x_cols_16 : avx2::f32_rows_x_cols_8,
-                wide ? avx2::f16_rows_x_cols_16 : avx2::f16_rows_x_cols_8, "avxvnni", true};
-    }
-#endif
     if (has_avx2) {
-        return {avx2::q8_0_rows_x_cols, avx2::q6_k_rows_x_cols, avx2::q4_k_x8_rows_x_cols,
-                wide ? avx2::f32_rows_x_cols_16 : avx2::f32_rows_x_cols_8,
-                wide ? avx2::f16_rows_x_cols_16 : avx2::f16_rows_x_cols_8, "avx2"};
+        Kernels k{avx2::q8_0_rows_x_cols, avx2::q6_k_rows_x_cols, avx2::q4_k_x8_rows_x_cols,
+                  wide ? avx2::f32_rows_x_cols_16 : avx2::f32_rows_x_cols_8,
+                  wide ? avx2::f16_rows_x_cols_16 : avx2::f16_rows_x_cols_8, "avx2"};
+#if FUN_ASR_AVX_VNNI
+        if (__builtin_cpu_supports("avxvnni") && want != "avx2") {  // its Q8_0 copy; the rest stay AVX2
+            k.q8_0 = avxvnni::q8_0_rows_x_cols;
+            k.name = "avxvnni";
+            k.q8_offset_sums = true;
+        }
+#endif
+        return k;
     }
     return {};
 }

@@ -121,14 +121,14 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     // (Model::StepGraph): built for the cache's capacity, each row attending over the keys its mask leaves.
     StepGraph & sg = step_graph_;
     bool reuse = n == 1 && !verify && !embeddings && step_graph_reusable();
-    const bool hit = reuse && sg.valid && sg.B == B && sg.slot0 == slot0 && sg.cache_epoch == kv_.epoch() &&
-                     sg.n_kv == kv_.capacity();
+    const bool hit = reuse && sg.valid && sg.B == B && sg.slot0 == slot0 && sg.cache_epoch == kv_.epoch();
     GraphScope local;
     ggml_tensor *emb_in = nullptr, *tok_in = nullptr, *pos = nullptr, *rows = nullptr, *mask = nullptr, *logits = nullptr;
-    int64_t n_kv_graph = n_kv;
+    int64_t n_kv_graph = reuse ? kv_.capacity() : n_kv;  // a reusable step graph spans the whole cache
+    ggml_cgraph * gf = nullptr;
     if (hit) {
         tok_in = sg.tok, pos = sg.pos, rows = sg.rows, mask = sg.mask, logits = sg.logits;
-        n_kv_graph = sg.n_kv;
+        gf = sg.g.gf;
     } else {
         std::vector<int64_t> kv_lens(past.begin(), past.end());
         for (auto & len : kv_lens) len += n;
@@ -159,7 +159,6 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
         };
         if (reuse) {
             sg.valid = false;
-            n_kv_graph = kv_.capacity();
             build(sg.g, &sg.meta);
             bool op = false;  // the graph is length-independent only with the cached-attention op in it
             for (int i = 0; i < ggml_graph_n_nodes(sg.g.gf) && !op; ++i) op = is_attention(ggml_graph_node(sg.g.gf, i));
@@ -169,7 +168,6 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
                 n_kv_graph = n_kv;
             }
         }
-        ggml_cgraph * gf = nullptr;
         if (reuse) {
             gf = sg.g.gf;
         } else {
@@ -179,11 +177,10 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
         alloc_graph(gf);
         if (reuse) {
             sg.tok = tok_in, sg.pos = pos, sg.rows = rows, sg.mask = mask, sg.logits = logits;
-            sg.B = B, sg.slot0 = slot0, sg.n_kv = n_kv_graph, sg.cache_epoch = kv_.epoch();
+            sg.B = B, sg.slot0 = slot0, sg.cache_epoch = kv_.epoch();
             sg.valid = true;
         }
     }
-    ggml_cgraph * gf = hit || reuse ? sg.g.gf : local.gf;
     passes_.graph_ms += ms_since(t_start);
     auto t_io = std::chrono::steady_clock::now();
 

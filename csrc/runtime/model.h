@@ -240,8 +240,8 @@ private:
         std::vector<uint8_t> meta;  // (before g: g's context lives in it)
         GraphScope g;
         ggml_tensor *tok = nullptr, *pos = nullptr, *rows = nullptr, *mask = nullptr, *logits = nullptr;
-        int64_t B = 0, slot0 = 0, n_kv = 0;
-        uint64_t cache_epoch = 0;
+        int64_t B = 0, slot0 = 0;
+        uint64_t cache_epoch = 0;  // its K/V views span this allocation's capacity
         bool valid = false;
     } step_graph_;
     bool step_graph_off_ = false;  // a capacity-wide step graph came out without the op: never again
