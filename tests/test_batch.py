@@ -186,3 +186,46 @@ def test_decode_steps_reuse_their_graph_with_the_same_bits(wide_gguf) -> None:  
         assert rebuild[name][2] == prefills + passes  # one per pass
         assert tokens == rebuild[name][0] and digests == rebuild[name][1], name
     assert reuse["steps"] == rebuild["steps"]
+
+
+_QUADS_CODE = (
+    "import hashlib, json, sys, numpy as np, fun_asr\n"
+    "m = fun_asr.load_model(sys.argv[1], threads=2)\n"
+    "m.logit_digests = True\n"
+    "rng = np.random.default_rng(7)\n"
+    "emb = [np.ascontiguousarray(m.embed(rng.integers(0, 1000, n).tolist())) for n in (9, 23, 40, 17, 31)]\n"
+    "out = {'quads': m.info()['q8_0_quads_tensors']}\n"
+    "for name, batch in (('one', emb[:1]), ('two', emb[:2]), ('three', emb[:3]), ('five', emb)):\n"
+    "    gens = m.generate_batch(batch, 10, [])\n"
+    "    out[name] = [[list(t) for t, _ in gens], m.last_logit_digests()]\n"
+    "m.prefill(emb[2])\n"
+    "out['steps'] = [hashlib.sha256(np.asarray(m.step(int(t))).tobytes()).hexdigest() for t in range(6)]\n"
+    "print(json.dumps(out))\n"
+)
+
+
+@pytest.mark.skipif(fun_asr._core.int8_gemm_isa() not in ("avx512vnni", "avxvnni") or fun_asr._core.amx_available(),
+                    reason="the Q8_0 VNNI layout is kept only where the int8 GEMM runs VNNI and there is no AMX")
+def test_q8_0_matrices_in_the_vnni_layout_give_the_same_bits(wide_gguf) -> None:  # noqa: ANN001
+    """Where the int8 GEMM is a VNNI copy (no AMX), the decoder's Q8_0 matrices are re-laid out at load into
+    its layout and every product reads them in place (decode steps of 1, 2, 3 and 5 sequences, prefills of
+    9-40 positions, Model.step): logits bit for bit those of the plain layout (FUN_ASR_Q8_QUADS=0: the
+    mat-vec kernel for 1-2 columns, the GEMM unpacking per product from 3)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    runs = {}
+    for name, quads in (("quads", None), ("plain", "0")):
+        env = {k: v for k, v in os.environ.items() if k not in ("FUN_ASR_Q8_QUADS", "FUN_ASR_GEMM", "FUN_ASR_MATVEC")}
+        if quads:
+            env["FUN_ASR_Q8_QUADS"] = quads
+        r = subprocess.run([sys.executable, "-c", _QUADS_CODE, str(wide_gguf("q8_0"))], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        runs[name] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert runs["quads"]["quads"] == 2 * 7 and runs["plain"]["quads"] == 0  # 2 layers x q k v o gate up down
+    for name in ("one", "two", "three", "five", "steps"):
+        assert runs["quads"][name] == runs["plain"][name], name
+    assert all(len(t) == 10 for t in runs["quads"]["five"][0])

@@ -112,6 +112,7 @@ py::dict model_info(const Model & m) {
     d["weight_bytes"] = m.weight_bytes();
     d["weights_mmapped"] = m.weights_mmapped();
     d["repacked_tensors"] = m.repacked_tensors();
+    d["q8_0_quads_tensors"] = m.q8_0_quads_tensors();  // Q8_0 in the int8 GEMM's VNNI layout
     d["kv_cache_bytes"] = m.kv_bytes();
     d["threads"] = m.threads();
     d["threads_auto"] = m.threads_auto();
@@ -451,6 +452,7 @@ void bind_model(py::module_ & m) {
                 d["prompt_tokens"] = s.prompt_tokens;
                 d["new_tokens"] = s.new_tokens;
                 d["prefix_reused"] = s.prefix_reused;
+                d["prefill_passes"] = s.prefill_passes;
                 d["decode_passes"] = s.decode_passes;
                 d["draft_proposed"] = s.draft_proposed;
                 d["draft_accepted"] = s.draft_accepted;

@@ -29,7 +29,22 @@ ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, flo
     return ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), w);
 }
 
+namespace {
+
+// A matrix kept in the int8 GEMM's VNNI layout (kernels/gemm_avx2.h) goes through that kernel whatever the
+// column count: nothing else reads the layout.
+ggml_tensor * quads_product(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared) {
+    if (!int8_gemm_supported(w, x)) {
+        throw std::invalid_argument(std::string("matrix '") + ggml_get_name(w) + "' is kept in the int8 GEMM's layout, "
+                                    "which does not take this product");
+    }
+    return int8_gemm(ctx, w, x, is_int8_gemm_prepare(prepared) ? prepared : nullptr);
+}
+
+}  // namespace
+
 ggml_tensor * mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
+    if (is_q8_0_quads(w)) return quads_product(ctx, w, x, nullptr);
     return matvec_supported(w, x) ? matvec(ctx, w, x) : ggml_mul_mat(ctx, w, x);
 }
 
@@ -47,10 +62,13 @@ bool step_takes_vnni_gemm(const ggml_tensor * w, const ggml_tensor * x) {
 }  // namespace
 
 ggml_tensor * prepare_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
-    return step_takes_vnni_gemm(w, x) ? int8_gemm_prepare(ctx, x) : nullptr;
+    return is_q8_0_quads(w) || step_takes_vnni_gemm(w, x) ? int8_gemm_prepare(ctx, x) : nullptr;
 }
 
 ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared) {
+    // A matrix in the VNNI layout: one column per tile row as for many (the mat-vec kernel's arithmetic,
+    // the same bits; no per-product unpack, so also a single sequence's step runs here).
+    if (is_q8_0_quads(w)) return quads_product(ctx, w, x, prepared);
     if (matvec_step_supported(w, x)) {
         // Q8_0 from 8 columns (a batch, a verification pass) on AMX: the AMX GEMM, whose arithmetic per
         // element is the mat-vec kernel's (kernels/matvec_q8_0.inc), so the same bits at a fraction of the

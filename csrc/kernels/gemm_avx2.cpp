@@ -31,10 +31,16 @@ constexpr int64_t kBlock = 32;  // QK8_0
 constexpr size_t kBlockBytes = 34;
 constexpr int64_t kGroup = 8;  // weight rows per group (one ymm of int32 / float)
 constexpr int64_t kScratchBytes = 512;  // one block of 32 of a group's 8 rows, as int16 at most
+constexpr int64_t kQ8QuadBlockBytes = 272;  // VNNI Q8_0: a group's block as [quad][row] u8 + 8 fp16 scales
 
 // How a weight type's blocks of 32 reach the kernel: int8 quants and a scale (Q8_0), plus an offset
 // (Q4_K), or int16 scale * quant and a scale (Q6_K).
-enum class Weights { q8_0, q4_k, q6_k };
+// q8_0_quads: a Q8_0 matrix kept in the VNNI layout (q8_0_quads_relayout), read in place.
+enum class Weights { q8_0, q8_0_quads, q4_k, q6_k };
+
+// What w->extra points at for a matrix kept in that layout (ggml's CPU backend reads a weight's extra only
+// in its own repack / AMX buffers; fun-asr's kernels refuse a Q8_0 matrix with any other extra).
+const int kQuadsTag = 0;
 
 // The prepared activation: [column][k] int16 quants, then [column][block] float scales d_x, then
 // [column][block] d_x * (sum of the block's quants) (for Q4_K's offsets), then [column][k] the quants
@@ -91,6 +97,7 @@ void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     }
 }
 
+using RelayoutFn = void (*)(const uint8_t *, size_t, int64_t, int64_t, uint8_t *);
 using RowsFn = void (*)(const uint8_t *, size_t, Weights, int64_t, int64_t, int64_t, const int16_t *, const int8_t *,
                         const int32_t *, const float *, const float *, int64_t, const float *, int8_t *, float *,
                         float *, float *, int64_t);
@@ -173,6 +180,7 @@ namespace avxvnni {
 struct Choice {
     RowsFn rows = nullptr;
     const char * isa = "";
+    RelayoutFn relayout = nullptr;  // the VNNI copies: Q8_0 into their layout
 };
 
 const Choice & choice() {
@@ -190,9 +198,9 @@ const Choice & choice() {
                               __builtin_cpu_supports("f16c");
         const bool has_vnni = has_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                               __builtin_cpu_supports("avx512vnni");
-        if (has_vnni && !plain && !vex_vnni) return Choice{vnni::rows, "avx512vnni"};
+        if (has_vnni && !plain && !vex_vnni) return Choice{vnni::rows, "avx512vnni", vnni::relayout_q8_0_quads};
 #if FUN_ASR_AVX_VNNI
-        if (has_avx2 && __builtin_cpu_supports("avxvnni") && !plain) return Choice{avxvnni::rows, "avxvnni"};
+        if (has_avx2 && __builtin_cpu_supports("avxvnni") && !plain) return Choice{avxvnni::rows, "avxvnni", avxvnni::relayout_q8_0_quads};
 #endif
         if (has_avx2) c = {avx2::rows, "avx2"};
 #endif
@@ -218,7 +226,10 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     wd.resize(static_cast<size_t>(2 * L.nb) * kGroup);
     wo.resize(static_cast<size_t>(2 * L.nb) * kGroup);
     const auto * base = static_cast<const uint8_t *>(prepared->data);
-    const Weights kind = w->type == GGML_TYPE_Q4_K ? Weights::q4_k : w->type == GGML_TYPE_Q6_K ? Weights::q6_k : Weights::q8_0;
+    const Weights kind = w->type == GGML_TYPE_Q4_K   ? Weights::q4_k
+                         : w->type == GGML_TYPE_Q6_K ? Weights::q6_k
+                         : is_q8_0_quads(w)          ? Weights::q8_0_quads
+                                                     : Weights::q8_0;
     const auto * wdata = static_cast<const uint8_t *>(w->data);
     const auto * xq = reinterpret_cast<const int16_t *>(base);
     const auto * xd = reinterpret_cast<const float *>(base + L.q_bytes);
@@ -245,10 +256,33 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
 
 const char * int8_gemm_isa() { return choice().isa; }
 
+bool q8_0_quads_wanted() {
+    static const bool on = [] {
+        const char * env = std::getenv("FUN_ASR_Q8_QUADS");
+        return choice().relayout != nullptr && !amx_available() && !(env && std::string(env) == "0");
+    }();
+    return on;
+}
+
+bool q8_0_quads_fits(const ggml_tensor * w) {
+    return w && w->type == GGML_TYPE_Q8_0 && ggml_n_dims(w) == 2 && w->ne[0] % kBlock == 0 && w->ne[1] % kGroup == 0;
+}
+
+void q8_0_quads_relayout(const ggml_tensor * w, const void * src, void * dst) {
+    choice().relayout(static_cast<const uint8_t *>(src), w->nb[1], w->ne[1], w->ne[0] / kBlock, static_cast<uint8_t *>(dst));
+}
+
+void mark_q8_0_quads(ggml_tensor * w) { w->extra = const_cast<int *>(&kQuadsTag); }
+
+bool is_q8_0_quads(const ggml_tensor * w) {
+    const ggml_tensor * base = w && w->view_src ? w->view_src : w;
+    return base && base->type == GGML_TYPE_Q8_0 && base->extra == &kQuadsTag;
+}
+
 bool int8_gemm_supported(const ggml_tensor * w, const ggml_tensor * x) {
     if (!w || !x || x->type != GGML_TYPE_F32 || !choice().rows || !w->buffer || w->view_src) return false;
     if (w->type == GGML_TYPE_Q8_0 || w->type == GGML_TYPE_Q6_K) {
-        if (!ggml_backend_buffer_is_host(w->buffer) || w->extra != nullptr) return false;
+        if (!ggml_backend_buffer_is_host(w->buffer) || (w->extra != nullptr && !is_q8_0_quads(w))) return false;
     } else if (w->type == GGML_TYPE_Q4_K) {
         // ggml's repacked 8-row layout only (what its CPU backend makes of Q4_K on AVX2 CPUs)
         if (!weight_is_repacked(w) || w->extra == nullptr) return false;

@@ -52,6 +52,23 @@ bool int8_gemm_bias_supported(const ggml_tensor * w, const ggml_tensor * bias);
 ggml_tensor * int8_gemm(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared = nullptr,
                         ggml_tensor * bias = nullptr);
 
+// Q8_0 matrices kept in the VNNI copies' layout (per 8-row group and block of 32: the weights + 128 as
+// [quad][row] bytes, then the 8 rows' fp16 scales; the same bytes as the plain blocks): the decoder's
+// matrices are re-laid out once at load where this CPU's int8 GEMM is a VNNI copy and there is no AMX,
+// and every product with them (decode steps of any batch, prefill) reads them in place instead of
+// unpacking each row group per product. The same integers and float steps, so the same bits as the
+// plain layout through this kernel or the mat-vec kernel. FUN_ASR_Q8_QUADS=0 keeps the plain layout.
+// Only this kernel reads such a matrix: graph/common.cpp routes every product with one here, and the
+// other kernels (mat-vec, AMX) refuse it; ggml's own ops must never see it.
+bool q8_0_quads_wanted();
+// w can take the layout: Q8_0, 2-D, rows a multiple of 8.
+bool q8_0_quads_fits(const ggml_tensor * w);
+// w's plain Q8_0 bytes (src, ggml_nbytes(w)) into the layout at dst (as many bytes); q8_0_quads_wanted().
+void q8_0_quads_relayout(const ggml_tensor * w, const void * src, void * dst);
+// Marks w (its data in the layout) / whether it is so marked.
+void mark_q8_0_quads(ggml_tensor * w);
+bool is_q8_0_quads(const ggml_tensor * w);
+
 // Whether a graph node is this kernel's product / its activation-preparing op.
 bool is_int8_gemm(const ggml_tensor * t);
 bool is_int8_gemm_prepare(const ggml_tensor * t);

@@ -1,5 +1,6 @@
 #include "model/loader.h"
 
+#include "kernels/gemm_avx2.h"
 #include "runtime/backend.h"
 
 #include <algorithm>
@@ -299,6 +300,7 @@ ModelSource read_gguf(const std::string & path) {
 
 LoadedWeights::~LoadedWeights() {
     if (repack_buffer) ggml_backend_buffer_free(repack_buffer);
+    if (quads_buffer) ggml_backend_buffer_free(quads_buffer);
     if (buffer) ggml_backend_buffer_free(buffer);
     if (ctx) ggml_free(ctx);
 }
@@ -438,6 +440,32 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
             if (src.file) src.file->release(s->data, s->nbytes);  // the mapped original is not needed any more
         }
         out->repacked = repack.size();
+    }
+    if (is_cpu && q8_0_quads_wanted()) {
+        // The decoder's Q8_0 matrices in the int8 GEMM's VNNI layout (kernels/gemm_avx2.h): re-laid out once
+        // here instead of once per product (a decode step unpacked every matrix it read). The same bytes.
+        std::vector<std::pair<ggml_tensor *, const SourceTensor *>> quads, rest;
+        for (auto & pr : pairs) {
+            const bool decoder_matrix = std::string(pr.first->name).rfind("blk.", 0) == 0;
+            (decoder_matrix && q8_0_quads_fits(pr.first) ? quads : rest).push_back(pr);
+        }
+        if (!quads.empty()) {
+            ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
+            size_t total = 0;
+            for (auto & [t, s] : quads) total += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), ggml_backend_buft_get_alignment(buft));
+            out->quads_buffer = ggml_backend_buft_alloc_buffer(buft, total);
+            if (!out->quads_buffer) throw std::runtime_error("cannot allocate the re-laid-out Q8_0 weights");
+            ggml_backend_buffer_set_usage(out->quads_buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+            ggml_tallocr talloc = ggml_tallocr_new(out->quads_buffer);
+            for (auto & [t, s] : quads) {
+                if (ggml_tallocr_alloc(&talloc, t) != GGML_STATUS_SUCCESS) throw std::runtime_error("weight allocation failed");
+                q8_0_quads_relayout(t, s->data, t->data);
+                mark_q8_0_quads(t);
+                if (src.file) src.file->release(s->data, s->nbytes);
+            }
+            out->quads = quads.size();
+            pairs.swap(rest);
+        }
     }
     if (is_cpu && src.file && src.file->size() > 0) {
         // Weights stay in the page cache: the buffer wraps the mapped file, tensors point into it.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -333,9 +334,9 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
     std::vector<int32_t> next(static_cast<size_t>(B));
     std::vector<int64_t> past(static_cast<size_t>(B));
     const int64_t P = prefix_len();
-    for (int64_t b = 0; b < B; ++b) {  // prefill each sequence into its own slot
+    std::vector<int64_t> done(static_cast<size_t>(B), 0);
+    for (int64_t b = 0; b < B; ++b) {
         const auto & p = prompts[static_cast<size_t>(b)];
-        int64_t done = 0;
         if (P > 0 && prefix_matches(p.first, p.second)) {  // the cached prefix K/V instead of recomputing them
             for (size_t l = 0; l < kv_.k().size(); ++l) {  // positions 0..P-1 of slot b (nb[3]: slot stride)
                 ggml_backend_tensor_set(kv_.k()[l], prefix_k_[l].data(), static_cast<size_t>(b) * kv_.k()[l]->nb[3],
@@ -343,14 +344,50 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
                 ggml_backend_tensor_set(kv_.v()[l], prefix_v_[l].data(), static_cast<size_t>(b) * kv_.v()[l]->nb[3],
                                         prefix_v_[l].size());
             }
-            done = P;
+            done[static_cast<size_t>(b)] = P;
             last_.prefix_reused += P;
         }
-        const std::vector<float> logits = run_decoder(p.first + done * d.d_model, nullptr, p.second - done, b, {done});
-        next[static_cast<size_t>(b)] = argmax(logits.data(), d.vocab);
-        if (logit_digests_on_) digests_[static_cast<size_t>(b)].push_back(digest(logits.data(), d.vocab));
-        past[static_cast<size_t>(b)] = p.second;
-        last_.prompt_tokens += p.second;
+    }
+    // Each sequence's prompt into its own slot. On the CPU, neighbouring sequences with the same cached
+    // prefix and the same number of new positions go through one pass (every weight read once for the
+    // group; the products' and the attention op's numbers per column / row are the same alone or in a
+    // group, so each sequence's bits are its own); above the mat-vec kernels' column count only, where a
+    // lone prefill takes the many-column products too; at most kGroupRows positions per pass.
+    constexpr int64_t kGroupRows = 2048;
+    const bool grouped = backend_ == cpu_backend_ && flash_attn_;
+    const int64_t most = grouped ? step_chunk() : 1;
+    std::vector<float> joined;
+    for (int64_t b = 0; b < B;) {
+        const auto & p = prompts[static_cast<size_t>(b)];
+        const int64_t from = done[static_cast<size_t>(b)], n = p.second - from;
+        int64_t e = b + 1;
+        auto joins = [&](int64_t j) {
+            const auto & q = prompts[static_cast<size_t>(j)];
+            return n > matvec_max_cols() && done[static_cast<size_t>(j)] == from && q.second - from == n &&
+                   j - b < most && (j - b + 1) * n <= kGroupRows;
+        };
+        while (e < B && joins(e)) ++e;
+        const int64_t m = e - b;
+        const float * emb = p.first + from * d.d_model;
+        if (m > 1) {
+            const size_t rows = static_cast<size_t>(n * d.d_model);
+            joined.resize(static_cast<size_t>(m) * rows);
+            for (int64_t j = 0; j < m; ++j) {
+                std::memcpy(joined.data() + static_cast<size_t>(j) * rows, prompts[static_cast<size_t>(b + j)].first + from * d.d_model,
+                            rows * sizeof(float));
+            }
+            emb = joined.data();
+        }
+        const std::vector<float> logits = run_decoder(emb, nullptr, n, b, std::vector<int64_t>(static_cast<size_t>(m), from));
+        for (int64_t j = 0; j < m; ++j) {
+            const float * row = logits.data() + j * d.vocab;
+            next[static_cast<size_t>(b + j)] = argmax(row, d.vocab);
+            if (logit_digests_on_) digests_[static_cast<size_t>(b + j)].push_back(digest(row, d.vocab));
+            past[static_cast<size_t>(b + j)] = prompts[static_cast<size_t>(b + j)].second;
+            last_.prompt_tokens += prompts[static_cast<size_t>(b + j)].second;
+        }
+        last_.prefill_passes += 1;
+        b = e;
     }
     last_.prefill_ms = ms_since(t0);
     if (on_step) on_step(0, B);

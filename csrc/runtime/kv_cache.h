@@ -18,8 +18,8 @@ public:
     KvCache(const KvCache &) = delete;
     KvCache & operator=(const KvCache &) = delete;
 
-    // Makes room for `n_tokens` positions in each of `n_seq` slots. Growing keeps the first `n_keep`
-    // positions of slot 0 (reallocates and copies); changing n_seq starts empty.
+    // Makes room for `n_tokens` positions in each of `n_seq` slots (at least: a cache with more slots or
+    // positions is kept as it is). Reallocating keeps the first `n_keep` positions of slot 0 (copies them).
     void reserve(const DecoderHParams & d, ggml_backend_buffer_type_t buft, int64_t n_tokens, int64_t n_keep,
                  int64_t n_seq = 1);
     int64_t capacity() const { return capacity_; }

@@ -51,6 +51,7 @@ public:
     size_t weight_bytes() const { return weights_->bytes; }
     bool weights_mmapped() const { return weights_->mmapped; }
     size_t repacked_tensors() const { return weights_->repacked; }
+    size_t q8_0_quads_tensors() const { return weights_->quads; }
     std::map<std::string, std::string> tensor_types() const;
     // threads = 0 (auto): all cores until decode steps have been timed, then the fastest count
     // (runtime/thread_chooser.h); threads() is then the most it uses, threads_now() the current pick.
@@ -160,6 +161,7 @@ public:
         double prefill_ms = 0, decode_ms = 0;
         int64_t prompt_tokens = 0, new_tokens = 0;
         int64_t prefix_reused = 0;  // prompt positions whose K/V came from the prefix cache
+        int64_t prefill_passes = 0;  // passes over the prompts (neighbours with equal lengths share one on the CPU)
         int64_t decode_passes = 0;   // decoder graphs after the prefill (steps + verification passes)
         int64_t draft_proposed = 0, draft_accepted = 0;  // draft tokens verified / kept
         // Where the decoder passes' time went (all passes of the generation, prefills included): building
