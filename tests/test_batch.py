@@ -225,7 +225,8 @@ def test_q8_0_matrices_in_the_vnni_layout_give_the_same_bits(wide_gguf) -> None:
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         runs[name] = json.loads(r.stdout.strip().splitlines()[-1])
-    assert runs["quads"]["quads"] == 2 * 7 and runs["plain"]["quads"] == 0  # 2 layers x q k v o gate up down
+    # 2 layers x q k v o gate up down, and the (tied) token embedding: the output projection
+    assert runs["quads"]["quads"] == 2 * 7 + 1 and runs["plain"]["quads"] == 0
     for name in ("one", "two", "three", "five", "steps"):
         assert runs["quads"][name] == runs["plain"][name], name
     assert all(len(t) == 10 for t in runs["quads"]["five"][0])

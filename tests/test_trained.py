@@ -176,14 +176,22 @@ def _tokens_in_child(gguf: Path, clips: list[str], switches: dict[str, str | Non
 def test_decode_kernels_give_the_same_tokens(package: str, trained_gguf, heldout: list[tuple[Path, str]]) -> None:  # noqa: ANN001
     """fun-asr's decode mat-vec kernels (csrc/kernels/matvec) against ggml's mul_mat everywhere
     (FUN_ASR_MATVEC=0), and the encoder's AMX GEMM against ggml's (FUN_ASR_AMX=0): same tokens on
-    held-out clips, and the kernels really ran (the profile's MATVEC / GEMM_AMX nodes)."""
+    held-out clips, and the kernels really ran (the profile's MATVEC / GEMM_AMX nodes). The decoder's Q8_0
+    matrices in the int8 GEMM's VNNI layout (where that kernel runs VNNI without AMX; FUN_ASR_Q8_QUADS=0
+    keeps them plain for the comparison above): the same tokens again, every decode product in that GEMM."""
     clips = [str(p) for p, _ in heldout[:8]]
 
-    def run(env_value: str | None, name: str = "FUN_ASR_MATVEC") -> dict:
+    def run(env_value: str | None, name: str = "FUN_ASR_MATVEC", quads: str | None = "0") -> dict:
         return _tokens_in_child(trained_gguf(package), clips, {"FUN_ASR_MATVEC": None, "FUN_ASR_AMX": None,
-                                                              name: env_value})
+                                                              "FUN_ASR_Q8_QUADS": quads, name: env_value})
 
     ours, ggml = run(None), run("0")
+    if package == "q8_0" and fun_asr._core.int8_gemm_isa() in ("avx512vnni", "avxvnni") and \
+            not fun_asr._core.amx_available():
+        quads = run(None, quads=None)
+        assert "decode/GEMM_INT8/attn_q" in quads["kinds"] and "decode/GEMM_INT8/token_embd" in quads["kinds"]
+        assert not any("/MATVEC/" in k for k in quads["kinds"]), quads["kinds"]
+        assert quads["tokens"] == ours["tokens"]
     assert any("/MATVEC/" in k for k in ours["kinds"]), ours["kinds"]
     assert not any("/MATVEC/" in k for k in ggml["kinds"]), ggml["kinds"]
     if package == "q4_k_m" and fun_asr._core.matvec_isa() == "avx512vnni":  # the repacked Q4_K kernel ran too

@@ -43,6 +43,10 @@ ggml_tensor * quads_product(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x
 
 }  // namespace
 
+ggml_tensor * get_rows(ggml_context * ctx, ggml_tensor * w, ggml_tensor * ids) {
+    return is_q8_0_quads(w) ? q8_0_quads_get_rows(ctx, w, ids) : ggml_get_rows(ctx, w, ids);
+}
+
 ggml_tensor * mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
     if (is_q8_0_quads(w)) return quads_product(ctx, w, x, nullptr);
     return matvec_supported(w, x) ? matvec(ctx, w, x) : ggml_mul_mat(ctx, w, x);

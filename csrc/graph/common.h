@@ -28,6 +28,9 @@ ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, flo
 // ggml_mul_mat(w, x), or for a few columns (up to matvec_max_cols()) the bandwidth-bound kernels in
 // kernels/matvec where they take w's type and layout.
 ggml_tensor * mul_mat(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
+
+// ggml_get_rows(w, ids) for a weight in any of its layouts (the token embedding).
+ggml_tensor * get_rows(ggml_context * ctx, ggml_tensor * w, ggml_tensor * ids);
 // A decode step's product, one column per sequence: each column's numbers do not depend on how many
 // columns there are (batch invariance). The kernels in kernels/matvec for any column count where
 // they take w; else, for weights in CPU memory, ggml's one-column arithmetic for every column

@@ -32,6 +32,7 @@ constexpr size_t kBlockBytes = 34;
 constexpr int64_t kGroup = 8;  // weight rows per group (one ymm of int32 / float)
 constexpr int64_t kScratchBytes = 512;  // one block of 32 of a group's 8 rows, as int16 at most
 constexpr int64_t kQ8QuadBlockBytes = 272;  // VNNI Q8_0: a group's block as [quad][row] u8 + 8 fp16 scales
+constexpr int64_t kQ8QuadScales = 256;      // where in it the scales start
 
 // How a weight type's blocks of 32 reach the kernel: int8 quants and a scale (Q8_0), plus an offset
 // (Q4_K), or int16 scale * quant and a scale (Q6_K).
@@ -270,6 +271,47 @@ bool q8_0_quads_fits(const ggml_tensor * w) {
 
 void q8_0_quads_relayout(const ggml_tensor * w, const void * src, void * dst) {
     choice().relayout(static_cast<const uint8_t *>(src), w->nb[1], w->ne[1], w->ne[0] / kBlock, static_cast<uint8_t *>(dst));
+}
+
+namespace {
+
+// Rows ids[i] of a matrix in the layout, dequantized as ggml's get_rows does (q * d, d fp16 -> fp32).
+void quads_get_rows_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
+    const ggml_tensor * w = dst->src[0];
+    const ggml_tensor * ids = dst->src[1];
+    const int64_t k = w->ne[0], nb = k / kBlock, n = ids->ne[0];
+    const auto * base = static_cast<const uint8_t *>(w->data);
+    for (int64_t i = ith; i < n; i += nth) {
+        int32_t r;
+        std::memcpy(&r, static_cast<const uint8_t *>(ids->data) + i * ids->nb[0], sizeof r);
+        float * y = reinterpret_cast<float *>(static_cast<uint8_t *>(dst->data) + i * dst->nb[1]);
+        if (r < 0 || r >= w->ne[1]) {  // callers check token ids first; never read outside the matrix
+            std::fill(y, y + k, 0.0f);
+            continue;
+        }
+        const uint8_t * group = base + static_cast<size_t>(r / kGroup) * static_cast<size_t>(nb * kQ8QuadBlockBytes);
+        const int64_t lane = r % kGroup;
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t * blk = group + b * kQ8QuadBlockBytes;
+            uint16_t h;
+            std::memcpy(&h, blk + kQ8QuadScales + 2 * lane, sizeof h);
+            const float d = ggml_fp16_to_fp32(h);
+            for (int64_t q = 0; q < 8; ++q) {
+                for (int64_t j = 0; j < 4; ++j) {
+                    const auto v = static_cast<int8_t>(blk[32 * q + 4 * lane + j] ^ 0x80);
+                    y[b * kBlock + 4 * q + j] = static_cast<float>(v) * d;
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+
+ggml_tensor * q8_0_quads_get_rows(ggml_context * ctx, ggml_tensor * w, ggml_tensor * ids) {
+    ggml_tensor * args[2] = {w, ids};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[0], ids->ne[0], 1, 1, args, 2, quads_get_rows_run, GGML_N_TASKS_MAX,
+                          nullptr);
 }
 
 void mark_q8_0_quads(ggml_tensor * w) { w->extra = const_cast<int *>(&kQuadsTag); }

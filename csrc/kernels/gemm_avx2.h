@@ -68,6 +68,8 @@ void q8_0_quads_relayout(const ggml_tensor * w, const void * src, void * dst);
 // Marks w (its data in the layout) / whether it is so marked.
 void mark_q8_0_quads(ggml_tensor * w);
 bool is_q8_0_quads(const ggml_tensor * w);
+// ggml_get_rows(w, ids) for such a matrix (ids I32 [n] -> F32 [w->ne[0], n]; the tied token embedding).
+ggml_tensor * q8_0_quads_get_rows(ggml_context * ctx, ggml_tensor * w, ggml_tensor * ids);
 
 // Whether a graph node is this kernel's product / its activation-preparing op.
 bool is_int8_gemm(const ggml_tensor * t);

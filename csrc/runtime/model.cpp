@@ -399,7 +399,7 @@ std::vector<float> Model::embed(const std::vector<int32_t> & ids) {
     new_graph(g);
     ggml_tensor * idx = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, static_cast<int64_t>(ids.size()));
     ggml_set_input(idx);
-    ggml_tensor * out = ggml_get_rows(g.ctx, weights_->w.tok_embd, idx);
+    ggml_tensor * out = get_rows(g.ctx, weights_->w.tok_embd, idx);
     ggml_set_output(out);
     ggml_build_forward_expand(g.gf, out);
     alloc_graph(g.gf);
