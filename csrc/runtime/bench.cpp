@@ -11,6 +11,7 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 #include "graph/common.h"
+#include "kernels/gemm_avx2.h"
 #include "model/loader.h"
 #include "runtime/quantize.h"
 
@@ -65,7 +66,16 @@ public:
         }
         std::vector<uint8_t> wq(quantized_size(type, n, k));
         quantize_rows(type, wf, wq.data(), n, k);
-        ggml_backend_tensor_set(w_, wq.data(), 0, wq.size());
+        // The decoder's Q8_0 matrices (the decode and prefill paths) in the int8 GEMM's VNNI layout where the
+        // loader keeps them so (kernels/gemm_avx2.h); the encoder's stay plain.
+        const bool quads = !rb && ggml_backend_is_cpu(backend_) && (path == MatmulPath::decode || path == MatmulPath::frames) &&
+                           q8_0_quads_wanted() && q8_0_quads_fits(w_);
+        if (quads) {
+            q8_0_quads_relayout(w_, wq.data(), w_->data);
+            mark_q8_0_quads(w_);
+        } else {
+            ggml_backend_tensor_set(w_, wq.data(), 0, wq.size());
+        }
         ggml_backend_tensor_set(x_, xf, 0, static_cast<size_t>(k * m) * sizeof(float));
         // Built after the weights have their buffer: the kernel choice looks at where they live.
         y_ = path == MatmulPath::frames    ? mul_mat_frames(ctx_, w_, x_)
