@@ -210,23 +210,29 @@ def test_q8_0_matrices_in_the_vnni_layout_give_the_same_bits(wide_gguf) -> None:
     """Where the int8 GEMM is a VNNI copy (no AMX), the decoder's Q8_0 matrices are re-laid out at load into
     its layout and every product reads them in place (decode steps of 1, 2, 3 and 5 sequences, prefills of
     9-40 positions, Model.step): logits bit for bit those of the plain layout (FUN_ASR_Q8_QUADS=0: the
-    mat-vec kernel for 1-2 columns, the GEMM unpacking per product from 3)."""
+    mat-vec kernel for 1-2 columns, the GEMM unpacking per product from 3), with AVX-512's and (where the CPU
+    has it) AVX-VNNI's copy."""
     import json
     import os
     import subprocess
     import sys
 
     runs = {}
-    for name, quads in (("quads", None), ("plain", "0")):
+    variants = [("quads", {}), ("plain", {"FUN_ASR_Q8_QUADS": "0"})]
+    if fun_asr._core.system_info()["cpu_features"].get("AVX_VNNI") == "1":  # AVX-VNNI's 256-bit VEX copy as well
+        variants.append(("quads_vex", {"FUN_ASR_GEMM": "avxvnni"}))
+    for name, switches in variants:
         env = {k: v for k, v in os.environ.items() if k not in ("FUN_ASR_Q8_QUADS", "FUN_ASR_GEMM", "FUN_ASR_MATVEC")}
-        if quads:
-            env["FUN_ASR_Q8_QUADS"] = quads
+        env.update(switches)
         r = subprocess.run([sys.executable, "-c", _QUADS_CODE, str(wide_gguf("q8_0"))], env=env,
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         runs[name] = json.loads(r.stdout.strip().splitlines()[-1])
     # 2 layers x q k v o gate up down, and the (tied) token embedding: the output projection
     assert runs["quads"]["quads"] == 2 * 7 + 1 and runs["plain"]["quads"] == 0
-    for name in ("one", "two", "three", "five", "steps"):
-        assert runs["quads"][name] == runs["plain"][name], name
+    for variant in runs:
+        if variant != "plain":
+            assert runs[variant]["quads"] == runs["quads"]["quads"], variant
+            for name in ("one", "two", "three", "five", "steps"):
+                assert runs[variant][name] == runs["plain"][name], (variant, name)
     assert all(len(t) == 10 for t in runs["quads"]["five"][0])

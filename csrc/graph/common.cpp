@@ -82,7 +82,8 @@ ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x,
         // loses to it at every count. Without AMX, the VNNI int8 GEMM (vpdpbusd on the weights' offset
         // form, the same bits again; AVX-512 or AVX-VNNI) from 3 columns: on Zen 4, 2 threads, in cache,
         // 3072 x 1024 x 2 / 3 / 4 / 8 0.071 / 0.067 / 0.074 / 0.107 vs 0.077 / 0.106 / 0.118 / 0.21 ms, the
-        // 151936-row output matrix x 2 / 3 / 4 3.7 / 4.5 / 5.0 vs 3.5 / 5.1 / 5.6 ms.
+        // 151936-row output matrix x 2 / 3 / 4 3.7 / 4.5 / 5.0 vs 3.5 / 5.1 / 5.6 ms. (A matrix the loader kept in
+        // the VNNI layout took the branch above this one: no unpack, every column count.)
         constexpr int64_t kAmxStepCols = 8;
         if (w->type == GGML_TYPE_Q8_0 && x->ne[1] >= kAmxStepCols && amx_gemm_supported(w, x)) return amx_gemm(ctx, w, x);
         if (step_takes_vnni_gemm(w, x)) return int8_gemm(ctx, w, x, is_int8_gemm_prepare(prepared) ? prepared : nullptr);

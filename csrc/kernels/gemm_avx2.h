@@ -5,7 +5,8 @@
 // column, block) it widens the 32 products' partial sums to float and scales them (~100 GOPS on
 // 2 AVX2 cores); Q6_K has no GEMM (one vec_dot per output). This kernel keeps the dot product of a
 // block of 32 in int32 (exact) and does the float work once per block for 8 rows at a time: per
-// product, each group of 8 rows is unpacked once into an interleaved layout (two weights of each row
+// product, each group of 8 rows is unpacked once (or, for the decoder's Q8_0 matrices on VNNI CPUs, was
+// re-laid out at load: q8_0_quads_* below) into an interleaved layout (two weights of each row
 // per 32-bit lane: Q8_0's quants, Q4_K's 0..15 with an offset per block, Q6_K's int16 scale * quant),
 // each column's pair of int16 activation quants is broadcast, and vpmaddwd (VNNI's vpdpwssd where
 // the CPU has it: the same integers) gives 8 rows x 1 column per instruction. Q4_K and Q6_K take
