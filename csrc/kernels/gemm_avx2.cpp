@@ -56,21 +56,19 @@ struct Layout {
           bytes(q_bytes + 3 * d_bytes + i8_bytes) {}
 };
 
-void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
-    const ggml_tensor * x = dst->src[0];
+// Columns [c0, c1) of x (F32 [k, m]) into the prepared layout at `out` (Layout(k, m).bytes for all m columns).
+void prepare_columns(const ggml_tensor * x, uint8_t * out, int64_t c0, int64_t c1) {
     const int64_t k = x->ne[0], m = x->ne[1];
     const Layout L(k, m);
-    auto * xq = static_cast<int16_t *>(dst->data);
-    auto * dx = reinterpret_cast<float *>(static_cast<uint8_t *>(dst->data) + L.q_bytes);
-    auto * sx = reinterpret_cast<float *>(static_cast<uint8_t *>(dst->data) + L.q_bytes + L.d_bytes);
-    auto * x8 = reinterpret_cast<int8_t *>(static_cast<uint8_t *>(dst->data) + L.q_bytes + 2 * L.d_bytes);
-    auto * xh = reinterpret_cast<int16_t *>(static_cast<uint8_t *>(dst->data) + L.q_bytes + 2 * L.d_bytes + L.i8_bytes);
+    auto * xq = reinterpret_cast<int16_t *>(out);
+    auto * dx = reinterpret_cast<float *>(out + L.q_bytes);
+    auto * sx = reinterpret_cast<float *>(out + L.q_bytes + L.d_bytes);
+    auto * x8 = reinterpret_cast<int8_t *>(out + L.q_bytes + 2 * L.d_bytes);
+    auto * xh = reinterpret_cast<int16_t *>(out + L.q_bytes + 2 * L.d_bytes + L.i8_bytes);
     const int64_t xs = static_cast<int64_t>(x->nb[1] / sizeof(float));
     const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
     thread_local std::vector<uint8_t> q;
     q.resize(static_cast<size_t>(L.nb) * kBlockBytes);
-    const int64_t per = (m + nth - 1) / nth;
-    const int64_t c0 = std::min<int64_t>(m, per * ith), c1 = std::min<int64_t>(m, c0 + per);
     for (int64_t c = c0; c < c1; ++c) {
         from_float(static_cast<const float *>(x->data) + c * xs, q.data(), k);  // ggml's own Q8_0
         for (int64_t b = 0; b < L.nb; ++b) {
@@ -96,6 +94,13 @@ void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
             sx[c * L.nb + b] = d * static_cast<float>(sum);
         }
     }
+}
+
+void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
+    const int64_t m = dst->src[0]->ne[1];
+    const int64_t per = (m + nth - 1) / nth;
+    const int64_t c0 = std::min<int64_t>(m, per * ith), c1 = std::min<int64_t>(m, c0 + per);
+    prepare_columns(dst->src[0], static_cast<uint8_t *>(dst->data), c0, c1);
 }
 
 using RelayoutFn = void (*)(const uint8_t *, size_t, int64_t, int64_t, uint8_t *);
@@ -220,13 +225,19 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const int64_t g0 = std::min<int64_t>(groups, per * ith), g1 = std::min<int64_t>(groups, g0 + per);
     if (g0 >= g1) return;
     const Layout L(k, m);
+    const uint8_t * base = static_cast<const uint8_t *>(prepared->data);
+    if (prepared->type == GGML_TYPE_F32) {  // int8_gemm_inline: the few columns prepared by every thread itself
+        thread_local std::vector<uint8_t> own;
+        own.resize(L.bytes);
+        prepare_columns(prepared, own.data(), 0, m);
+        base = own.data();
+    }
     const float * bias = dst->src[2] ? static_cast<const float *>(dst->src[2]->data) : nullptr;
     thread_local std::vector<int8_t> wq;
     thread_local std::vector<float> wd, wo;
     wq.resize(static_cast<size_t>(2 * L.nb * kScratchBytes));
     wd.resize(static_cast<size_t>(2 * L.nb) * kGroup);
     wo.resize(static_cast<size_t>(2 * L.nb) * kGroup);
-    const auto * base = static_cast<const uint8_t *>(prepared->data);
     const Weights kind = w->type == GGML_TYPE_Q4_K   ? Weights::q4_k
                          : w->type == GGML_TYPE_Q6_K ? Weights::q6_k
                          : is_q8_0_quads(w)          ? Weights::q8_0_quads
@@ -358,12 +369,19 @@ ggml_tensor * int8_gemm(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, gg
                           nullptr);
 }
 
+ggml_tensor * int8_gemm_inline(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
+    ggml_tensor * args[2] = {w, x};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, args, 2, run, GGML_N_TASKS_MAX, nullptr);
+}
+
 bool is_int8_gemm(const ggml_tensor * t) {
-    // The product node: a custom op on a Q8_0 matrix and an I16 prepared activation.
+    // The product node: a custom op on a Q8_0 / Q4_K / Q6_K matrix and an I16 prepared activation, or on a
+    // matrix in the VNNI layout and the F32 activation itself (int8_gemm_inline).
     return t && t->op == GGML_OP_CUSTOM && t->src[0] && t->src[1] &&
            (t->src[0]->type == GGML_TYPE_Q8_0 || t->src[0]->type == GGML_TYPE_Q4_K ||
             t->src[0]->type == GGML_TYPE_Q6_K) &&
-           t->src[1]->type == GGML_TYPE_I16 && t->ne[0] == t->src[0]->ne[1];
+           (t->src[1]->type == GGML_TYPE_I16 || (t->src[1]->type == GGML_TYPE_F32 && is_q8_0_quads(t->src[0]))) &&
+           t->ne[0] == t->src[0]->ne[1];
 }
 
 bool is_int8_gemm_prepare(const ggml_tensor * t) {

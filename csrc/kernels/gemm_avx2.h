@@ -72,6 +72,11 @@ bool is_q8_0_quads(const ggml_tensor * w);
 // ggml_get_rows(w, ids) for such a matrix (ids I32 [n] -> F32 [w->ne[0], n]; the tied token embedding).
 ggml_tensor * q8_0_quads_get_rows(ggml_context * ctx, ggml_tensor * w, ggml_tensor * ids);
 
+// The product of a matrix in the VNNI layout (is_q8_0_quads) with a few columns, without a preparing node:
+// every thread quantizes the whole activation itself (as the mat-vec kernels do), so a decode step has one
+// node (and one barrier) per product instead of two. The same numbers as int8_gemm.
+ggml_tensor * int8_gemm_inline(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
+
 // Whether a graph node is this kernel's product / its activation-preparing op.
 bool is_int8_gemm(const ggml_tensor * t);
 bool is_int8_gemm_prepare(const ggml_tensor * t);
