@@ -189,7 +189,8 @@ def test_decode_kernels_give_the_same_tokens(package: str, trained_gguf, heldout
     if package == "q8_0" and fun_asr._core.int8_gemm_isa() in ("avx512vnni", "avxvnni") and \
             not fun_asr._core.amx_available():
         quads = run(None, quads=None)
-        assert "decode/GEMM_INT8/attn_q" in quads["kinds"] and "decode/GEMM_INT8/token_embd" in quads["kinds"]
+        assert any(k.startswith("decode/GEMM_INT8/attn_q") for k in quads["kinds"]), quads["kinds"]  # q+k+v: one node
+        assert "decode/GEMM_INT8/token_embd" in quads["kinds"]
         assert not any("/MATVEC/" in k for k in quads["kinds"]), quads["kinds"]
         assert quads["tokens"] == ours["tokens"]
     assert any("/MATVEC/" in k for k in ours["kinds"]), ours["kinds"]

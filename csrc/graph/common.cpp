@@ -121,6 +121,25 @@ ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x,
     return ggml_reshape_2d(ctx, planes, w->ne[1], n);
 }
 
+std::vector<ggml_tensor *> products(ggml_context * ctx, const std::vector<ggml_tensor *> & ws, ggml_tensor * x,
+                                    ggml_tensor * prepared, bool frames) {
+    std::vector<ggml_tensor *> out;
+    if (int8_gemm_many_supported(ws, x)) {
+        // One node for all of them (matrices in the int8 GEMM's VNNI layout); each one's block of the output
+        // as a contiguous [rows, m] view. A single column prepares inside (as mul_mat_step does).
+        const bool own = !frames && x->ne[1] <= kInlinePrepareCols;
+        ggml_tensor * y = int8_gemm_many(ctx, ws, x, own ? nullptr : prepared);
+        size_t offset = 0;
+        for (ggml_tensor * w : ws) {
+            out.push_back(ggml_view_2d(ctx, y, w->ne[1], x->ne[1], static_cast<size_t>(w->ne[1]) * sizeof(float), offset));
+            offset += static_cast<size_t>(w->ne[1] * x->ne[1]) * sizeof(float);
+        }
+        return out;
+    }
+    for (ggml_tensor * w : ws) out.push_back(frames ? mul_mat_frames(ctx, w, x, prepared) : mul_mat_step(ctx, w, x, prepared));
+    return out;
+}
+
 namespace {
 
 // The many-column product's kernel for w x x: Intel AMX (Q8_0, Q4_K), else the AVX2 int8 GEMM (Q8_0,

@@ -1,6 +1,7 @@
 // Qwen3 decoder (DESIGN §2.4): RMSNorm, per-head q/k RMSNorm before NeoX RoPE, GQA attention over
 // the KV cache, SwiGLU FFN, final RMSNorm, (tied) output projection.
 #include <cmath>
+#include <vector>
 
 #include "ggml-backend.h"
 #include "graph/stages.h"
@@ -33,8 +34,10 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         ggml_tensor * h = rms_norm(ctx, x, l.attn_norm, d.rms_eps);
         ggml_tensor * hp = prepare(l.q, h);
 
-        auto head_proj = [&](ggml_tensor * W, int64_t n_heads, ggml_tensor * norm) {
-            ggml_tensor * t = ggml_reshape_3d(ctx, proj(W, h, hp), hd, n_heads, n * B);
+        // q / k / v in one node where the kernel takes them together (the same numbers as three)
+        const std::vector<ggml_tensor *> qkv = products(ctx, {l.q, l.k, l.v}, h, hp, frames);
+        auto head_proj = [&](ggml_tensor * product, int64_t n_heads, ggml_tensor * norm) {
+            ggml_tensor * t = ggml_reshape_3d(ctx, product, hd, n_heads, n * B);
             if (norm) {
                 t = rms_norm(ctx, t, norm, d.rms_eps);
                 t = ggml_rope_ext(ctx, t, in.positions, nullptr, static_cast<int>(hd), GGML_ROPE_TYPE_NEOX, 0,
@@ -42,9 +45,9 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
             }
             return t;
         };
-        ggml_tensor * q = head_proj(l.q, d.n_heads, l.q_norm);     // [hd, Hq, n*B]
-        ggml_tensor * k = head_proj(l.k, d.n_kv_heads, l.k_norm);  // [hd, Hkv, n*B]
-        ggml_tensor * v = head_proj(l.v, d.n_kv_heads, nullptr);
+        ggml_tensor * q = head_proj(qkv[0], d.n_heads, l.q_norm);     // [hd, Hq, n*B]
+        ggml_tensor * k = head_proj(qkv[1], d.n_kv_heads, l.k_norm);  // [hd, Hkv, n*B]
+        ggml_tensor * v = head_proj(qkv[2], d.n_kv_heads, nullptr);
 
         // Store the new K/V rows, then attend over each sequence's cached prefix.
         auto rows = [&](ggml_tensor * cache) {
@@ -123,7 +126,8 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
 
         h = rms_norm(ctx, x, l.ffn_norm, d.rms_eps);
         ggml_tensor * fp = prepare(l.gate, h);
-        ggml_tensor * ffn = ggml_mul(ctx, ggml_silu(ctx, proj(l.gate, h, fp)), proj(l.up, h, fp));
+        const std::vector<ggml_tensor *> gate_up = products(ctx, {l.gate, l.up}, h, fp, frames);
+        ggml_tensor * ffn = ggml_mul(ctx, ggml_silu(ctx, gate_up[0]), gate_up[1]);
         x = ggml_add(ctx, x, proj(l.down, ffn));
         g.name(x, "dec.blk." + std::to_string(il) + ".out");
     }

@@ -264,9 +264,81 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     }
 }
 
+// The prepared activation as the tiles read it (every part of Layout(k, m)).
+struct Prepared {
+    const int16_t * xq;
+    const float *xd, *xs;
+    const int8_t * x8;
+    const int32_t * xh;
+    Prepared(const uint8_t * base, const Layout & L)
+        : xq(reinterpret_cast<const int16_t *>(base)), xd(reinterpret_cast<const float *>(base + L.q_bytes)),
+          xs(reinterpret_cast<const float *>(base + L.q_bytes + L.d_bytes)),
+          x8(reinterpret_cast<const int8_t *>(base + L.q_bytes + 2 * L.d_bytes)),
+          xh(reinterpret_cast<const int32_t *>(base + L.q_bytes + 2 * L.d_bytes + L.i8_bytes)) {}
+};
+
+// int8_gemm_many: sources w0, the activation (I16 prepared, or F32: prepared here by every thread), w1, w2 ...
+// (matrices in the VNNI layout, the same k). The threads split the matrices' row groups taken together.
+void run_many(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
+    const ggml_tensor * act = dst->src[1];
+    std::vector<const ggml_tensor *> ws{dst->src[0]};
+    for (int i = 2; i < GGML_MAX_SRC && dst->src[i]; ++i) ws.push_back(dst->src[i]);
+    int64_t groups = 0, rows = 0;
+    for (const ggml_tensor * w : ws) {
+        groups += w->ne[1] / kGroup;
+        rows += w->ne[1];
+    }
+    const int64_t k = ws[0]->ne[0], m = dst->ne[0] / rows;  // (a prepared activation is a flat I16 buffer)
+    const int64_t per = (groups + nth - 1) / nth;
+    const int64_t t0 = std::min<int64_t>(groups, per * ith), t1 = std::min<int64_t>(groups, t0 + per);
+    if (t0 >= t1) return;
+    const Layout L(k, m);
+    const uint8_t * base = static_cast<const uint8_t *>(act->data);
+    if (act->type == GGML_TYPE_F32) {
+        thread_local std::vector<uint8_t> own;
+        own.resize(L.bytes);
+        prepare_columns(act, own.data(), 0, m);
+        base = own.data();
+    }
+    const Prepared x(base, L);
+    auto * y = static_cast<float *>(dst->data);
+    int64_t first = 0;  // the current matrix's first group in the joint numbering
+    for (const ggml_tensor * w : ws) {
+        const int64_t g = w->ne[1] / kGroup, a = std::max(t0, first), b = std::min(t1, first + g);
+        if (a < b) {  // its groups [a - first, b - first), its output block [rows, m] at y
+            choice().rows(static_cast<const uint8_t *>(w->data), w->nb[1], Weights::q8_0_quads, a - first, b - first, L.nb,
+                          x.xq, x.x8, x.xh, x.xd, x.xs, m, nullptr, nullptr, nullptr, nullptr, y, w->ne[1]);
+        }
+        y += w->ne[1] * m;
+        first += g;
+    }
+}
+
 }  // namespace
 
 const char * int8_gemm_isa() { return choice().isa; }
+
+ggml_tensor * int8_gemm_many(ggml_context * ctx, const std::vector<ggml_tensor *> & ws, ggml_tensor * x,
+                             ggml_tensor * prepared) {
+    ggml_tensor * args[GGML_MAX_SRC] = {};
+    args[0] = ws[0];
+    args[1] = is_int8_gemm_prepare(prepared) ? prepared : x;
+    int64_t rows = 0;
+    for (size_t i = 0; i < ws.size(); ++i) {
+        rows += ws[i]->ne[1];
+        if (i > 0) args[i + 1] = ws[i];
+    }
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, rows * x->ne[1], 1, 1, 1, args, static_cast<int>(ws.size()) + 1, run_many,
+                          GGML_N_TASKS_MAX, nullptr);
+}
+
+bool int8_gemm_many_supported(const std::vector<ggml_tensor *> & ws, const ggml_tensor * x) {
+    if (ws.size() < 2 || ws.size() + 1 > GGML_MAX_SRC) return false;
+    for (const ggml_tensor * w : ws) {
+        if (!is_q8_0_quads(w) || w->ne[0] != ws[0]->ne[0] || !int8_gemm_supported(w, x)) return false;
+    }
+    return true;
+}
 
 bool q8_0_quads_wanted() {
     static const bool on = [] {
@@ -381,7 +453,16 @@ bool is_int8_gemm(const ggml_tensor * t) {
            (t->src[0]->type == GGML_TYPE_Q8_0 || t->src[0]->type == GGML_TYPE_Q4_K ||
             t->src[0]->type == GGML_TYPE_Q6_K) &&
            (t->src[1]->type == GGML_TYPE_I16 || (t->src[1]->type == GGML_TYPE_F32 && is_q8_0_quads(t->src[0]))) &&
-           t->ne[0] == t->src[0]->ne[1];
+           (t->ne[0] == t->src[0]->ne[1] || is_int8_gemm_many(t));
+}
+
+bool is_int8_gemm_many(const ggml_tensor * t) {
+    if (!t || t->op != GGML_OP_CUSTOM || !is_q8_0_quads(t->src[0]) || !t->src[1] || !is_q8_0_quads(t->src[2])) return false;
+    int64_t rows = 0;
+    for (int i = 0; i < GGML_MAX_SRC; ++i) {
+        if (i != 1 && t->src[i]) rows += t->src[i]->ne[1];
+    }
+    return t->ne[1] == 1 && t->ne[0] % rows == 0;
 }
 
 bool is_int8_gemm_prepare(const ggml_tensor * t) {

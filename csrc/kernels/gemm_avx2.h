@@ -26,6 +26,8 @@
 // FUN_ASR_MATVEC=avx2) keeps the plain AVX2 instructions on a VNNI CPU.
 #pragma once
 
+#include <vector>
+
 #include "ggml.h"
 
 namespace fun_asr {
@@ -76,6 +78,15 @@ ggml_tensor * q8_0_quads_get_rows(ggml_context * ctx, ggml_tensor * w, ggml_tens
 // every thread quantizes the whole activation itself (as the mat-vec kernels do), so a decode step has one
 // node (and one barrier) per product instead of two. The same numbers as int8_gemm.
 ggml_tensor * int8_gemm_inline(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
+
+// Several matrices in the VNNI layout times the same x in one node (q / k / v, gate / up: fewer nodes and thread
+// barriers per decode step): F32 [sum of their rows * m], matrix i's [rows_i, m] block after the ones before it
+// (views of it are contiguous). `prepared`: int8_gemm_prepare(ctx, x), or null to prepare in every thread (few
+// columns). The same numbers as one product per matrix.
+bool int8_gemm_many_supported(const std::vector<ggml_tensor *> & ws, const ggml_tensor * x);
+ggml_tensor * int8_gemm_many(ggml_context * ctx, const std::vector<ggml_tensor *> & ws, ggml_tensor * x,
+                             ggml_tensor * prepared);
+bool is_int8_gemm_many(const ggml_tensor * t);
 
 // Whether a graph node is this kernel's product / its activation-preparing op.
 bool is_int8_gemm(const ggml_tensor * t);

@@ -116,13 +116,19 @@ bool Model::eval_callback(ggml_tensor * t, bool ask, void * user) {
                        : is_attention(t)         ? "ATTN"
                                                  : ggml_op_desc(t));
     if (matmul && t->src[0] != nullptr) {
-        std::string w = ggml_get_name(t->src[0]);
-        const auto blk = w.find("blk.");
-        if (blk != std::string::npos) {
-            const auto dot = w.find('.', blk + 4);
-            w = w.substr(0, blk) + (dot == std::string::npos ? "" : w.substr(dot + 1));
+        auto kind = [](std::string w) {  // "blk.3.attn_q.weight" -> "attn_q"
+            const auto blk = w.find("blk.");
+            if (blk != std::string::npos) {
+                const auto dot = w.find('.', blk + 4);
+                w = w.substr(0, blk) + (dot == std::string::npos ? "" : w.substr(dot + 1));
+            }
+            if (w.size() > 7 && w.compare(w.size() - 7, 7, ".weight") == 0) w.resize(w.size() - 7);
+            return w;
+        };
+        std::string w = kind(ggml_get_name(t->src[0]));
+        if (is_int8_gemm_many(t)) {  // several matrices in one node: "attn_q+attn_k+attn_v"
+            for (int i = 2; i < GGML_MAX_SRC && t->src[i]; ++i) w += "+" + kind(ggml_get_name(t->src[i]));
         }
-        if (w.size() > 7 && w.compare(w.size() - 7, 7, ".weight") == 0) w.resize(w.size() - 7);
         if (!w.empty() && w.rfind("node_", 0) != 0 && w.rfind("leaf_", 0) != 0) key += "/" + w;
     }
     ProfileEntry & e = self->profile_[key];
