@@ -281,12 +281,13 @@ struct Prepared {
 // (matrices in the VNNI layout, the same k). The threads split the matrices' row groups taken together.
 void run_many(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const ggml_tensor * act = dst->src[1];
-    std::vector<const ggml_tensor *> ws{dst->src[0]};
-    for (int i = 2; i < GGML_MAX_SRC && dst->src[i]; ++i) ws.push_back(dst->src[i]);
+    const ggml_tensor * ws[GGML_MAX_SRC] = {dst->src[0]};  // (no allocation: this runs per node and thread)
+    int n = 1;
+    for (int i = 2; i < GGML_MAX_SRC && dst->src[i]; ++i) ws[n++] = dst->src[i];
     int64_t groups = 0, rows = 0;
-    for (const ggml_tensor * w : ws) {
-        groups += w->ne[1] / kGroup;
-        rows += w->ne[1];
+    for (int i = 0; i < n; ++i) {
+        groups += ws[i]->ne[1] / kGroup;
+        rows += ws[i]->ne[1];
     }
     const int64_t k = ws[0]->ne[0], m = dst->ne[0] / rows;  // (a prepared activation is a flat I16 buffer)
     const int64_t per = (groups + nth - 1) / nth;
@@ -303,7 +304,8 @@ void run_many(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const Prepared x(base, L);
     auto * y = static_cast<float *>(dst->data);
     int64_t first = 0;  // the current matrix's first group in the joint numbering
-    for (const ggml_tensor * w : ws) {
+    for (int i = 0; i < n; ++i) {
+        const ggml_tensor * w = ws[i];
         const int64_t g = w->ne[1] / kGroup, a = std::max(t0, first), b = std::min(t1, first + g);
         if (a < b) {  // its groups [a - first, b - first), its output block [rows, m] at y
             choice().rows(static_cast<const uint8_t *>(w->data), w->nb[1], Weights::q8_0_quads, a - first, b - first, L.nb,
