@@ -344,8 +344,10 @@ bool int8_gemm_many_supported(const std::vector<ggml_tensor *> & ws, const ggml_
 
 bool q8_0_quads_wanted() {
     static const bool on = [] {
+        // (FUN_ASR_MATVEC=0, ggml's products for the decode steps, keeps the plain layout too)
         const char * env = std::getenv("FUN_ASR_Q8_QUADS");
-        return choice().relayout != nullptr && !amx_available() && !(env && std::string(env) == "0");
+        return choice().relayout != nullptr && !amx_available() && matvec_isa()[0] != '\0' &&
+               !(env && std::string(env) == "0");
     }();
     return on;
 }

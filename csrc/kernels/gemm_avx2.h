@@ -60,7 +60,8 @@ ggml_tensor * int8_gemm(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, gg
 // matrices are re-laid out once at load where this CPU's int8 GEMM is a VNNI copy and there is no AMX,
 // and every product with them (decode steps of any batch, prefill) reads them in place instead of
 // unpacking each row group per product. The same integers and float steps, so the same bits as the
-// plain layout through this kernel or the mat-vec kernel. FUN_ASR_Q8_QUADS=0 keeps the plain layout.
+// plain layout through this kernel or the mat-vec kernel. FUN_ASR_Q8_QUADS=0 (or FUN_ASR_MATVEC=0) keeps the
+// plain layout.
 // Only this kernel reads such a matrix: graph/common.cpp routes every product with one here, and the
 // other kernels (mat-vec, AMX) refuse it; ggml's own ops must never see it.
 bool q8_0_quads_wanted();
