@@ -25,17 +25,24 @@ void KvCache::reserve(const DecoderHParams & d, ggml_backend_buffer_type_t buft,
                       int64_t n_seq) {
     // Fewer sequences than slots use the first ones: a batch's cache serves the single transcriptions and
     // smaller batches after it without being reallocated and cleared again (a batch of 8 x 256 positions of
-    // the full-size decoder is 470 MB: ~100 ms of page faults and zeroing on every alternation).
-    if (n_seq <= n_seq_ && n_tokens <= capacity_) return;
-    // Growing one sequence: double (amortized copies), in chunks of 256. A batch: what is asked for, in
-    // chunks of 64 (its lengths are known up front).
+    // the full-size decoder is 470 MB: ~100 ms of page faults and zeroing on every alternation). Unless it is
+    // large and mostly idle (over kKeepBytes and over twice what is asked for: a batch of 64 long segments
+    // holds gigabytes), which goes back to the size asked for.
+    constexpr size_t kKeepBytes = size_t{512} << 20;
+    const size_t per_position = static_cast<size_t>(2 * d.n_layers * d.n_kv_heads * d.head_dim) * sizeof(float);
+    const size_t asked = per_position * static_cast<size_t>(n_seq * n_tokens);
+    const bool fits = n_seq <= n_seq_ && n_tokens <= capacity_;
+    if (fits && (bytes() <= kKeepBytes || bytes() <= 2 * asked)) return;
+    // Growing one sequence: double (amortized copies), in chunks of 256. A batch, or a cache that shrinks: what
+    // is asked for, in chunks of 64 for a batch (its lengths are known up front).
     const int64_t chunk = n_seq > 1 ? 64 : 256;
-    int64_t cap = n_seq == n_seq_ ? std::max(n_tokens, std::min<int64_t>(capacity_ * 2, d.max_positions)) : n_tokens;
+    int64_t cap = n_seq == n_seq_ && !fits ? std::max(n_tokens, std::min<int64_t>(capacity_ * 2, d.max_positions))
+                                           : n_tokens;
     cap = std::min<int64_t>((cap + chunk - 1) / chunk * chunk, std::max<int64_t>(d.max_positions, n_tokens));
 
     // Keep what is cached: the first n_keep positions are a contiguous prefix of each tensor.
     std::vector<std::vector<uint8_t>> saved;
-    if (n_keep > 0) {  // slot 0's prefix (n_seq is unchanged here)
+    if (n_keep > 0) {  // slot 0's prefix (slot 0 is at the start of each tensor whatever n_seq is)
         for (size_t i = 0; i < k_.size(); ++i) {
             for (ggml_tensor * t : {k_[i], v_[i]}) {
                 saved.emplace_back(static_cast<size_t>(n_keep) * t->nb[2]);
