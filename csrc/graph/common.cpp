@@ -126,9 +126,9 @@ std::vector<ggml_tensor *> products(ggml_context * ctx, const std::vector<ggml_t
     std::vector<ggml_tensor *> out;
     if (int8_gemm_many_supported(ws, x)) {
         // One node for all of them (matrices in the int8 GEMM's VNNI layout); each one's block of the output
-        // as a contiguous [rows, m] view. A single column prepares inside (as mul_mat_step does).
-        const bool own = !frames && x->ne[1] <= kInlinePrepareCols;
-        ggml_tensor * y = int8_gemm_many(ctx, ws, x, own ? nullptr : prepared);
+        // as a contiguous [rows, m] view. Without a prepared activation (prepare_step gives none for a single
+        // column) the node prepares inside, as mul_mat_step does.
+        ggml_tensor * y = int8_gemm_many(ctx, ws, x, prepared);
         size_t offset = 0;
         for (ggml_tensor * w : ws) {
             out.push_back(ggml_view_2d(ctx, y, w->ne[1], x->ne[1], static_cast<size_t>(w->ne[1]) * sizeof(float), offset));

@@ -215,6 +215,30 @@ const Choice & choice() {
     return chosen;
 }
 
+// The prepared activation as the tiles read it (every part of Layout(k, m)): an int8_gemm_prepare node's
+// output, or, for an F32 activation (int8_gemm_inline / int8_gemm_many with few columns), this thread's own
+// preparation of every column.
+struct Prepared {
+    const int16_t * xq;
+    const float *xd, *xs;
+    const int8_t * x8;
+    const int32_t * xh;
+    Prepared(const ggml_tensor * act, const Layout & L, int64_t m) {
+        const uint8_t * base = static_cast<const uint8_t *>(act->data);
+        if (act->type == GGML_TYPE_F32) {
+            thread_local std::vector<uint8_t> own;
+            own.resize(L.bytes);
+            prepare_columns(act, own.data(), 0, m);
+            base = own.data();
+        }
+        xq = reinterpret_cast<const int16_t *>(base);
+        xd = reinterpret_cast<const float *>(base + L.q_bytes);
+        xs = reinterpret_cast<const float *>(base + L.q_bytes + L.d_bytes);
+        x8 = reinterpret_cast<const int8_t *>(base + L.q_bytes + 2 * L.d_bytes);
+        xh = reinterpret_cast<const int32_t *>(base + L.q_bytes + 2 * L.d_bytes + L.i8_bytes);
+    }
+};
+
 void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const ggml_tensor * w = dst->src[0];
     const ggml_tensor * prepared = dst->src[1];
@@ -225,13 +249,7 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const int64_t g0 = std::min<int64_t>(groups, per * ith), g1 = std::min<int64_t>(groups, g0 + per);
     if (g0 >= g1) return;
     const Layout L(k, m);
-    const uint8_t * base = static_cast<const uint8_t *>(prepared->data);
-    if (prepared->type == GGML_TYPE_F32) {  // int8_gemm_inline: the few columns prepared by every thread itself
-        thread_local std::vector<uint8_t> own;
-        own.resize(L.bytes);
-        prepare_columns(prepared, own.data(), 0, m);
-        base = own.data();
-    }
+    const Prepared x(prepared, L, m);
     const float * bias = dst->src[2] ? static_cast<const float *>(dst->src[2]->data) : nullptr;
     thread_local std::vector<int8_t> wq;
     thread_local std::vector<float> wd, wo;
@@ -243,39 +261,22 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
                          : is_q8_0_quads(w)          ? Weights::q8_0_quads
                                                      : Weights::q8_0;
     const auto * wdata = static_cast<const uint8_t *>(w->data);
-    const auto * xq = reinterpret_cast<const int16_t *>(base);
-    const auto * xd = reinterpret_cast<const float *>(base + L.q_bytes);
-    const auto * xs = reinterpret_cast<const float *>(base + L.q_bytes + L.d_bytes);
-    const auto * x8 = reinterpret_cast<const int8_t *>(base + L.q_bytes + 2 * L.d_bytes);
-    const auto * xh = reinterpret_cast<const int32_t *>(base + L.q_bytes + 2 * L.d_bytes + L.i8_bytes);
     auto * y = static_cast<float *>(dst->data);
     const auto ys = static_cast<int64_t>(dst->nb[1] / sizeof(float));
     const size_t rb = w->nb[1];
     const int64_t g1_full = std::min(g1, full);
     if (g0 < g1_full) {
-        choice().rows(wdata, rb, kind, g0, g1_full, L.nb, xq, x8, xh, xd, xs, m, bias, wq.data(), wd.data(), wo.data(), y, ys);
+        choice().rows(wdata, rb, kind, g0, g1_full, L.nb, x.xq, x.x8, x.xh, x.xd, x.xs, m, bias, wq.data(), wd.data(),
+                      wo.data(), y, ys);
     }
     if (g1 > full) {  // the partial group: its own zero-padded 8-row group (kernels/row_tail.h)
         padded_tail_rows(wdata, rb, full * kGroup, tail, kGroup, bias, m, y, ys,
                          [&](const uint8_t * wg, const float * bg, float * yg, int64_t ygs) {
-                             choice().rows(wg, rb, kind, 0, 1, L.nb, xq, x8, xh, xd, xs, m, bg, wq.data(), wd.data(), wo.data(),
-                                           yg, ygs);
+                             choice().rows(wg, rb, kind, 0, 1, L.nb, x.xq, x.x8, x.xh, x.xd, x.xs, m, bg, wq.data(),
+                                           wd.data(), wo.data(), yg, ygs);
                          });
     }
 }
-
-// The prepared activation as the tiles read it (every part of Layout(k, m)).
-struct Prepared {
-    const int16_t * xq;
-    const float *xd, *xs;
-    const int8_t * x8;
-    const int32_t * xh;
-    Prepared(const uint8_t * base, const Layout & L)
-        : xq(reinterpret_cast<const int16_t *>(base)), xd(reinterpret_cast<const float *>(base + L.q_bytes)),
-          xs(reinterpret_cast<const float *>(base + L.q_bytes + L.d_bytes)),
-          x8(reinterpret_cast<const int8_t *>(base + L.q_bytes + 2 * L.d_bytes)),
-          xh(reinterpret_cast<const int32_t *>(base + L.q_bytes + 2 * L.d_bytes + L.i8_bytes)) {}
-};
 
 // int8_gemm_many: sources w0, the activation (I16 prepared, or F32: prepared here by every thread), w1, w2 ...
 // (matrices in the VNNI layout, the same k). The threads split the matrices' row groups taken together.
@@ -294,14 +295,7 @@ void run_many(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const int64_t t0 = std::min<int64_t>(groups, per * ith), t1 = std::min<int64_t>(groups, t0 + per);
     if (t0 >= t1) return;
     const Layout L(k, m);
-    const uint8_t * base = static_cast<const uint8_t *>(act->data);
-    if (act->type == GGML_TYPE_F32) {
-        thread_local std::vector<uint8_t> own;
-        own.resize(L.bytes);
-        prepare_columns(act, own.data(), 0, m);
-        base = own.data();
-    }
-    const Prepared x(base, L);
+    const Prepared x(act, L, m);
     auto * y = static_cast<float *>(dst->data);
     int64_t first = 0;  // the current matrix's first group in the joint numbering
     for (int i = 0; i < n; ++i) {

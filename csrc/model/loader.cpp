@@ -353,6 +353,33 @@ ggml_backend_buffer_type_t repack_buft_for(ggml_backend_dev_t dev, const ggml_te
     return nullptr;
 }
 
+namespace {
+
+using Placed = std::vector<std::pair<ggml_tensor *, const SourceTensor *>>;
+
+// One weights buffer of `buft` for `list`'s tensors (at least `min_bytes`), each tensor placed in it and
+// then filled by fill(tensor, source); `no_buffer` / `no_room`: the messages when that fails.
+template <typename Fill>
+ggml_backend_buffer_t place_weights(ggml_backend_buffer_type_t buft, const Placed & list, size_t min_bytes,
+                                    const std::string & no_buffer, const std::string & no_room, const Fill & fill) {
+    size_t total = 0;
+    for (auto & [t, s] : list) total += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), ggml_backend_buft_get_alignment(buft));
+    ggml_backend_buffer_t buffer = ggml_backend_buft_alloc_buffer(buft, std::max(total, min_bytes));
+    if (!buffer) throw std::runtime_error(no_buffer);
+    ggml_backend_buffer_set_usage(buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    ggml_tallocr talloc = ggml_tallocr_new(buffer);
+    for (auto & [t, s] : list) {
+        if (ggml_tallocr_alloc(&talloc, t) != GGML_STATUS_SUCCESS) {
+            ggml_backend_buffer_free(buffer);
+            throw std::runtime_error(no_room);
+        }
+        fill(t, s);
+    }
+    return buffer;
+}
+
+}  // namespace
+
 std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HParams & hp, ggml_backend_dev_t dev) {
     const std::vector<ExpectedTensor> expected = expected_tensors(hp);
     // A package may carry its FSMN-VAD (tensors "vad.*", keys "fsmn_vad.*": VadModel loads those) and its
@@ -398,7 +425,7 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
     ggml_init_params ip{ggml_tensor_overhead() * (expected.size() + 8), nullptr, /*no_alloc=*/true};
     out->ctx = ggml_init(ip);
     if (!out->ctx) throw std::runtime_error("ggml_init failed");
-    std::vector<std::pair<ggml_tensor *, const SourceTensor *>> pairs;
+    Placed pairs;
     for (const auto & e : expected) {
         const SourceTensor & s = *by_name[e.name];
         int64_t ne[4] = {1, 1, 1, 1};
@@ -411,10 +438,10 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
 
     const bool is_cpu = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU;
     // Matrices the CPU can repack for faster GEMM get their own buffer (a copy, re-laid out).
-    std::vector<std::pair<ggml_tensor *, const SourceTensor *>> repack;
+    Placed repack;
     ggml_backend_buffer_type_t repack_buft = nullptr;
     if (is_cpu) {
-        std::vector<std::pair<ggml_tensor *, const SourceTensor *>> rest;
+        Placed rest;
         for (auto & pr : pairs) {
             ggml_backend_buffer_type_t b = pr.first->name != std::string("token_embd.weight")  // get_rows reads it
                                                ? repack_buft_for(dev, pr.first) : nullptr;
@@ -428,17 +455,11 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
         pairs.swap(rest);
     }
     if (!repack.empty()) {
-        size_t total = 0;
-        for (auto & [t, s] : repack) total += GGML_PAD(ggml_backend_buft_get_alloc_size(repack_buft, t), ggml_backend_buft_get_alignment(repack_buft));
-        out->repack_buffer = ggml_backend_buft_alloc_buffer(repack_buft, total);
-        if (!out->repack_buffer) throw std::runtime_error("cannot allocate the repacked weights");
-        ggml_backend_buffer_set_usage(out->repack_buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-        ggml_tallocr talloc = ggml_tallocr_new(out->repack_buffer);
-        for (auto & [t, s] : repack) {
-            if (ggml_tallocr_alloc(&talloc, t) != GGML_STATUS_SUCCESS) throw std::runtime_error("repack allocation failed");
-            ggml_backend_tensor_set(t, s->data, 0, s->nbytes);  // the buffer re-lays the data out
-            if (src.file) src.file->release(s->data, s->nbytes);  // the mapped original is not needed any more
-        }
+        out->repack_buffer = place_weights(repack_buft, repack, 0, "cannot allocate the repacked weights",
+                                           "repack allocation failed", [&](ggml_tensor * t, const SourceTensor * s) {
+                                               ggml_backend_tensor_set(t, s->data, 0, s->nbytes);  // the buffer re-lays the data out
+                                               if (src.file) src.file->release(s->data, s->nbytes);  // the mapped original is not needed any more
+                                           });
         out->repacked = repack.size();
     }
     if (is_cpu && q8_0_quads_wanted()) {
@@ -446,7 +467,7 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
         // here instead of once per product (a decode step unpacked every matrix it read). The same bytes, in
         // this process's memory instead of the shared page cache. (The encoder's products have 50+ columns, so
         // their unpack is a small share: 168 vs 170 ms per 10 s pass on Zen 4, not worth a private copy.)
-        std::vector<std::pair<ggml_tensor *, const SourceTensor *>> quads, rest;
+        Placed quads, rest;
         for (auto & pr : pairs) {
             // (the token embedding when tied: the output projection's matrix, its lookups through get_rows)
             const std::string name = pr.first->name;
@@ -455,19 +476,13 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
             (matrix && q8_0_quads_fits(pr.first) ? quads : rest).push_back(pr);
         }
         if (!quads.empty()) {
-            ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
-            size_t total = 0;
-            for (auto & [t, s] : quads) total += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), ggml_backend_buft_get_alignment(buft));
-            out->quads_buffer = ggml_backend_buft_alloc_buffer(buft, total);
-            if (!out->quads_buffer) throw std::runtime_error("cannot allocate the re-laid-out Q8_0 weights");
-            ggml_backend_buffer_set_usage(out->quads_buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-            ggml_tallocr talloc = ggml_tallocr_new(out->quads_buffer);
-            for (auto & [t, s] : quads) {
-                if (ggml_tallocr_alloc(&talloc, t) != GGML_STATUS_SUCCESS) throw std::runtime_error("weight allocation failed");
-                q8_0_quads_relayout(t, s->data, t->data);
-                mark_q8_0_quads(t);
-                if (src.file) src.file->release(s->data, s->nbytes);
-            }
+            out->quads_buffer = place_weights(ggml_backend_dev_buffer_type(dev), quads, 0,
+                                              "cannot allocate the re-laid-out Q8_0 weights", "weight allocation failed",
+                                              [&](ggml_tensor * t, const SourceTensor * s) {
+                                                  q8_0_quads_relayout(t, s->data, t->data);
+                                                  mark_q8_0_quads(t);
+                                                  if (src.file) src.file->release(s->data, s->nbytes);
+                                              });
             out->quads = quads.size();
             pairs.swap(rest);
         }
@@ -490,17 +505,11 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
         }
     }
     if (!out->mmapped) {
-        ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
-        size_t total = 0;
-        for (auto & [t, s] : pairs) total += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), ggml_backend_buft_get_alignment(buft));
-        out->buffer = ggml_backend_buft_alloc_buffer(buft, std::max<size_t>(total, 1));
-        if (!out->buffer) throw std::runtime_error("cannot allocate " + std::to_string(out->bytes) + " bytes for the weights");
-        ggml_backend_buffer_set_usage(out->buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-        ggml_tallocr talloc = ggml_tallocr_new(out->buffer);
-        for (auto & [t, s] : pairs) {
-            if (ggml_tallocr_alloc(&talloc, t) != GGML_STATUS_SUCCESS) throw std::runtime_error("weight allocation failed");
-            ggml_backend_tensor_set(t, s->data, 0, s->nbytes);
-        }
+        out->buffer = place_weights(ggml_backend_dev_buffer_type(dev), pairs, 1,
+                                    "cannot allocate " + std::to_string(out->bytes) + " bytes for the weights",
+                                    "weight allocation failed", [](ggml_tensor * t, const SourceTensor * s) {
+                                        ggml_backend_tensor_set(t, s->data, 0, s->nbytes);
+                                    });
     }
     out->w = bind_weights(out->ctx, hp);
     return out;
