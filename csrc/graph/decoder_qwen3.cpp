@@ -6,6 +6,9 @@
 #include "ggml-backend.h"
 #include "graph/stages.h"
 #include "kernels/attention.h"
+#include "kernels/decoder_fused.h"
+#include "kernels/fused_add.h"
+#include "kernels/matvec.h"
 
 namespace fun_asr {
 
@@ -27,43 +30,73 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
     // The products that read the same input (q/k/v, gate/up) share its prepared activation (AMX tiles, the
     // int8 GEMM's quants) where their kernel takes one.
     auto prepare = [&](ggml_tensor * W, ggml_tensor * a) { return frames ? prepare_frames(ctx, W, a) : prepare_step(ctx, W, a); };
+    // The element-wise work between the products in fewer nodes (kernels/decoder_fused: the same bits, fewer
+    // thread barriers): each residual sum with the RMSNorm after it, the q/k heads' norms in one node and their
+    // RoPE in one, the K/V rows stored in one, SwiGLU in one. A debug run that reads every layer's output
+    // builds the plain graph, as FUN_ASR_FUSE=0 does.
+    const bool fuse = !g.on_stage;
+    // x + y and the RMSNorm of it with weight `norm`: sets x, returns the norm.
+    auto residual_norm = [&](ggml_tensor * y, ggml_tensor * norm) {
+        if (fuse && add_rms_norm_supported(x, y, norm)) {
+            ggml_tensor * f = add_rms_norm(ctx, x, y, norm, d.rms_eps);
+            x = sum_of(ctx, f);
+            return norm_of(ctx, f);
+        }
+        x = ggml_add(ctx, x, y);
+        return rms_norm(ctx, x, norm, d.rms_eps);
+    };
+    ggml_tensor * h = rms_norm(ctx, x, w.dec.front().attn_norm, d.rms_eps);  // each later one: the previous layer's end
     for (int64_t il = 0; il < d.n_layers; ++il) {
         const Qwen3Layer & l = w.dec[static_cast<size_t>(il)];
         ggml_tensor * kc = (*in.k_cache)[static_cast<size_t>(il)];
         ggml_tensor * vc = (*in.v_cache)[static_cast<size_t>(il)];
-        ggml_tensor * h = rms_norm(ctx, x, l.attn_norm, d.rms_eps);
         ggml_tensor * hp = prepare(l.q, h);
 
         // q / k / v in one node where the kernel takes them together (the same numbers as three)
         const std::vector<ggml_tensor *> qkv = products(ctx, {l.q, l.k, l.v}, h, hp, frames);
+        auto rope = [&](ggml_tensor * t) {
+            return ggml_rope_ext(ctx, t, in.positions, nullptr, static_cast<int>(hd), GGML_ROPE_TYPE_NEOX, 0,
+                                 d.rope_theta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+        };
         auto head_proj = [&](ggml_tensor * product, int64_t n_heads, ggml_tensor * norm) {
             ggml_tensor * t = ggml_reshape_3d(ctx, product, hd, n_heads, n * B);
-            if (norm) {
-                t = rms_norm(ctx, t, norm, d.rms_eps);
-                t = ggml_rope_ext(ctx, t, in.positions, nullptr, static_cast<int>(hd), GGML_ROPE_TYPE_NEOX, 0,
-                                  d.rope_theta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
-            }
-            return t;
+            return norm ? rope(rms_norm(ctx, t, norm, d.rms_eps)) : t;
         };
-        ggml_tensor * q = head_proj(qkv[0], d.n_heads, l.q_norm);     // [hd, Hq, n*B]
-        ggml_tensor * k = head_proj(qkv[1], d.n_kv_heads, l.k_norm);  // [hd, Hkv, n*B]
-        ggml_tensor * v = head_proj(qkv[2], d.n_kv_heads, nullptr);
-
-        // Store the new K/V rows, then attend over each sequence's cached prefix.
         auto rows = [&](ggml_tensor * cache) {
             return ggml_view_2d(ctx, cache, kv_dim, cache->ne[2] * cache->ne[3], cache->nb[2], 0);
         };
-        ggml_build_forward_expand(gf, ggml_set_rows(ctx, rows(kc), ggml_reshape_2d(ctx, k, kv_dim, n * B), in.kv_rows));
-        ggml_build_forward_expand(gf, ggml_set_rows(ctx, rows(vc), ggml_reshape_2d(ctx, v, kv_dim, n * B), in.kv_rows));
         auto window = [&](ggml_tensor * cache, int64_t n_kv, int64_t seqs, int64_t slot) {  // [hd, Hkv, n_kv, seqs]
             return ggml_view_4d(ctx, cache, hd, d.n_kv_heads, n_kv, seqs, cache->nb[1], cache->nb[2], cache->nb[3],
                                 static_cast<size_t>(slot) * cache->nb[3]);
         };
-        ggml_tensor * q4 = ggml_reshape_4d(ctx, q, hd, d.n_heads, n, B);
-        ggml_tensor * att;
         const bool cpu_cache = kc->buffer && ggml_backend_buffer_is_host(kc->buffer);
         ggml_tensor * kw = window(kc, in.n_kv, B, in.slot0), * vw = window(vc, in.n_kv, B, in.slot0);
-        if (in.flash_attn && cpu_cache && cached_attention_supported(q, kw, vw, in.mask, d.n_heads, d.n_kv_heads)) {
+        ggml_tensor * att = nullptr;
+        if (fuse && in.flash_attn && cpu_cache && l.q_norm && l.k_norm &&
+            heads_rms_norm_supported(qkv[0], qkv[1], l.q_norm, l.k_norm, hd)) {
+            // The query and key heads normed into one [hd, Hq + Hkv, n*B] tensor, one RoPE node for both (each
+            // head's row the same arithmetic as alone), one node to store the K/V rows, then fun-asr's attention.
+            ggml_tensor * qk = rope(heads_rms_norm(ctx, qkv[0], qkv[1], l.q_norm, l.k_norm, hd, d.rms_eps));
+            ggml_tensor * q = ggml_view_3d(ctx, qk, hd, d.n_heads, n * B, qk->nb[1], qk->nb[2], 0);
+            ggml_tensor * k = ggml_view_2d(ctx, qk, kv_dim, n * B, qk->nb[2], static_cast<size_t>(d.n_heads) * qk->nb[1]);
+            if (store_kv_supported(k, qkv[2], rows(kc), rows(vc), in.kv_rows) &&
+                cached_attention_supported(q, kw, vw, in.mask, d.n_heads, d.n_kv_heads)) {
+                ggml_build_forward_expand(gf, store_kv(ctx, k, qkv[2], rows(kc), rows(vc), in.kv_rows));
+                att = cached_attention(ctx, q, kw, vw, in.mask, d.n_heads, d.n_kv_heads, scale);
+            }
+        }
+        // The plain graph (also for GPU caches and ggml's attention).
+        ggml_tensor * q = att ? nullptr : head_proj(qkv[0], d.n_heads, l.q_norm);     // [hd, Hq, n*B]
+        ggml_tensor * k = att ? nullptr : head_proj(qkv[1], d.n_kv_heads, l.k_norm);  // [hd, Hkv, n*B]
+        ggml_tensor * v = att ? nullptr : head_proj(qkv[2], d.n_kv_heads, nullptr);
+        if (!att) {  // store the new K/V rows, then attend over each sequence's cached prefix
+            ggml_build_forward_expand(gf, ggml_set_rows(ctx, rows(kc), ggml_reshape_2d(ctx, k, kv_dim, n * B), in.kv_rows));
+            ggml_build_forward_expand(gf, ggml_set_rows(ctx, rows(vc), ggml_reshape_2d(ctx, v, kv_dim, n * B), in.kv_rows));
+        }
+        ggml_tensor * q4 = att ? nullptr : ggml_reshape_4d(ctx, q, hd, d.n_heads, n, B);
+        if (att) {
+            // done above
+        } else if (in.flash_attn && cpu_cache && cached_attention_supported(q, kw, vw, in.mask, d.n_heads, d.n_kv_heads)) {
             // fun-asr's CPU op (kernels/attention): each query row over its own visible keys, so the same
             // bits alone, in any batch and in a verification pass; ~4x ggml's flash attention per step.
             att = cached_attention(ctx, q, kw, vw, in.mask, d.n_heads, d.n_kv_heads, scale);
@@ -122,16 +155,17 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
             }
         }
         att = ggml_reshape_2d(ctx, att, hd * d.n_heads, n * B);
-        x = ggml_add(ctx, x, proj(l.o, att));
-
-        h = rms_norm(ctx, x, l.ffn_norm, d.rms_eps);
+        h = residual_norm(proj(l.o, att), l.ffn_norm);
         ggml_tensor * fp = prepare(l.gate, h);
         const std::vector<ggml_tensor *> gate_up = products(ctx, {l.gate, l.up}, h, fp, frames);
-        ggml_tensor * ffn = ggml_mul(ctx, ggml_silu(ctx, gate_up[0]), gate_up[1]);
-        x = ggml_add(ctx, x, proj(l.down, ffn));
+        ggml_tensor * ffn = fuse && fusion_enabled() && weight_in_cpu_memory(l.gate)
+                                ? ggml_swiglu_split(ctx, gate_up[0], gate_up[1])  // silu(gate) * up, one node
+                                : ggml_mul(ctx, ggml_silu(ctx, gate_up[0]), gate_up[1]);
+        h = residual_norm(proj(l.down, ffn), il + 1 < d.n_layers ? w.dec[static_cast<size_t>(il + 1)].attn_norm
+                                                                 : w.output_norm);
         g.name(x, "dec.blk." + std::to_string(il) + ".out");
     }
-    x = rms_norm(ctx, x, w.output_norm, d.rms_eps);
+    x = h;
     if (!in.all_logits && n > 1) {  // each sequence's last position
         x = ggml_view_2d(ctx, x, x->ne[0], B, static_cast<size_t>(n) * x->nb[1], static_cast<size_t>(n - 1) * x->nb[1]);
         x = ggml_cont(ctx, x);

@@ -380,7 +380,9 @@ bool cached_attention_supported(const ggml_tensor * q, const ggml_tensor * k, co
                                 const ggml_tensor * mask, int64_t n_heads, int64_t n_kv_heads) {
     if (!cpu_ok() || !q || !k || !v || !mask || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0) return false;
     const int64_t hd = q->ne[0], B = k->ne[3];
-    if (hd % 8 != 0 || q->type != GGML_TYPE_F32 || !ggml_is_contiguous(q) || q->ne[1] != n_heads || q->ne[3] != 1 ||
+    // q's heads contiguous; its columns may be apart (a view of the q/k heads' RoPE output)
+    if (hd % 8 != 0 || q->type != GGML_TYPE_F32 || q->nb[0] != sizeof(float) || q->nb[1] != hd * sizeof(float) ||
+        q->nb[2] < static_cast<size_t>(hd * n_heads) * sizeof(float) || q->ne[1] != n_heads || q->ne[3] != 1 ||
         B <= 0 || q->ne[2] % B != 0 || (q->buffer && !ggml_backend_buffer_is_host(q->buffer))) {
         return false;
     }

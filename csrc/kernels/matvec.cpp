@@ -344,11 +344,12 @@ ggml_tensor * matvec(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
 }
 
 bool is_matvec(const ggml_tensor * t) {
-    // The graph builders may rename the node (the logits are "dec.logits"), so it is recognised by
-    // what it computes: the only custom op with a kernel-typed matrix as its first source.
-    // (fun-asr's other custom ops: the AMX GEMM takes an I8 activation, its preparation one source).
-    return t && t->op == GGML_OP_CUSTOM && t->src[0] && t->src[1] && t->src[1]->type == GGML_TYPE_F32 &&
-           kernel_for(t->src[0]) && t->ne[0] == t->src[0]->ne[1] && t->ne[1] == t->src[1]->ne[1];
+    // The graph builders may rename the node (the logits are "dec.logits"), so it is recognised by its
+    // function (ggml's custom op parameters start with it).
+    if (!t || t->op != GGML_OP_CUSTOM) return false;
+    ggml_custom_op_t fun;
+    std::memcpy(&fun, t->op_params, sizeof(fun));
+    return fun == run;
 }
 
 }  // namespace fun_asr

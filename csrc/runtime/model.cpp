@@ -12,6 +12,7 @@
 #include "ggml-cpu.h"
 #include "graph/stages.h"
 #include "kernels/attention.h"
+#include "kernels/decoder_fused.h"
 #include "kernels/gemm_amx.h"
 #include "kernels/gemm_avx2.h"
 #include "kernels/matvec.h"
@@ -114,6 +115,7 @@ bool Model::eval_callback(ggml_tensor * t, bool ask, void * user) {
                        : is_amx_prepare(t) ? "GEMM_AMX_PREPARE"
                        : is_int8_gemm_prepare(t) ? "GEMM_INT8_PREPARE"
                        : is_attention(t)         ? "ATTN"
+                       : decoder_fused_op(t)     ? decoder_fused_op(t)
                                                  : ggml_op_desc(t));
     if (matmul && t->src[0] != nullptr) {
         auto kind = [](std::string w) {  // "blk.3.attn_q.weight" -> "attn_q"

@@ -1,0 +1,56 @@
+// The Qwen3 decoder's element-wise work between its products, in fewer CPU nodes. Every ggml node of a
+// decode step ends in a barrier of all threads (~480 per step of the full-size model, most of them
+// around tiny element-wise ops): beside a busy process a thread that shares its core holds each one.
+// These ops take exactly ggml's float steps, so the results are the plain graph's bits
+// (tests/test_decoder_fused.py):
+//
+// - add_rms_norm: the residual x + y and the next RMSNorm of it, rms_norm(x + y) * w, in one node
+//   (ggml_add, then ggml_rms_norm and ggml_mul: a double sum of the float squares, a float mean, scale =
+//   1 / sqrtf(mean + eps), then (v * scale) * w);
+// - heads_rms_norm: the per-head RMSNorm of the query and key heads (their own weights) into one
+//   [hd, Hq + Hkv, T] tensor, so that one RoPE node rotates both;
+// - store_kv: the new positions' K and V rows written into the caches (two set_rows nodes before).
+//
+// FUN_ASR_FUSE=0 builds the plain graph (as for the encoder's fused ops).
+#pragma once
+
+#include <cstdint>
+
+#include "ggml.h"
+
+namespace fun_asr {
+
+// Whether add_rms_norm takes x and y (F32 [n, T], contiguous, the same shape) and w (F32 [n] in CPU memory);
+// y may be null (then the norm of x alone). False when FUN_ASR_FUSE=0.
+bool add_rms_norm_supported(const ggml_tensor * x, const ggml_tensor * y, const ggml_tensor * w);
+
+// F32 [n, T, 2]: plane 0 rms_norm(x + y) * w, plane 1 x + y (x alone where y is null); the planes as
+// contiguous [n, T] views: norm_of(t), sum_of(t).
+ggml_tensor * add_rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * y, ggml_tensor * w, float eps);
+ggml_tensor * norm_of(ggml_context * ctx, ggml_tensor * fused);
+ggml_tensor * sum_of(ggml_context * ctx, ggml_tensor * fused);
+
+// Whether heads_rms_norm takes q [hd * Hq, T] and k [hd * Hkv, T] (F32, rows of contiguous floats) with the
+// norms' weights qn, kn (F32 [hd] in CPU memory). False when FUN_ASR_FUSE=0.
+bool heads_rms_norm_supported(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * qn,
+                              const ggml_tensor * kn, int64_t hd);
+
+// F32 [hd, Hq + Hkv, T]: for every position the Hq query heads normed with qn, then the Hkv key heads
+// normed with kn (rms_norm(head) * weight).
+ggml_tensor * heads_rms_norm(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * qn, ggml_tensor * kn,
+                             int64_t hd, float eps);
+
+// Whether store_kv takes k, v (F32 [kv_dim, T] views whose columns are contiguous floats, nb[1] apart) and
+// caches kc, vc (F32 [kv_dim, rows] views of host memory) with rows (I64 [T]). False when FUN_ASR_FUSE=0.
+bool store_kv_supported(const ggml_tensor * k, const ggml_tensor * v, const ggml_tensor * kc, const ggml_tensor * vc,
+                        const ggml_tensor * rows);
+
+// kc row rows[t] = k column t, vc row rows[t] = v column t. Returns a small node of its own: the graph
+// must expand it before the nodes that read the caches.
+ggml_tensor * store_kv(ggml_context * ctx, ggml_tensor * k, ggml_tensor * v, ggml_tensor * kc, ggml_tensor * vc,
+                       ggml_tensor * rows);
+
+// The profile's name of one of these ops ("ADD_RMS_NORM", "HEADS_RMS_NORM", "STORE_KV"), else null.
+const char * decoder_fused_op(const ggml_tensor * t);
+
+}  // namespace fun_asr
