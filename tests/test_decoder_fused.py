@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import fun_asr
@@ -62,3 +63,60 @@ def test_fused_decoder_ops_give_the_plain_graphs_bits(package: str, wide_gguf) -
     assert "decode/SET_ROWS" not in f and p.get("decode/SET_ROWS") == 2 * layers * steps
     assert "decode/ADD" not in f and p.get("decode/ADD") == 2 * layers * steps
     assert sum(f.values()) + 7 * layers * steps <= sum(p.values())
+
+
+def _max_element(x: np.ndarray) -> int:
+    """std::max_element's answer: the first element nothing later compares greater than."""
+    best = 0
+    for i in range(1, len(x)):
+        if x[best] < x[i]:
+            best = i
+    return best
+
+
+def test_first_argmax_is_the_hosts_greedy_choice() -> None:
+    """The argmax a decode step's graph makes (and the host's picks) is std::max_element's: the first of equal
+    maxima (-0 and +0 alike), a NaN never chosen unless it is element 0, infinities as numbers; across the
+    vector body and the scalar tail of every length."""
+    rng = np.random.default_rng(5)
+    cases = [np.array(c, np.float32) for c in ([1.0], [np.nan, 5, 6], [1, np.nan, 3, 3, 2], [-0.0, 0.0, -1],
+                                               [0.0, -0.0], [-np.inf] * 7, [np.nan] * 9, [1, 2, np.inf, np.nan, np.inf],
+                                               [2, 1, 1, 1, 1, 1, 1, 1, 2])]
+    for n in (2, 3, 4, 5, 7, 8, 9, 17, 63, 1000):
+        x = rng.standard_normal(n).astype(np.float32)
+        nan = x.copy()
+        nan[rng.integers(0, n, max(1, n // 5))] = np.nan
+        cases += [x, np.round(x), nan]
+    for c in cases:
+        assert fun_asr._core.first_argmax(c) == _max_element(c), c
+    big = rng.standard_normal(151936).astype(np.float32)
+    big[[7, 90000]] = 9.0
+    assert fun_asr._core.first_argmax(big) == 7
+    with pytest.raises(ValueError, match="non-empty 1-D"):
+        fun_asr._core.first_argmax(np.zeros((2, 2), np.float32))
+
+
+def test_steps_choose_in_the_graph_and_still_give_logits(tiny_gguf) -> None:  # noqa: ANN001
+    """A decode step's greedy choice is made in the graph (one index per sequence copied out): the same tokens
+    and, with the digests on, the same logits as choosing on the host from the copied logits (FUN_ASR_FUSE=0)."""
+    path = str(tiny_gguf("q8_0"))
+    code = ("import json, sys, numpy as np, fun_asr\n"
+            "m = fun_asr.load_model(sys.argv[1], threads=2)\n"
+            "rng = np.random.default_rng(3)\n"
+            "emb = [np.ascontiguousarray(m.embed(rng.integers(0, 200, n).tolist())) for n in (5, 9, 7)]\n"
+            "m.profiling = True\n"
+            "a = [list(t) for t, _ in m.generate_batch(emb, 9, [])]\n"
+            "argmax_nodes = m.profile().get('decode/ARGMAX', {}).get('count', 0)\n"
+            "m.logit_digests = True\n"
+            "b = [list(t) for t, _ in m.generate_batch(emb, 9, [])]\n"
+            "print(json.dumps([a, b, m.last_logit_digests(), argmax_nodes]))\n")
+    runs = {}
+    for name, switches in (("graph", {}), ("host", {"FUN_ASR_FUSE": "0"})):
+        env = {k: v for k, v in os.environ.items() if k != "FUN_ASR_FUSE"}
+        env.update(switches)
+        r = subprocess.run([sys.executable, "-c", code, path], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        runs[name] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert runs["graph"][:3] == runs["host"][:3]
+    assert runs["graph"][0] == runs["graph"][1] and all(len(t) == 9 for t in runs["graph"][0])
+    assert runs["graph"][3] == 8 and runs["host"][3] == 0  # one ARGMAX node per step (8 steps after the prefill)

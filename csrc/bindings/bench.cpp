@@ -10,6 +10,7 @@
 
 #include "bindings/bind.h"
 #include "bindings/common.h"
+#include "kernels/decoder_fused.h"
 #include "kernels/gemm_amx.h"
 #include "kernels/gemm_avx2.h"
 #include "kernels/matvec.h"
@@ -52,6 +53,18 @@ void bind_bench(py::module_ & m) {
     m.def("system_info", &system_info,
           "ggml version and commit, compiled and registered backends, devices, CPU features and "
           "the tensor types quantize/dequantize accept.");
+
+    m.def(
+        "first_argmax",
+        [](py::array_t<float, py::array::c_style | py::array::forcecast> x) {
+            if (x.ndim() != 1 || x.size() == 0) {
+                throw std::invalid_argument("first_argmax takes a non-empty 1-D float array");
+            }
+            return fun_asr::first_argmax(x.data(), static_cast<int64_t>(x.size()));
+        },
+        py::arg("x"),
+        "The greedy choice of a row of logits as decoding makes it (kernels/decoder_fused): the index of the "
+        "first maximum, as std::max_element (a NaN never wins unless it is element 0).");
 
     auto matmul_path = [](const std::string & p) {
         if (p == "ggml") return fun_asr::MatmulPath::ggml;

@@ -6,6 +6,9 @@
 #include <tuple>
 
 #include "ggml-backend.h"
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 #include "kernels/fused_add.h"
 #include "kernels/matvec.h"
 #include "kernels/op_params.h"
@@ -93,6 +96,16 @@ void run_store_kv(ggml_tensor * dst, int ith, int nth, void *) {
     }
 }
 
+// src[0] = logits [V, n]; dst I32 [n]: columns split among threads.
+void run_argmax(ggml_tensor * dst, int ith, int nth, void *) {
+    const ggml_tensor * l = dst->src[0];
+    const auto [c0, c1] = share(l->ne[1], ith, nth);
+    for (int64_t c = c0; c < c1; ++c) {
+        const auto * x = reinterpret_cast<const float *>(static_cast<const char *>(l->data) + c * l->nb[1]);
+        static_cast<int32_t *>(dst->data)[c] = static_cast<int32_t>(first_argmax(x, l->ne[0]));
+    }
+}
+
 bool host_f32(const ggml_tensor * t) {
     return t && t->type == GGML_TYPE_F32 && t->nb[0] == sizeof(float) && (!t->buffer || ggml_backend_buffer_is_host(t->buffer));
 }
@@ -154,12 +167,51 @@ ggml_tensor * store_kv(ggml_context * ctx, ggml_tensor * k, ggml_tensor * v, ggm
     return ggml_custom_4d(ctx, GGML_TYPE_F32, 1, 1, 1, 1, args, 5, run_store_kv, GGML_N_TASKS_MAX, nullptr);
 }
 
+int64_t first_argmax(const float * x, int64_t n) {
+    // std::max_element keeps its first element while nothing compares greater: a NaN there stays; later
+    // NaNs never compare greater. Otherwise its answer is the first element equal to the largest non-NaN
+    // value (equal compares -0 and +0 alike, as the sequential scan keeps the first of such ties).
+    if (n <= 0 || std::isnan(x[0])) return 0;
+    float m = x[0];
+    int64_t i = 0;
+#if defined(__SSE2__)
+    __m128 vm = _mm_set1_ps(m);
+    for (; i + 4 <= n; i += 4) vm = _mm_max_ps(_mm_loadu_ps(x + i), vm);  // a NaN lane keeps vm (2nd operand)
+    alignas(16) float lanes[4];
+    _mm_store_ps(lanes, vm);
+    for (float v : lanes) m = v > m ? v : m;
+#endif
+    for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+    i = 0;
+#if defined(__SSE2__)
+    const __m128 target = _mm_set1_ps(m);
+    for (; i + 4 <= n; i += 4) {
+        const int mask = _mm_movemask_ps(_mm_cmpeq_ps(_mm_loadu_ps(x + i), target));
+        if (mask != 0) return i + __builtin_ctz(static_cast<unsigned>(mask));
+    }
+#endif
+    for (; i < n; ++i) {
+        if (x[i] == m) return i;
+    }
+    return 0;  // not reached: m is one of the elements
+}
+
+bool argmax_columns_supported(const ggml_tensor * logits) {
+    return fusion_enabled() && host_f32(logits) && logits->ne[2] == 1 && logits->ne[3] == 1 && logits->ne[0] > 0;
+}
+
+ggml_tensor * argmax_columns(ggml_context * ctx, ggml_tensor * logits) {
+    ggml_tensor * args[1] = {logits};
+    return ggml_custom_4d(ctx, GGML_TYPE_I32, logits->ne[1], 1, 1, 1, args, 1, run_argmax, GGML_N_TASKS_MAX, nullptr);
+}
+
 const char * decoder_fused_op(const ggml_tensor * t) {
     if (!t || t->op != GGML_OP_CUSTOM) return nullptr;
     ggml_custom_op_t fun;
     std::memcpy(&fun, t->op_params, sizeof(fun));  // ggml's custom op parameters start with the function
     return fun == run_add_rms_norm ? "ADD_RMS_NORM" : fun == run_heads_rms_norm ? "HEADS_RMS_NORM"
                                                     : fun == run_store_kv       ? "STORE_KV"
+                                                    : fun == run_argmax         ? "ARGMAX"
                                                                                 : nullptr;
 }
 

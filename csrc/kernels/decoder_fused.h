@@ -9,7 +9,9 @@
 //   1 / sqrtf(mean + eps), then (v * scale) * w);
 // - heads_rms_norm: the per-head RMSNorm of the query and key heads (their own weights) into one
 //   [hd, Hq + Hkv, T] tensor, so that one RoPE node rotates both;
-// - store_kv: the new positions' K and V rows written into the caches (two set_rows nodes before).
+// - store_kv: the new positions' K and V rows written into the caches (two set_rows nodes before);
+// - argmax_columns: a decode step's greedy choice per sequence inside the graph, so a step copies out a
+//   few indices instead of every sequence's logits (600 KB each) and picks on one thread.
 //
 // FUN_ASR_FUSE=0 builds the plain graph (as for the encoder's fused ops).
 #pragma once
@@ -50,7 +52,18 @@ bool store_kv_supported(const ggml_tensor * k, const ggml_tensor * v, const ggml
 ggml_tensor * store_kv(ggml_context * ctx, ggml_tensor * k, ggml_tensor * v, ggml_tensor * kc, ggml_tensor * vc,
                        ggml_tensor * rows);
 
-// The profile's name of one of these ops ("ADD_RMS_NORM", "HEADS_RMS_NORM", "STORE_KV"), else null.
+// Whether argmax_columns takes logits: F32 [V, n] in host memory, rows of contiguous floats (and FUN_ASR_FUSE
+// is not 0).
+bool argmax_columns_supported(const ggml_tensor * logits);
+
+// I32 [n]: per column the index of its first maximum, as std::max_element: a NaN never wins, except in
+// row 0, which then stays the choice (the host's argmax before this op, the same answers).
+ggml_tensor * argmax_columns(ggml_context * ctx, ggml_tensor * logits);
+
+// The index of the first maximum of x[0..n) (std::max_element's answer), vectorized.
+int64_t first_argmax(const float * x, int64_t n);
+
+// The profile's name of one of these ops ("ADD_RMS_NORM", "HEADS_RMS_NORM", "STORE_KV", "ARGMAX"), else null.
 const char * decoder_fused_op(const ggml_tensor * t);
 
 }  // namespace fun_asr

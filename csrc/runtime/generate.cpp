@@ -11,6 +11,7 @@
 
 #include "graph/stages.h"
 #include "kernels/attention.h"
+#include "kernels/decoder_fused.h"
 #include "kernels/matvec.h"
 #include "runtime/model.h"
 
@@ -19,7 +20,7 @@ namespace fun_asr {
 namespace {
 
 int32_t argmax(const float * logits, int64_t n) {
-    return static_cast<int32_t>(std::max_element(logits, logits + n) - logits);  // first maximum, like torch
+    return static_cast<int32_t>(first_argmax(logits, n));  // std::max_element's answer: the first maximum
 }
 
 // True when the tail of `t` is one n-gram repeated: a single token 16 times, a 2-gram 8 times, a
@@ -106,7 +107,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * tokens, int64_t n, int64_t slot0,
-                                      const std::vector<int64_t> & past, bool verify) {
+                                      const std::vector<int64_t> & past, bool verify, std::vector<int32_t> * choices) {
     const auto & d = hp_.dec;
     const int64_t B = static_cast<int64_t>(past.size());
     const int64_t n_kv = *std::max_element(past.begin(), past.end()) + n;
@@ -125,10 +126,11 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     const bool hit = reuse && sg.valid && sg.B == B && sg.slot0 == slot0 && sg.cache_epoch == kv_.epoch();
     GraphScope local;
     ggml_tensor *emb_in = nullptr, *tok_in = nullptr, *pos = nullptr, *rows = nullptr, *mask = nullptr, *logits = nullptr;
+    ggml_tensor * choice = nullptr;
     int64_t n_kv_graph = reuse ? kv_.capacity() : n_kv;  // a reusable step graph spans the whole cache
     ggml_cgraph * gf = nullptr;
     if (hit) {
-        tok_in = sg.tok, pos = sg.pos, rows = sg.rows, mask = sg.mask, logits = sg.logits;
+        tok_in = sg.tok, pos = sg.pos, rows = sg.rows, mask = sg.mask, logits = sg.logits, choice = sg.choice;
         gf = sg.g.gf;
     } else {
         std::vector<int64_t> kv_lens(past.begin(), past.end());
@@ -157,6 +159,12 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
             logits = build_decoder(gc, g.gf, hp_, weights_->w, in);
             ggml_set_output(logits);
             ggml_build_forward_expand(g.gf, logits);
+            choice = nullptr;
+            if (n == 1 && !verify && backend_ == cpu_backend_ && argmax_columns_supported(logits)) {
+                choice = argmax_columns(g.ctx, logits);  // the greedy choice in the graph: B indices to copy out
+                ggml_set_output(choice);
+                ggml_build_forward_expand(g.gf, choice);
+            }
         };
         if (reuse) {
             sg.valid = false;
@@ -177,7 +185,7 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
         }
         alloc_graph(gf);
         if (reuse) {
-            sg.tok = tok_in, sg.pos = pos, sg.rows = rows, sg.mask = mask, sg.logits = logits;
+            sg.tok = tok_in, sg.pos = pos, sg.rows = rows, sg.mask = mask, sg.logits = logits, sg.choice = choice;
             sg.B = B, sg.slot0 = slot0, sg.cache_epoch = kv_.epoch();
             sg.valid = true;
         }
@@ -208,6 +216,15 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     compute_graph(gf, n == 1 ? B : 0);
     passes_.compute_ms += ms_since(t_compute);
     t_io = std::chrono::steady_clock::now();
+    if (choices) choices->clear();
+    if (choices && choice) {
+        choices->resize(static_cast<size_t>(B));
+        ggml_backend_tensor_get(choice, choices->data(), 0, choices->size() * sizeof(int32_t));
+        if (!logit_digests_on_) {
+            passes_.transfer_ms += ms_since(t_io);
+            return {};
+        }
+    }
     std::vector<float> out(static_cast<size_t>(d.vocab * B * (verify ? n : 1)));
     ggml_backend_tensor_get(logits, out.data(), 0, out.size() * sizeof(float));
     passes_.transfer_ms += ms_since(t_io);
@@ -411,24 +428,29 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
             // One step for every slot (finished ones just keep going; the weights are read once for all, or
             // once per chunk of step_chunk() sequences).
             std::vector<float> logits;
+            std::vector<int32_t> chosen, part_chosen;  // the graph's greedy choices, where it makes them
             ++last_.decode_passes;
             for (int64_t b0 = 0; b0 < B; b0 += chunk) {
                 const int64_t m = std::min(chunk, B - b0);
                 const std::vector<int64_t> part(past.begin() + b0, past.begin() + b0 + m);
-                std::vector<float> l = run_decoder(nullptr, next.data() + b0, 1, b0, part);
+                std::vector<float> l = run_decoder(nullptr, next.data() + b0, 1, b0, part, false, &part_chosen);
                 if (b0 == 0 && m == B) {
                     logits.swap(l);
+                    chosen.swap(part_chosen);
                 } else {
                     logits.insert(logits.end(), l.begin(), l.end());
+                    chosen.insert(chosen.end(), part_chosen.begin(), part_chosen.end());
                 }
             }
+            const bool picked = static_cast<int64_t>(chosen.size()) == B;  // every chunk's graph chose
             const auto t_select = std::chrono::steady_clock::now();
             for (int64_t b = 0; b < B; ++b) {
-                next[static_cast<size_t>(b)] = argmax(logits.data() + b * d.vocab, d.vocab);
+                const float * row = logits.empty() ? nullptr : logits.data() + b * d.vocab;
+                next[static_cast<size_t>(b)] = picked ? chosen[static_cast<size_t>(b)] : argmax(row, d.vocab);
                 past[static_cast<size_t>(b)] += 1;
                 // a running sequence takes this token in the next round: keep the digest of its row
                 if (logit_digests_on_ && out[static_cast<size_t>(b)].stop_reason.empty()) {
-                    digests_[static_cast<size_t>(b)].push_back(digest(logits.data() + b * d.vocab, d.vocab));
+                    digests_[static_cast<size_t>(b)].push_back(digest(row, d.vocab));
                 }
             }
             last_.select_ms += ms_since(t_select);

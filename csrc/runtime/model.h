@@ -203,8 +203,12 @@ private:
     // n new positions for each sequence in slots [slot0, slot0 + past.size()) with cached lengths
     // `past`; returns the logits of each sequence's last position, [past.size()][vocab].
     // verify: n positions of one sequence as decode steps, logits of every position [n][vocab].
+    // choices (a decode step's caller that wants the greedy choice): where the step's graph picks it (CPU,
+    // kernels/decoder_fused argmax_columns), filled with each sequence's first argmax, and the logits come
+    // back only when the logit digests are on (else empty); elsewhere left empty, with the logits.
     std::vector<float> run_decoder(const float * embeddings, const int32_t * tokens, int64_t n, int64_t slot0,
-                                   const std::vector<int64_t> & past, bool verify = false);
+                                   const std::vector<int64_t> & past, bool verify = false,
+                                   std::vector<int32_t> * choices = nullptr);
     // generate_batch's loop for one sequence with a draft (tokens already holds nothing; next = the
     // prefill's argmax, past = the prompt length).
     void decode_with_draft(Generated & g, int32_t next, int64_t past, int64_t max_new_tokens,
@@ -242,6 +246,7 @@ private:
         std::vector<uint8_t> meta;  // (before g: g's context lives in it)
         GraphScope g;
         ggml_tensor *tok = nullptr, *pos = nullptr, *rows = nullptr, *mask = nullptr, *logits = nullptr;
+        ggml_tensor * choice = nullptr;  // argmax_columns of the logits, or null
         int64_t B = 0, slot0 = 0;
         uint64_t cache_epoch = 0;  // its K/V views span this allocation's capacity
         bool valid = false;
