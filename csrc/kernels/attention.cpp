@@ -87,26 +87,12 @@ static inline __m128 hsum4(const __m256 a[4]) {
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-// A row of hd floats into L1 ahead of its use. With Ahead (below) the caller's rows sit in a KV cache whose
-// rows of one head are a whole cache row apart: a 4 KB stride at the decoder's widths, a new page per key,
-// where the hardware prefetcher does not follow.
-static inline void prefetch_row(const float * row, int64_t hd) {
-    for (int64_t c = 0; c < hd; c += 16) _mm_prefetch(reinterpret_cast<const char *>(row + c), _MM_HINT_T0);
-}
-constexpr int64_t kKeysAhead = 8;
-
 // R (1 to 3) query rows q[r] (hd floats each) of one head against every key (row j at k + j * ld):
-// s[r][j] = q_r . k_j, four keys at a time; Ahead: keys prefetched kKeysAhead ahead.
-template <int R, bool Ahead = false>
+// s[r][j] = q_r . k_j, four keys at a time.
+template <int R>
 static void scores(const float * const q[R], const float * k, int64_t ld, int64_t T, int64_t hd, float * const s[R]) {
     int64_t j = 0;
-    if constexpr (Ahead) {
-        for (int64_t a = 0; a < std::min<int64_t>(kKeysAhead, T); ++a) prefetch_row(k + a * ld, hd);
-    }
     for (; j + 4 <= T; j += 4) {
-        if constexpr (Ahead) {
-            for (int64_t a = j + kKeysAhead; a < std::min<int64_t>(j + kKeysAhead + 4, T); ++a) prefetch_row(k + a * ld, hd);
-        }
         __m256 acc[R][4];
         for (int r = 0; r < R; ++r)
             for (int u = 0; u < 4; ++u) acc[r][u] = _mm256_setzero_ps();
@@ -163,21 +149,15 @@ static float softmax_row(float * s, int64_t T, float scale) {
 }
 
 // o[r][c] = inv[r] * sum_j p[r][j] v_j[c] for R rows, 32 channels at a time.
-template <int R, bool Ahead = false>
+template <int R>
 static void weighted_values(const float * const p[R], const float * inv, const float * v, int64_t ld, int64_t T,
                             int64_t hd, float * const o[R]) {
-    if constexpr (Ahead) {  // the first pass over the keys reads each value row whole; later passes hit the cache
-        for (int64_t a = 0; a < std::min<int64_t>(kKeysAhead, T); ++a) prefetch_row(v + a * ld, hd);
-    }
     for (int64_t c = 0; c < hd; c += 8) {
         const int nv = static_cast<int>(std::min<int64_t>(4, (hd - c) / 8));
         __m256 acc[R][4];
         for (int r = 0; r < R; ++r)
             for (int u = 0; u < 4; ++u) acc[r][u] = _mm256_setzero_ps();
         for (int64_t j = 0; j < T; ++j) {
-            if constexpr (Ahead) {
-                if (c == 0 && j + kKeysAhead < T) prefetch_row(v + (j + kKeysAhead) * ld, hd);
-            }
             __m256 pv[R];
             for (int r = 0; r < R; ++r) pv[r] = _mm256_set1_ps(p[r][j]);
             for (int u = 0; u < nv; ++u) {
@@ -237,19 +217,93 @@ static int64_t visible_length(const ggml_fp16_t * mrow, int64_t n) {
     return len;
 }
 
-// R query heads q[r] of one position that share a K/V head, against its keys [0, T) (key j at k + j * ldk,
-// value j at v + j * ldv), masked by mrow: o[r] = softmax(scale * q_r k^T + mask) v.
-template <int R>
-static void cached_rows(const float * const q[R], const float * k, int64_t ldk, const float * v, int64_t ldv,
-                        const ggml_fp16_t * mrow, int64_t T, int64_t hd, float scale, float * scratch,
-                        float * const o[R]) {
-    float * s[R];
-    const float * p[R];
-    float inv[R];
-    for (int r = 0; r < R; ++r) p[r] = s[r] = scratch + r * T;
-    scores<R, true>(q, k, ldk, T, hd, s);
-    for (int r = 0; r < R; ++r) inv[r] = masked_softmax_row(s[r], mrow, T, scale);
-    weighted_values<R, true>(p, inv, v, ldv, T, hd, o);
+// acc[r][c] += p[r][u] * v_u[c] for the U keys u in order (v_u at v + u * ld; one FMA each, as weighted_values
+// accumulates key by key) for R rows, hd channels: each accumulator loaded and stored once per U keys.
+template <int R, int U>
+static void accumulate_rows(const float * const p[R], const float * v, int64_t ld, int64_t hd, float * const acc[R]) {
+    __m256 pv[R][U];
+    for (int r = 0; r < R; ++r)
+        for (int u = 0; u < U; ++u) pv[r][u] = _mm256_set1_ps(p[r][u]);
+    for (int64_t c = 0; c < hd; c += 8) {
+        __m256 vv[U];
+        for (int u = 0; u < U; ++u) vv[u] = _mm256_loadu_ps(v + u * ld + c);
+        for (int r = 0; r < R; ++r) {
+            __m256 a = _mm256_loadu_ps(acc[r] + c);
+            for (int u = 0; u < U; ++u) a = _mm256_fmadd_ps(pv[r][u], vv[u], a);
+            _mm256_storeu_ps(acc[r] + c, a);
+        }
+    }
+}
+
+// One position's query heads of K/V heads [h0, h1) (G query heads each; head g of K/V head h is query
+// head h * G + g) against the visible keys [0, T) of their sequence: keys in the cache are a position's
+// Hkv heads side by side (key j of head h at k + j * ldk + h * ldh), so the heads are walked inside the
+// keys and the op reads the sequence's K and V front to back (key j of head h at v + j * ldv + h * ldhv) (each head alone would read 512 bytes of
+// every 4 KB position at the released widths: latency-bound, ~half the memory's bandwidth). Each query
+// row's numbers are those of scores / masked_softmax_row / weighted_values over its head alone: its
+// keys grouped by four from the first, its values accumulated key by key.
+static void cached_heads(const float * q, const float * k, int64_t ldk, int64_t ldh, const float * v, int64_t ldv,
+                         int64_t ldhv, const ggml_fp16_t * mrow, int64_t T, int64_t hd, int64_t G, int64_t h0, int64_t h1,
+                         float scale, float * scratch, float * o) {
+    const int64_t rows = (h1 - h0) * G;
+    float * s = scratch;                 // [rows][T]
+    float * acc = scratch + rows * T;    // [rows][hd]
+    auto srow = [&](int64_t h, int64_t g) { return s + ((h - h0) * G + g) * T; };
+    auto qrow = [&](int64_t h, int64_t g) { return q + (h * G + g) * hd; };
+    for (int64_t j = 0; j < T;) {
+        const int64_t n = T - j >= 4 ? 4 : T - j;  // a group of four, then the tail key by key
+        for (int64_t h = h0; h < h1; ++h) {
+            const float * kh = k + h * ldh + j * ldk;
+            for (int64_t g = 0; g < G; g += 2) {
+                const float * qr[2] = {qrow(h, g), g + 1 < G ? qrow(h, g + 1) : nullptr};
+                float * sr[2] = {srow(h, g) + j, g + 1 < G ? srow(h, g + 1) + j : nullptr};
+                if (n == 4) {
+                    if (g + 1 < G) scores<2>(qr, kh, ldk, 4, hd, sr);
+                    else scores<1>(qr, kh, ldk, 4, hd, sr);
+                } else {
+                    if (g + 1 < G) scores<2>(qr, kh, ldk, 1, hd, sr);
+                    else scores<1>(qr, kh, ldk, 1, hd, sr);
+                }
+            }
+        }
+        j += n == 4 ? 4 : 1;
+    }
+    std::vector<float> inv_store;
+    float inv_small[64];
+    float * inv = inv_small;
+    if (rows > 64) {
+        inv_store.resize(static_cast<size_t>(rows));
+        inv = inv_store.data();
+    }
+    for (int64_t r = 0; r < rows; ++r) inv[r] = masked_softmax_row(s + r * T, mrow, T, scale);
+    std::fill(acc, acc + rows * hd, 0.0f);
+    for (int64_t j = 0; j < T;) {
+        const bool four = T - j >= 4;
+        for (int64_t h = h0; h < h1; ++h) {
+            const float * vh = v + h * ldhv + j * ldv;
+            for (int64_t g = 0; g < G; g += 2) {
+                const bool two = g + 1 < G;
+                const float * p[2] = {srow(h, g) + j, two ? srow(h, g + 1) + j : nullptr};
+                float * ar[2] = {acc + ((h - h0) * G + g) * hd, two ? acc + ((h - h0) * G + g + 1) * hd : nullptr};
+                if (four) {
+                    if (two) accumulate_rows<2, 4>(p, vh, ldv, hd, ar);
+                    else accumulate_rows<1, 4>(p, vh, ldv, hd, ar);
+                } else {
+                    if (two) accumulate_rows<2, 1>(p, vh, ldv, hd, ar);
+                    else accumulate_rows<1, 1>(p, vh, ldv, hd, ar);
+                }
+            }
+        }
+        j += four ? 4 : 1;
+    }
+    for (int64_t h = h0; h < h1; ++h) {
+        for (int64_t g = 0; g < G; ++g) {
+            const float * a = acc + ((h - h0) * G + g) * hd;
+            float * out = o + (h * G + g) * hd;
+            const __m256 iv = _mm256_set1_ps(inv[(h - h0) * G + g]);
+            for (int64_t c = 0; c < hd; c += 8) _mm256_storeu_ps(out + c, _mm256_mul_ps(_mm256_loadu_ps(a + c), iv));
+        }
+    }
 }
 
 // Query rows [i, i + R) of head h.
@@ -318,26 +372,31 @@ void run_cached(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const CachedParams & prm = *static_cast<const CachedParams *>(userdata);
     const ggml_tensor *qt = dst->src[0], *kt = dst->src[1], *vt = dst->src[2], *mt = dst->src[3];
     const int64_t hd = kt->ne[0], Hkv = prm.n_kv_heads, n_kv = kt->ne[2], B = kt->ne[3];
-    const int64_t n = qt->ne[2] / B, G = prm.n_heads / Hkv, groups = (G + 1) / 2;
+    const int64_t n = qt->ne[2] / B, G = prm.n_heads / Hkv;
     const int64_t ldk = static_cast<int64_t>(kt->nb[2] / sizeof(float)), ldv = static_cast<int64_t>(vt->nb[2] / sizeof(float));
+    const int64_t ldh = static_cast<int64_t>(kt->nb[1] / sizeof(float)), ldhv = static_cast<int64_t>(vt->nb[1] / sizeof(float));
+    // Tasks: (sequence, position, a run of its K/V heads), interleaved over the threads. The heads of a
+    // position are split into parts only until every thread has a task and the tasks share evenly.
+    int64_t parts = 1;
+    while (parts < Hkv && Hkv % (2 * parts) == 0 &&
+           (B * n * parts < nth || ((B * n * parts) % nth != 0 && B * n * parts < 4 * nth))) {
+        parts *= 2;
+    }
+    const int64_t per_part = Hkv / parts, tasks = B * n * parts;
     thread_local std::vector<float> scratch;
-    scratch.resize(static_cast<size_t>(2 * n_kv));
-    // Tasks: (sequence, position, K/V head, pair of its query heads), interleaved over the threads.
-    const int64_t tasks = B * n * Hkv * groups;
+    scratch.resize(static_cast<size_t>(per_part * G * (n_kv + hd)));
     for (int64_t t = ith; t < tasks; t += nth) {
-        const int64_t gi = t % groups, h = (t / groups) % Hkv, i = (t / (groups * Hkv)) % n, b = t / (groups * Hkv * n);
+        const int64_t part = t % parts, i = (t / parts) % n, b = t / (parts * n);
         const auto * mrow = reinterpret_cast<const ggml_fp16_t *>(static_cast<const char *>(mt->data) + i * mt->nb[1] +
                                                                   b * mt->nb[3]);
         const int64_t len = visible_length(mrow, n_kv);  // masked keys at the end are not read at all
-        const auto * k = reinterpret_cast<const float *>(static_cast<const char *>(kt->data) + b * kt->nb[3] + h * kt->nb[1]);
-        const auto * v = reinterpret_cast<const float *>(static_cast<const char *>(vt->data) + b * vt->nb[3] + h * vt->nb[1]);
-        const int64_t col = b * n + i, head = h * G + 2 * gi;
-        const auto * q = reinterpret_cast<const float *>(static_cast<const char *>(qt->data) + col * qt->nb[2]) + head * hd;
-        auto * o = reinterpret_cast<float *>(static_cast<char *>(dst->data) + col * dst->nb[1]) + head * hd;
-        const float * qr[2] = {q, q + hd};
-        float * orow[2] = {o, o + hd};
-        if (G - 2 * gi >= 2) cached_rows<2>(qr, k, ldk, v, ldv, mrow, len, hd, prm.scale, scratch.data(), orow);
-        else cached_rows<1>(qr, k, ldk, v, ldv, mrow, len, hd, prm.scale, scratch.data(), orow);
+        const auto * k = reinterpret_cast<const float *>(static_cast<const char *>(kt->data) + b * kt->nb[3]);
+        const auto * v = reinterpret_cast<const float *>(static_cast<const char *>(vt->data) + b * vt->nb[3]);
+        const int64_t col = b * n + i;
+        const auto * q = reinterpret_cast<const float *>(static_cast<const char *>(qt->data) + col * qt->nb[2]);
+        auto * o = reinterpret_cast<float *>(static_cast<char *>(dst->data) + col * dst->nb[1]);
+        cached_heads(q, k, ldk, ldh, v, ldv, ldhv, mrow, len, hd, G, part * per_part, (part + 1) * per_part, prm.scale,
+                     scratch.data(), o);
     }
 #else
     (void)dst; (void)ith; (void)nth; (void)userdata;

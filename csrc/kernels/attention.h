@@ -26,12 +26,13 @@ ggml_tensor * attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, gg
 
 // The decoder's attention over its KV cache, on the same AVX2 building blocks: ggml 0.15.3's flash
 // attention takes one query row at a time through a dot product and an axpy per key (~15 GFLOP/s, ~8 % of
-// a Q4_K_M decode step on 2 AVX2 cores). Per (sequence, position, K/V head) this op computes the scores of
-// the query heads that share the head (GQA: up to 2 per pass, sharing each key load) over the keys the
-// mask leaves visible, a two-pass softmax, and P V. Each query row's numbers depend on its own keys only:
-// the same bits alone, in a batch of any size, or as a position of a speculative verification pass.
-// Whether cached_attention(...) can run: AVX2 + FMA CPU (FUN_ASR_ATTN not "ggml"); q F32 contiguous
-// [hd, n_heads, n * B]; k, v F32 views [hd, n_kv_heads, n_kv, B] of host caches (contiguous rows);
+// a Q4_K_M decode step on 2 AVX2 cores). Per (sequence, position) this op computes, key by key and inside
+// each key its K/V heads (so it reads the cache front to back), the scores of the query heads that share
+// each head (GQA: up to 2 per pass, sharing each key load) over the keys the mask leaves visible, a
+// two-pass softmax, and P V. Each query row's numbers depend on its own keys only: the same bits alone, in
+// a batch of any size, or as a position of a speculative verification pass.
+// Whether cached_attention(...) can run: AVX2 + FMA CPU (FUN_ASR_ATTN not "ggml"); q F32 [hd, n_heads, n * B]
+// with its heads contiguous (its columns may be apart); k, v F32 views [hd, n_kv_heads, n_kv, B] of host caches (contiguous rows);
 // mask F16 [n_kv, n, 1, B]; hd a multiple of 8; n_heads a multiple of n_kv_heads.
 bool cached_attention_supported(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * v,
                                 const ggml_tensor * mask, int64_t n_heads, int64_t n_kv_heads);
