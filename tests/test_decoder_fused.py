@@ -43,9 +43,10 @@ def _run(path: str, switches: dict[str, str]) -> dict:
 @pytest.mark.skipif(fun_asr._core.matvec_isa() == "", reason="no AVX2: the decoder's cached attention op is off")
 @pytest.mark.parametrize("package", ["f32", "q8_0", "q4_k_m"])
 def test_fused_decoder_ops_give_the_plain_graphs_bits(package: str, wide_gguf) -> None:  # noqa: ANN001
-    """Residual sum + RMSNorm, the q/k heads' norms, one RoPE for both, the K/V store and SwiGLU in fewer
-    nodes: logits bit for bit the plain graph's (one sequence, batches of 2 and 5 with prefills of 9-40
-    positions, Model.step), and the steps really ran the fused ops with fewer nodes."""
+    """Residual sum + RMSNorm, the q/k heads' norms, one RoPE for both, the K/V store, SwiGLU, and q/k/v and
+    gate/up in the mat-vec kernels in fewer nodes: logits bit for bit the plain graph's (one sequence, batches
+    of 2 and 5 with prefills of 9-40 positions, Model.step), and the steps really ran the fused ops with fewer
+    nodes."""
     fused = _run(str(wide_gguf(package)), {})
     plain = _run(str(wide_gguf(package)), {"FUN_ASR_FUSE": "0"})
     for name in ("one", "two", "five", "steps"):
@@ -62,6 +63,12 @@ def test_fused_decoder_ops_give_the_plain_graphs_bits(package: str, wide_gguf) -
     assert p.get("decode/SILU") == layers * steps
     assert "decode/SET_ROWS" not in f and p.get("decode/SET_ROWS") == 2 * layers * steps
     assert "decode/ADD" not in f and p.get("decode/ADD") == 2 * layers * steps
+    # q/k/v and gate/up one node each (the mat-vec kernels' matvec_many, or the int8 GEMM's where the Q8_0
+    # matrices are kept in its layout: that one in both graphs)
+    for group in ("attn_q+attn_k+attn_v", "ffn_gate+ffn_up"):
+        assert sum(c for k, c in f.items() if k.endswith("/" + group)) == layers * steps, group
+        if not any(k.startswith("decode/GEMM_INT8/") for k in p):
+            assert not any(k.endswith("/" + group) for k in p)
     assert sum(f.values()) + 7 * layers * steps <= sum(p.values())
 
 

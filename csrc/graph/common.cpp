@@ -63,6 +63,17 @@ bool step_takes_vnni_gemm(const ggml_tensor * w, const ggml_tensor * x) {
            int8_gemm_supported(w, x);
 }
 
+// Whether a decode step's product of w and x takes the AMX GEMM (Q8_0 from 8 columns; see mul_mat_step).
+bool step_takes_amx(const ggml_tensor * w, const ggml_tensor * x) {
+    constexpr int64_t kAmxStepCols = 8;
+    return w->type == GGML_TYPE_Q8_0 && x->ne[1] >= kAmxStepCols && amx_gemm_supported(w, x);
+}
+
+// Whether mul_mat_step gives w x x to the mat-vec kernels (matvec).
+bool step_takes_matvec(const ggml_tensor * w, const ggml_tensor * x) {
+    return !is_q8_0_quads(w) && matvec_step_supported(w, x) && !step_takes_amx(w, x) && !step_takes_vnni_gemm(w, x);
+}
+
 }  // namespace
 
 // A single sequence's decode step prepares its activation inside each product (in every thread, no node and
@@ -95,8 +106,7 @@ ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x,
         // 3072 x 1024 x 2 / 3 / 4 / 8 0.071 / 0.067 / 0.074 / 0.107 vs 0.077 / 0.106 / 0.118 / 0.21 ms, the
         // 151936-row output matrix x 2 / 3 / 4 3.7 / 4.5 / 5.0 vs 3.5 / 5.1 / 5.6 ms. (A matrix the loader kept in
         // the VNNI layout took the branch above this one: no unpack, every column count.)
-        constexpr int64_t kAmxStepCols = 8;
-        if (w->type == GGML_TYPE_Q8_0 && x->ne[1] >= kAmxStepCols && amx_gemm_supported(w, x)) return amx_gemm(ctx, w, x);
+        if (step_takes_amx(w, x)) return amx_gemm(ctx, w, x);
         if (step_takes_vnni_gemm(w, x)) return int8_gemm(ctx, w, x, is_int8_gemm_prepare(prepared) ? prepared : nullptr);
         return matvec(ctx, w, x);
     }
@@ -129,6 +139,17 @@ std::vector<ggml_tensor *> products(ggml_context * ctx, const std::vector<ggml_t
         // as a contiguous [rows, m] view. Without a prepared activation (prepare_step gives none for a single
         // column) the node prepares inside, as mul_mat_step does.
         ggml_tensor * y = int8_gemm_many(ctx, ws, x, prepared);
+        size_t offset = 0;
+        for (ggml_tensor * w : ws) {
+            out.push_back(ggml_view_2d(ctx, y, w->ne[1], x->ne[1], static_cast<size_t>(w->ne[1]) * sizeof(float), offset));
+            offset += static_cast<size_t>(w->ne[1] * x->ne[1]) * sizeof(float);
+        }
+        return out;
+    }
+    // A decode step's products in the mat-vec kernels (Q4_K_M's, AVX2's, F32 / F16): one node for all too.
+    const bool all_matvec = !frames && std::all_of(ws.begin(), ws.end(), [&](ggml_tensor * w) { return step_takes_matvec(w, x); });
+    if (all_matvec && fusion_enabled() && matvec_many_supported(ws, x)) {
+        ggml_tensor * y = matvec_many(ctx, ws, x);
         size_t offset = 0;
         for (ggml_tensor * w : ws) {
             out.push_back(ggml_view_2d(ctx, y, w->ne[1], x->ne[1], static_cast<size_t>(w->ne[1]) * sizeof(float), offset));

@@ -294,7 +294,69 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
                   blocks_per_row(w->type, k), static_cast<float *>(dst->data) + c0 * ys, ys);
 }
 
+// Several matrices with the same x in one node (matvec_many): src[1] = x, src[0], src[2], ... the matrices;
+// each one's output a contiguous [rows, n] block, one after the other. The threads split the matrices' rows
+// taken together (16-row multiples, as run's row split), each row the kernel's arithmetic as alone; every
+// thread quantizes x once per weight type it meets.
+void run_many(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
+    const ggml_tensor * x = dst->src[1];
+    const int64_t n = x->ne[1];
+    std::vector<const ggml_tensor *> ws{dst->src[0]};
+    for (int i = 2; i < GGML_MAX_SRC && dst->src[i]; ++i) ws.push_back(dst->src[i]);
+    int64_t total = 0;
+    for (const ggml_tensor * w : ws) total += w->ne[1];
+    const int64_t per = ((total + nth - 1) / nth + 15) / 16 * 16;
+    const int64_t t0 = std::min<int64_t>(total, per * ith), t1 = std::min<int64_t>(total, t0 + per);
+    const int64_t xs = static_cast<int64_t>(x->nb[1] / sizeof(float));
+    thread_local Activation act;
+    ggml_type quantized = GGML_TYPE_COUNT;
+    int64_t offset = 0;
+    auto * out = static_cast<float *>(dst->data);
+    for (const ggml_tensor * w : ws) {
+        const int64_t rows = w->ne[1], r0 = std::max<int64_t>(t0 - offset, 0), r1 = std::min<int64_t>(t1 - offset, rows);
+        if (r0 < r1) {
+            const ggml_type qt = w->type == GGML_TYPE_Q4_K ? GGML_TYPE_Q6_K : w->type;  // the K-quants share Q8_K
+            if (qt != quantized) {
+                quantize_cols(w->type, static_cast<const float *>(x->data), xs, n, w->ne[0], act);
+                quantized = qt;
+            }
+            kernel_for(w)(static_cast<const uint8_t *>(w->data), w->nb[1], r0, r1, act.data(), act.scales.data(), n,
+                          blocks_per_row(w->type, w->ne[0]), out, rows);
+        }
+        out += rows * n;
+        offset += rows;
+    }
+}
+
 }  // namespace
+
+bool matvec_many_supported(const std::vector<ggml_tensor *> & ws, const ggml_tensor * x) {
+    if (ws.size() < 2 || ws.size() > GGML_MAX_SRC - 1 || !x || x->ne[1] >= kColumnSplit) return false;
+    for (size_t i = 0; i < ws.size(); ++i) {
+        const ggml_tensor * w = ws[i];
+        if (!matvec_step_supported(w, x) || w->ne[0] != ws[0]->ne[0]) return false;
+        if (i + 1 < ws.size() && w->ne[1] % 16 != 0) return false;  // a thread's rows start on 16-row multiples
+    }
+    return true;
+}
+
+ggml_tensor * matvec_many(ggml_context * ctx, const std::vector<ggml_tensor *> & ws, ggml_tensor * x) {
+    std::vector<ggml_tensor *> args{ws[0], x};
+    int64_t rows = 0;
+    for (size_t i = 0; i < ws.size(); ++i) {
+        if (i > 0) args.push_back(ws[i]);
+        rows += ws[i]->ne[1];
+    }
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, rows, x->ne[1], 1, 1, args.data(), static_cast<int>(args.size()), run_many,
+                          GGML_N_TASKS_MAX, nullptr);
+}
+
+bool is_matvec_many(const ggml_tensor * t) {
+    if (!t || t->op != GGML_OP_CUSTOM) return false;
+    ggml_custom_op_t fun;
+    std::memcpy(&fun, t->op_params, sizeof(fun));
+    return fun == run_many;
+}
 
 const char * matvec_isa() { return kernels().name; }
 
@@ -349,7 +411,7 @@ bool is_matvec(const ggml_tensor * t) {
     if (!t || t->op != GGML_OP_CUSTOM) return false;
     ggml_custom_op_t fun;
     std::memcpy(&fun, t->op_params, sizeof(fun));
-    return fun == run;
+    return fun == run || fun == run_many;
 }
 
 }  // namespace fun_asr

@@ -28,6 +28,8 @@
 
 #include <cstdint>
 
+#include <vector>
+
 #include "ggml.h"
 
 namespace fun_asr {
@@ -57,8 +59,17 @@ bool matvec_step_takes(const ggml_tensor * w);
 // ggml_mul_mat(ctx, w, x) through the kernel (caller checked one of the above): F32 [w->ne[1], n].
 ggml_tensor * matvec(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
 
-// Whether a graph node is one of these kernels' ops (profiles count it as a MUL_MAT).
+// The products of several matrices with the same x (q/k/v, gate/up of a decode step) in one node: fewer nodes
+// and thread barriers per step, each row's numbers as matvec's. Each matrix matvec_step_supported with x, the
+// same row length, fewer than 32 columns, every matrix but the last a multiple of 16 rows. F32 [sum of rows, n]:
+// each matrix's output a contiguous [rows, n] block, in order.
+bool matvec_many_supported(const std::vector<ggml_tensor *> & ws, const ggml_tensor * x);
+ggml_tensor * matvec_many(ggml_context * ctx, const std::vector<ggml_tensor *> & ws, ggml_tensor * x);
+
+// Whether a graph node is one of these kernels' ops (profiles count it as a MUL_MAT); is_matvec_many: one of
+// matvec_many's (its matrices src[0], src[2], ...).
 bool is_matvec(const ggml_tensor * t);
+bool is_matvec_many(const ggml_tensor * t);
 
 // Where a weight lives: CPU memory (host buffers and ggml's CPU_REPACK buffer), and whether ggml
 // repacked it into an interleaved layout (its products then run in ggml's repack GEMV/GEMM).

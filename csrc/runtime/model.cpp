@@ -128,7 +128,7 @@ bool Model::eval_callback(ggml_tensor * t, bool ask, void * user) {
             return w;
         };
         std::string w = kind(ggml_get_name(t->src[0]));
-        if (is_int8_gemm_many(t)) {  // several matrices in one node: "attn_q+attn_k+attn_v"
+        if (is_int8_gemm_many(t) || is_matvec_many(t)) {  // several matrices in one node: "attn_q+attn_k+attn_v"
             for (int i = 2; i < GGML_MAX_SRC && t->src[i]; ++i) w += "+" + kind(ggml_get_name(t->src[i]));
         }
         if (!w.empty() && w.rfind("node_", 0) != 0 && w.rfind("leaf_", 0) != 0) key += "/" + w;
