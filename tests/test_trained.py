@@ -196,7 +196,7 @@ def test_decode_kernels_give_the_same_tokens(package: str, trained_gguf, heldout
     assert any("/MATVEC/" in k for k in ours["kinds"]), ours["kinds"]
     assert not any("/MATVEC/" in k for k in ggml["kinds"]), ggml["kinds"]
     if package == "q4_k_m" and fun_asr._core.matvec_isa() == "avx512vnni":  # the repacked Q4_K kernel ran too
-        assert "decode/MATVEC/attn_q" in ours["kinds"], ours["kinds"]
+        assert any(k.startswith("decode/MATVEC/attn_q") for k in ours["kinds"]), ours["kinds"]  # q+k+v: one node
     assert ours["tokens"] == ggml["tokens"]
     if fun_asr._core.amx_available():  # the encoder's AMX GEMM (Q8_0; Q4_K_M's Q4_K) against the path without
         assert any(k.startswith("encode/GEMM_AMX/") for k in ours["kinds"]), ours["kinds"]
