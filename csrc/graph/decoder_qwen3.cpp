@@ -85,73 +85,71 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
                 att = cached_attention(ctx, q, kw, vw, in.mask, d.n_heads, d.n_kv_heads, scale);
             }
         }
-        // The plain graph (also for GPU caches and ggml's attention).
-        ggml_tensor * q = att ? nullptr : head_proj(qkv[0], d.n_heads, l.q_norm);     // [hd, Hq, n*B]
-        ggml_tensor * k = att ? nullptr : head_proj(qkv[1], d.n_kv_heads, l.k_norm);  // [hd, Hkv, n*B]
-        ggml_tensor * v = att ? nullptr : head_proj(qkv[2], d.n_kv_heads, nullptr);
-        if (!att) {  // store the new K/V rows, then attend over each sequence's cached prefix
+        if (!att) {  // the plain graph (also for GPU caches, ggml's attention, FUN_ASR_FUSE=0 and debug runs)
+            ggml_tensor * q = head_proj(qkv[0], d.n_heads, l.q_norm);     // [hd, Hq, n*B]
+            ggml_tensor * k = head_proj(qkv[1], d.n_kv_heads, l.k_norm);  // [hd, Hkv, n*B]
+            ggml_tensor * v = head_proj(qkv[2], d.n_kv_heads, nullptr);
+            // Store the new K/V rows, then attend over each sequence's cached prefix.
             ggml_build_forward_expand(gf, ggml_set_rows(ctx, rows(kc), ggml_reshape_2d(ctx, k, kv_dim, n * B), in.kv_rows));
             ggml_build_forward_expand(gf, ggml_set_rows(ctx, rows(vc), ggml_reshape_2d(ctx, v, kv_dim, n * B), in.kv_rows));
-        }
-        ggml_tensor * q4 = att ? nullptr : ggml_reshape_4d(ctx, q, hd, d.n_heads, n, B);
-        if (att) {
-            // done above
-        } else if (in.flash_attn && cpu_cache && cached_attention_supported(q, kw, vw, in.mask, d.n_heads, d.n_kv_heads)) {
-            // fun-asr's CPU op (kernels/attention): each query row over its own visible keys, so the same
-            // bits alone, in any batch and in a verification pass; ~4x ggml's flash attention per step.
-            att = cached_attention(ctx, q, kw, vw, in.mask, d.n_heads, d.n_kv_heads, scale);
-        } else if (in.flash_attn) {  // fused: F32 K/V, online softmax in F32, one node instead of six
-            // Keys past a sequence's own length are masked (-inf) and skipped, so every (sequence, head)
-            // row is the same loop over its own keys in any batch. One exception: for a query of one
-            // position in dimension 1 and one sequence in dimension 3, ggml splits the keys over its
-            // threads from 512 keys on and merges the parts, which rounds differently. A lone decode
-            // step therefore puts the K/V heads in dimension 3 (the query heads of each as dimension 2;
-            // with a single K/V head, every query head in dimension 3 reading it with stride 0): the
-            // same per-row loop as in a batch (CPU caches only: other backends have their own kernels).
-            // (A view may not reach past its source's bytes, so the single head is copied per query
-            // head rather than read with stride 0: only tiny test configs have one K/V head.)
-            ggml_tensor *Q, *K, *V;
-            if (n == 1 && B == 1 && cpu_cache) {
-                const int64_t Hkv = d.n_kv_heads, G = d.n_heads / Hkv, h3 = Hkv > 1 ? Hkv : d.n_heads;
-                Q = ggml_reshape_4d(ctx, q, hd, 1, Hkv > 1 ? G : 1, h3);  // head g + G * kv_head
-                auto kv = [&](ggml_tensor * cache) {  // [hd, n_kv, 1, h3]
-                    ggml_tensor * t = ggml_view_4d(ctx, cache, hd, in.n_kv, 1, Hkv, cache->nb[2], cache->nb[2],
-                                                   cache->nb[1], static_cast<size_t>(in.slot0) * cache->nb[3]);
-                    return Hkv > 1 ? t : ggml_repeat_4d(ctx, t, hd, in.n_kv, 1, h3);
-                };
-                K = kv(kc);
-                V = kv(vc);
-            } else {
-                Q = ggml_permute(ctx, q4, 0, 2, 1, 3);                                    // [hd, n, Hq, B]
-                K = ggml_permute(ctx, kw, 0, 2, 1, 3);  // [hd, n_kv, Hkv, B]
-                V = ggml_permute(ctx, vw, 0, 2, 1, 3);
-            }
-            att = ggml_flash_attn_ext(ctx, Q, K, V, in.mask, scale, 0.0f, 0.0f);  // [hd, Hq, n, B] (same layout)
-            ggml_flash_attn_ext_set_prec(att, GGML_PREC_F32);
-        } else {
-            // matmul / softmax / matmul. Their sums run over the cached positions, so in a decode step
-            // each sequence attends over exactly its own (a batch's longest length would change the
-            // sums' grouping): one small chain per sequence, the ops a lone step runs.
-            auto attend = [&](ggml_tensor * Q, int64_t n_kv, int64_t seqs, int64_t slot, ggml_tensor * mask) {
-                ggml_tensor * K = ggml_permute(ctx, window(kc, n_kv, seqs, slot), 0, 2, 1, 3);             // [hd, n_kv, Hkv, s]
-                ggml_tensor * kq = ggml_soft_max_ext(ctx, ggml_mul_mat(ctx, K, Q), mask, scale, 0.0f);     // [n_kv, n, Hq, s]
-                ggml_tensor * V = ggml_cont(ctx, ggml_permute(ctx, window(vc, n_kv, seqs, slot), 1, 2, 0, 3));  // [n_kv, hd, Hkv, s]
-                return ggml_cont(ctx, ggml_permute(ctx, ggml_mul_mat(ctx, V, kq), 0, 2, 1, 3));            // [hd, Hq, n, s]
-            };
-            // (On a GPU the whole batch in one chain: its kernels round batches differently anyway.)
-            if (n == 1 && B > 1 && in.kv_lens && cpu_cache) {
-                att = nullptr;
-                for (int64_t b = 0; b < B; ++b) {
-                    const int64_t len = (*in.kv_lens)[static_cast<size_t>(b)];
-                    ggml_tensor * Qb = ggml_view_4d(ctx, q4, hd, d.n_heads, 1, 1, q4->nb[1], q4->nb[2], q4->nb[3],
-                                                    static_cast<size_t>(b) * q4->nb[3]);
-                    ggml_tensor * mb = ggml_cont(ctx, ggml_view_4d(ctx, in.mask, len, 1, 1, 1, in.mask->nb[1], in.mask->nb[2],
-                                                                   in.mask->nb[3], static_cast<size_t>(b) * in.mask->nb[3]));
-                    ggml_tensor * ab = attend(ggml_permute(ctx, Qb, 0, 2, 1, 3), len, 1, in.slot0 + b, mb);
-                    att = att ? ggml_concat(ctx, att, ab, 3) : ab;
+            ggml_tensor * q4 = ggml_reshape_4d(ctx, q, hd, d.n_heads, n, B);
+            if (in.flash_attn && cpu_cache && cached_attention_supported(q, kw, vw, in.mask, d.n_heads, d.n_kv_heads)) {
+                // fun-asr's CPU op (kernels/attention): each query row over its own visible keys, so the same
+                // bits alone, in any batch and in a verification pass; ~4x ggml's flash attention per step.
+                att = cached_attention(ctx, q, kw, vw, in.mask, d.n_heads, d.n_kv_heads, scale);
+            } else if (in.flash_attn) {  // fused: F32 K/V, online softmax in F32, one node instead of six
+                // Keys past a sequence's own length are masked (-inf) and skipped, so every (sequence, head)
+                // row is the same loop over its own keys in any batch. One exception: for a query of one
+                // position in dimension 1 and one sequence in dimension 3, ggml splits the keys over its
+                // threads from 512 keys on and merges the parts, which rounds differently. A lone decode
+                // step therefore puts the K/V heads in dimension 3 (the query heads of each as dimension 2;
+                // with a single K/V head, every query head in dimension 3 reading it with stride 0): the
+                // same per-row loop as in a batch (CPU caches only: other backends have their own kernels).
+                // (A view may not reach past its source's bytes, so the single head is copied per query
+                // head rather than read with stride 0: only tiny test configs have one K/V head.)
+                ggml_tensor *Q, *K, *V;
+                if (n == 1 && B == 1 && cpu_cache) {
+                    const int64_t Hkv = d.n_kv_heads, G = d.n_heads / Hkv, h3 = Hkv > 1 ? Hkv : d.n_heads;
+                    Q = ggml_reshape_4d(ctx, q, hd, 1, Hkv > 1 ? G : 1, h3);  // head g + G * kv_head
+                    auto kv = [&](ggml_tensor * cache) {  // [hd, n_kv, 1, h3]
+                        ggml_tensor * t = ggml_view_4d(ctx, cache, hd, in.n_kv, 1, Hkv, cache->nb[2], cache->nb[2],
+                                                       cache->nb[1], static_cast<size_t>(in.slot0) * cache->nb[3]);
+                        return Hkv > 1 ? t : ggml_repeat_4d(ctx, t, hd, in.n_kv, 1, h3);
+                    };
+                    K = kv(kc);
+                    V = kv(vc);
+                } else {
+                    Q = ggml_permute(ctx, q4, 0, 2, 1, 3);                                    // [hd, n, Hq, B]
+                    K = ggml_permute(ctx, kw, 0, 2, 1, 3);  // [hd, n_kv, Hkv, B]
+                    V = ggml_permute(ctx, vw, 0, 2, 1, 3);
                 }
+                att = ggml_flash_attn_ext(ctx, Q, K, V, in.mask, scale, 0.0f, 0.0f);  // [hd, Hq, n, B] (same layout)
+                ggml_flash_attn_ext_set_prec(att, GGML_PREC_F32);
             } else {
-                att = attend(ggml_permute(ctx, q4, 0, 2, 1, 3), in.n_kv, B, in.slot0, in.mask);
+                // matmul / softmax / matmul. Their sums run over the cached positions, so in a decode step
+                // each sequence attends over exactly its own (a batch's longest length would change the
+                // sums' grouping): one small chain per sequence, the ops a lone step runs.
+                auto attend = [&](ggml_tensor * Q, int64_t n_kv, int64_t seqs, int64_t slot, ggml_tensor * mask) {
+                    ggml_tensor * K = ggml_permute(ctx, window(kc, n_kv, seqs, slot), 0, 2, 1, 3);             // [hd, n_kv, Hkv, s]
+                    ggml_tensor * kq = ggml_soft_max_ext(ctx, ggml_mul_mat(ctx, K, Q), mask, scale, 0.0f);     // [n_kv, n, Hq, s]
+                    ggml_tensor * V = ggml_cont(ctx, ggml_permute(ctx, window(vc, n_kv, seqs, slot), 1, 2, 0, 3));  // [n_kv, hd, Hkv, s]
+                    return ggml_cont(ctx, ggml_permute(ctx, ggml_mul_mat(ctx, V, kq), 0, 2, 1, 3));            // [hd, Hq, n, s]
+                };
+                // (On a GPU the whole batch in one chain: its kernels round batches differently anyway.)
+                if (n == 1 && B > 1 && in.kv_lens && cpu_cache) {
+                    att = nullptr;
+                    for (int64_t b = 0; b < B; ++b) {
+                        const int64_t len = (*in.kv_lens)[static_cast<size_t>(b)];
+                        ggml_tensor * Qb = ggml_view_4d(ctx, q4, hd, d.n_heads, 1, 1, q4->nb[1], q4->nb[2], q4->nb[3],
+                                                        static_cast<size_t>(b) * q4->nb[3]);
+                        ggml_tensor * mb = ggml_cont(ctx, ggml_view_4d(ctx, in.mask, len, 1, 1, 1, in.mask->nb[1], in.mask->nb[2],
+                                                                       in.mask->nb[3], static_cast<size_t>(b) * in.mask->nb[3]));
+                        ggml_tensor * ab = attend(ggml_permute(ctx, Qb, 0, 2, 1, 3), len, 1, in.slot0 + b, mb);
+                        att = att ? ggml_concat(ctx, att, ab, 3) : ab;
+                    }
+                } else {
+                    att = attend(ggml_permute(ctx, q4, 0, 2, 1, 3), in.n_kv, B, in.slot0, in.mask);
+                }
             }
         }
         att = ggml_reshape_2d(ctx, att, hd * d.n_heads, n * B);
