@@ -443,6 +443,9 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
                 }
             }
             const bool picked = static_cast<int64_t>(chosen.size()) == B;  // every chunk's graph chose
+            if (!picked && static_cast<int64_t>(logits.size()) != B * d.vocab) {
+                throw std::logic_error("a decode step's chunks came back with neither choices nor logits for all");
+            }
             const auto t_select = std::chrono::steady_clock::now();
             for (int64_t b = 0; b < B; ++b) {
                 const float * row = logits.empty() ? nullptr : logits.data() + b * d.vocab;
