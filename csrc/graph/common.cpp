@@ -133,30 +133,23 @@ ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x,
 
 std::vector<ggml_tensor *> products(ggml_context * ctx, const std::vector<ggml_tensor *> & ws, ggml_tensor * x,
                                     ggml_tensor * prepared, bool frames) {
-    std::vector<ggml_tensor *> out;
-    if (int8_gemm_many_supported(ws, x)) {
-        // One node for all of them (matrices in the int8 GEMM's VNNI layout); each one's block of the output
-        // as a contiguous [rows, m] view. Without a prepared activation (prepare_step gives none for a single
-        // column) the node prepares inside, as mul_mat_step does.
-        ggml_tensor * y = int8_gemm_many(ctx, ws, x, prepared);
+    // A node of all the products: each matrix's block of its output as a contiguous [rows, m] view.
+    auto blocks = [&](ggml_tensor * y) {
+        std::vector<ggml_tensor *> out;
         size_t offset = 0;
         for (ggml_tensor * w : ws) {
             out.push_back(ggml_view_2d(ctx, y, w->ne[1], x->ne[1], static_cast<size_t>(w->ne[1]) * sizeof(float), offset));
             offset += static_cast<size_t>(w->ne[1] * x->ne[1]) * sizeof(float);
         }
         return out;
-    }
+    };
+    // Matrices in the int8 GEMM's VNNI layout: one node. Without a prepared activation (prepare_step gives
+    // none for a single column) the node prepares inside, as mul_mat_step does.
+    if (int8_gemm_many_supported(ws, x)) return blocks(int8_gemm_many(ctx, ws, x, prepared));
     // A decode step's products in the mat-vec kernels (Q4_K_M's, AVX2's, F32 / F16): one node for all too.
     const bool all_matvec = !frames && std::all_of(ws.begin(), ws.end(), [&](ggml_tensor * w) { return step_takes_matvec(w, x); });
-    if (all_matvec && fusion_enabled() && matvec_many_supported(ws, x)) {
-        ggml_tensor * y = matvec_many(ctx, ws, x);
-        size_t offset = 0;
-        for (ggml_tensor * w : ws) {
-            out.push_back(ggml_view_2d(ctx, y, w->ne[1], x->ne[1], static_cast<size_t>(w->ne[1]) * sizeof(float), offset));
-            offset += static_cast<size_t>(w->ne[1] * x->ne[1]) * sizeof(float);
-        }
-        return out;
-    }
+    if (all_matvec && fusion_enabled() && matvec_many_supported(ws, x)) return blocks(matvec_many(ctx, ws, x));
+    std::vector<ggml_tensor *> out;
     for (ggml_tensor * w : ws) out.push_back(frames ? mul_mat_frames(ctx, w, x, prepared) : mul_mat_step(ctx, w, x, prepared));
     return out;
 }

@@ -237,43 +237,34 @@ static void accumulate_rows(const float * const p[R], const float * v, int64_t l
 
 // One position's query heads of K/V heads [h0, h1) (G query heads each; head g of K/V head h is query
 // head h * G + g) against the visible keys [0, T) of their sequence: keys in the cache are a position's
-// Hkv heads side by side (key j of head h at k + j * ldk + h * ldh), so the heads are walked inside the
-// keys and the op reads the sequence's K and V front to back (key j of head h at v + j * ldv + h * ldhv) (each head alone would read 512 bytes of
-// every 4 KB position at the released widths: latency-bound, ~half the memory's bandwidth). Each query
-// row's numbers are those of scores / masked_softmax_row / weighted_values over its head alone: its
-// keys grouped by four from the first, its values accumulated key by key.
+// Hkv heads side by side (key j of head h at k + j * ldk + h * ldh, its value at v + j * ldv + h * ldhv),
+// so the heads are walked inside the keys and the op reads the sequence's K and V front to back (each head
+// alone would read 512 bytes of every 4 KB position at the released widths: latency-bound, ~half the
+// memory's bandwidth). Each query row's numbers are those of scores / masked_softmax_row / weighted_values
+// over its head alone: its keys grouped by four from the first, its values accumulated key by key.
+// scratch: (h1 - h0) * G * (T + hd + 1) floats.
 static void cached_heads(const float * q, const float * k, int64_t ldk, int64_t ldh, const float * v, int64_t ldv,
                          int64_t ldhv, const ggml_fp16_t * mrow, int64_t T, int64_t hd, int64_t G, int64_t h0, int64_t h1,
                          float scale, float * scratch, float * o) {
     const int64_t rows = (h1 - h0) * G;
-    float * s = scratch;                 // [rows][T]
-    float * acc = scratch + rows * T;    // [rows][hd]
+    float * s = scratch;                     // [rows][T]
+    float * acc = scratch + rows * T;        // [rows][hd]
+    float * inv = acc + rows * hd;           // [rows]
     auto srow = [&](int64_t h, int64_t g) { return s + ((h - h0) * G + g) * T; };
     auto qrow = [&](int64_t h, int64_t g) { return q + (h * G + g) * hd; };
     for (int64_t j = 0; j < T;) {
-        const int64_t n = T - j >= 4 ? 4 : T - j;  // a group of four, then the tail key by key
+        const int64_t step = T - j >= 4 ? 4 : 1;  // a group of four, then the tail key by key
         for (int64_t h = h0; h < h1; ++h) {
             const float * kh = k + h * ldh + j * ldk;
             for (int64_t g = 0; g < G; g += 2) {
-                const float * qr[2] = {qrow(h, g), g + 1 < G ? qrow(h, g + 1) : nullptr};
-                float * sr[2] = {srow(h, g) + j, g + 1 < G ? srow(h, g + 1) + j : nullptr};
-                if (n == 4) {
-                    if (g + 1 < G) scores<2>(qr, kh, ldk, 4, hd, sr);
-                    else scores<1>(qr, kh, ldk, 4, hd, sr);
-                } else {
-                    if (g + 1 < G) scores<2>(qr, kh, ldk, 1, hd, sr);
-                    else scores<1>(qr, kh, ldk, 1, hd, sr);
-                }
+                const bool two = g + 1 < G;
+                const float * qr[2] = {qrow(h, g), two ? qrow(h, g + 1) : nullptr};
+                float * sr[2] = {srow(h, g) + j, two ? srow(h, g + 1) + j : nullptr};
+                if (two) scores<2>(qr, kh, ldk, step, hd, sr);
+                else scores<1>(qr, kh, ldk, step, hd, sr);
             }
         }
-        j += n == 4 ? 4 : 1;
-    }
-    std::vector<float> inv_store;
-    float inv_small[64];
-    float * inv = inv_small;
-    if (rows > 64) {
-        inv_store.resize(static_cast<size_t>(rows));
-        inv = inv_store.data();
+        j += step;
     }
     for (int64_t r = 0; r < rows; ++r) inv[r] = masked_softmax_row(s + r * T, mrow, T, scale);
     std::fill(acc, acc + rows * hd, 0.0f);
@@ -384,7 +375,7 @@ void run_cached(ggml_tensor * dst, int ith, int nth, void * userdata) {
     }
     const int64_t per_part = Hkv / parts, tasks = B * n * parts;
     thread_local std::vector<float> scratch;
-    scratch.resize(static_cast<size_t>(per_part * G * (n_kv + hd)));
+    scratch.resize(static_cast<size_t>(per_part * G * (n_kv + hd + 1)));
     for (int64_t t = ith; t < tasks; t += nth) {
         const int64_t part = t % parts, i = (t / parts) % n, b = t / (parts * n);
         const auto * mrow = reinterpret_cast<const ggml_fp16_t *>(static_cast<const char *>(mt->data) + i * mt->nb[1] +
@@ -463,10 +454,8 @@ ggml_tensor * cached_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor 
 }
 
 bool is_attention(const ggml_tensor * t) {
-    if (!t || t->op != GGML_OP_CUSTOM) return false;
-    ggml_custom_op_t fun;
-    std::memcpy(&fun, t->op_params, sizeof(fun));  // ggml's custom op parameters start with the function
-    return fun == run || fun == run_cached;
+    const ggml_custom_op_t fun = custom_op_function(t);
+    return fun && (fun == run || fun == run_cached);
 }
 
 ggml_tensor * attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, int64_t n_heads,

@@ -206,13 +206,12 @@ ggml_tensor * argmax_columns(ggml_context * ctx, ggml_tensor * logits) {
 }
 
 const char * decoder_fused_op(const ggml_tensor * t) {
-    if (!t || t->op != GGML_OP_CUSTOM) return nullptr;
-    ggml_custom_op_t fun;
-    std::memcpy(&fun, t->op_params, sizeof(fun));  // ggml's custom op parameters start with the function
-    return fun == run_add_rms_norm ? "ADD_RMS_NORM" : fun == run_heads_rms_norm ? "HEADS_RMS_NORM"
-                                                    : fun == run_store_kv       ? "STORE_KV"
-                                                    : fun == run_argmax         ? "ARGMAX"
-                                                                                : nullptr;
+    const ggml_custom_op_t fun = custom_op_function(t);
+    if (!fun) return nullptr;
+    if (fun == run_add_rms_norm) return "ADD_RMS_NORM";
+    if (fun == run_heads_rms_norm) return "HEADS_RMS_NORM";
+    if (fun == run_store_kv) return "STORE_KV";
+    return fun == run_argmax ? "ARGMAX" : nullptr;
 }
 
 }  // namespace fun_asr

@@ -9,6 +9,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
+#include "kernels/op_params.h"
 #include "kernels/q4_k_x8_layout.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
@@ -352,10 +353,8 @@ ggml_tensor * matvec_many(ggml_context * ctx, const std::vector<ggml_tensor *> &
 }
 
 bool is_matvec_many(const ggml_tensor * t) {
-    if (!t || t->op != GGML_OP_CUSTOM) return false;
-    ggml_custom_op_t fun;
-    std::memcpy(&fun, t->op_params, sizeof(fun));
-    return fun == run_many;
+    const ggml_custom_op_t fun = custom_op_function(t);
+    return fun && fun == run_many;
 }
 
 const char * matvec_isa() { return kernels().name; }
@@ -407,11 +406,9 @@ ggml_tensor * matvec(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
 
 bool is_matvec(const ggml_tensor * t) {
     // The graph builders may rename the node (the logits are "dec.logits"), so it is recognised by its
-    // function (ggml's custom op parameters start with it).
-    if (!t || t->op != GGML_OP_CUSTOM) return false;
-    ggml_custom_op_t fun;
-    std::memcpy(&fun, t->op_params, sizeof(fun));
-    return fun == run || fun == run_many;
+    // function.
+    const ggml_custom_op_t fun = custom_op_function(t);
+    return fun && (fun == run || fun == run_many);
 }
 
 }  // namespace fun_asr
