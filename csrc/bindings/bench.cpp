@@ -135,6 +135,10 @@ void bind_bench(py::module_ & m) {
           "Instruction set of fun-asr's Q8_0 many-column GEMM (encoder, adaptor, prefill) where there is no AMX: "
           "'avx512vnni', 'avx2', or '' (none: ggml's GEMM; also with FUN_ASR_GEMM=0).");
 
+    m.def("int8_gemm_vector_bits", &fun_asr::int8_gemm_vector_bits,
+          "Vector width of that GEMM's Q8_0 tiles: 512 (AVX-512: 16 rows per instruction; FUN_ASR_ZMM=0 keeps "
+          "256, the same bits), 256, or 0 (off).");
+
     m.def("matvec_isa", &fun_asr::matvec_isa,
           "Instruction set of fun-asr's decode mat-vec kernels (F32, F16, Q8_0, Q6_K, repacked Q4_K) on this CPU: "
           "'avx512vnni', 'avx2', or '' (none: ggml's mul_mat, one column at a time in decode steps; also with "

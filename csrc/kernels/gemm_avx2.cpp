@@ -32,7 +32,6 @@ constexpr size_t kBlockBytes = 34;
 constexpr int64_t kGroup = 8;  // weight rows per group (one ymm of int32 / float)
 constexpr int64_t kScratchBytes = 512;  // one block of 32 of a group's 8 rows, as int16 at most
 constexpr int64_t kQ8QuadBlockBytes = 272;  // VNNI Q8_0: a group's block as [quad][row] u8 + 8 fp16 scales
-constexpr int64_t kQ8QuadScales = 256;      // where in it the scales start
 
 // How a weight type's blocks of 32 reach the kernel: int8 quants and a scale (Q8_0), plus an offset
 // (Q4_K), or int16 scale * quant and a scale (Q6_K).
@@ -123,6 +122,7 @@ using RowsFn = void (*)(const uint8_t *, size_t, Weights, int64_t, int64_t, int6
 #endif
 namespace avx2 {
 #define FUN_ASR_VNNI 0
+#define FUN_ASR_ZMM 0
 
 
 
@@ -130,6 +130,7 @@ namespace avx2 {
 
 
 #include "kernels/gemm_avx2_rows.inc"
+#undef FUN_ASR_ZMM
 #undef FUN_ASR_VNNI
 }  // namespace avx2
 #if defined(__clang__)
@@ -142,13 +143,27 @@ namespace avx2 {
 #endif
 namespace vnni {
 #define FUN_ASR_VNNI 1
+#define FUN_ASR_ZMM 0
 #define FUN_ASR_DPBUSD _mm256_dpbusd_epi32
 #define FUN_ASR_DPWSSD _mm256_dpwssd_epi32
 #include "kernels/gemm_avx2_rows.inc"
 #undef FUN_ASR_DPWSSD
 #undef FUN_ASR_DPBUSD
+#undef FUN_ASR_ZMM
 #undef FUN_ASR_VNNI
 }  // namespace vnni
+// The same with Q8_0 16 rows to a 512-bit vector (tile_q8_0_quads16; the other types as above).
+namespace vnni512 {
+#define FUN_ASR_VNNI 1
+#define FUN_ASR_ZMM 1
+#define FUN_ASR_DPBUSD _mm256_dpbusd_epi32
+#define FUN_ASR_DPWSSD _mm256_dpwssd_epi32
+#include "kernels/gemm_avx2_rows.inc"
+#undef FUN_ASR_DPWSSD
+#undef FUN_ASR_DPBUSD
+#undef FUN_ASR_ZMM
+#undef FUN_ASR_VNNI
+}  // namespace vnni512
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -165,11 +180,13 @@ namespace vnni {
 // the VNNI kernels with those encodings (all of them 256-bit, 16 registers are enough for their tiles).
 namespace avxvnni {
 #define FUN_ASR_VNNI 1
+#define FUN_ASR_ZMM 0
 #define FUN_ASR_DPBUSD _mm256_dpbusd_avx_epi32
 #define FUN_ASR_DPWSSD _mm256_dpwssd_avx_epi32
 #include "kernels/gemm_avx2_rows.inc"
 #undef FUN_ASR_DPWSSD
 #undef FUN_ASR_DPBUSD
+#undef FUN_ASR_ZMM
 #undef FUN_ASR_VNNI
 }  // namespace avxvnni
 #if defined(__clang__)
@@ -187,6 +204,8 @@ struct Choice {
     RowsFn rows = nullptr;
     const char * isa = "";
     RelayoutFn relayout = nullptr;  // the VNNI copies: Q8_0 into their layout
+    int64_t quad_rows = kGroup;     // rows per group of that layout (16 for the 512-bit copy)
+    int vector_bits = 256;          // the Q8_0 tiles' vector width
 };
 
 const Choice & choice() {
@@ -204,7 +223,12 @@ const Choice & choice() {
                               __builtin_cpu_supports("f16c");
         const bool has_vnni = has_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                               __builtin_cpu_supports("avx512vnni");
-        if (has_vnni && !plain && !vex_vnni) return Choice{vnni::rows, "avx512vnni", vnni::relayout_q8_0_quads};
+        if (has_vnni && !plain && !vex_vnni) {
+            // FUN_ASR_ZMM=0: the 256-bit tiles (same bits; for comparisons)
+            const char * zmm = std::getenv("FUN_ASR_ZMM");
+            if (zmm && std::string(zmm) == "0") return Choice{vnni::rows, "avx512vnni", vnni::relayout_q8_0_quads};
+            return Choice{vnni512::rows, "avx512vnni", vnni512::relayout_q8_0_quads, 2 * kGroup, 512};
+        }
 #if FUN_ASR_AVX_VNNI
         if (has_avx2 && __builtin_cpu_supports("avxvnni") && !plain) return Choice{avxvnni::rows, "avxvnni", avxvnni::relayout_q8_0_quads};
 #endif
@@ -239,13 +263,20 @@ struct Prepared {
     }
 };
 
+// Each thread's count of 8-row groups: whole groups of the VNNI layout (16 rows for the 512-bit copy: a
+// matrix in it is read in whole 16-row groups, a plain one is unpacked into them).
+int64_t group_share(int64_t groups, int nth) {
+    const int64_t unit = choice().quad_rows / kGroup, units = (groups + unit - 1) / unit;
+    return (units + nth - 1) / nth * unit;
+}
+
 void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const ggml_tensor * w = dst->src[0];
     const ggml_tensor * prepared = dst->src[1];
     const int64_t k = w->ne[0], rows = w->ne[1], m = dst->ne[1];
     // Q8_0 / Q6_K rows past the last whole group (a CTC vocabulary of 60,515) form one more, zero-padded group
     const int64_t full = rows / kGroup, tail = rows - full * kGroup, groups = full + (tail ? 1 : 0);
-    const int64_t per = (groups + nth - 1) / nth;
+    const int64_t per = group_share(groups, nth);
     const int64_t g0 = std::min<int64_t>(groups, per * ith), g1 = std::min<int64_t>(groups, g0 + per);
     if (g0 >= g1) return;
     const Layout L(k, m);
@@ -253,7 +284,8 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const float * bias = dst->src[2] ? static_cast<const float *>(dst->src[2]->data) : nullptr;
     thread_local std::vector<int8_t> wq;
     thread_local std::vector<float> wd, wo;
-    wq.resize(static_cast<size_t>(2 * L.nb * kScratchBytes));
+    // (the 512-bit copy unpacks 32 rows of Q8_0 at a time: 4 * kQ8QuadBlockBytes per block)
+    wq.resize(static_cast<size_t>(L.nb * std::max<int64_t>(2 * kScratchBytes, 4 * kQ8QuadBlockBytes)));
     wd.resize(static_cast<size_t>(2 * L.nb) * kGroup);
     wo.resize(static_cast<size_t>(2 * L.nb) * kGroup);
     const Weights kind = w->type == GGML_TYPE_Q4_K   ? Weights::q4_k
@@ -291,7 +323,7 @@ void run_many(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
         rows += ws[i]->ne[1];
     }
     const int64_t k = ws[0]->ne[0], m = dst->ne[0] / rows;  // (a prepared activation is a flat I16 buffer)
-    const int64_t per = (groups + nth - 1) / nth;
+    const int64_t per = group_share(groups, nth);
     const int64_t t0 = std::min<int64_t>(groups, per * ith), t1 = std::min<int64_t>(groups, t0 + per);
     if (t0 >= t1) return;
     const Layout L(k, m);
@@ -313,6 +345,8 @@ void run_many(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
 }  // namespace
 
 const char * int8_gemm_isa() { return choice().isa; }
+
+int int8_gemm_vector_bits() { return choice().rows ? choice().vector_bits : 0; }
 
 ggml_tensor * int8_gemm_many(ggml_context * ctx, const std::vector<ggml_tensor *> & ws, ggml_tensor * x,
                              ggml_tensor * prepared) {
@@ -347,7 +381,7 @@ bool q8_0_quads_wanted() {
 }
 
 bool q8_0_quads_fits(const ggml_tensor * w) {
-    return w && w->type == GGML_TYPE_Q8_0 && ggml_n_dims(w) == 2 && w->ne[0] % kBlock == 0 && w->ne[1] % kGroup == 0;
+    return w && w->type == GGML_TYPE_Q8_0 && ggml_n_dims(w) == 2 && w->ne[0] % kBlock == 0 && w->ne[1] % choice().quad_rows == 0;
 }
 
 void q8_0_quads_relayout(const ggml_tensor * w, const void * src, void * dst) {
@@ -370,16 +404,18 @@ void quads_get_rows_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/
             std::fill(y, y + k, 0.0f);
             continue;
         }
-        const uint8_t * group = base + static_cast<size_t>(r / kGroup) * static_cast<size_t>(nb * kQ8QuadBlockBytes);
-        const int64_t lane = r % kGroup;
+        // the layout's groups of R rows: per block R rows' quads [quad][row] (4 bytes each), then their scales
+        const int64_t R = choice().quad_rows, block_bytes = R * kQ8QuadBlockBytes / kGroup;
+        const uint8_t * group = base + static_cast<size_t>(r / R) * static_cast<size_t>(nb * block_bytes);
+        const int64_t lane = r % R;
         for (int64_t b = 0; b < nb; ++b) {
-            const uint8_t * blk = group + b * kQ8QuadBlockBytes;
+            const uint8_t * blk = group + b * block_bytes;
             uint16_t h;
-            std::memcpy(&h, blk + kQ8QuadScales + 2 * lane, sizeof h);
+            std::memcpy(&h, blk + 32 * R + 2 * lane, sizeof h);
             const float d = ggml_fp16_to_fp32(h);
             for (int64_t q = 0; q < 8; ++q) {
                 for (int64_t j = 0; j < 4; ++j) {
-                    const auto v = static_cast<int8_t>(blk[32 * q + 4 * lane + j] ^ 0x80);
+                    const auto v = static_cast<int8_t>(blk[4 * R * q + 4 * lane + j] ^ 0x80);
                     y[b * kBlock + 4 * q + j] = static_cast<float>(v) * d;
                 }
             }

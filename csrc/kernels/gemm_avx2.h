@@ -36,6 +36,9 @@ namespace fun_asr {
 // runs the kernel with), or "" (off: no AVX2 / FMA / F16C, or FUN_ASR_GEMM=0). FUN_ASR_GEMM=avx2 / avxvnni
 // (or FUN_ASR_MATVEC=...) picks a narrower copy; every copy gives the same bits.
 const char * int8_gemm_isa();
+// The width of the Q8_0 tiles' vectors: 512 (the AVX-512 copy: 16 rows per vpdpbusd, the VNNI layout in 16-row
+// groups; FUN_ASR_ZMM=0 keeps 256 there, the same bits), 256, or 0 (off).
+int int8_gemm_vector_bits();
 
 // Whether w x x can go through this kernel: w Q8_0 or Q6_K in host memory or Q4_K in ggml's repacked
 // 8-row layout, contiguous 2-D, not a view; Q4_K rows a multiple of 8, Q8_0 / Q6_K any row count (a last

@@ -463,16 +463,20 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
         out->repacked = repack.size();
     }
     if (is_cpu && q8_0_quads_wanted()) {
-        // The decoder's Q8_0 matrices in the int8 GEMM's VNNI layout (kernels/gemm_avx2.h): re-laid out once
-        // here instead of once per product (a decode step unpacked every matrix it read). The same bytes, in
-        // this process's memory instead of the shared page cache. (The encoder's products have 50+ columns, so
-        // their unpack is a small share: 168 vs 170 ms per 10 s pass on Zen 4, not worth a private copy.)
+        // The Q8_0 matrices of the decoder, encoder, adaptor and CTC head in the int8 GEMM's VNNI layout
+        // (kernels/gemm_avx2.h): re-laid out once here instead of once per product (a decode step unpacked every
+        // matrix it read). The same bytes, in this process's memory instead of the shared page cache. (The
+        // encoder's products have 50+ columns, so their unpack was a small share with 256-bit tiles, 168 vs
+        // 170 ms per 10 s pass on Zen 4; with the 512-bit ones on Zen 5 a 5 s pass takes 56 instead of 59 ms.)
+        // Only graph/common.cpp's products read these names' matrices (never a ggml op: the VAD's and the
+        // speaker model's own weights keep their layout).
         Placed quads, rest;
         for (auto & pr : pairs) {
             // (the token embedding when tied: the output projection's matrix, its lookups through get_rows)
             const std::string name = pr.first->name;
-            const bool matrix = name.rfind("blk.", 0) == 0 || name == "output.weight" ||
-                                (name == "token_embd.weight" && hp.dec.tie_embeddings);
+            const auto starts = [&](const char * prefix) { return name.rfind(prefix, 0) == 0; };
+            const bool matrix = starts("blk.") || starts("enc.blk.") || starts("adp.") || starts("ctc.") ||
+                                name == "output.weight" || (name == "token_embd.weight" && hp.dec.tie_embeddings);
             (matrix && q8_0_quads_fits(pr.first) ? quads : rest).push_back(pr);
         }
         if (!quads.empty()) {

@@ -66,8 +66,9 @@ public:
         }
         std::vector<uint8_t> wq(quantized_size(type, n, k));
         quantize_rows(type, wf, wq.data(), n, k);
-        // The decoder's Q8_0 matrices (the decode and prefill paths) in the int8 GEMM's VNNI layout where the
-        // loader keeps them so (kernels/gemm_avx2.h); the encoder's stay plain.
+        // Q8_0 matrices in the int8 GEMM's VNNI layout where the loader keeps them so (kernels/gemm_avx2.h) on
+        // the decode and prefill paths; the encoder path keeps them plain (what a matrix whose rows do not fill
+        // the layout's groups takes, e.g. the CTC head's output: unpacked per product).
         const bool quads = !rb && ggml_backend_is_cpu(backend_) && (path == MatmulPath::decode || path == MatmulPath::frames) &&
                            q8_0_quads_wanted() && q8_0_quads_fits(w_);
         if (quads) {
