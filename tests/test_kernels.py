@@ -11,6 +11,7 @@ tests/test_batch_invariance.py checks whole models.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -519,6 +520,69 @@ def test_int8_gemm_avx2_and_vnni_give_the_same_bits(tmp_path) -> None:  # noqa: 
     if _core.amx_available():
         return  # this process's Q8_0 products are AMX's
     np.testing.assert_array_equal(runs["0"]["q8_0"], _core.eval_matmul("q8_0", w, x, threads=2, path="ggml"))
+
+
+_WIDE_BITS = (
+    "import json, sys, numpy as np; from fun_asr import _core\n"
+    "rng = np.random.default_rng(13); out = {'bits': _core.int8_gemm_vector_bits()}\n"
+    "for path in ('encoder', 'frames', 'decode'):\n"
+    "    for rows in (8, 16, 24, 40, 48, 96):\n"
+    "        w = rng.standard_normal((rows, 256)).astype(np.float32)\n"
+    "        for cols in (1, 2, 3, 4, 5, 7, 11, 13):\n"
+    "            x = rng.standard_normal((cols, 256)).astype(np.float32)\n"
+    "            for threads in (1, 2, 3):\n"
+    "                y = _core.eval_matmul('q8_0', w, x, threads=threads, path=path)\n"
+    "                out[f'{path} {rows} {cols} {threads}'] = y.tobytes().hex()\n"
+    "print(json.dumps(out))\n"
+)
+
+
+@pytest.mark.skipif(_core.int8_gemm_vector_bits() != 512 or _core.amx_available(),
+                    reason="the 512-bit Q8_0 tiles run on AVX-512 VNNI CPUs without AMX")
+def test_int8_gemm_512_bit_tiles_give_the_256_bit_bits(wide_gguf, tmp_path) -> None:  # noqa: ANN001
+    """On AVX-512 the Q8_0 tiles take 16 rows per vpdpbusd (the VNNI layout in 16-row groups) with each lane's
+    integer and float steps unchanged: bit for bit the 256-bit tiles (FUN_ASR_ZMM=0), for plain matrices (the
+    encoder path, unpacked per product; rows of odd 8-row group counts end on a 256-bit group) and matrices
+    kept in the layout (prefill and decode paths), column tails of every size, 1 to 3 threads; and a whole
+    model's encoder output, prefill and decode logits (the encoder's, adaptor's and decoder's matrices kept in
+    the layout, the tied embedding's rows looked up in it)."""
+    def child(code: str, *args: str, zmm: str | None) -> dict:
+        env = {k: v for k, v in os.environ.items() if k not in ("FUN_ASR_ZMM", "FUN_ASR_GEMM", "FUN_ASR_MATVEC")}
+        env["FUN_ASR_AMX"] = "0"
+        if zmm is not None:
+            env["FUN_ASR_ZMM"] = zmm
+        out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    wide, narrow = child(_WIDE_BITS, zmm=None), child(_WIDE_BITS, zmm="0")
+    assert wide.pop("bits") == 512 and narrow.pop("bits") == 256
+    assert wide.keys() == narrow.keys()
+    for key in wide:
+        assert wide[key] == narrow[key], key
+    path = str(wide_gguf("q8_0"))
+    model_wide, model_narrow = child(_MODEL_BITS, path, zmm=None), child(_MODEL_BITS, path, zmm="0")
+    assert model_wide == model_narrow
+    # the encoder's and adaptor's matrices are kept in the layout too, not only the decoder's
+    assert model_wide["quads"] > model_wide["decoder_matrices"]
+
+
+_MODEL_BITS = (
+    "import hashlib, json, sys, numpy as np, fun_asr\n"
+    "m = fun_asr.load_model(sys.argv[1], threads=2)\n"
+    "m.logit_digests = True\n"
+    "rng = np.random.default_rng(17)\n"
+    "info = m.info()\n"
+    "out = {'quads': info['q8_0_quads_tensors'], 'decoder_matrices': 7 * info['decoder']['n_layers'] + 2}\n"
+    "for T in (1, 7, 40):\n"
+    "    feats = rng.standard_normal((T, info['encoder']['input_size'])).astype(np.float32)\n"
+    "    out[f'enc {T}'] = hashlib.sha256(np.asarray(m.encode(feats)).tobytes()).hexdigest()\n"
+    "emb = [np.ascontiguousarray(m.embed(rng.integers(0, 1000, n).tolist())) for n in (9, 23, 40)]\n"
+    "for name, batch in (('one', emb[:1]), ('three', emb)):\n"
+    "    gens = m.generate_batch(batch, 6, [])\n"
+    "    out[name] = [[list(t) for t, _ in gens], m.last_logit_digests()]\n"
+    "print(json.dumps(out))\n"
+)
 
 
 def test_amx_can_be_turned_off() -> None:
