@@ -194,7 +194,8 @@ _QUADS_CODE = (
     "m.logit_digests = True\n"
     "rng = np.random.default_rng(7)\n"
     "emb = [np.ascontiguousarray(m.embed(rng.integers(0, 1000, n).tolist())) for n in (9, 23, 40, 17, 31)]\n"
-    "out = {'quads': m.info()['q8_0_quads_tensors']}\n"
+    "out = {'quads': m.info()['q8_0_quads_tensors'],\n"
+    "       'q8_0': sum(t == 'q8_0' for t in m.info()['tensor_types'].values())}\n"
     "for name, batch in (('one', emb[:1]), ('two', emb[:2]), ('three', emb[:3]), ('five', emb)):\n"
     "    gens = m.generate_batch(batch, 10, [])\n"
     "    out[name] = [[list(t) for t, _ in gens], m.last_logit_digests()]\n"
@@ -207,7 +208,7 @@ _QUADS_CODE = (
 @pytest.mark.skipif(fun_asr._core.int8_gemm_isa() not in ("avx512vnni", "avxvnni") or fun_asr._core.amx_available(),
                     reason="the Q8_0 VNNI layout is kept only where the int8 GEMM runs VNNI and there is no AMX")
 def test_q8_0_matrices_in_the_vnni_layout_give_the_same_bits(wide_gguf) -> None:  # noqa: ANN001
-    """Where the int8 GEMM is a VNNI copy (no AMX), the decoder's Q8_0 matrices are re-laid out at load into
+    """Where the int8 GEMM is a VNNI copy (no AMX), the model's Q8_0 matrices are re-laid out at load into
     its layout and every product reads them in place (decode steps of 1, 2, 3 and 5 sequences, prefills of
     9-40 positions, Model.step): logits bit for bit those of the plain layout (FUN_ASR_Q8_QUADS=0: the
     mat-vec kernel for 1-2 columns, the GEMM unpacking per product from 3), with AVX-512's and (where the CPU
@@ -228,8 +229,9 @@ def test_q8_0_matrices_in_the_vnni_layout_give_the_same_bits(wide_gguf) -> None:
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         runs[name] = json.loads(r.stdout.strip().splitlines()[-1])
-    # 2 layers x q k v o gate up down, and the (tied) token embedding: the output projection
-    assert runs["quads"]["quads"] == 2 * 7 + 1 and runs["plain"]["quads"] == 0
+    # every Q8_0 matrix: the decoder's 2 layers x q k v o gate up down, the (tied) token embedding (the output
+    # projection), and the encoder's and adaptor's
+    assert runs["quads"]["quads"] == runs["quads"]["q8_0"] > 2 * 7 + 1 and runs["plain"]["quads"] == 0
     for variant in runs:
         if variant != "plain":
             assert runs[variant]["quads"] == runs["quads"]["quads"], variant

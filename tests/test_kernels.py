@@ -525,14 +525,15 @@ def test_int8_gemm_avx2_and_vnni_give_the_same_bits(tmp_path) -> None:  # noqa: 
 _WIDE_BITS = (
     "import json, sys, numpy as np; from fun_asr import _core\n"
     "rng = np.random.default_rng(13); out = {'bits': _core.int8_gemm_vector_bits()}\n"
-    "for path in ('encoder', 'frames', 'decode'):\n"
+    "for wt, path in (('q8_0', 'encoder'), ('q8_0', 'frames'), ('q8_0', 'decode'), ('q4_k', 'encoder'),\n"
+    "                 ('q6_k', 'encoder')):\n"
     "    for rows in (8, 16, 24, 40, 48, 96):\n"
     "        w = rng.standard_normal((rows, 256)).astype(np.float32)\n"
-    "        for cols in (1, 2, 3, 4, 5, 7, 11, 13):\n"
+    "        for cols in (1, 2, 3, 4, 5, 7, 9, 11, 13):\n"
     "            x = rng.standard_normal((cols, 256)).astype(np.float32)\n"
     "            for threads in (1, 2, 3):\n"
-    "                y = _core.eval_matmul('q8_0', w, x, threads=threads, path=path)\n"
-    "                out[f'{path} {rows} {cols} {threads}'] = y.tobytes().hex()\n"
+    "                y = _core.eval_matmul(wt, w, x, threads=threads, path=path)\n"
+    "                out[f'{wt} {path} {rows} {cols} {threads}'] = y.tobytes().hex()\n"
     "print(json.dumps(out))\n"
 )
 
@@ -540,12 +541,13 @@ _WIDE_BITS = (
 @pytest.mark.skipif(_core.int8_gemm_vector_bits() != 512 or _core.amx_available(),
                     reason="the 512-bit Q8_0 tiles run on AVX-512 VNNI CPUs without AMX")
 def test_int8_gemm_512_bit_tiles_give_the_256_bit_bits(wide_gguf, tmp_path) -> None:  # noqa: ANN001
-    """On AVX-512 the Q8_0 tiles take 16 rows per vpdpbusd (the VNNI layout in 16-row groups) with each lane's
-    integer and float steps unchanged: bit for bit the 256-bit tiles (FUN_ASR_ZMM=0), for plain matrices (the
-    encoder path, unpacked per product; rows of odd 8-row group counts end on a 256-bit group) and matrices
-    kept in the layout (prefill and decode paths), column tails of every size, 1 to 3 threads; and a whole
-    model's encoder output, prefill and decode logits (the encoder's, adaptor's and decoder's matrices kept in
-    the layout, the tied embedding's rows looked up in it)."""
+    """On AVX-512 the Q8_0 and Q4_K tiles take 16 rows per vpdpbusd (Q8_0's VNNI layout in 16-row groups) with
+    each lane's integer and float steps unchanged: bit for bit the 256-bit tiles (FUN_ASR_ZMM=0), for plain
+    matrices (the encoder path, unpacked per product; rows of odd 8-row group counts end on a 256-bit group),
+    ggml's repacked Q4_K, Q8_0 matrices kept in the layout (prefill and decode paths), column tails of every
+    size, 1 to 3 threads (Q6_K keeps its 256-bit tiles); and a whole model's encoder output, prefill and decode
+    logits (the encoder's, adaptor's and decoder's matrices kept in the layout, the tied embedding's rows looked
+    up in it)."""
     def child(code: str, *args: str, zmm: str | None) -> dict:
         env = {k: v for k, v in os.environ.items() if k not in ("FUN_ASR_ZMM", "FUN_ASR_GEMM", "FUN_ASR_MATVEC")}
         env["FUN_ASR_AMX"] = "0"

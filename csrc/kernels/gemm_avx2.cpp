@@ -286,8 +286,8 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     thread_local std::vector<float> wd, wo;
     // (the 512-bit copy unpacks 32 rows of Q8_0 at a time: 4 * kQ8QuadBlockBytes per block)
     wq.resize(static_cast<size_t>(L.nb * std::max<int64_t>(2 * kScratchBytes, 4 * kQ8QuadBlockBytes)));
-    wd.resize(static_cast<size_t>(2 * L.nb) * kGroup);
-    wo.resize(static_cast<size_t>(2 * L.nb) * kGroup);
+    wd.resize(static_cast<size_t>(4 * L.nb) * kGroup);  // (the 512-bit copy: 4 groups of Q4_K at a time)
+    wo.resize(static_cast<size_t>(4 * L.nb) * kGroup);
     const Weights kind = w->type == GGML_TYPE_Q4_K   ? Weights::q4_k
                          : w->type == GGML_TYPE_Q6_K ? Weights::q6_k
                          : is_q8_0_quads(w)          ? Weights::q8_0_quads
