@@ -541,13 +541,12 @@ _WIDE_BITS = (
 @pytest.mark.skipif(_core.int8_gemm_vector_bits() != 512 or _core.amx_available(),
                     reason="the 512-bit Q8_0 tiles run on AVX-512 VNNI CPUs without AMX")
 def test_int8_gemm_512_bit_tiles_give_the_256_bit_bits(wide_gguf, tmp_path) -> None:  # noqa: ANN001
-    """On AVX-512 the Q8_0 and Q4_K tiles take 16 rows per vpdpbusd (Q8_0's VNNI layout in 16-row groups) with
-    each lane's integer and float steps unchanged: bit for bit the 256-bit tiles (FUN_ASR_ZMM=0), for plain
+    """On AVX-512 the Q8_0, Q4_K and Q6_K tiles take 16 rows per vector (Q8_0's VNNI layout in 16-row groups)
+    with each lane's integer and float steps unchanged: bit for bit the 256-bit tiles (FUN_ASR_ZMM=0), for plain
     matrices (the encoder path, unpacked per product; rows of odd 8-row group counts end on a 256-bit group),
     ggml's repacked Q4_K, Q8_0 matrices kept in the layout (prefill and decode paths), column tails of every
-    size, 1 to 3 threads (Q6_K keeps its 256-bit tiles); and a whole model's encoder output, prefill and decode
-    logits (the encoder's, adaptor's and decoder's matrices kept in the layout, the tied embedding's rows looked
-    up in it)."""
+    size, 1 to 3 threads; and a whole model's encoder output, prefill and decode logits (the encoder's,
+    adaptor's and decoder's matrices kept in the layout, the tied embedding's rows looked up in it)."""
     def child(code: str, *args: str, zmm: str | None) -> dict:
         env = {k: v for k, v in os.environ.items() if k not in ("FUN_ASR_ZMM", "FUN_ASR_GEMM", "FUN_ASR_MATVEC")}
         env["FUN_ASR_AMX"] = "0"

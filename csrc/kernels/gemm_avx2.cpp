@@ -32,6 +32,7 @@ constexpr size_t kBlockBytes = 34;
 constexpr int64_t kGroup = 8;  // weight rows per group (one ymm of int32 / float)
 constexpr int64_t kScratchBytes = 512;  // one block of 32 of a group's 8 rows, as int16 at most
 constexpr int64_t kQ8QuadBlockBytes = 272;  // VNNI Q8_0: a group's block as [quad][row] u8 + 8 fp16 scales
+constexpr int64_t kQ6BlockBytes = 352;      // Q6_K: a group's block as [quad][row] u8 + 3 scale vectors
 
 // How a weight type's blocks of 32 reach the kernel: int8 quants and a scale (Q8_0), plus an offset
 // (Q4_K), or int16 scale * quant and a scale (Q6_K).
@@ -135,11 +136,11 @@ namespace avx2 {
 }  // namespace avx2
 #if defined(__clang__)
 #pragma clang attribute pop
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"))), apply_to = function)
 #else
 #pragma GCC pop_options
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")
 #endif
 namespace vnni {
 #define FUN_ASR_VNNI 1
@@ -222,7 +223,7 @@ const Choice & choice() {
         const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                               __builtin_cpu_supports("f16c");
         const bool has_vnni = has_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                              __builtin_cpu_supports("avx512vnni");
+                              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
         if (has_vnni && !plain && !vex_vnni) {
             // FUN_ASR_ZMM=0: the 256-bit tiles (same bits; for comparisons)
             const char * zmm = std::getenv("FUN_ASR_ZMM");
@@ -284,8 +285,8 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const float * bias = dst->src[2] ? static_cast<const float *>(dst->src[2]->data) : nullptr;
     thread_local std::vector<int8_t> wq;
     thread_local std::vector<float> wd, wo;
-    // (the 512-bit copy unpacks 32 rows of Q8_0 at a time: 4 * kQ8QuadBlockBytes per block)
-    wq.resize(static_cast<size_t>(L.nb * std::max<int64_t>(2 * kScratchBytes, 4 * kQ8QuadBlockBytes)));
+    // (the 512-bit copy unpacks 32 rows at a time: Q6_K's 4 * kQ6BlockBytes per block is the most)
+    wq.resize(static_cast<size_t>(L.nb * std::max({2 * kScratchBytes, 4 * kQ8QuadBlockBytes, 4 * kQ6BlockBytes})));
     wd.resize(static_cast<size_t>(4 * L.nb) * kGroup);  // (the 512-bit copy: 4 groups of Q4_K at a time)
     wo.resize(static_cast<size_t>(4 * L.nb) * kGroup);
     const Weights kind = w->type == GGML_TYPE_Q4_K   ? Weights::q4_k
