@@ -546,7 +546,8 @@ def test_int8_gemm_512_bit_tiles_give_the_256_bit_bits(wide_gguf, tmp_path) -> N
     matrices (the encoder path, unpacked per product; rows of odd 8-row group counts end on a 256-bit group),
     ggml's repacked Q4_K, Q8_0 matrices kept in the layout (prefill and decode paths), column tails of every
     size, 1 to 3 threads; and a whole model's encoder output, prefill and decode logits (the encoder's,
-    adaptor's and decoder's matrices kept in the layout, the tied embedding's rows looked up in it)."""
+    adaptor's and decoder's matrices kept in the layout, the tied embedding's rows looked up in it; the encoder's
+    attention in 512-bit vectors too, 1-8 query rows per task, key pairs with a tail)."""
     def child(code: str, *args: str, zmm: str | None) -> dict:
         env = {k: v for k, v in os.environ.items() if k not in ("FUN_ASR_ZMM", "FUN_ASR_GEMM", "FUN_ASR_MATVEC")}
         env["FUN_ASR_AMX"] = "0"
@@ -575,7 +576,7 @@ _MODEL_BITS = (
     "rng = np.random.default_rng(17)\n"
     "info = m.info()\n"
     "out = {'quads': info['q8_0_quads_tensors'], 'decoder_matrices': 7 * info['decoder']['n_layers'] + 2}\n"
-    "for T in (1, 7, 40):\n"
+    "for T in (1, 7, 13, 40):\n"
     "    feats = rng.standard_normal((T, info['encoder']['input_size'])).astype(np.float32)\n"
     "    out[f'enc {T}'] = hashlib.sha256(np.asarray(m.encode(feats)).tobytes()).hexdigest()\n"
     "emb = [np.ascontiguousarray(m.embed(rng.integers(0, 1000, n).tolist())) for n in (9, 23, 40)]\n"

@@ -322,15 +322,138 @@ static void rows(const float * q, const float * k, const float * v, float * o, i
 #else
 #pragma GCC pop_options
 #endif
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,avx512f,avx512dq"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512dq")
+#endif
+// The same rows with 512-bit vectors where the CPU has AVX-512 (FUN_ASR_ZMM=0 keeps the 256-bit code), lane for
+// lane the 256-bit arithmetic, so the same bits: the scores take keys in pairs, key 2p in a vector's low half
+// and key 2p + 1 in its high half against the query in both (each half is one of the 256-bit accumulators,
+// summed by the same hsum4), and P.V takes 16 channels per vector (each lane one channel's sum over the keys,
+// in key order, as before). The softmax between them is the 256-bit one.
+namespace wide {
+
+template <int R>
+static void scores(const float * const q[R], const float * k, int64_t ld, int64_t T, int64_t hd, float * const s[R]) {
+    int64_t j = 0;
+    for (; j + 4 <= T; j += 4) {
+        __m512 acc[R][2];
+        for (int r = 0; r < R; ++r)
+            for (int u = 0; u < 2; ++u) acc[r][u] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < hd; c += 8) {
+            __m512 qv[R];
+            for (int r = 0; r < R; ++r) qv[r] = _mm512_broadcast_f32x8(_mm256_loadu_ps(q[r] + c));
+            for (int u = 0; u < 2; ++u) {
+                const __m512 kv = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(k + (j + 2 * u) * ld + c)),
+                                                     _mm256_loadu_ps(k + (j + 2 * u + 1) * ld + c), 1);
+                for (int r = 0; r < R; ++r) acc[r][u] = _mm512_fmadd_ps(qv[r], kv, acc[r][u]);
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            const __m256 a[4] = {_mm512_castps512_ps256(acc[r][0]), _mm512_extractf32x8_ps(acc[r][0], 1),
+                                 _mm512_castps512_ps256(acc[r][1]), _mm512_extractf32x8_ps(acc[r][1], 1)};
+            _mm_storeu_ps(s[r] + j, hsum4(a));
+        }
+    }
+    for (; j < T; ++j) {
+        __m256 acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+        for (int64_t c = 0; c < hd; c += 8) {
+            const __m256 kv = _mm256_loadu_ps(k + j * ld + c);
+            for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c), kv, acc[r]);
+        }
+        for (int r = 0; r < R; ++r) s[r][j] = hsum(acc[r]);
+    }
+}
+
+template <int R>
+static void weighted_values(const float * const p[R], const float * inv, const float * v, int64_t ld, int64_t T,
+                            int64_t hd, float * const o[R]) {
+    int64_t c = 0;
+    for (; c + 16 <= hd; c += 32) {
+        const int nv = c + 32 <= hd ? 2 : 1;
+        __m512 acc[R][2];
+        for (int r = 0; r < R; ++r)
+            for (int u = 0; u < 2; ++u) acc[r][u] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < T; ++j) {
+            __m512 pv[R];
+            for (int r = 0; r < R; ++r) pv[r] = _mm512_set1_ps(p[r][j]);
+            for (int u = 0; u < nv; ++u) {
+                const __m512 vv = _mm512_loadu_ps(v + j * ld + c + 16 * u);
+                for (int r = 0; r < R; ++r) acc[r][u] = _mm512_fmadd_ps(pv[r], vv, acc[r][u]);
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            for (int u = 0; u < nv; ++u) _mm512_storeu_ps(o[r] + c + 16 * u, _mm512_mul_ps(acc[r][u], _mm512_set1_ps(inv[r])));
+        }
+        if (nv == 1) c -= 16;
+    }
+    if (c < hd) {  // a last 8 channels (hd a multiple of 8, not of 16)
+        __m256 acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < T; ++j) {
+            const __m256 vv = _mm256_loadu_ps(v + j * ld + c);
+            for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(p[r][j]), vv, acc[r]);
+        }
+        for (int r = 0; r < R; ++r) _mm256_storeu_ps(o[r] + c, _mm256_mul_ps(acc[r], _mm256_set1_ps(inv[r])));
+    }
+}
+
+template <int R>
+static void rows(const float * q, const float * k, const float * v, float * o, int64_t d, int64_t T, int64_t hd,
+                 int64_t h, int64_t i, float scale, float * scratch) {
+    const float * qr[R];
+    float * s[R];
+    float * orow[R];
+    float inv[R];
+    for (int r = 0; r < R; ++r) {
+        qr[r] = q + (i + r) * d + h * hd;
+        s[r] = scratch + r * T;
+        orow[r] = o + (i + r) * d + h * hd;
+    }
+    scores<R>(qr, k + h * hd, d, T, hd, s);
+    for (int r = 0; r < R; ++r) inv[r] = softmax_row(s[r], T, scale);
+    const float * p[R];
+    for (int r = 0; r < R; ++r) p[r] = s[r];
+    weighted_values<R>(p, inv, v + h * hd, d, T, hd, orow);
+}
+
+}  // namespace wide
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
 #endif  // FUN_ASR_ATTN_X86
 
+// Whether the encoder's attention takes the 512-bit rows (AVX-512 F and DQ; FUN_ASR_ZMM=0: the 256-bit ones).
+bool wide_ok() {
+#if FUN_ASR_ATTN_X86
+    static const bool ok = [] {
+        const char * env = std::getenv("FUN_ASR_ZMM");
+        if (env && std::strcmp(env, "0") == 0) return false;
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+    }();
+    return ok;
+#else
+    return false;
+#endif
+}
+
 // Query rows sharing each key and value load. Measured, full-size encoder at T = 167, 2 threads, Zen 4 (AVX2
 // code): 2 rows 36.9-37.8 ms of attention per pass, 3 rows 28.6-28.8, 4 rows 31.5 (its 16 score accumulators
 // and 4 query vectors do not fit 16 registers). Each row's arithmetic is the same for any count: the same bits.
 constexpr int64_t kRowsPerTask = 3;
+// The 512-bit rows hold half as many accumulators per query row (two keys, or 16 channels, per vector): 6 rows
+// keep as many independent multiply-add chains in flight, in 32 registers.
+constexpr int64_t kWideRowsPerTask = 8;
 
 void run(ggml_tensor * dst, int ith, int nth, void * userdata) {
 #if FUN_ASR_ATTN_X86
@@ -341,13 +464,29 @@ void run(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const auto * k = static_cast<const float *>(dst->src[1]->data);
     const auto * v = static_cast<const float *>(dst->src[2]->data);
     auto * o = static_cast<float *>(dst->data);
+    const bool wide = wide_ok();
+    const int64_t per = wide ? kWideRowsPerTask : kRowsPerTask;
     thread_local std::vector<float> scratch;
-    scratch.resize(static_cast<size_t>(kRowsPerTask * T));
-    // Tasks: (head, kRowsPerTask query rows), interleaved over the threads.
-    const int64_t groups = (T + kRowsPerTask - 1) / kRowsPerTask, tasks = prm.n_heads * groups;
+    scratch.resize(static_cast<size_t>(per * T));
+    // Tasks: (head, `per` query rows), interleaved over the threads.
+    const int64_t groups = (T + per - 1) / per, tasks = prm.n_heads * groups;
     for (int64_t t = ith; t < tasks; t += nth) {
-        const int64_t h = t / groups, i = kRowsPerTask * (t % groups);
-        switch (std::min<int64_t>(kRowsPerTask, T - i)) {
+        const int64_t h = t / groups, i = per * (t % groups);
+        const int64_t n = std::min<int64_t>(per, T - i);
+        if (wide) {
+            switch (n) {
+                case 8: wide::rows<8>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+                case 7: wide::rows<7>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+                case 6: wide::rows<6>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+                case 5: wide::rows<5>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+                case 4: wide::rows<4>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+                case 3: wide::rows<3>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+                case 2: wide::rows<2>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+                default: wide::rows<1>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+            }
+            continue;
+        }
+        switch (n) {
             case 3: rows<3>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
             case 2: rows<2>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
             default: rows<1>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
