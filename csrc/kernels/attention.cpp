@@ -297,26 +297,6 @@ static void cached_heads(const float * q, const float * k, int64_t ldk, int64_t 
     }
 }
 
-// Query rows [i, i + R) of head h.
-template <int R>
-static void rows(const float * q, const float * k, const float * v, float * o, int64_t d, int64_t T, int64_t hd,
-                 int64_t h, int64_t i, float scale, float * scratch) {
-    const float * qr[R];
-    float * s[R];
-    float * orow[R];
-    float inv[R];
-    for (int r = 0; r < R; ++r) {
-        qr[r] = q + (i + r) * d + h * hd;
-        s[r] = scratch + r * T;
-        orow[r] = o + (i + r) * d + h * hd;
-    }
-    scores<R>(qr, k + h * hd, d, T, hd, s);
-    for (int r = 0; r < R; ++r) inv[r] = softmax_row(s[r], T, scale);
-    const float * p[R];
-    for (int r = 0; r < R; ++r) p[r] = s[r];
-    weighted_values<R>(p, inv, v + h * hd, d, T, hd, orow);
-}
-
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -328,7 +308,7 @@ static void rows(const float * q, const float * k, const float * v, float * o, i
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,avx512f,avx512dq")
 #endif
-// The same rows with 512-bit vectors where the CPU has AVX-512 (FUN_ASR_ZMM=0 keeps the 256-bit code), lane for
+// The scores and P.V with 512-bit vectors where the CPU has AVX-512 (FUN_ASR_ZMM=0 keeps the 256-bit code), lane for
 // lane the 256-bit arithmetic, so the same bits: the scores take keys in pairs, key 2p in a vector's low half
 // and key 2p + 1 in its high half against the query in both (each half is one of the 256-bit accumulators,
 // summed by the same hsum4), and P.V takes 16 channels per vector (each lane one channel's sum over the keys,
@@ -401,7 +381,16 @@ static void weighted_values(const float * const p[R], const float * inv, const f
     }
 }
 
-template <int R>
+}  // namespace wide
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+// Query rows [i, i + R) of head h: scores, softmax, P.V, with the 256-bit or (Wide) the 512-bit kernels above.
+// (Outside the target regions: each stage is a call into its own instruction set's code.)
+template <int R, bool Wide>
 static void rows(const float * q, const float * k, const float * v, float * o, int64_t d, int64_t T, int64_t hd,
                  int64_t h, int64_t i, float scale, float * scratch) {
     const float * qr[R];
@@ -413,19 +402,20 @@ static void rows(const float * q, const float * k, const float * v, float * o, i
         s[r] = scratch + r * T;
         orow[r] = o + (i + r) * d + h * hd;
     }
-    scores<R>(qr, k + h * hd, d, T, hd, s);
+    if constexpr (Wide) {
+        wide::scores<R>(qr, k + h * hd, d, T, hd, s);
+    } else {
+        scores<R>(qr, k + h * hd, d, T, hd, s);
+    }
     for (int r = 0; r < R; ++r) inv[r] = softmax_row(s[r], T, scale);
     const float * p[R];
     for (int r = 0; r < R; ++r) p[r] = s[r];
-    weighted_values<R>(p, inv, v + h * hd, d, T, hd, orow);
+    if constexpr (Wide) {
+        wide::weighted_values<R>(p, inv, v + h * hd, d, T, hd, orow);
+    } else {
+        weighted_values<R>(p, inv, v + h * hd, d, T, hd, orow);
+    }
 }
-
-}  // namespace wide
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -475,21 +465,21 @@ void run(ggml_tensor * dst, int ith, int nth, void * userdata) {
         const int64_t n = std::min<int64_t>(per, T - i);
         if (wide) {
             switch (n) {
-                case 8: wide::rows<8>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
-                case 7: wide::rows<7>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
-                case 6: wide::rows<6>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
-                case 5: wide::rows<5>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
-                case 4: wide::rows<4>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
-                case 3: wide::rows<3>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
-                case 2: wide::rows<2>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
-                default: wide::rows<1>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+                case 8: rows<8, true>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+                case 7: rows<7, true>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+                case 6: rows<6, true>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+                case 5: rows<5, true>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+                case 4: rows<4, true>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+                case 3: rows<3, true>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+                case 2: rows<2, true>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+                default: rows<1, true>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
             }
             continue;
         }
         switch (n) {
-            case 3: rows<3>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
-            case 2: rows<2>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
-            default: rows<1>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+            case 3: rows<3, false>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+            case 2: rows<2, false>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+            default: rows<1, false>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
         }
     }
 #else
