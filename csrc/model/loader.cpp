@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <stdexcept>
@@ -358,15 +359,33 @@ namespace {
 using Placed = std::vector<std::pair<ggml_tensor *, const SourceTensor *>>;
 
 // One weights buffer of `buft` for `list`'s tensors (at least `min_bytes`), each tensor placed in it and
-// then filled by fill(tensor, source); `no_buffer` / `no_room`: the messages when that fails.
+// then filled by fill(tensor, source); `no_buffer` / `no_room`: the messages when that fails. `in_ram`: the
+// buffer is this process's memory (a CPU buffer, ggml's repacked ones included).
 template <typename Fill>
-ggml_backend_buffer_t place_weights(ggml_backend_buffer_type_t buft, const Placed & list, size_t min_bytes,
+ggml_backend_buffer_t place_weights(ggml_backend_buffer_type_t buft, const Placed & list, size_t min_bytes, bool in_ram,
                                     const std::string & no_buffer, const std::string & no_room, const Fill & fill) {
     size_t total = 0;
     for (auto & [t, s] : list) total += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), ggml_backend_buft_get_alignment(buft));
     ggml_backend_buffer_t buffer = ggml_backend_buft_alloc_buffer(buft, std::max(total, min_bytes));
     if (!buffer) throw std::runtime_error(no_buffer);
     ggml_backend_buffer_set_usage(buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+#if defined(__linux__)
+    // Transparent huge pages for the weights this process holds (the re-laid-out and repacked matrices: every
+    // decode step streams them whole). With 4 KiB pages each page of a 0.6-0.9 GB read is a TLB miss; with
+    // 2 MiB pages the full-size Q8_0 decode step took 8.9-9.1 instead of 9.3-10.0 ms on Zen 5
+    // (docs/performance.md). madvise before the first write, so the faults take huge pages where the kernel's
+    // setting is "madvise" (the default of most distributions); FUN_ASR_THP=0 leaves the pages as they are.
+    const char * thp = std::getenv("FUN_ASR_THP");
+    if (in_ram && !(thp && std::string(thp) == "0")) {
+        const uintptr_t huge = uintptr_t(2) << 20;
+        const uintptr_t base = reinterpret_cast<uintptr_t>(ggml_backend_buffer_get_base(buffer));
+        const uintptr_t begin = (base + huge - 1) / huge * huge;
+        const uintptr_t end = (base + ggml_backend_buffer_get_size(buffer)) / huge * huge;
+        if (end > begin) {
+            madvise(reinterpret_cast<void *>(begin), end - begin, MADV_HUGEPAGE);  // a hint: failure changes nothing
+        }
+    }
+#endif
     ggml_tallocr talloc = ggml_tallocr_new(buffer);
     for (auto & [t, s] : list) {
         if (ggml_tallocr_alloc(&talloc, t) != GGML_STATUS_SUCCESS) {
@@ -455,7 +474,7 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
         pairs.swap(rest);
     }
     if (!repack.empty()) {
-        out->repack_buffer = place_weights(repack_buft, repack, 0, "cannot allocate the repacked weights",
+        out->repack_buffer = place_weights(repack_buft, repack, 0, true, "cannot allocate the repacked weights",
                                            "repack allocation failed", [&](ggml_tensor * t, const SourceTensor * s) {
                                                ggml_backend_tensor_set(t, s->data, 0, s->nbytes);  // the buffer re-lays the data out
                                                if (src.file) src.file->release(s->data, s->nbytes);  // the mapped original is not needed any more
@@ -480,7 +499,7 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
             (matrix && q8_0_quads_fits(pr.first) ? quads : rest).push_back(pr);
         }
         if (!quads.empty()) {
-            out->quads_buffer = place_weights(ggml_backend_dev_buffer_type(dev), quads, 0,
+            out->quads_buffer = place_weights(ggml_backend_dev_buffer_type(dev), quads, 0, true,
                                               "cannot allocate the re-laid-out Q8_0 weights", "weight allocation failed",
                                               [&](ggml_tensor * t, const SourceTensor * s) {
                                                   q8_0_quads_relayout(t, s->data, t->data);
@@ -509,7 +528,7 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
         }
     }
     if (!out->mmapped) {
-        out->buffer = place_weights(ggml_backend_dev_buffer_type(dev), pairs, 1,
+        out->buffer = place_weights(ggml_backend_dev_buffer_type(dev), pairs, 1, is_cpu,
                                     "cannot allocate " + std::to_string(out->bytes) + " bytes for the weights",
                                     "weight allocation failed", [](ggml_tensor * t, const SourceTensor * s) {
                                         ggml_backend_tensor_set(t, s->data, 0, s->nbytes);
