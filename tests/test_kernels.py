@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -567,6 +568,53 @@ def test_int8_gemm_512_bit_tiles_give_the_256_bit_bits(wide_gguf, tmp_path) -> N
     assert model_wide == model_narrow
     # the encoder's and adaptor's matrices are kept in the layout too, not only the decoder's
     assert model_wide["quads"] > model_wide["decoder_matrices"]
+
+
+_HUGE_PAGES = (
+    "import json, sys, fun_asr\n"
+    "def huge():\n"
+    "    return sum(int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.startswith('AnonHugePages:'))\n"
+    "before = huge()\n"
+    "m = fun_asr.load_model(sys.argv[1], threads=1)\n"
+    "info = m.info()\n"
+    "print(json.dumps({'kib': huge() - before, 'held': info['q8_0_quads_tensors'] + info['repacked_tensors']}))\n"
+)
+
+
+def _thp_mode(name: str) -> str | None:
+    try:
+        text = Path(f"/sys/kernel/mm/transparent_hugepage/{name}").read_text()
+    except OSError:
+        return None
+    return text.split("[", 1)[1].split("]", 1)[0] if "[" in text else None
+
+
+@pytest.mark.skipif(_thp_mode("enabled") not in ("madvise", "always") or _thp_mode("defrag") == "never",
+                    reason="transparent huge pages off (or never defragmented) on this machine")
+def test_weights_the_process_holds_sit_in_huge_pages(wide_gguf) -> None:  # noqa: ANN001
+    """The matrices copied into this process's memory at load (Q8_0 re-laid out for the int8 GEMM, ggml's
+    repacked Q4_K) are madvised for transparent huge pages before they are written: the decode step streams
+    them whole, and with 4 KiB pages every page is a TLB miss. FUN_ASR_THP=0 leaves the pages alone."""
+    def child(path: str, thp: str | None) -> dict:
+        env = {k: v for k, v in os.environ.items() if k != "FUN_ASR_THP"}
+        if thp is not None:
+            env["FUN_ASR_THP"] = thp
+        out = subprocess.run([sys.executable, "-c", _HUGE_PAGES, path], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    # Q8_0 where the VNNI layout is kept (AVX-512 VNNI / AVX-VNNI), else Q4_K_M's repacked Q4_K
+    for package in ("q8_0", "q4_k_m"):
+        on = child(str(wide_gguf(package)), None)
+        if on["held"]:
+            break
+    else:
+        pytest.skip("this CPU keeps no re-laid-out copy of the weights")
+    assert on["kib"] >= 2048, on  # at least one 2 MiB page
+    if _thp_mode("enabled") == "madvise":  # "always" gives huge pages to every large mapping anyway
+        off = child(str(wide_gguf(package)), "0")
+        assert off["kib"] == 0, off
 
 
 _MODEL_BITS = (
