@@ -674,7 +674,8 @@ def _encode_in_child(path: str, out, lengths: list[str], env_set: dict[str, str 
 
 @pytest.mark.parametrize("package", ["f32", "q8_0", "q4_k_m"])
 def test_fused_bias_and_residual_tails_are_bitwise_the_plain_graph(package: str, wide_gguf, tmp_path) -> None:  # noqa: ANN001
-    """The encoder's and adaptor's fused tails (kernels/fused_add: relu(y + b), x + (y + b), a LayerNorm's y * w + b;
+    """The encoder's and adaptor's fused tails (kernels/fused_add: relu(y + b), x + (y + b), a LayerNorm with its
+    y * w + b;
     the FSMN op with the output projection's bias and the residual) give the plain graph's bits (FUN_ASR_FUSE=0),
     and run."""
     lengths = ["1", "41", "167"]
@@ -693,8 +694,34 @@ def test_fused_bias_and_residual_tails_are_bitwise_the_plain_graph(package: str,
         assert count(plain, "encode/RELU") > count(fused, "encode/RELU")  # the ReLUs went into the fused ops
     assert count(plain, "encode/ADD") > count(fused, "encode/ADD")
     assert count(plain, "encode/MUL") > count(fused, "encode/MUL")  # the LayerNorms' scale and shift
+    assert count(plain, "encode/NORM") > count(fused, "encode/NORM")  # and the LayerNorms themselves
     for i in range(len(lengths)):
         assert fused[f"arr_{i}"].tobytes() == plain[f"arr_{i}"].tobytes(), f"T={lengths[i]}"
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_fused_layer_norm_is_ggml_norm_bit_for_bit(threads: int) -> None:
+    """The fused LayerNorm node (kernels/fused_add: each row's double sum in element order, 8 rows at once a row per
+    double lane, ggml's own centred variance, the scale, then y * w + b) gives ggml_norm -> ggml_mul -> ggml_add's
+    bits: rows of every count around the 8-row groups, widths with and without a 4-element tail, values over 60
+    binary orders of magnitude, rows whose large values cancel with small ones between them (where the order of
+    a double sum shows) and constant rows (variance 0)."""
+    rng = np.random.default_rng(21)
+    for n in (1, 3, 4, 5, 17, 64, 512, 515):
+        for T in (1, 7, 8, 9, 16, 17, 33):
+            x = rng.standard_normal((T, n)).astype(np.float32)
+            x *= np.exp2(rng.integers(-30, 30, (T, n))).astype(np.float32)
+            x[0] = 0.25  # a constant row
+            if T > 1:  # big values that cancel with small ones between them: the order of the adds shows
+                x[-1] = np.resize(np.array([2.0**60, 1.0, -(2.0**60), 3.0, 0.5], np.float32), n)
+            w = rng.standard_normal(n).astype(np.float32)
+            # (a zero shift too: a shift of ~1 would hide the small outputs, where a different mean shows)
+            for b, eps in ((rng.standard_normal(n).astype(np.float32), 1e-5), (np.zeros(n, np.float32), 1e-12)):
+                fused = _core.eval_layer_norm(x, w, b, eps=eps, threads=threads, fused=True)
+                plain = _core.eval_layer_norm(x, w, b, eps=eps, threads=threads, fused=False)
+                assert fused.tobytes() == plain.tobytes(), (n, T, eps)
+    with pytest.raises(ValueError, match="x must be"):
+        _core.eval_layer_norm(np.zeros((2, 3), np.float32), np.zeros(4, np.float32), np.zeros(3, np.float32))
 
 
 def _encoder_vs_ggml_to_rounding(gguf: str, tmp_path, lengths: list[str], switch: str, node: str,  # noqa: ANN001

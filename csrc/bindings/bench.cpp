@@ -120,6 +120,27 @@ void bind_bench(py::module_ & m) {
           "x [m, k] times w [n, k]^T with w quantized to `type`, on the CPU: y [m, n] (kernel tests); path as "
           "in bench_matmul.");
 
+    m.def("eval_layer_norm",
+          [](py::array_t<float, py::array::c_style | py::array::forcecast> x,
+             py::array_t<float, py::array::c_style | py::array::forcecast> w,
+             py::array_t<float, py::array::c_style | py::array::forcecast> b, float eps, int threads, bool fused) {
+              if (x.ndim() != 2 || w.ndim() != 1 || b.ndim() != 1 || w.shape(0) != x.shape(1) ||
+                  b.shape(0) != x.shape(1)) {
+                  throw std::invalid_argument("eval_layer_norm: x must be [T, n], w and b [n] float32 arrays");
+              }
+              const int64_t T = x.shape(0), n = x.shape(1);
+              std::vector<float> y;
+              {
+                  py::gil_scoped_release release;
+                  y = fun_asr::eval_layer_norm(x.data(), T, n, w.data(), b.data(), eps, threads, fused);
+              }
+              return to_numpy(std::move(y), {static_cast<py::ssize_t>(T), static_cast<py::ssize_t>(n)});
+          },
+          py::arg("x"), py::arg("w"), py::arg("b"), py::kw_only(), py::arg("eps") = 1e-5f, py::arg("threads") = 1,
+          py::arg("fused") = true,
+          "LayerNorm of x [T, n] times w plus b on the CPU: fun-asr's fused node, or (fused=False) ggml's "
+          "ggml_norm, ggml_mul and ggml_add (kernel tests).");
+
     m.def("read_bandwidth",
           [](int64_t mb, int threads, int repeats) {
               py::gil_scoped_release release;

@@ -76,7 +76,7 @@ using RowsFn = void (*)(const uint8_t *, size_t, Weights, int64_t, int64_t, int6
 #endif
 namespace avx2 {
 // One column's Q8_0 blocks (ggml's quantize_row_q8_0 output, nb blocks at q) into prepare_columns' parts: the
-// quants as int16 (xq) and int8 (x8), each block's half sums (xh, an int16 pair), its scale (dx) and
+// quants as int16 (xq; null: not wanted) and int8 (x8), each block's half sums (xh, an int16 pair), its scale (dx) and
 // scale * quant sum (sx). The same integers and the same float product as the scalar loop.
 static void prepare_blocks(const uint8_t * q, int64_t nb, int16_t * xq, int8_t * x8, int16_t * xh, float * dx,
                            float * sx) {
@@ -90,8 +90,10 @@ static void prepare_blocks(const uint8_t * q, int64_t nb, int16_t * xq, int8_t *
         _mm256_storeu_si256(reinterpret_cast<__m256i *>(x8 + b * kBlock), v);
         const __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
         const __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
-        _mm256_storeu_si256(reinterpret_cast<__m256i *>(xq + b * kBlock), lo);
-        _mm256_storeu_si256(reinterpret_cast<__m256i *>(xq + b * kBlock + 16), hi);
+        if (xq) {
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(xq + b * kBlock), lo);
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(xq + b * kBlock + 16), hi);
+        }
         // the two halves' sums: pairs, then 8 int32 per half, then an add tree (integers: any order)
         const __m256i s = _mm256_hadd_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
         // s = lo's pairs 0+1, 2+3, hi's 0+1, 2+3 | lo's 4+5, 6+7, hi's 4+5, 6+7 (of madd's int32 pair sums)
@@ -178,65 +180,6 @@ namespace avxvnni {
 #pragma GCC diagnostic pop
 #endif
 
-// Columns [c0, c1) of x (F32 [k, m]) into the prepared layout at `out` (Layout(k, m).bytes for all m columns).
-void prepare_columns(const ggml_tensor * x, uint8_t * out, int64_t c0, int64_t c1) {
-    const int64_t k = x->ne[0], m = x->ne[1];
-    const Layout L(k, m);
-    auto * xq = reinterpret_cast<int16_t *>(out);
-    auto * dx = reinterpret_cast<float *>(out + L.q_bytes);
-    auto * sx = reinterpret_cast<float *>(out + L.q_bytes + L.d_bytes);
-    auto * x8 = reinterpret_cast<int8_t *>(out + L.q_bytes + 2 * L.d_bytes);
-    auto * xh = reinterpret_cast<int16_t *>(out + L.q_bytes + 2 * L.d_bytes + L.i8_bytes);
-    const int64_t xs = static_cast<int64_t>(x->nb[1] / sizeof(float));
-    const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
-    thread_local std::vector<uint8_t> q;
-    q.resize(static_cast<size_t>(L.nb) * kBlockBytes);
-#if FUN_ASR_GEMM_X86
-    static const bool vector = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-#else
-    constexpr bool vector = false;
-#endif
-    for (int64_t c = c0; c < c1; ++c) {
-        from_float(static_cast<const float *>(x->data) + c * xs, q.data(), k);  // ggml's own Q8_0
-#if FUN_ASR_GEMM_X86
-        if (vector) {
-            avx2::prepare_blocks(q.data(), L.nb, xq + c * k, x8 + c * k, xh + 2 * c * L.nb, dx + c * L.nb, sx + c * L.nb);
-            continue;
-        }
-#endif
-        for (int64_t b = 0; b < L.nb; ++b) {
-            const uint8_t * blk = q.data() + static_cast<size_t>(b) * kBlockBytes;
-            uint16_t h;
-            std::memcpy(&h, blk, sizeof h);
-            const float d = ggml_fp16_to_fp32(h);
-            int16_t * out = xq + c * k + b * kBlock;
-            std::memcpy(x8 + c * k + b * kBlock, blk + 2, kBlock);
-            int32_t half[2];
-            for (int h = 0; h < 2; ++h) {
-                int32_t s = 0;
-                for (int64_t i = 16 * h; i < 16 * h + 16; ++i) {
-                    out[i] = static_cast<int8_t>(blk[2 + i]);
-                    s += out[i];
-                }
-                half[h] = s;
-            }
-            const int32_t sum = half[0] + half[1];
-            xh[2 * (c * L.nb + b)] = static_cast<int16_t>(half[0]);  // |.| <= 16 * 127
-            xh[2 * (c * L.nb + b) + 1] = static_cast<int16_t>(half[1]);
-            dx[c * L.nb + b] = d;
-            sx[c * L.nb + b] = d * static_cast<float>(sum);
-        }
-    }
-}
-
-void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
-    const int64_t m = dst->src[0]->ne[1];
-    const int64_t per = (m + nth - 1) / nth;
-    const int64_t c0 = std::min<int64_t>(m, per * ith), c1 = std::min<int64_t>(m, c0 + per);
-    prepare_columns(dst->src[0], static_cast<uint8_t *>(dst->data), c0, c1);
-}
-
-
 struct Choice {
     RowsFn rows = nullptr;
     const char * isa = "";
@@ -274,6 +217,67 @@ const Choice & choice() {
         return c;
     }();
     return chosen;
+}
+
+// Columns [c0, c1) of x (F32 [k, m]) into the prepared layout at `out` (Layout(k, m).bytes for all m columns).
+void prepare_columns(const ggml_tensor * x, uint8_t * out, int64_t c0, int64_t c1) {
+    const int64_t k = x->ne[0], m = x->ne[1];
+    const Layout L(k, m);
+    auto * xq = reinterpret_cast<int16_t *>(out);
+    auto * dx = reinterpret_cast<float *>(out + L.q_bytes);
+    auto * sx = reinterpret_cast<float *>(out + L.q_bytes + L.d_bytes);
+    auto * x8 = reinterpret_cast<int8_t *>(out + L.q_bytes + 2 * L.d_bytes);
+    auto * xh = reinterpret_cast<int16_t *>(out + L.q_bytes + 2 * L.d_bytes + L.i8_bytes);
+    const int64_t xs = static_cast<int64_t>(x->nb[1] / sizeof(float));
+    const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
+    thread_local std::vector<uint8_t> q;
+    q.resize(static_cast<size_t>(L.nb) * kBlockBytes);
+#if FUN_ASR_GEMM_X86
+    static const bool vector = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    // only the plain AVX2 Q8_0 tile reads the int16 quants (the VNNI copies, those with a relayout, never do):
+    // a third of the bytes written, not written there
+    const bool int16 = choice().relayout == nullptr;
+#else
+    constexpr bool vector = false;
+#endif
+    for (int64_t c = c0; c < c1; ++c) {
+        from_float(static_cast<const float *>(x->data) + c * xs, q.data(), k);  // ggml's own Q8_0
+#if FUN_ASR_GEMM_X86
+        if (vector) {
+            avx2::prepare_blocks(q.data(), L.nb, int16 ? xq + c * k : nullptr, x8 + c * k, xh + 2 * c * L.nb, dx + c * L.nb, sx + c * L.nb);
+            continue;
+        }
+#endif
+        for (int64_t b = 0; b < L.nb; ++b) {
+            const uint8_t * blk = q.data() + static_cast<size_t>(b) * kBlockBytes;
+            uint16_t h;
+            std::memcpy(&h, blk, sizeof h);
+            const float d = ggml_fp16_to_fp32(h);
+            int16_t * out = xq + c * k + b * kBlock;
+            std::memcpy(x8 + c * k + b * kBlock, blk + 2, kBlock);
+            int32_t half[2];
+            for (int h = 0; h < 2; ++h) {
+                int32_t s = 0;
+                for (int64_t i = 16 * h; i < 16 * h + 16; ++i) {
+                    out[i] = static_cast<int8_t>(blk[2 + i]);
+                    s += out[i];
+                }
+                half[h] = s;
+            }
+            const int32_t sum = half[0] + half[1];
+            xh[2 * (c * L.nb + b)] = static_cast<int16_t>(half[0]);  // |.| <= 16 * 127
+            xh[2 * (c * L.nb + b) + 1] = static_cast<int16_t>(half[1]);
+            dx[c * L.nb + b] = d;
+            sx[c * L.nb + b] = d * static_cast<float>(sum);
+        }
+    }
+}
+
+void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
+    const int64_t m = dst->src[0]->ne[1];
+    const int64_t per = (m + nth - 1) / nth;
+    const int64_t c0 = std::min<int64_t>(m, per * ith), c1 = std::min<int64_t>(m, c0 + per);
+    prepare_columns(dst->src[0], static_cast<uint8_t *>(dst->data), c0, c1);
 }
 
 // The prepared activation as the tiles read it (every part of Layout(k, m)): an int8_gemm_prepare node's

@@ -11,6 +11,7 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 #include "graph/common.h"
+#include "kernels/fused_add.h"
 #include "kernels/gemm_avx2.h"
 #include "model/loader.h"
 #include "runtime/quantize.h"
@@ -226,6 +227,35 @@ std::vector<float> eval_matmul(const std::string & type, const float * w, int64_
     MatmulRun run(type, n, k, m, "cpu", threads, path, w, x);
     run.compute_ms();
     return run.result();
+}
+
+std::vector<float> eval_layer_norm(const float * x, int64_t T, int64_t n, const float * w, const float * b, float eps,
+                                   int threads, bool fused) {
+    if (T <= 0 || n <= 0) throw std::invalid_argument("layer_norm: sizes must be > 0");
+    if (!(eps >= 0.0f)) throw std::invalid_argument("layer_norm: eps must be >= 0");
+    ggml_init_params ip{ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true};
+    ggml_context * ctx = ggml_init(ip);
+    ggml_backend_t cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+    ggml_backend_cpu_set_n_threads(cpu, threads > 0 ? threads : 1);
+    ggml_tensor * xt = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, T);
+    ggml_tensor * wt = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n);
+    ggml_tensor * bt = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n);
+    ggml_tensor * y = fused ? layer_norm_scale_shift(ctx, xt, wt, bt, eps)
+                            : ggml_add(ctx, ggml_mul(ctx, ggml_norm(ctx, xt, eps), wt), bt);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, cpu);
+    ggml_backend_tensor_set(xt, x, 0, ggml_nbytes(xt));
+    ggml_backend_tensor_set(wt, w, 0, ggml_nbytes(wt));
+    ggml_backend_tensor_set(bt, b, 0, ggml_nbytes(bt));
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, y);
+    const ggml_status st = ggml_backend_graph_compute(cpu, gf);
+    std::vector<float> out(static_cast<size_t>(T * n));
+    if (st == GGML_STATUS_SUCCESS) ggml_backend_tensor_get(y, out.data(), 0, ggml_nbytes(y));
+    ggml_backend_buffer_free(buf);
+    ggml_backend_free(cpu);
+    ggml_free(ctx);
+    if (st != GGML_STATUS_SUCCESS) throw std::runtime_error("layer_norm: graph compute failed");
+    return out;
 }
 
 }  // namespace fun_asr

@@ -29,4 +29,9 @@ double bench_matvec_chunks(const std::string & type, int64_t rows, int64_t k, in
 std::vector<float> eval_matmul(const std::string & type, const float * w, int64_t n, int64_t k, const float * x,
                                int64_t m, int threads, MatmulPath path);
 
+// LayerNorm of x [T, n] (row-major) with scale w [n] and shift b [n] on the CPU: the fused node
+// (kernels/fused_add: layer_norm_scale_shift) or ggml's ggml_norm, ggml_mul, ggml_add (kernel tests).
+std::vector<float> eval_layer_norm(const float * x, int64_t T, int64_t n, const float * w, const float * b, float eps,
+                                   int threads, bool fused);
+
 }  // namespace fun_asr
