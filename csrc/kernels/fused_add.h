@@ -1,5 +1,6 @@
 // Element-wise tails of the encoder's products fused into one CPU custom op each: a bias and a ReLU, a bias
-// and the residual, a LayerNorm's scale and shift. The plain graph makes a node of every ggml_add / ggml_mul /
+// and the residual, a LayerNorm's scale and shift, and a whole LayerNorm with its scale and shift (ggml_norm's
+// own arithmetic: the same bits). The plain graph makes a node of every ggml_add / ggml_mul /
 // ggml_relu (a pass over the activations and a barrier of all threads each: ~1080 of the 2730 nodes of a
 // full-size encoder pass). Each element takes exactly the plain graph's float steps (y + b, then the ReLU or
 // x + that; y * w, then + b), so the results are the same bits (tests/test_kernels.py; the file is compiled

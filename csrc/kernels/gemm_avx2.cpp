@@ -76,8 +76,8 @@ using RowsFn = void (*)(const uint8_t *, size_t, Weights, int64_t, int64_t, int6
 #endif
 namespace avx2 {
 // One column's Q8_0 blocks (ggml's quantize_row_q8_0 output, nb blocks at q) into prepare_columns' parts: the
-// quants as int16 (xq; null: not wanted) and int8 (x8), each block's half sums (xh, an int16 pair), its scale (dx) and
-// scale * quant sum (sx). The same integers and the same float product as the scalar loop.
+// quants as int16 (xq) and int8 (x8), each block's half sums (xh, an int16 pair), its scale (dx) and scale * quant
+// sum (sx). The same integers and the same float product as the scalar loop below.
 static void prepare_blocks(const uint8_t * q, int64_t nb, int16_t * xq, int8_t * x8, int16_t * xh, float * dx,
                            float * sx) {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -90,10 +90,8 @@ static void prepare_blocks(const uint8_t * q, int64_t nb, int16_t * xq, int8_t *
         _mm256_storeu_si256(reinterpret_cast<__m256i *>(x8 + b * kBlock), v);
         const __m256i lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
         const __m256i hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
-        if (xq) {
-            _mm256_storeu_si256(reinterpret_cast<__m256i *>(xq + b * kBlock), lo);
-            _mm256_storeu_si256(reinterpret_cast<__m256i *>(xq + b * kBlock + 16), hi);
-        }
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(xq + b * kBlock), lo);
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(xq + b * kBlock + 16), hi);
         // the two halves' sums: pairs, then 8 int32 per half, then an add tree (integers: any order)
         const __m256i s = _mm256_hadd_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
         // s = lo's pairs 0+1, 2+3, hi's 0+1, 2+3 | lo's 4+5, 6+7, hi's 4+5, 6+7 (of madd's int32 pair sums)
@@ -234,9 +232,6 @@ void prepare_columns(const ggml_tensor * x, uint8_t * out, int64_t c0, int64_t c
     q.resize(static_cast<size_t>(L.nb) * kBlockBytes);
 #if FUN_ASR_GEMM_X86
     static const bool vector = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-    // only the plain AVX2 Q8_0 tile reads the int16 quants (the VNNI copies, those with a relayout, never do):
-    // a third of the bytes written, not written there
-    const bool int16 = choice().relayout == nullptr;
 #else
     constexpr bool vector = false;
 #endif
@@ -244,7 +239,7 @@ void prepare_columns(const ggml_tensor * x, uint8_t * out, int64_t c0, int64_t c
         from_float(static_cast<const float *>(x->data) + c * xs, q.data(), k);  // ggml's own Q8_0
 #if FUN_ASR_GEMM_X86
         if (vector) {
-            avx2::prepare_blocks(q.data(), L.nb, int16 ? xq + c * k : nullptr, x8 + c * k, xh + 2 * c * L.nb, dx + c * L.nb, sx + c * L.nb);
+            avx2::prepare_blocks(q.data(), L.nb, xq + c * k, x8 + c * k, xh + 2 * c * L.nb, dx + c * L.nb, sx + c * L.nb);
             continue;
         }
 #endif

@@ -236,6 +236,11 @@ std::vector<float> eval_layer_norm(const float * x, int64_t T, int64_t n, const 
     ggml_init_params ip{ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true};
     ggml_context * ctx = ggml_init(ip);
     ggml_backend_t cpu = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+    if (!ctx || !cpu) {
+        if (cpu) ggml_backend_free(cpu);
+        if (ctx) ggml_free(ctx);
+        throw std::runtime_error("layer_norm: no CPU backend");
+    }
     ggml_backend_cpu_set_n_threads(cpu, threads > 0 ? threads : 1);
     ggml_tensor * xt = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, T);
     ggml_tensor * wt = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n);
@@ -243,6 +248,11 @@ std::vector<float> eval_layer_norm(const float * x, int64_t T, int64_t n, const 
     ggml_tensor * y = fused ? layer_norm_scale_shift(ctx, xt, wt, bt, eps)
                             : ggml_add(ctx, ggml_mul(ctx, ggml_norm(ctx, xt, eps), wt), bt);
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, cpu);
+    if (!buf) {
+        ggml_backend_free(cpu);
+        ggml_free(ctx);
+        throw std::runtime_error("layer_norm: cannot allocate the tensors");
+    }
     ggml_backend_tensor_set(xt, x, 0, ggml_nbytes(xt));
     ggml_backend_tensor_set(wt, w, 0, ggml_nbytes(wt));
     ggml_backend_tensor_set(bt, b, 0, ggml_nbytes(bt));
