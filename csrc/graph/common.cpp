@@ -19,7 +19,8 @@
 namespace fun_asr {
 
 ggml_tensor * layer_norm(ggml_context * ctx, ggml_tensor * x, const Norm & n, float eps) {
-    if (n.b && fused_add_supported(x, n.b) && fused_add_supported(x, n.w) && eps >= 0.0f) {
+    if (n.b && layer_norm_fusion_available() && fused_add_supported(x, n.b) && fused_add_supported(x, n.w) &&
+        eps >= 0.0f) {
         return layer_norm_scale_shift(ctx, x, n.w, n.b, eps);
     }
     x = ggml_norm(ctx, x, eps);

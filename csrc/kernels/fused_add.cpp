@@ -186,6 +186,14 @@ ggml_tensor * residual_bias_add(ggml_context * ctx, ggml_tensor * x, ggml_tensor
     return custom<Op::kResidualBias>(ctx, y, b, x);
 }
 
+bool layer_norm_fusion_available() {
+#if defined(__APPLE__)
+    return false;
+#else
+    return fusion_enabled();
+#endif
+}
+
 ggml_tensor * layer_norm_scale_shift(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, ggml_tensor * b, float eps) {
     ggml_tensor * args[3] = {x, w, b};
     return ggml_custom_4d(ctx, GGML_TYPE_F32, x->ne[0], x->ne[1], 1, 1, args, 3, layer_norm_run, GGML_N_TASKS_MAX,

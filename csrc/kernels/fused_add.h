@@ -26,6 +26,9 @@ bool fused_add_supported(const ggml_tensor * y, const ggml_tensor * b, const ggm
 
 // y * w + b (a LayerNorm's scale and shift: the product rounded, then the sum; w, b [n])
 ggml_tensor * scale_shift(ggml_context * ctx, ggml_tensor * y, ggml_tensor * w, ggml_tensor * b);
+// Whether layer_norm_scale_shift gives ggml_norm's bits in this build: not on Apple, where ggml's CPU backend
+// may sum and center the rows with Accelerate's vDSP instead of its own loops.
+bool layer_norm_fusion_available();
 // ggml_norm(x, eps) * w + b in one node, the same bits (x [n, T] as fused_add_supported takes y)
 ggml_tensor * layer_norm_scale_shift(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, ggml_tensor * b, float eps);
 // relu(y + b)
