@@ -428,6 +428,9 @@ bool wide_ok() {
     static const bool ok = [] {
         const char * env = std::getenv("FUN_ASR_ZMM");
         if (env && std::strcmp(env, "0") == 0) return false;
+        // FUN_ASR_MATVEC=avx2 / avxvnni stands in for a CPU without AVX-512: the 256-bit code then, as there
+        const char * mv = std::getenv("FUN_ASR_MATVEC");
+        if (mv && (std::strcmp(mv, "avx2") == 0 || std::strcmp(mv, "avxvnni") == 0)) return false;
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
     }();
