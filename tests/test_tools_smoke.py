@@ -16,7 +16,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     table = out.read_text()
     needles = ("Per-node profile", "encode/", "WER per type", "| transformers | 5 |", "| q8_0 | 5 |",
-               "bandwidth limit", "matmul", "Peak RSS", "Batching", "best case")
+               "bandwidth limit", "matmul", "Peak RSS", "Batching", "best case", "1 thread:")
     for needle in needles:
         assert needle in table, needle
     # --contention (same work folder: the tiny checkpoint and package are reused)
