@@ -14,8 +14,9 @@
 Random weights rarely emit EOS, so both engines decode exactly --tokens tokens per clip (the
 benchmark-only ignore_eos switch). Engines alternate per repeat; medians are reported. Also measured
 in the same run: memory read bandwidth (all threads, before and after the runs; and 1 thread) -> the
-bandwidth limit per decoded token (decoder weight bytes read per token / the better probe); ggml's own matmul speed on the encoder's shapes
--> the encoder's matmul bound; peak RSS of a fresh process transcribing the 10 s clip.
+bandwidth limit per decoded token (decoder weight bytes read per token / the better probe); ggml's own
+matmul speed on the encoder's shapes -> the encoder's matmul bound; peak RSS of a fresh process
+transcribing the 10 s clip.
 """
 
 from __future__ import annotations
