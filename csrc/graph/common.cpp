@@ -9,6 +9,7 @@
 #include "ggml-cpu.h"
 
 #include "kernels/attention.h"
+#include "kernels/decoder_fused.h"
 #include "kernels/fsmn_memory.h"
 #include "kernels/fused_add.h"
 #include "kernels/gemm_amx.h"
@@ -155,6 +156,40 @@ std::vector<ggml_tensor *> products(ggml_context * ctx, const std::vector<ggml_t
     if (all_matvec && fusion_enabled() && matvec_many_supported(ws, x)) return blocks(matvec_many(ctx, ws, x));
     std::vector<ggml_tensor *> out;
     for (ggml_tensor * w : ws) out.push_back(frames ? mul_mat_frames(ctx, w, x, prepared) : mul_mat_step(ctx, w, x, prepared));
+    return out;
+}
+
+std::vector<ggml_tensor *> products_computing_input(ggml_context * ctx, const std::vector<ggml_tensor *> & ws,
+                                                    const ProductInput & input, ggml_tensor ** sum) {
+    ggml_tensor * x = input.a;  // (the input's shape)
+    if (ws.empty() || !node_input_supported(input) || (input.kind == NodeInput::add_rms_norm && !sum)) return {};
+    const bool inline_quads = x->ne[1] <= kInlinePrepareCols;  // (more columns share a preparing node)
+    const bool all_matvec = std::all_of(ws.begin(), ws.end(), [&](ggml_tensor * w) { return step_takes_matvec(w, x); });
+    if (ws.size() == 1) {  // SwiGLU before the down projection
+        ggml_tensor * w = ws[0];
+        if (input.kind != NodeInput::swiglu) return {};
+        if (is_q8_0_quads(w) && inline_quads && int8_gemm_supported(w, x)) return {int8_gemm_inline(ctx, w, x, &input)};
+        if (all_matvec && matvec_takes_input(w, x)) return {matvec(ctx, w, x, &input)};
+        return {};
+    }
+    ggml_tensor * node = nullptr;
+    if (int8_gemm_many_supported(ws, x) && inline_quads) {
+        node = int8_gemm_many(ctx, ws, x, nullptr, &input);
+    } else if (all_matvec && fusion_enabled() && matvec_many_supported(ws, x)) {
+        node = matvec_many(ctx, ws, x, &input);
+    } else {
+        return {};
+    }
+    std::vector<ggml_tensor *> out;
+    size_t offset = 0;
+    const auto n = x->ne[1];
+    for (ggml_tensor * w : ws) {
+        out.push_back(ggml_view_2d(ctx, node, w->ne[1], n, static_cast<size_t>(w->ne[1]) * sizeof(float), offset));
+        offset += static_cast<size_t>(w->ne[1] * n) * sizeof(float);
+    }
+    if (input.kind == NodeInput::add_rms_norm && sum) {
+        *sum = ggml_view_2d(ctx, node, x->ne[0], n, static_cast<size_t>(x->ne[0]) * sizeof(float), offset);
+    }
     return out;
 }
 

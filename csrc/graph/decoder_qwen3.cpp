@@ -45,15 +45,30 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         x = ggml_add(ctx, x, y);
         return rms_norm(ctx, x, norm, d.rms_eps);
     };
+    // The products after a residual sum: in a decode step their node computes x + y and its norm itself where it
+    // takes that (kernels/decoder_fused: node_input; one node and one barrier fewer), else residual_norm's node.
+    auto normed_products = [&](ggml_tensor * y, ggml_tensor * norm, const std::vector<ggml_tensor *> & ws) {
+        if (fuse && !frames) {
+            ggml_tensor * sum = nullptr;
+            auto out = products_computing_input(ctx, ws, ProductInput{NodeInput::add_rms_norm, x, y, norm, d.rms_eps}, &sum);
+            if (!out.empty()) {
+                x = sum;
+                return out;
+            }
+        }
+        ggml_tensor * h = residual_norm(y, norm);
+        return products(ctx, ws, h, prepare(ws[0], h), frames);
+    };
     ggml_tensor * h = rms_norm(ctx, x, w.dec.front().attn_norm, d.rms_eps);  // each later one: the previous layer's end
+    ggml_tensor * down = nullptr;  // (fused: the previous layer's last product, its residual sum not formed yet)
     for (int64_t il = 0; il < d.n_layers; ++il) {
         const Qwen3Layer & l = w.dec[static_cast<size_t>(il)];
         ggml_tensor * kc = (*in.k_cache)[static_cast<size_t>(il)];
         ggml_tensor * vc = (*in.v_cache)[static_cast<size_t>(il)];
-        ggml_tensor * hp = prepare(l.q, h);
 
         // q / k / v in one node where the kernel takes them together (the same numbers as three)
-        const std::vector<ggml_tensor *> qkv = products(ctx, {l.q, l.k, l.v}, h, hp, frames);
+        const std::vector<ggml_tensor *> qkv =
+            down ? normed_products(down, l.attn_norm, {l.q, l.k, l.v}) : products(ctx, {l.q, l.k, l.v}, h, prepare(l.q, h), frames);
         auto rope = [&](ggml_tensor * t) {
             return ggml_rope_ext(ctx, t, in.positions, nullptr, static_cast<int>(hd), GGML_ROPE_TYPE_NEOX, 0,
                                  d.rope_theta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
@@ -76,12 +91,17 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
             heads_rms_norm_supported(qkv[0], qkv[1], l.q_norm, l.k_norm, hd)) {
             // The query and key heads normed into one [hd, Hq + Hkv, n*B] tensor, one RoPE node for both (each
             // head's row the same arithmetic as alone), one node to store the K/V rows, then fun-asr's attention.
-            ggml_tensor * qk = rope(heads_rms_norm(ctx, qkv[0], qkv[1], l.q_norm, l.k_norm, hd, d.rms_eps));
+            // (and where ggml's RoPE arithmetic is known, the norms, RoPE and store in one node)
+            const bool one = heads_norm_rope_store_supported(qkv[0], qkv[1], l.q_norm, l.k_norm, hd, in.positions,
+                                                             d.rope_theta, qkv[2], rows(kc), rows(vc), in.kv_rows);
+            ggml_tensor * qk = one ? heads_norm_rope_store(ctx, qkv[0], qkv[1], l.q_norm, l.k_norm, hd, d.rms_eps,
+                                                           in.positions, d.rope_theta, qkv[2], rows(kc), rows(vc), in.kv_rows)
+                                   : rope(heads_rms_norm(ctx, qkv[0], qkv[1], l.q_norm, l.k_norm, hd, d.rms_eps));
             ggml_tensor * q = ggml_view_3d(ctx, qk, hd, d.n_heads, n * B, qk->nb[1], qk->nb[2], 0);
             ggml_tensor * k = ggml_view_2d(ctx, qk, kv_dim, n * B, qk->nb[2], static_cast<size_t>(d.n_heads) * qk->nb[1]);
-            if (store_kv_supported(k, qkv[2], rows(kc), rows(vc), in.kv_rows) &&
+            if ((one || store_kv_supported(k, qkv[2], rows(kc), rows(vc), in.kv_rows)) &&
                 cached_attention_supported(q, kw, vw, in.mask, d.n_heads, d.n_kv_heads)) {
-                ggml_build_forward_expand(gf, store_kv(ctx, k, qkv[2], rows(kc), rows(vc), in.kv_rows));
+                if (!one) ggml_build_forward_expand(gf, store_kv(ctx, k, qkv[2], rows(kc), rows(vc), in.kv_rows));
                 att = cached_attention(ctx, q, kw, vw, in.mask, d.n_heads, d.n_kv_heads, scale);
             }
         }
@@ -153,17 +173,26 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
             }
         }
         att = ggml_reshape_2d(ctx, att, hd * d.n_heads, n * B);
-        h = residual_norm(proj(l.o, att), l.ffn_norm);
-        ggml_tensor * fp = prepare(l.gate, h);
-        const std::vector<ggml_tensor *> gate_up = products(ctx, {l.gate, l.up}, h, fp, frames);
-        ggml_tensor * ffn = fuse && fusion_enabled() && weight_in_cpu_memory(l.gate)
-                                ? ggml_swiglu_split(ctx, gate_up[0], gate_up[1])  // silu(gate) * up, one node
-                                : ggml_mul(ctx, ggml_silu(ctx, gate_up[0]), gate_up[1]);
-        h = residual_norm(proj(l.down, ffn), il + 1 < d.n_layers ? w.dec[static_cast<size_t>(il + 1)].attn_norm
-                                                                 : w.output_norm);
-        g.name(x, "dec.blk." + std::to_string(il) + ".out");
+        const std::vector<ggml_tensor *> gate_up = normed_products(proj(l.o, att), l.ffn_norm, {l.gate, l.up});
+        const bool swiglu = fuse && fusion_enabled() && weight_in_cpu_memory(l.gate);
+        down = nullptr;
+        if (swiglu && !frames) {  // SwiGLU inside the down projection's node where it takes it
+            const auto p = products_computing_input(ctx, {l.down}, ProductInput{NodeInput::swiglu, gate_up[0], gate_up[1], nullptr, 0.0f},
+                                                    nullptr);
+            if (!p.empty()) down = p[0];
+        }
+        if (!down) {
+            ggml_tensor * ffn = swiglu ? ggml_swiglu_split(ctx, gate_up[0], gate_up[1])  // silu(gate) * up, one node
+                                       : ggml_mul(ctx, ggml_silu(ctx, gate_up[0]), gate_up[1]);
+            down = proj(l.down, ffn);
+        }
+        if (!fuse) {  // (a debug run reads each layer's output)
+            h = residual_norm(down, il + 1 < d.n_layers ? w.dec[static_cast<size_t>(il + 1)].attn_norm : w.output_norm);
+            down = nullptr;
+            g.name(x, "dec.blk." + std::to_string(il) + ".out");
+        }
     }
-    x = h;
+    x = down ? residual_norm(down, w.output_norm) : h;
     if (!in.all_logits && n > 1) {  // each sequence's last position
         x = ggml_view_2d(ctx, x, x->ne[0], B, static_cast<size_t>(n) * x->nb[1], static_cast<size_t>(n - 1) * x->nb[1]);
         x = ggml_cont(ctx, x);

@@ -2,16 +2,25 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "ggml-backend.h"
+#include "ggml-cpu.h"
 #if defined(__SSE2__)
 #include <immintrin.h>
 #endif
 #include "kernels/fused_add.h"
 #include "kernels/matvec.h"
 #include "kernels/op_params.h"
+
+// ggml-cpu's SwiGLU row (vec.h; the static library exports it): silu(x) * g as ggml_swiglu_split computes it.
+extern "C" void ggml_vec_swiglu_f32(int n, float * y, const float * x, const float * g);
 
 namespace fun_asr {
 
@@ -21,6 +30,22 @@ struct NormParams {
     int64_t hd;
     float eps;
     bool operator<(const NormParams & o) const { return std::tie(hd, eps) < std::tie(o.hd, o.eps); }
+};
+
+struct RopeParams {
+    int64_t hd;
+    float eps, base;
+    int first, second;  // the RoPE's forms (RopeForms)
+    bool operator<(const RopeParams & o) const {
+        return std::tie(hd, eps, base, first, second) < std::tie(o.hd, o.eps, o.base, o.first, o.second);
+    }
+};
+
+// A product node's own input (node_input_args): which, and the norm's epsilon.
+struct InputParams {
+    NodeInput kind;
+    float eps;
+    bool operator<(const InputParams & o) const { return std::tie(kind, eps) < std::tie(o.kind, o.eps); }
 };
 
 // ggml_rms_norm's steps for one row (ggml-cpu ops.cpp): the float squares summed in double, a float mean,
@@ -77,6 +102,187 @@ void run_heads_rms_norm(ggml_tensor * dst, int ith, int nth, void * userdata) {
                          (is_q ? h : h - Hq) * hd;
         auto * o = reinterpret_cast<float *>(static_cast<char *>(dst->data) + t * dst->nb[2] + h * dst->nb[1]);
         rms_norm_row(v, is_q ? qn : kn, hd, p.eps, o);
+    }
+}
+
+// NeoX RoPE as ggml's CPU op computes it (ggml-cpu ops.cpp: ggml_rope_cache_init, rotate_pairs) with freq_scale 1,
+// no YaRN (ext_factor 0) and attn_factor 1: per position a float theta = pos, cos/sin of it (glibc's cosf / sinf,
+// times 1), theta *= base^(-2 / n) for the next pair; pair (i, i + n/2) rotated as x0 c - x1 s, x0 s + x1 c.
+// Whether ggml's compiler fused a product and the difference into an FMA (its -march=native build contracts
+// them, a build for another CPU may not) is read off ggml's own op once (rope_forms): each of the two outputs
+// is one of three forms.
+enum RopeForm : int { kPlain = 0, kFmaFirst = 1, kFmaSecond = 2 };
+struct RopeForms {
+    int first = -1, second = -1;  // x0 c - x1 s, x0 s + x1 c; -1: none matched ggml's
+};
+
+// x0 c - x1 s and x0 s + x1 c in the forms (fma: std::fma, or with hw the FMA instruction, inline).
+template <bool hw>
+inline float fused_mul_add(float a, float b, float c) {
+    if constexpr (hw) return __builtin_fmaf(a, b, c);
+    return std::fma(a, b, c);
+}
+
+template <bool hw>
+inline float rot_first(int form, float x0, float x1, float c, float sn) {
+    switch (form) {
+        case kFmaFirst: return fused_mul_add<hw>(x0, c, -(x1 * sn));
+        case kFmaSecond: return fused_mul_add<hw>(-x1, sn, x0 * c);
+        default: return x0 * c - x1 * sn;
+    }
+}
+
+template <bool hw>
+inline float rot_second(int form, float x0, float x1, float c, float sn) {
+    switch (form) {
+        case kFmaFirst: return fused_mul_add<hw>(x0, sn, x1 * c);
+        case kFmaSecond: return fused_mul_add<hw>(x1, c, x0 * sn);
+        default: return x0 * sn + x1 * c;
+    }
+}
+
+template <bool hw>
+inline void rope_row_impl(const float * x, int64_t n, const float * cs, int first, int second, float * out) {
+    const int64_t half = n / 2;
+    for (int64_t i = 0; i < n; i += 2) {
+        const int64_t ic = i / 2;
+        const float c = cs[i], sn = cs[i + 1], x0 = x[ic], x1 = x[ic + half];
+        out[ic] = rot_first<hw>(first, x0, x1, c, sn);
+        out[ic + half] = rot_second<hw>(second, x0, x1, c, sn);
+    }
+}
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("fma"))) void rope_row_fma(const float * x, int64_t n, const float * cs, int first, int second,
+                                                 float * out) {
+    rope_row_impl<true>(x, n, cs, first, second, out);
+}
+bool cpu_has_fma() {
+    static const bool has = __builtin_cpu_supports("fma");
+    return has;
+}
+#else
+void rope_row_fma(const float * x, int64_t n, const float * cs, int first, int second, float * out) {
+    rope_row_impl<false>(x, n, cs, first, second, out);
+}
+bool cpu_has_fma() { return false; }
+#endif
+
+// Row x (n floats) rotated into out (not x), the forms first / second.
+void rope_row(const float * x, int64_t n, const float * cs, int first, int second, float * out) {
+    if ((first != kPlain || second != kPlain) && cpu_has_fma()) {
+        rope_row_fma(x, n, cs, first, second, out);
+    } else {
+        rope_row_impl<false>(x, n, cs, first, second, out);
+    }
+}
+
+// ggml_rope_cache_init's cos/sin for position p (cs: n floats, cos and sin interleaved).
+void rope_cache(int64_t p, int64_t n, float theta_scale, float * cs) {
+    float theta = static_cast<float>(p);
+    for (int64_t i = 0; i < n; i += 2) {
+        cs[i] = cosf(theta) * 1.0f;
+        cs[i + 1] = sinf(theta) * 1.0f;
+        theta *= theta_scale;
+    }
+}
+
+// The forms ggml's RoPE op takes in this build for rows of n and this base: its output for varied rows and
+// positions against each form of ours (once per n and base: the model's head size and base).
+RopeForms measure_rope_forms(int64_t n, float base) {
+    RopeForms f;
+    constexpr int64_t heads = 4, T = 24;
+    ggml_init_params ip{};
+    ip.mem_size = static_cast<size_t>(3 * n * heads * T) * sizeof(float) + 1024 * 1024;
+    ggml_context * ctx = ggml_init(ip);
+    if (!ctx) return f;
+    ggml_tensor * x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, n, heads, T);
+    ggml_tensor * pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, T);
+    auto * xd = static_cast<float *>(x->data);
+    uint32_t state = 12345u;
+    for (int64_t i = 0; i < n * heads * T; ++i) {
+        state = state * 1664525u + 1013904223u;
+        xd[i] = (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * 8.0f;
+    }
+    auto * pd = static_cast<int32_t *>(pos->data);
+    for (int64_t t = 0; t < T; ++t) pd[t] = static_cast<int32_t>(t * t * 37 + t);
+    ggml_tensor * r = ggml_rope_ext(ctx, x, pos, nullptr, static_cast<int>(n), GGML_ROPE_TYPE_NEOX, 0, base, 1.0f, 0.0f,
+                                    1.0f, 0.0f, 0.0f);
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, r);
+    if (ggml_graph_compute_with_ctx(ctx, gf, 1) == GGML_STATUS_SUCCESS) {
+        bool first[3] = {true, true, true}, second[3] = {true, true, true};
+        const float theta_scale = powf(base, -2.0f / static_cast<float>(n));
+        std::vector<float> cs(static_cast<size_t>(n)), out(static_cast<size_t>(n));
+        const size_t half = static_cast<size_t>(n / 2) * sizeof(float);
+        for (int64_t t = 0; t < T; ++t) {
+            rope_cache(pd[t], n, theta_scale, cs.data());
+            for (int64_t h = 0; h < heads; ++h) {
+                const float * row = xd + (t * heads + h) * n;
+                const float * ref = static_cast<const float *>(r->data) + (t * heads + h) * n;
+                for (int form = 0; form < 3; ++form) {
+                    rope_row(row, n, cs.data(), form, form, out.data());
+                    first[form] = first[form] && std::memcmp(out.data(), ref, half) == 0;
+                    second[form] = second[form] && std::memcmp(out.data() + n / 2, ref + n / 2, half) == 0;
+                }
+            }
+        }
+        for (int form = 2; form >= 0; --form) {  // (the plain form last: where forms agree, any is ggml's)
+            if (first[form]) f.first = form;
+            if (second[form]) f.second = form;
+        }
+    }
+    ggml_free(ctx);
+    return f;
+}
+
+RopeForms rope_forms(int64_t n, float base) {
+    static std::mutex mu;
+    static std::map<std::pair<int64_t, float>, RopeForms> known;
+    std::lock_guard<std::mutex> lock(mu);
+    const auto key = std::make_pair(n, base);
+    auto it = known.find(key);
+    if (it == known.end()) it = known.emplace(key, measure_rope_forms(n, base)).first;
+    return it->second;
+}
+
+// src[0] = q [hd * Hq, T], src[1] = k [hd * Hkv, T], src[2] = qn, src[3] = kn, src[4] = positions I32 [T],
+// src[5] = v [hd * Hkv, T], src[6] = kc, src[7] = vc (rows of the caches), src[8] = cache rows I64 [T].
+// dst [hd, Hq + Hkv, T]: the normed and rotated heads, the key heads and v also into the caches' rows.
+void run_heads_norm_rope_store(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const auto & p = *static_cast<const RopeParams *>(userdata);
+    const ggml_tensor *q = dst->src[0], *k = dst->src[1], *v = dst->src[5], *kc = dst->src[6], *vc = dst->src[7];
+    const auto * qn = static_cast<const float *>(dst->src[2]->data);
+    const auto * kn = static_cast<const float *>(dst->src[3]->data);
+    const auto * pos = static_cast<const int32_t *>(dst->src[4]->data);
+    const auto * rows = static_cast<const char *>(dst->src[8]->data);
+    const int64_t hd = p.hd, Hq = q->ne[0] / hd, H = dst->ne[1], T = dst->ne[2];
+    const float theta_scale = powf(p.base, -2.0f / static_cast<float>(hd));
+    thread_local std::vector<float> cs, normed;
+    cs.resize(static_cast<size_t>(hd));
+    normed.resize(static_cast<size_t>(hd));
+    int64_t cached = -1;
+    const auto [r0, r1] = share(H * T, ith, nth);
+    for (int64_t r = r0; r < r1; ++r) {
+        const int64_t t = r / H, h = r % H;
+        if (t != cached) {
+            rope_cache(pos[t], hd, theta_scale, cs.data());
+            cached = t;
+        }
+        const bool is_q = h < Hq;
+        const ggml_tensor * src = is_q ? q : k;
+        const auto * x = reinterpret_cast<const float *>(static_cast<const char *>(src->data) + t * src->nb[1]) +
+                         (is_q ? h : h - Hq) * hd;
+        auto * o = reinterpret_cast<float *>(static_cast<char *>(dst->data) + t * dst->nb[2] + h * dst->nb[1]);
+        rms_norm_row(x, is_q ? qn : kn, hd, p.eps, normed.data());
+        rope_row(normed.data(), hd, cs.data(), p.first, p.second, o);
+        if (is_q) continue;
+        const int64_t row = *reinterpret_cast<const int64_t *>(rows + t * dst->src[8]->nb[0]);
+        if (row < 0 || row >= kc->ne[1]) continue;  // (the caller gives rows inside the cache)
+        const size_t off = static_cast<size_t>(h - Hq) * static_cast<size_t>(hd) * sizeof(float), bytes = hd * sizeof(float);
+        std::memcpy(static_cast<char *>(kc->data) + row * kc->nb[1] + off, o, bytes);
+        std::memcpy(static_cast<char *>(vc->data) + row * vc->nb[1] + off,
+                    static_cast<const char *>(v->data) + t * v->nb[1] + off, bytes);
     }
 }
 
@@ -153,6 +359,34 @@ ggml_tensor * heads_rms_norm(ggml_context * ctx, ggml_tensor * q, ggml_tensor * 
                           GGML_N_TASKS_MAX, const_cast<NormParams *>(intern_op_params(NormParams{hd, eps})));
 }
 
+bool heads_norm_rope_store_supported(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * qn,
+                                     const ggml_tensor * kn, int64_t hd, const ggml_tensor * positions, float base,
+                                     const ggml_tensor * v, const ggml_tensor * kc, const ggml_tensor * vc,
+                                     const ggml_tensor * rows) {
+    if (!heads_rms_norm_supported(q, k, qn, kn, hd) || hd % 2 != 0 || hd > 4096) return false;
+    if (!store_kv_supported(k, v, kc, vc, rows) || !positions || positions->type != GGML_TYPE_I32) return false;
+    if (ggml_nelements(positions) != q->ne[1] || !ggml_is_contiguous(positions)) return false;
+    if (positions->buffer && !ggml_backend_buffer_is_host(positions->buffer)) return false;
+    const RopeForms f = rope_forms(hd, base);
+    return f.first >= 0 && f.second >= 0;
+}
+
+std::pair<int, int> rope_rotation_forms(int64_t n, float base) {
+    if (n <= 0 || n % 2 != 0 || n > 4096) return {-1, -1};
+    const RopeForms f = rope_forms(n, base);
+    return {f.first, f.second};
+}
+
+ggml_tensor * heads_norm_rope_store(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * qn,
+                                    ggml_tensor * kn, int64_t hd, float eps, ggml_tensor * positions, float base,
+                                    ggml_tensor * v, ggml_tensor * kc, ggml_tensor * vc, ggml_tensor * rows) {
+    const RopeForms f = rope_forms(hd, base);
+    ggml_tensor * args[9] = {q, k, qn, kn, positions, v, kc, vc, rows};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, hd, (q->ne[0] + k->ne[0]) / hd, q->ne[1], 1, args, 9,
+                          run_heads_norm_rope_store, GGML_N_TASKS_MAX,
+                          const_cast<RopeParams *>(intern_op_params(RopeParams{hd, eps, base, f.first, f.second})));
+}
+
 bool store_kv_supported(const ggml_tensor * k, const ggml_tensor * v, const ggml_tensor * kc, const ggml_tensor * vc,
                         const ggml_tensor * rows) {
     if (!fusion_enabled() || !f32_columns(k) || !f32_columns(v) || !f32_columns(kc) || !f32_columns(vc)) return false;
@@ -165,6 +399,61 @@ ggml_tensor * store_kv(ggml_context * ctx, ggml_tensor * k, ggml_tensor * v, ggm
                        ggml_tensor * rows) {
     ggml_tensor * args[5] = {k, v, kc, vc, rows};
     return ggml_custom_4d(ctx, GGML_TYPE_F32, 1, 1, 1, 1, args, 5, run_store_kv, GGML_N_TASKS_MAX, nullptr);
+}
+
+bool node_input_supported(const ProductInput & in) {
+    const ggml_tensor *a = in.a, *b = in.b;
+    if (!fusion_enabled() || !f32_columns(a) || !f32_columns(b) || a->ne[0] != b->ne[0] || a->ne[1] != b->ne[1]) {
+        return false;
+    }
+    if (in.kind == NodeInput::swiglu) return !in.w && a->ne[0] <= INT32_MAX;
+    return in.kind == NodeInput::add_rms_norm && f32_vector(in.w, a->ne[0]);
+}
+
+void * node_input_args(const ProductInput & in, ggml_tensor ** args) {
+    args[1] = in.a;
+    args[kNodeInputSrc] = in.b;
+    args[kNodeInputSrc + 1] = in.w;  // (add_rms_norm's only: what node_input_extra looks for)
+    const float eps = in.kind == NodeInput::add_rms_norm ? in.eps : 0.0f;
+    return const_cast<InputParams *>(intern_op_params(InputParams{in.kind, eps}));
+}
+
+const char * node_input_name(const ggml_tensor * dst) {
+    if (!custom_op_function(dst) || !dst->src[1] || !dst->src[kNodeInputSrc]) return nullptr;
+    return dst->src[kNodeInputSrc + 1] ? "ADD_RMS_NORM" : "SWIGLU";  // (only add_rms_norm has a weight)
+}
+
+int64_t node_input_extra(const ggml_tensor * dst) {
+    const char * name = node_input_name(dst);
+    return name && name[0] == 'A' ? dst->src[1]->ne[0] * dst->src[1]->ne[1] : 0;
+}
+
+const float * node_input(const ggml_tensor * dst, const void * userdata, float * sum, int ith, int nth) {
+    if (!userdata) return nullptr;
+    const auto & p = *static_cast<const InputParams *>(userdata);
+    const ggml_tensor *a = dst->src[1], *b = dst->src[kNodeInputSrc];
+    const int64_t n = a->ne[0], T = a->ne[1];
+    thread_local std::vector<float> in, s;
+    in.resize(static_cast<size_t>(n * T));
+    auto column = [](const ggml_tensor * t, int64_t c) {
+        return reinterpret_cast<const float *>(static_cast<const char *>(t->data) + c * t->nb[1]);
+    };
+    if (p.kind == NodeInput::swiglu) {
+        for (int64_t t = 0; t < T; ++t) ggml_vec_swiglu_f32(static_cast<int>(n), in.data() + t * n, column(a, t), column(b, t));
+        return in.data();
+    }
+    // add_rms_norm: every thread the whole input (a few thousand floats), run_add_rms_norm's steps; the sums of
+    // its share of the columns also into the node's output
+    const auto * w = static_cast<const float *>(dst->src[kNodeInputSrc + 1]->data);
+    const auto [t0, t1] = share(T, ith, nth);
+    s.resize(static_cast<size_t>(n));
+    for (int64_t t = 0; t < T; ++t) {
+        const float *xr = column(a, t), *yr = column(b, t);
+        float * sr = sum && t >= t0 && t < t1 ? sum + t * n : s.data();
+        for (int64_t i = 0; i < n; ++i) sr[i] = xr[i] + yr[i];
+        rms_norm_row(sr, w, n, p.eps, in.data() + t * n);
+    }
+    return in.data();
 }
 
 int64_t first_argmax(const float * x, int64_t n) {
@@ -210,6 +499,7 @@ const char * decoder_fused_op(const ggml_tensor * t) {
     if (!fun) return nullptr;
     if (fun == run_add_rms_norm) return "ADD_RMS_NORM";
     if (fun == run_heads_rms_norm) return "HEADS_RMS_NORM";
+    if (fun == run_heads_norm_rope_store) return "HEADS_NORM_ROPE_STORE";
     if (fun == run_store_kv) return "STORE_KV";
     return fun == run_argmax ? "ARGMAX" : nullptr;
 }

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "ggml.h"
 
@@ -42,6 +43,24 @@ bool heads_rms_norm_supported(const ggml_tensor * q, const ggml_tensor * k, cons
 ggml_tensor * heads_rms_norm(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * qn, ggml_tensor * kn,
                              int64_t hd, float eps);
 
+// heads_rms_norm, then ggml_rope_ext's NeoX RoPE of every head (n_dims = hd, base `base`, no scaling) at
+// positions (I32 [T]), and store_kv of the rotated key heads and v, in one node: F32 [hd, Hq + Hkv, T] as
+// heads_rms_norm's, rotated. The RoPE is ggml's CPU op's arithmetic, including whether ggml's build fused its
+// products into FMAs (read off ggml's own op once per head size and base; where no form of ours matches it, not
+// supported). The graph
+// reaches the caches' rows through this node's output (the attention's query is a view of it).
+bool heads_norm_rope_store_supported(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * qn,
+                                     const ggml_tensor * kn, int64_t hd, const ggml_tensor * positions, float base,
+                                     const ggml_tensor * v, const ggml_tensor * kc, const ggml_tensor * vc,
+                                     const ggml_tensor * rows);
+// The forms of ggml's RoPE rotation in this build for rows of n and this base, as heads_norm_rope_store finds
+// them: for x0 c - x1 s and for x0 s + x1 c each 0 (two products and a sum), 1 (an FMA of the first product),
+// 2 (of the second), -1 (none of ours: heads_norm_rope_store is not supported).
+std::pair<int, int> rope_rotation_forms(int64_t n, float base);
+ggml_tensor * heads_norm_rope_store(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * qn,
+                                    ggml_tensor * kn, int64_t hd, float eps, ggml_tensor * positions, float base,
+                                    ggml_tensor * v, ggml_tensor * kc, ggml_tensor * vc, ggml_tensor * rows);
+
 // Whether store_kv takes k, v (F32 [kv_dim, T] views whose columns are contiguous floats, nb[1] apart) and
 // caches kc, vc (F32 [kv_dim, rows] views of host memory) with rows (I64 [T]). False when FUN_ASR_FUSE=0.
 bool store_kv_supported(const ggml_tensor * k, const ggml_tensor * v, const ggml_tensor * kc, const ggml_tensor * vc,
@@ -51,6 +70,41 @@ bool store_kv_supported(const ggml_tensor * k, const ggml_tensor * v, const ggml
 // must expand it before the nodes that read the caches.
 ggml_tensor * store_kv(ggml_context * ctx, ggml_tensor * k, ggml_tensor * v, ggml_tensor * kc, ggml_tensor * vc,
                        ggml_tensor * rows);
+
+// A decode step's product node that computes its own input: one node and one thread barrier fewer per
+// product. The products' kernels (kernels/matvec's and kernels/gemm_avx2's nodes for a few columns) then read,
+// instead of their activation source, what node_input computes in every thread from the node's sources
+// src[1], src[kNodeInputSrc] and src[kNodeInputSrc + 1], with the arithmetic of the node it replaces:
+//   add_rms_norm: src[1] = x, then y and w: rms_norm(x + y) * w, as add_rms_norm; the node's output has one
+//     more contiguous [n, T] block after the products' blocks: x + y (node_input writes it);
+//   swiglu: src[1] = gate, then up: silu(gate) * up, ggml_swiglu_split's row function itself.
+enum class NodeInput : int32_t { add_rms_norm = 1, swiglu = 2 };
+constexpr int kNodeInputSrc = 7;
+
+// One such input: a = x or gate, b = y or up, w = the norm's weight (add_rms_norm) or null, the norm's epsilon.
+struct ProductInput {
+    NodeInput kind;
+    ggml_tensor *a, *b, *w;
+    float eps;
+};
+
+// Whether a node can compute that input from a (x or gate: F32 [n, T], rows of contiguous floats), b (y or up,
+// the same shape) and, for add_rms_norm, w (F32 [n] in CPU memory). False when FUN_ASR_FUSE=0.
+bool node_input_supported(const ProductInput & in);
+
+// Puts the input's tensors into a product node's sources (args[1], args[kNodeInputSrc], args[kNodeInputSrc + 1];
+// args has room for kNodeInputSrc + 2) and returns the node's userdata.
+void * node_input_args(const ProductInput & in, ggml_tensor ** args);
+
+// The elements of product node dst's output past its products (add_rms_norm's sum block), else 0; the name of
+// its own input ("ADD_RMS_NORM", "SWIGLU"), else null.
+int64_t node_input_extra(const ggml_tensor * dst);
+const char * node_input_name(const ggml_tensor * dst);
+
+// The input of product node dst whose userdata is node_input_args's, this thread's own copy: F32 [n, T],
+// columns n floats apart (n = src[1]->ne[0]). add_rms_norm: writes this thread's share of the columns of x + y
+// at `sum` (columns n floats apart). Null for a node without one (userdata null).
+const float * node_input(const ggml_tensor * dst, const void * userdata, float * sum, int ith, int nth);
 
 // Whether argmax_columns takes logits: F32 [V, n] in host memory, rows of contiguous floats (and FUN_ASR_FUSE
 // is not 0).
@@ -63,7 +117,8 @@ ggml_tensor * argmax_columns(ggml_context * ctx, ggml_tensor * logits);
 // The index of the first maximum of x[0..n) (std::max_element's answer), vectorized.
 int64_t first_argmax(const float * x, int64_t n);
 
-// The profile's name of one of these ops ("ADD_RMS_NORM", "HEADS_RMS_NORM", "STORE_KV", "ARGMAX"), else null.
+// The profile's name of one of these ops ("ADD_RMS_NORM", "HEADS_RMS_NORM", "HEADS_NORM_ROPE_STORE", "STORE_KV",
+// "ARGMAX"), else null.
 const char * decoder_fused_op(const ggml_tensor * t);
 
 }  // namespace fun_asr

@@ -11,9 +11,11 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
+#include "kernels/decoder_fused.h"
 #include "kernels/gemm_amx.h"
 #include "kernels/row_tail.h"
 #include "kernels/matvec.h"
+#include "kernels/op_params.h"
 #include "kernels/q4_k_x8_layout.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -218,15 +220,14 @@ const Choice & choice() {
 }
 
 // Columns [c0, c1) of x (F32 [k, m]) into the prepared layout at `out` (Layout(k, m).bytes for all m columns).
-void prepare_columns(const ggml_tensor * x, uint8_t * out, int64_t c0, int64_t c1) {
-    const int64_t k = x->ne[0], m = x->ne[1];
+// Columns [c0, c1) of the F32 [k, m] activation x (columns xs floats apart) into the prepared layout at out.
+void prepare_columns(const float * x, int64_t xs, int64_t k, int64_t m, uint8_t * out, int64_t c0, int64_t c1) {
     const Layout L(k, m);
     auto * xq = reinterpret_cast<int16_t *>(out);
     auto * dx = reinterpret_cast<float *>(out + L.q_bytes);
     auto * sx = reinterpret_cast<float *>(out + L.q_bytes + L.d_bytes);
     auto * x8 = reinterpret_cast<int8_t *>(out + L.q_bytes + 2 * L.d_bytes);
     auto * xh = reinterpret_cast<int16_t *>(out + L.q_bytes + 2 * L.d_bytes + L.i8_bytes);
-    const int64_t xs = static_cast<int64_t>(x->nb[1] / sizeof(float));
     const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
     thread_local std::vector<uint8_t> q;
     q.resize(static_cast<size_t>(L.nb) * kBlockBytes);
@@ -236,7 +237,7 @@ void prepare_columns(const ggml_tensor * x, uint8_t * out, int64_t c0, int64_t c
     constexpr bool vector = false;
 #endif
     for (int64_t c = c0; c < c1; ++c) {
-        from_float(static_cast<const float *>(x->data) + c * xs, q.data(), k);  // ggml's own Q8_0
+        from_float(x + c * xs, q.data(), k);  // ggml's own Q8_0
 #if FUN_ASR_GEMM_X86
         if (vector) {
             avx2::prepare_blocks(q.data(), L.nb, xq + c * k, x8 + c * k, xh + 2 * c * L.nb, dx + c * L.nb, sx + c * L.nb);
@@ -268,6 +269,11 @@ void prepare_columns(const ggml_tensor * x, uint8_t * out, int64_t c0, int64_t c
     }
 }
 
+void prepare_columns(const ggml_tensor * x, uint8_t * out, int64_t c0, int64_t c1) {
+    prepare_columns(static_cast<const float *>(x->data), static_cast<int64_t>(x->nb[1] / sizeof(float)), x->ne[0], x->ne[1],
+                    out, c0, c1);
+}
+
 void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const int64_t m = dst->src[0]->ne[1];
     const int64_t per = (m + nth - 1) / nth;
@@ -277,18 +283,23 @@ void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
 
 // The prepared activation as the tiles read it (every part of Layout(k, m)): an int8_gemm_prepare node's
 // output, or, for an F32 activation (int8_gemm_inline / int8_gemm_many with few columns), this thread's own
-// preparation of every column.
+// preparation of every column: of the node's own input where it computes one (`input`: node_input's, columns k
+// floats apart), else of the activation source.
 struct Prepared {
     const int16_t * xq;
     const float *xd, *xs;
     const int8_t * x8;
     const int32_t * xh;
-    Prepared(const ggml_tensor * act, const Layout & L, int64_t m) {
+    Prepared(const ggml_tensor * act, const Layout & L, int64_t m, const float * input = nullptr) {
         const uint8_t * base = static_cast<const uint8_t *>(act->data);
         if (act->type == GGML_TYPE_F32) {
             thread_local std::vector<uint8_t> own;
             own.resize(L.bytes);
-            prepare_columns(act, own.data(), 0, m);
+            if (input) {
+                prepare_columns(input, act->ne[0], act->ne[0], m, own.data(), 0, m);
+            } else {
+                prepare_columns(act, own.data(), 0, m);
+            }
             base = own.data();
         }
         xq = reinterpret_cast<const int16_t *>(base);
@@ -306,7 +317,7 @@ int64_t group_share(int64_t groups, int nth) {
     return (units + nth - 1) / nth * unit;
 }
 
-void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
+void run(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const ggml_tensor * w = dst->src[0];
     const ggml_tensor * prepared = dst->src[1];
     const int64_t k = w->ne[0], rows = w->ne[1], m = dst->ne[1];
@@ -316,7 +327,8 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     const int64_t g0 = std::min<int64_t>(groups, per * ith), g1 = std::min<int64_t>(groups, g0 + per);
     if (g0 >= g1) return;
     const Layout L(k, m);
-    const Prepared x(prepared, L, m);
+    // (a node that computes its own input, kernels/decoder_fused: SwiGLU's, no output of its own)
+    const Prepared x(prepared, L, m, node_input(dst, userdata, nullptr, ith, nth));
     const float * bias = dst->src[2] ? static_cast<const float *>(dst->src[2]->data) : nullptr;
     thread_local std::vector<int8_t> wq;
     thread_local std::vector<float> wd, wo;
@@ -348,7 +360,7 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
 
 // int8_gemm_many: sources w0, the activation (I16 prepared, or F32: prepared here by every thread), w1, w2 ...
 // (matrices in the VNNI layout, the same k). The threads split the matrices' row groups taken together.
-void run_many(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
+void run_many(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const ggml_tensor * act = dst->src[1];
     const ggml_tensor * ws[GGML_MAX_SRC] = {dst->src[0]};  // (no allocation: this runs per node and thread)
     int n = 1;
@@ -358,13 +370,17 @@ void run_many(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
         groups += ws[i]->ne[1] / kGroup;
         rows += ws[i]->ne[1];
     }
-    const int64_t k = ws[0]->ne[0], m = dst->ne[0] / rows;  // (a prepared activation is a flat I16 buffer)
+    // (a prepared activation is a flat I16 buffer; the output is flat too, a node's own input's sum block last)
+    const int64_t k = ws[0]->ne[0], m = act->type == GGML_TYPE_F32 ? act->ne[1] : dst->ne[0] / rows;
+    auto * y = static_cast<float *>(dst->data);
+    // A node that computes its own input (kernels/decoder_fused): every thread, also one without rows here (the
+    // residual sum's block after the products' is written by the threads' shares of its columns).
+    const float * input = node_input(dst, userdata, y + rows * m, ith, nth);
     const int64_t per = group_share(groups, nth);
     const int64_t t0 = std::min<int64_t>(groups, per * ith), t1 = std::min<int64_t>(groups, t0 + per);
     if (t0 >= t1) return;
     const Layout L(k, m);
-    const Prepared x(act, L, m);
-    auto * y = static_cast<float *>(dst->data);
+    const Prepared x(act, L, m, input);
     int64_t first = 0;  // the current matrix's first group in the joint numbering
     for (int i = 0; i < n; ++i) {
         const ggml_tensor * w = ws[i];
@@ -385,7 +401,7 @@ const char * int8_gemm_isa() { return choice().isa; }
 int int8_gemm_vector_bits() { return choice().rows ? choice().vector_bits : 0; }
 
 ggml_tensor * int8_gemm_many(ggml_context * ctx, const std::vector<ggml_tensor *> & ws, ggml_tensor * x,
-                             ggml_tensor * prepared) {
+                             ggml_tensor * prepared, const ProductInput * input) {
     ggml_tensor * args[GGML_MAX_SRC] = {};
     args[0] = ws[0];
     args[1] = is_int8_gemm_prepare(prepared) ? prepared : x;
@@ -394,12 +410,20 @@ ggml_tensor * int8_gemm_many(ggml_context * ctx, const std::vector<ggml_tensor *
         rows += ws[i]->ne[1];
         if (i > 0) args[i + 1] = ws[i];
     }
-    return ggml_custom_4d(ctx, GGML_TYPE_F32, rows * x->ne[1], 1, 1, 1, args, static_cast<int>(ws.size()) + 1, run_many,
-                          GGML_N_TASKS_MAX, nullptr);
+    int n_args = static_cast<int>(ws.size()) + 1;
+    void * userdata = nullptr;
+    if (input && args[1] == x) {  // (the caller asks for no prepared activation with an input of the node's own)
+        userdata = node_input_args(*input, args);
+        n_args = kNodeInputSrc + 2;
+        if (input->kind == NodeInput::add_rms_norm) rows += x->ne[0];  // the sum's block
+    }
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, rows * x->ne[1], 1, 1, 1, args, n_args, run_many, GGML_N_TASKS_MAX,
+                          userdata);
 }
 
 bool int8_gemm_many_supported(const std::vector<ggml_tensor *> & ws, const ggml_tensor * x) {
-    if (ws.size() < 2 || ws.size() + 1 > GGML_MAX_SRC) return false;
+    // (the matrices in src[0], src[2] ... before the sources of a node's own input, kernels/decoder_fused)
+    if (ws.size() < 2 || ws.size() + 1 > kNodeInputSrc) return false;
     for (const ggml_tensor * w : ws) {
         if (!is_q8_0_quads(w) || w->ne[0] != ws[0]->ne[0] || !int8_gemm_supported(w, x)) return false;
     }
@@ -511,9 +535,11 @@ ggml_tensor * int8_gemm(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, gg
                           nullptr);
 }
 
-ggml_tensor * int8_gemm_inline(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
-    ggml_tensor * args[2] = {w, x};
-    return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, args, 2, run, GGML_N_TASKS_MAX, nullptr);
+ggml_tensor * int8_gemm_inline(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, const ProductInput * input) {
+    ggml_tensor * args[GGML_MAX_SRC] = {w, x};
+    void * userdata = input ? node_input_args(*input, args) : nullptr;
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, args, input ? kNodeInputSrc + 2 : 2, run,
+                          GGML_N_TASKS_MAX, userdata);
 }
 
 bool is_int8_gemm(const ggml_tensor * t) {
@@ -527,12 +553,8 @@ bool is_int8_gemm(const ggml_tensor * t) {
 }
 
 bool is_int8_gemm_many(const ggml_tensor * t) {
-    if (!t || t->op != GGML_OP_CUSTOM || !is_q8_0_quads(t->src[0]) || !t->src[1] || !is_q8_0_quads(t->src[2])) return false;
-    int64_t rows = 0;
-    for (int i = 0; i < GGML_MAX_SRC; ++i) {
-        if (i != 1 && t->src[i]) rows += t->src[i]->ne[1];
-    }
-    return t->ne[1] == 1 && t->ne[0] % rows == 0;
+    const ggml_custom_op_t fun = custom_op_function(t);
+    return fun && fun == run_many;
 }
 
 bool is_int8_gemm_prepare(const ggml_tensor * t) {

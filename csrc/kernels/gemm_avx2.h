@@ -80,16 +80,20 @@ ggml_tensor * q8_0_quads_get_rows(ggml_context * ctx, ggml_tensor * w, ggml_tens
 
 // The product of a matrix in the VNNI layout (is_q8_0_quads) with a few columns, without a preparing node:
 // every thread quantizes the whole activation itself (as the mat-vec kernels do), so a decode step has one
-// node (and one barrier) per product instead of two. The same numbers as int8_gemm.
-ggml_tensor * int8_gemm_inline(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
+// node (and one barrier) per product instead of two. The same numbers as int8_gemm. With `input` (a decode
+// step's SwiGLU, x = input->a: kernels/decoder_fused) the node computes x itself.
+struct ProductInput;
+ggml_tensor * int8_gemm_inline(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, const ProductInput * input = nullptr);
 
 // Several matrices in the VNNI layout times the same x in one node (q / k / v, gate / up: fewer nodes and thread
 // barriers per decode step): F32 [sum of their rows * m], matrix i's [rows_i, m] block after the ones before it
 // (views of it are contiguous). `prepared`: int8_gemm_prepare(ctx, x), or null to prepare in every thread (few
-// columns). The same numbers as one product per matrix.
+// columns). The same numbers as one product per matrix. At most 6 matrices. With `input` and no `prepared`
+// (x = input->a), the node computes x itself (kernels/decoder_fused); add_rms_norm's sum x + y is one more
+// [x->ne[0], m] block at the end.
 bool int8_gemm_many_supported(const std::vector<ggml_tensor *> & ws, const ggml_tensor * x);
 ggml_tensor * int8_gemm_many(ggml_context * ctx, const std::vector<ggml_tensor *> & ws, ggml_tensor * x,
-                             ggml_tensor * prepared);
+                             ggml_tensor * prepared, const ProductInput * input = nullptr);
 bool is_int8_gemm_many(const ggml_tensor * t);
 
 // Whether a graph node is this kernel's product / its activation-preparing op.

@@ -9,6 +9,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
+#include "kernels/decoder_fused.h"
 #include "kernels/op_params.h"
 #include "kernels/q4_k_x8_layout.h"
 
@@ -268,12 +269,13 @@ void quantize_cols(ggml_type wtype, const float * x, int64_t xs, int64_t n, int6
     }
 }
 
-void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
+void run(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const ggml_tensor * w = dst->src[0];
     const ggml_tensor * x = dst->src[1];
     const int64_t k = w->ne[0], rows = w->ne[1], n = x->ne[1];
     thread_local Activation act;
-    const int64_t xs = static_cast<int64_t>(x->nb[1] / sizeof(float)), ys = static_cast<int64_t>(dst->nb[1] / sizeof(float));
+    int64_t xs = static_cast<int64_t>(x->nb[1] / sizeof(float));
+    const int64_t ys = static_cast<int64_t>(dst->nb[1] / sizeof(float));
     int64_t r0 = 0, r1 = rows, c0 = 0, c1 = n;
     if (n >= kColumnSplit * nth) {
         // Many columns (encoder frames, a prefill): each thread takes a range of columns (multiples of the
@@ -290,7 +292,14 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
         r1 = std::min<int64_t>(rows, r0 + per);
     }
     if (r0 >= r1 || c0 >= c1) return;
-    quantize_cols(w->type, static_cast<const float *>(x->data) + c0 * xs, xs, c1 - c0, k, act);
+    // (a node that computes its own input, kernels/decoder_fused: SwiGLU's, no output of its own)
+    const float * xd = node_input(dst, userdata, nullptr, ith, nth);
+    if (xd) {
+        xs = k;
+    } else {
+        xd = static_cast<const float *>(x->data);
+    }
+    quantize_cols(w->type, xd + c0 * xs, xs, c1 - c0, k, act);
     kernel_for(w)(static_cast<const uint8_t *>(w->data), w->nb[1], r0, r1, act.data(), act.scales.data(), c1 - c0,
                   blocks_per_row(w->type, k), static_cast<float *>(dst->data) + c0 * ys, ys);
 }
@@ -299,7 +308,7 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
 // each one's output a contiguous [rows, n] block, one after the other. The threads split the matrices' rows
 // taken together (16-row multiples, as run's row split), each row the kernel's arithmetic as alone; every
 // thread quantizes x once per weight type it meets.
-void run_many(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
+void run_many(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const ggml_tensor * x = dst->src[1];
     const int64_t n = x->ne[1];
     std::vector<const ggml_tensor *> ws{dst->src[0]};
@@ -308,17 +317,21 @@ void run_many(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     for (const ggml_tensor * w : ws) total += w->ne[1];
     const int64_t per = ((total + nth - 1) / nth + 15) / 16 * 16;
     const int64_t t0 = std::min<int64_t>(total, per * ith), t1 = std::min<int64_t>(total, t0 + per);
-    const int64_t xs = static_cast<int64_t>(x->nb[1] / sizeof(float));
+    auto * out = static_cast<float *>(dst->data);
+    // A node that computes its own input (kernels/decoder_fused): every thread, also one without rows here (the
+    // residual sum's block after the products' is written by the threads' shares of its columns).
+    const float * xd = node_input(dst, userdata, out + total * n, ith, nth);
+    const int64_t xs = xd ? x->ne[0] : static_cast<int64_t>(x->nb[1] / sizeof(float));
+    if (!xd) xd = static_cast<const float *>(x->data);
     thread_local Activation act;
     ggml_type quantized = GGML_TYPE_COUNT;
     int64_t offset = 0;
-    auto * out = static_cast<float *>(dst->data);
     for (const ggml_tensor * w : ws) {
         const int64_t rows = w->ne[1], r0 = std::max<int64_t>(t0 - offset, 0), r1 = std::min<int64_t>(t1 - offset, rows);
         if (r0 < r1) {
             const ggml_type qt = w->type == GGML_TYPE_Q4_K ? GGML_TYPE_Q6_K : w->type;  // the K-quants share Q8_K
             if (qt != quantized) {
-                quantize_cols(w->type, static_cast<const float *>(x->data), xs, n, w->ne[0], act);
+                quantize_cols(w->type, xd, xs, n, w->ne[0], act);
                 quantized = qt;
             }
             kernel_for(w)(static_cast<const uint8_t *>(w->data), w->nb[1], r0, r1, act.data(), act.scales.data(), n,
@@ -332,7 +345,8 @@ void run_many(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
 }  // namespace
 
 bool matvec_many_supported(const std::vector<ggml_tensor *> & ws, const ggml_tensor * x) {
-    if (ws.size() < 2 || ws.size() > GGML_MAX_SRC - 1 || !x || x->ne[1] >= kColumnSplit) return false;
+    // (the matrices in src[0], src[2] ... before the sources of a node's own input, kernels/decoder_fused)
+    if (ws.size() < 2 || ws.size() + 1 > kNodeInputSrc || !x || x->ne[1] >= kColumnSplit) return false;
     for (size_t i = 0; i < ws.size(); ++i) {
         const ggml_tensor * w = ws[i];
         if (!matvec_step_supported(w, x) || w->ne[0] != ws[0]->ne[0]) return false;
@@ -341,15 +355,22 @@ bool matvec_many_supported(const std::vector<ggml_tensor *> & ws, const ggml_ten
     return true;
 }
 
-ggml_tensor * matvec_many(ggml_context * ctx, const std::vector<ggml_tensor *> & ws, ggml_tensor * x) {
-    std::vector<ggml_tensor *> args{ws[0], x};
+ggml_tensor * matvec_many(ggml_context * ctx, const std::vector<ggml_tensor *> & ws, ggml_tensor * x,
+                          const ProductInput * input) {
+    ggml_tensor * args[GGML_MAX_SRC] = {ws[0], x};
     int64_t rows = 0;
     for (size_t i = 0; i < ws.size(); ++i) {
-        if (i > 0) args.push_back(ws[i]);
+        if (i > 0) args[i + 1] = ws[i];
         rows += ws[i]->ne[1];
     }
-    return ggml_custom_4d(ctx, GGML_TYPE_F32, rows, x->ne[1], 1, 1, args.data(), static_cast<int>(args.size()), run_many,
-                          GGML_N_TASKS_MAX, nullptr);
+    int n_args = static_cast<int>(ws.size()) + 1;
+    void * userdata = nullptr;
+    if (input) {
+        userdata = node_input_args(*input, args);
+        n_args = kNodeInputSrc + 2;
+        if (input->kind == NodeInput::add_rms_norm) rows += x->ne[0];  // the sum's block
+    }
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, rows, x->ne[1], 1, 1, args, n_args, run_many, GGML_N_TASKS_MAX, userdata);
 }
 
 bool is_matvec_many(const ggml_tensor * t) {
@@ -399,9 +420,15 @@ bool weight_in_cpu_memory(const ggml_tensor * w) {
 
 bool weight_is_repacked(const ggml_tensor * w) { return w && is_repacked(w); }
 
-ggml_tensor * matvec(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
-    ggml_tensor * args[2] = {w, x};
-    return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, args, 2, run, GGML_N_TASKS_MAX, nullptr);
+ggml_tensor * matvec(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, const ProductInput * input) {
+    ggml_tensor * args[GGML_MAX_SRC] = {w, x};
+    void * userdata = input ? node_input_args(*input, args) : nullptr;
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], 1, 1, args, input ? kNodeInputSrc + 2 : 2, run,
+                          GGML_N_TASKS_MAX, userdata);
+}
+
+bool matvec_takes_input(const ggml_tensor * w, const ggml_tensor * x) {
+    return matvec_step_supported(w, x) && x->ne[1] < kColumnSplit;  // (rows split among the threads)
 }
 
 bool is_matvec(const ggml_tensor * t) {

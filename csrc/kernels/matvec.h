@@ -56,15 +56,21 @@ bool matvec_frames_preferred(const ggml_tensor * w, const ggml_tensor * x);
 // goes through a kernel.
 bool matvec_step_takes(const ggml_tensor * w);
 
-// ggml_mul_mat(ctx, w, x) through the kernel (caller checked one of the above): F32 [w->ne[1], n].
-ggml_tensor * matvec(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
+// ggml_mul_mat(ctx, w, x) through the kernel (caller checked one of the above): F32 [w->ne[1], n]. With
+// `input` (a decode step's SwiGLU, x = input->a: kernels/decoder_fused), the node computes x itself
+// (node_input_supported(*input), matvec_takes_input(w, x)).
+struct ProductInput;
+ggml_tensor * matvec(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, const ProductInput * input = nullptr);
+bool matvec_takes_input(const ggml_tensor * w, const ggml_tensor * x);
 
 // The products of several matrices with the same x (q/k/v, gate/up of a decode step) in one node: fewer nodes
 // and thread barriers per step, each row's numbers as matvec's. Each matrix matvec_step_supported with x, the
-// same row length, fewer than 32 columns, every matrix but the last a multiple of 16 rows. F32 [sum of rows, n]:
-// each matrix's output a contiguous [rows, n] block, in order.
+// same row length, fewer than 32 columns, every matrix but the last a multiple of 16 rows, at most 6. F32 [sum of
+// rows, n]: each matrix's output a contiguous [rows, n] block, in order. With `input` (x = input->a), the node
+// computes x itself (kernels/decoder_fused); add_rms_norm's sum x + y is one more [x->ne[0], n] block at the end.
 bool matvec_many_supported(const std::vector<ggml_tensor *> & ws, const ggml_tensor * x);
-ggml_tensor * matvec_many(ggml_context * ctx, const std::vector<ggml_tensor *> & ws, ggml_tensor * x);
+ggml_tensor * matvec_many(ggml_context * ctx, const std::vector<ggml_tensor *> & ws, ggml_tensor * x,
+                          const ProductInput * input = nullptr);
 
 // Whether a graph node is one of these kernels' ops (profiles count it as a MUL_MAT); is_matvec_many: one of
 // matvec_many's (its matrices src[0], src[2], ...).

@@ -132,12 +132,14 @@ bool Model::eval_callback(ggml_tensor * t, bool ask, void * user) {
             for (int i = 2; i < GGML_MAX_SRC && t->src[i]; ++i) w += "+" + kind(ggml_get_name(t->src[i]));
         }
         if (!w.empty() && w.rfind("node_", 0) != 0 && w.rfind("leaf_", 0) != 0) key += "/" + w;
+        if (const char * input = node_input_name(t)) key += std::string("/") + input;  // "GEMM_INT8/ffn_down/SWIGLU"
     }
     ProfileEntry & e = self->profile_[key];
     e.count += 1;
     e.ms += std::chrono::duration<double, std::milli>(now - self->node_t0_).count();
     if (matmul) {
-        e.flops += 2.0 * static_cast<double>(t->src[0]->ne[0]) * static_cast<double>(ggml_nelements(t));
+        e.flops += 2.0 * static_cast<double>(t->src[0]->ne[0]) *
+                   static_cast<double>(ggml_nelements(t) - node_input_extra(t));  // (not a sum block of the node's)
     }
     return true;
 }
