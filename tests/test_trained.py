@@ -190,7 +190,7 @@ def test_decode_kernels_give_the_same_tokens(package: str, trained_gguf, heldout
             not fun_asr._core.amx_available():
         quads = run(None, quads=None)
         assert any(k.startswith("decode/GEMM_INT8/attn_q") for k in quads["kinds"]), quads["kinds"]  # q+k+v: one node
-        assert "decode/GEMM_INT8/token_embd" in quads["kinds"]
+        assert any(k.startswith("decode/GEMM_INT8/token_embd") for k in quads["kinds"])  # (+ "/ADD_RMS_NORM")
         assert not any("/MATVEC/" in k for k in quads["kinds"]), quads["kinds"]
         assert quads["tokens"] == ours["tokens"]
     assert any("/MATVEC/" in k for k in ours["kinds"]), ours["kinds"]

@@ -162,12 +162,12 @@ std::vector<ggml_tensor *> products(ggml_context * ctx, const std::vector<ggml_t
 std::vector<ggml_tensor *> products_computing_input(ggml_context * ctx, const std::vector<ggml_tensor *> & ws,
                                                     const ProductInput & input, ggml_tensor ** sum) {
     ggml_tensor * x = input.a;  // (the input's shape)
-    if (ws.empty() || !node_input_supported(input) || (input.kind == NodeInput::add_rms_norm && !sum)) return {};
+    if (ws.empty() || !node_input_supported(input) || (input.sum && !sum)) return {};
     const bool inline_quads = x->ne[1] <= kInlinePrepareCols;  // (more columns share a preparing node)
     const bool all_matvec = std::all_of(ws.begin(), ws.end(), [&](ggml_tensor * w) { return step_takes_matvec(w, x); });
-    if (ws.size() == 1) {  // SwiGLU before the down projection
+    if (ws.size() == 1) {  // SwiGLU before the down projection, the last norm before the output projection
         ggml_tensor * w = ws[0];
-        if (input.kind != NodeInput::swiglu) return {};
+        if (input.sum) return {};
         if (is_q8_0_quads(w) && inline_quads && int8_gemm_supported(w, x)) return {int8_gemm_inline(ctx, w, x, &input)};
         if (all_matvec && matvec_takes_input(w, x)) return {matvec(ctx, w, x, &input)};
         return {};
@@ -187,7 +187,7 @@ std::vector<ggml_tensor *> products_computing_input(ggml_context * ctx, const st
         out.push_back(ggml_view_2d(ctx, node, w->ne[1], n, static_cast<size_t>(w->ne[1]) * sizeof(float), offset));
         offset += static_cast<size_t>(w->ne[1] * n) * sizeof(float);
     }
-    if (input.kind == NodeInput::add_rms_norm && sum) {
+    if (input.sum) {
         *sum = ggml_view_2d(ctx, node, x->ne[0], n, static_cast<size_t>(x->ne[0]) * sizeof(float), offset);
     }
     return out;

@@ -59,9 +59,9 @@ ggml_tensor * prepare_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * 
 std::vector<ggml_tensor *> products(ggml_context * ctx, const std::vector<ggml_tensor *> & ws, ggml_tensor * x,
                                     ggml_tensor * prepared, bool frames);
 // A decode step's products whose node computes their input itself (kernels/decoder_fused: one node and one
-// thread barrier fewer): rms_norm(x + y) * w (several matrices; *sum is set to the view of x + y in the node's
-// output) or SwiGLU. The matrices' outputs as products() gives them, the same numbers as the input's own node
-// followed by products(); empty where these products take no such input (then build those two).
+// thread barrier fewer): rms_norm(x + y) * w (with input.sum, several matrices, and *sum is set to the view of
+// x + y in the node's output) or SwiGLU. The matrices' outputs as products() gives them, the same numbers as the
+// input's own node followed by products(); empty where these products take no such input (then build those two).
 struct ProductInput;
 std::vector<ggml_tensor *> products_computing_input(ggml_context * ctx, const std::vector<ggml_tensor *> & ws,
                                                     const ProductInput & input, ggml_tensor ** sum);

@@ -50,7 +50,8 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
     auto normed_products = [&](ggml_tensor * y, ggml_tensor * norm, const std::vector<ggml_tensor *> & ws) {
         if (fuse && !frames) {
             ggml_tensor * sum = nullptr;
-            auto out = products_computing_input(ctx, ws, ProductInput{NodeInput::add_rms_norm, x, y, norm, d.rms_eps}, &sum);
+            auto out = products_computing_input(ctx, ws, ProductInput{NodeInput::add_rms_norm, x, y, norm, d.rms_eps, true},
+                                                &sum);
             if (!out.empty()) {
                 x = sum;
                 return out;
@@ -59,7 +60,15 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         ggml_tensor * h = residual_norm(y, norm);
         return products(ctx, ws, h, prepare(ws[0], h), frames);
     };
-    ggml_tensor * h = rms_norm(ctx, x, w.dec.front().attn_norm, d.rms_eps);  // each later one: the previous layer's end
+    // The first layer's norm: inside its q/k/v node where that takes it (as the residual norms below), else ggml's.
+    std::vector<ggml_tensor *> qkv0;
+    if (fuse && !frames) {
+        const Qwen3Layer & l = w.dec.front();
+        qkv0 = products_computing_input(ctx, {l.q, l.k, l.v},
+                                        ProductInput{NodeInput::add_rms_norm, x, nullptr, l.attn_norm, d.rms_eps, false}, nullptr);
+    }
+    // each later one: the previous layer's end
+    ggml_tensor * h = qkv0.empty() ? rms_norm(ctx, x, w.dec.front().attn_norm, d.rms_eps) : nullptr;
     ggml_tensor * down = nullptr;  // (fused: the previous layer's last product, its residual sum not formed yet)
     for (int64_t il = 0; il < d.n_layers; ++il) {
         const Qwen3Layer & l = w.dec[static_cast<size_t>(il)];
@@ -67,8 +76,9 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         ggml_tensor * vc = (*in.v_cache)[static_cast<size_t>(il)];
 
         // q / k / v in one node where the kernel takes them together (the same numbers as three)
-        const std::vector<ggml_tensor *> qkv =
-            down ? normed_products(down, l.attn_norm, {l.q, l.k, l.v}) : products(ctx, {l.q, l.k, l.v}, h, prepare(l.q, h), frames);
+        const std::vector<ggml_tensor *> qkv = down  ? normed_products(down, l.attn_norm, {l.q, l.k, l.v})
+                                               : il == 0 && !qkv0.empty() ? qkv0
+                                                                          : products(ctx, {l.q, l.k, l.v}, h, prepare(l.q, h), frames);
         auto rope = [&](ggml_tensor * t) {
             return ggml_rope_ext(ctx, t, in.positions, nullptr, static_cast<int>(hd), GGML_ROPE_TYPE_NEOX, 0,
                                  d.rope_theta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
@@ -177,8 +187,8 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         const bool swiglu = fuse && fusion_enabled() && weight_in_cpu_memory(l.gate);
         down = nullptr;
         if (swiglu && !frames) {  // SwiGLU inside the down projection's node where it takes it
-            const auto p = products_computing_input(ctx, {l.down}, ProductInput{NodeInput::swiglu, gate_up[0], gate_up[1], nullptr, 0.0f},
-                                                    nullptr);
+            const ProductInput in_swiglu{NodeInput::swiglu, gate_up[0], gate_up[1], nullptr, 0.0f, false};
+            const auto p = products_computing_input(ctx, {l.down}, in_swiglu, nullptr);
             if (!p.empty()) down = p[0];
         }
         if (!down) {
@@ -190,6 +200,14 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
             h = residual_norm(down, il + 1 < d.n_layers ? w.dec[static_cast<size_t>(il + 1)].attn_norm : w.output_norm);
             down = nullptr;
             g.name(x, "dec.blk." + std::to_string(il) + ".out");
+        }
+    }
+    if (down && n == 1 && !in.all_logits) {  // a decode step: the last norm inside the output projection where it takes it
+        const auto p = products_computing_input(
+            ctx, {w.output}, ProductInput{NodeInput::add_rms_norm, x, down, w.output_norm, d.rms_eps, false}, nullptr);
+        if (!p.empty()) {
+            g.name(p[0], "dec.logits");
+            return p[0];
         }
     }
     x = down ? residual_norm(down, w.output_norm) : h;

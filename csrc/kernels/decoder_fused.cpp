@@ -45,7 +45,8 @@ struct RopeParams {
 struct InputParams {
     NodeInput kind;
     float eps;
-    bool operator<(const InputParams & o) const { return std::tie(kind, eps) < std::tie(o.kind, o.eps); }
+    bool sum;  // add_rms_norm: the node's output has x + y's block
+    bool operator<(const InputParams & o) const { return std::tie(kind, eps, sum) < std::tie(o.kind, o.eps, o.sum); }
 };
 
 // ggml_rms_norm's steps for one row (ggml-cpu ops.cpp): the float squares summed in double, a float mean,
@@ -403,29 +404,32 @@ ggml_tensor * store_kv(ggml_context * ctx, ggml_tensor * k, ggml_tensor * v, ggm
 
 bool node_input_supported(const ProductInput & in) {
     const ggml_tensor *a = in.a, *b = in.b;
-    if (!fusion_enabled() || !f32_columns(a) || !f32_columns(b) || a->ne[0] != b->ne[0] || a->ne[1] != b->ne[1]) {
+    if (!fusion_enabled() || !f32_columns(a) || (b && (!f32_columns(b) || a->ne[0] != b->ne[0] || a->ne[1] != b->ne[1]))) {
         return false;
     }
-    if (in.kind == NodeInput::swiglu) return !in.w && a->ne[0] <= INT32_MAX;
-    return in.kind == NodeInput::add_rms_norm && f32_vector(in.w, a->ne[0]);
+    if (in.kind == NodeInput::swiglu) return b && !in.w && !in.sum && a->ne[0] <= INT32_MAX;
+    return in.kind == NodeInput::add_rms_norm && f32_vector(in.w, a->ne[0]) && (b || !in.sum);
 }
 
 void * node_input_args(const ProductInput & in, ggml_tensor ** args) {
     args[1] = in.a;
     args[kNodeInputSrc] = in.b;
-    args[kNodeInputSrc + 1] = in.w;  // (add_rms_norm's only: what node_input_extra looks for)
-    const float eps = in.kind == NodeInput::add_rms_norm ? in.eps : 0.0f;
-    return const_cast<InputParams *>(intern_op_params(InputParams{in.kind, eps}));
+    args[kNodeInputSrc + 1] = in.w;  // (add_rms_norm's only: what node_input_name looks for)
+    const bool norm = in.kind == NodeInput::add_rms_norm;
+    return const_cast<InputParams *>(intern_op_params(InputParams{in.kind, norm ? in.eps : 0.0f, norm && in.sum}));
 }
 
 const char * node_input_name(const ggml_tensor * dst) {
-    if (!custom_op_function(dst) || !dst->src[1] || !dst->src[kNodeInputSrc]) return nullptr;
-    return dst->src[kNodeInputSrc + 1] ? "ADD_RMS_NORM" : "SWIGLU";  // (only add_rms_norm has a weight)
+    if (!custom_op_function(dst) || !dst->src[1]) return nullptr;
+    if (dst->src[kNodeInputSrc + 1]) return "ADD_RMS_NORM";  // (only add_rms_norm has a weight; its y may be null)
+    return dst->src[kNodeInputSrc] ? "SWIGLU" : nullptr;
 }
 
 int64_t node_input_extra(const ggml_tensor * dst) {
-    const char * name = node_input_name(dst);
-    return name && name[0] == 'A' ? dst->src[1]->ne[0] * dst->src[1]->ne[1] : 0;
+    if (!node_input_name(dst)) return 0;
+    int64_t rows = dst->src[0]->ne[1];  // (the matrices: src[0], src[2] ... up to the first null)
+    for (int i = 2; i < kNodeInputSrc && dst->src[i]; ++i) rows += dst->src[i]->ne[1];
+    return ggml_nelements(dst) - rows * dst->src[1]->ne[1];
 }
 
 const float * node_input(const ggml_tensor * dst, const void * userdata, float * sum, int ith, int nth) {
@@ -443,13 +447,18 @@ const float * node_input(const ggml_tensor * dst, const void * userdata, float *
         return in.data();
     }
     // add_rms_norm: every thread the whole input (a few thousand floats), run_add_rms_norm's steps; the sums of
-    // its share of the columns also into the node's output
+    // its share of the columns also into the node's output where it has their block
     const auto * w = static_cast<const float *>(dst->src[kNodeInputSrc + 1]->data);
     const auto [t0, t1] = share(T, ith, nth);
     s.resize(static_cast<size_t>(n));
     for (int64_t t = 0; t < T; ++t) {
-        const float *xr = column(a, t), *yr = column(b, t);
-        float * sr = sum && t >= t0 && t < t1 ? sum + t * n : s.data();
+        const float * xr = column(a, t);
+        if (!b) {  // the norm of x alone (ggml_rms_norm's steps, then the weight: rms_norm_row)
+            rms_norm_row(xr, w, n, p.eps, in.data() + t * n);
+            continue;
+        }
+        const float * yr = column(b, t);
+        float * sr = p.sum && sum && t >= t0 && t < t1 ? sum + t * n : s.data();
         for (int64_t i = 0; i < n; ++i) sr[i] = xr[i] + yr[i];
         rms_norm_row(sr, w, n, p.eps, in.data() + t * n);
     }

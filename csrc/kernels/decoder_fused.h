@@ -75,21 +75,24 @@ ggml_tensor * store_kv(ggml_context * ctx, ggml_tensor * k, ggml_tensor * v, ggm
 // product. The products' kernels (kernels/matvec's and kernels/gemm_avx2's nodes for a few columns) then read,
 // instead of their activation source, what node_input computes in every thread from the node's sources
 // src[1], src[kNodeInputSrc] and src[kNodeInputSrc + 1], with the arithmetic of the node it replaces:
-//   add_rms_norm: src[1] = x, then y and w: rms_norm(x + y) * w, as add_rms_norm; the node's output has one
-//     more contiguous [n, T] block after the products' blocks: x + y (node_input writes it);
+//   add_rms_norm: src[1] = x, then y (or null) and w: rms_norm(x + y) * w, as add_rms_norm; where asked, the
+//     node's output has one more contiguous [n, T] block after the products' blocks: x + y (node_input writes it);
 //   swiglu: src[1] = gate, then up: silu(gate) * up, ggml_swiglu_split's row function itself.
 enum class NodeInput : int32_t { add_rms_norm = 1, swiglu = 2 };
 constexpr int kNodeInputSrc = 7;
 
-// One such input: a = x or gate, b = y or up, w = the norm's weight (add_rms_norm) or null, the norm's epsilon.
+// One such input: a = x or gate, b = y (null: the norm of x alone) or up, w = the norm's weight (add_rms_norm) or
+// null, the norm's epsilon, and whether the node's output has x + y's block (add_rms_norm with a y).
 struct ProductInput {
     NodeInput kind;
     ggml_tensor *a, *b, *w;
     float eps;
+    bool sum;
 };
 
 // Whether a node can compute that input from a (x or gate: F32 [n, T], rows of contiguous floats), b (y or up,
-// the same shape) and, for add_rms_norm, w (F32 [n] in CPU memory). False when FUN_ASR_FUSE=0.
+// the same shape; add_rms_norm: may be null without a sum) and, for add_rms_norm, w (F32 [n] in CPU memory).
+// False when FUN_ASR_FUSE=0.
 bool node_input_supported(const ProductInput & in);
 
 // Puts the input's tensors into a product node's sources (args[1], args[kNodeInputSrc], args[kNodeInputSrc + 1];

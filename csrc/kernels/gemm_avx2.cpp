@@ -415,7 +415,7 @@ ggml_tensor * int8_gemm_many(ggml_context * ctx, const std::vector<ggml_tensor *
     if (input && args[1] == x) {  // (the caller asks for no prepared activation with an input of the node's own)
         userdata = node_input_args(*input, args);
         n_args = kNodeInputSrc + 2;
-        if (input->kind == NodeInput::add_rms_norm) rows += x->ne[0];  // the sum's block
+        if (input->kind == NodeInput::add_rms_norm && input->sum) rows += x->ne[0];  // the sum's block
     }
     return ggml_custom_4d(ctx, GGML_TYPE_F32, rows * x->ne[1], 1, 1, 1, args, n_args, run_many, GGML_N_TASKS_MAX,
                           userdata);
