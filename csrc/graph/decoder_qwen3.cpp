@@ -97,7 +97,15 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         const bool cpu_cache = kc->buffer && ggml_backend_buffer_is_host(kc->buffer);
         ggml_tensor * kw = window(kc, in.n_kv, B, in.slot0), * vw = window(vc, in.n_kv, B, in.slot0);
         ggml_tensor * att = nullptr;
-        if (fuse && in.flash_attn && cpu_cache && l.q_norm && l.k_norm &&
+        if (fuse && n == 1 && !frames && in.flash_attn && cpu_cache && l.q_norm && l.k_norm &&
+            cached_attention_heads_supported(qkv[0], qkv[1], qkv[2], l.q_norm, l.k_norm, in.positions, kw, vw, in.mask,
+                                             d.n_heads, d.n_kv_heads, d.rope_theta)) {
+            // A decode step: the heads' norms, RoPE and the K/V store inside the attention's node (each task makes
+            // the heads it reads), one node fewer per layer.
+            att = cached_attention_heads(ctx, qkv[0], qkv[1], qkv[2], l.q_norm, l.k_norm, in.positions, kw, vw, in.mask,
+                                         d.n_heads, d.n_kv_heads, scale, d.rms_eps, d.rope_theta);
+        }
+        if (!att && fuse && in.flash_attn && cpu_cache && l.q_norm && l.k_norm &&
             heads_rms_norm_supported(qkv[0], qkv[1], l.q_norm, l.k_norm, hd)) {
             // The query and key heads normed into one [hd, Hq + Hkv, n*B] tensor, one RoPE node for both (each
             // head's row the same arithmetic as alone), one node to store the K/V rows, then fun-asr's attention.

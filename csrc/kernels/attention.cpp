@@ -4,10 +4,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "ggml-backend.h"
 
+#include "kernels/decoder_fused.h"
+#include "kernels/fused_add.h"
 #include "kernels/op_params.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -29,9 +32,12 @@ struct Params {
 struct CachedParams {
     int64_t n_heads, n_kv_heads;
     float scale;
+    // cached_attention_heads: the norms' epsilon, the RoPE's base and forms (else 0)
+    float eps = 0.0f, base = 0.0f;
+    int first = 0, second = 0;
     bool operator<(const CachedParams & o) const {
-        if (n_heads != o.n_heads) return n_heads < o.n_heads;
-        return n_kv_heads != o.n_kv_heads ? n_kv_heads < o.n_kv_heads : scale < o.scale;
+        return std::tie(n_heads, n_kv_heads, scale, eps, base, first, second) <
+               std::tie(o.n_heads, o.n_kv_heads, o.scale, o.eps, o.base, o.first, o.second);
     }
 };
 
@@ -506,8 +512,17 @@ void run_cached(ggml_tensor * dst, int ith, int nth, void * userdata) {
         parts *= 2;
     }
     const int64_t per_part = Hkv / parts, tasks = B * n * parts;
-    thread_local std::vector<float> scratch;
+    thread_local std::vector<float> scratch, own_q;
     scratch.resize(static_cast<size_t>(per_part * G * (n_kv + hd + 1)));
+    // cached_attention_heads (n = 1): sources 4-8 the raw k, v products, the norms' weights and the positions; each
+    // task first makes its query heads and its K/V heads' new rows (only it reads those rows in this node)
+    const bool heads = dst->src[8] != nullptr;
+    AttentionHeads in{};
+    if (heads) {
+        in = AttentionHeads{qt, dst->src[4], dst->src[5], dst->src[6], dst->src[7], dst->src[8], kt, vt, hd, G,
+                            prm.eps, prm.base, prm.first, prm.second};
+        own_q.resize(static_cast<size_t>(hd * prm.n_heads));
+    }
     for (int64_t t = ith; t < tasks; t += nth) {
         const int64_t part = t % parts, i = (t / parts) % n, b = t / (parts * n);
         const auto * mrow = reinterpret_cast<const ggml_fp16_t *>(static_cast<const char *>(mt->data) + i * mt->nb[1] +
@@ -516,7 +531,11 @@ void run_cached(ggml_tensor * dst, int ith, int nth, void * userdata) {
         const auto * k = reinterpret_cast<const float *>(static_cast<const char *>(kt->data) + b * kt->nb[3]);
         const auto * v = reinterpret_cast<const float *>(static_cast<const char *>(vt->data) + b * vt->nb[3]);
         const int64_t col = b * n + i;
-        const auto * q = reinterpret_cast<const float *>(static_cast<const char *>(qt->data) + col * qt->nb[2]);
+        const float * q = reinterpret_cast<const float *>(static_cast<const char *>(qt->data) + col * qt->nb[2]);
+        if (heads) {
+            attention_heads_input(in, b, part * per_part, (part + 1) * per_part, own_q.data());
+            q = own_q.data();
+        }
         auto * o = reinterpret_cast<float *>(static_cast<char *>(dst->data) + col * dst->nb[1]);
         cached_heads(q, k, ldk, ldh, v, ldv, ldhv, mrow, len, hd, G, part * per_part, (part + 1) * per_part, prm.scale,
                      scratch.data(), o);
@@ -583,6 +602,51 @@ ggml_tensor * cached_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor 
     ggml_tensor * args[4] = {q, k, v, mask};
     return ggml_custom_4d(ctx, GGML_TYPE_F32, q->ne[0] * n_heads, q->ne[2], 1, 1, args, 4, run_cached,
                           GGML_N_TASKS_MAX, const_cast<CachedParams *>(intern_op_params(CachedParams{n_heads, n_kv_heads, scale})));
+}
+
+bool cached_attention_heads_supported(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * v,
+                                      const ggml_tensor * qn, const ggml_tensor * kn, const ggml_tensor * positions,
+                                      const ggml_tensor * kw, const ggml_tensor * vw, const ggml_tensor * mask,
+                                      int64_t n_heads, int64_t n_kv_heads, float rope_base) {
+    if (!q || !k || !v || !kw || !positions || n_heads <= 0 || n_kv_heads <= 0 || !fusion_enabled()) return false;
+    const int64_t hd = kw->ne[0], B = kw->ne[3];
+    // one position per sequence: q's columns are the sequences
+    if (q->ne[1] != B || q->ne[0] != hd * n_heads || k->ne[0] != hd * n_kv_heads || v->ne[0] != k->ne[0]) return false;
+    if (!heads_rms_norm_supported(q, k, qn, kn, hd) || !heads_rms_norm_supported(v, k, qn, kn, hd)) return false;
+    const auto forms = rope_rotation_forms(hd, rope_base);
+    if (forms.first < 0 || forms.second < 0) return false;
+    if (positions->type != GGML_TYPE_I32 || ggml_nelements(positions) != B || !ggml_is_contiguous(positions) ||
+        (positions->buffer && !ggml_backend_buffer_is_host(positions->buffer))) {
+        return false;
+    }
+    for (const ggml_tensor * w : {kw, vw}) {  // (rows of contiguous floats: each K/V head's row is written whole)
+        if (w->nb[0] != sizeof(float) || w->nb[1] != static_cast<size_t>(hd) * sizeof(float)) return false;
+    }
+    // the plain op's checks, with q as its [hd, n_heads, B] view
+    ggml_tensor q3 = *q;
+    q3.ne[0] = hd;
+    q3.ne[1] = n_heads;
+    q3.ne[2] = B;
+    q3.nb[1] = static_cast<size_t>(hd) * sizeof(float);
+    q3.nb[2] = q->nb[1];
+    return cached_attention_supported(&q3, kw, vw, mask, n_heads, n_kv_heads);
+}
+
+ggml_tensor * cached_attention_heads(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+                                     ggml_tensor * qn, ggml_tensor * kn, ggml_tensor * positions, ggml_tensor * kw,
+                                     ggml_tensor * vw, ggml_tensor * mask, int64_t n_heads, int64_t n_kv_heads,
+                                     float scale, float eps, float rope_base) {
+    const int64_t hd = kw->ne[0];
+    ggml_tensor * q3 = ggml_view_3d(ctx, q, hd, n_heads, q->ne[1], static_cast<size_t>(hd) * sizeof(float), q->nb[1], 0);
+    ggml_tensor * args[9] = {q3, kw, vw, mask, k, v, qn, kn, positions};
+    const auto forms = rope_rotation_forms(hd, rope_base);
+    CachedParams p{n_heads, n_kv_heads, scale};
+    p.eps = eps;
+    p.base = rope_base;
+    p.first = forms.first;
+    p.second = forms.second;
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, hd * n_heads, q->ne[1], 1, 1, args, 9, run_cached, GGML_N_TASKS_MAX,
+                          const_cast<CachedParams *>(intern_op_params(p)));
 }
 
 bool is_attention(const ggml_tensor * t) {

@@ -42,6 +42,21 @@ bool cached_attention_supported(const ggml_tensor * q, const ggml_tensor * k, co
 ggml_tensor * cached_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
                                ggml_tensor * mask, int64_t n_heads, int64_t n_kv_heads, float scale);
 
+// The same op for a decode step (one position per sequence) making its own input: per sequence and run of K/V
+// heads, the q/k heads' RMSNorm and RoPE and the K/V rows' store (kernels/decoder_fused: attention_heads_input,
+// heads_norm_rope_store's arithmetic), then the attention over them; one node and one thread barrier fewer per
+// layer. q, k, v: the q/k/v products F32 [hd * n_heads | hd * n_kv_heads, B]; qn, kn their heads' norm weights
+// (F32 [hd]); positions I32 [B]: each sequence's new position, its row in the windows kw, vw (views
+// [hd, n_kv_heads, n_kv, B] of host caches). rope_base, eps: the RoPE's base, the norms' epsilon.
+bool cached_attention_heads_supported(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * v,
+                                      const ggml_tensor * qn, const ggml_tensor * kn, const ggml_tensor * positions,
+                                      const ggml_tensor * kw, const ggml_tensor * vw, const ggml_tensor * mask,
+                                      int64_t n_heads, int64_t n_kv_heads, float rope_base);
+ggml_tensor * cached_attention_heads(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+                                     ggml_tensor * qn, ggml_tensor * kn, ggml_tensor * positions, ggml_tensor * kw,
+                                     ggml_tensor * vw, ggml_tensor * mask, int64_t n_heads, int64_t n_kv_heads,
+                                     float scale, float eps, float rope_base);
+
 // Whether t is one of these ops (the profile shows them as ATTN).
 bool is_attention(const ggml_tensor * t);
 

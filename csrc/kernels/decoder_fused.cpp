@@ -388,6 +388,33 @@ ggml_tensor * heads_norm_rope_store(ggml_context * ctx, ggml_tensor * q, ggml_te
                           const_cast<RopeParams *>(intern_op_params(RopeParams{hd, eps, base, f.first, f.second})));
 }
 
+void attention_heads_input(const AttentionHeads & a, int64_t b, int64_t j0, int64_t j1, float * q) {
+    const int64_t hd = a.hd, p = static_cast<const int32_t *>(a.pos->data)[b];
+    if (p < 0 || p >= a.kw->ne[2]) return;  // (the builder's positions are inside the windows)
+    thread_local std::vector<float> cs, normed;
+    cs.resize(static_cast<size_t>(hd));
+    normed.resize(static_cast<size_t>(hd));
+    rope_cache(p, hd, powf(a.base, -2.0f / static_cast<float>(hd)), cs.data());
+    auto column = [b](const ggml_tensor * t, size_t stride) {
+        return reinterpret_cast<const float *>(static_cast<const char *>(t->data) + b * stride);
+    };
+    const float *qc = column(a.q, a.q->nb[2]), *kc = column(a.k, a.k->nb[1]), *vc = column(a.v, a.v->nb[1]);
+    const auto *qn = static_cast<const float *>(a.qn->data), *kn = static_cast<const float *>(a.kn->data);
+    const size_t bytes = static_cast<size_t>(hd) * sizeof(float);
+    for (int64_t j = j0; j < j1; ++j) {
+        for (int64_t h = j * a.group; h < (j + 1) * a.group; ++h) {
+            rms_norm_row(qc + h * hd, qn, hd, a.eps, normed.data());
+            rope_row(normed.data(), hd, cs.data(), a.first, a.second, q + h * hd);
+        }
+        auto * kr = reinterpret_cast<float *>(static_cast<char *>(a.kw->data) + j * a.kw->nb[1] + p * a.kw->nb[2] +
+                                              b * a.kw->nb[3]);
+        rms_norm_row(kc + j * hd, kn, hd, a.eps, normed.data());
+        rope_row(normed.data(), hd, cs.data(), a.first, a.second, kr);
+        std::memcpy(static_cast<char *>(a.vw->data) + j * a.vw->nb[1] + p * a.vw->nb[2] + b * a.vw->nb[3], vc + j * hd,
+                    bytes);
+    }
+}
+
 bool store_kv_supported(const ggml_tensor * k, const ggml_tensor * v, const ggml_tensor * kc, const ggml_tensor * vc,
                         const ggml_tensor * rows) {
     if (!fusion_enabled() || !f32_columns(k) || !f32_columns(v) || !f32_columns(kc) || !f32_columns(vc)) return false;

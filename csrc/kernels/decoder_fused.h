@@ -61,6 +61,21 @@ ggml_tensor * heads_norm_rope_store(ggml_context * ctx, ggml_tensor * q, ggml_te
                                     ggml_tensor * kn, int64_t hd, float eps, ggml_tensor * positions, float base,
                                     ggml_tensor * v, ggml_tensor * kc, ggml_tensor * vc, ggml_tensor * rows);
 
+// The heads input of a decode step's attention node (kernels/attention: cached_attention_heads), made inside it per
+// sequence and run of K/V heads: heads_norm_rope_store's arithmetic, without its node. q: the q product as a
+// [hd, Hq, B] view; k, v: the k/v products F32 [hd * Hkv, B] (rows of contiguous floats); kw, vw: the caches'
+// windows [hd, Hkv, n_kv, B]; pos: I32 [B], each
+// sequence's new position, which is its row in its window (stages.h: row = slot * capacity + position).
+struct AttentionHeads {
+    const ggml_tensor *q, *k, *v, *qn, *kn, *pos, *kw, *vw;
+    int64_t hd, group;  // group: query heads per K/V head
+    float eps, base;
+    int first, second;  // the RoPE's forms (rope_rotation_forms)
+};
+// Sequence b's query heads of K/V heads [j0, j1) normed and rotated into q (its [hd, Hq] column; other heads left
+// as they are), and those K/V heads' new rows (K normed and rotated) stored at its position in kw / vw.
+void attention_heads_input(const AttentionHeads & a, int64_t b, int64_t j0, int64_t j1, float * q);
+
 // Whether store_kv takes k, v (F32 [kv_dim, T] views whose columns are contiguous floats, nb[1] apart) and
 // caches kc, vc (F32 [kv_dim, rows] views of host memory) with rows (I64 [T]). False when FUN_ASR_FUSE=0.
 bool store_kv_supported(const ggml_tensor * k, const ggml_tensor * v, const ggml_tensor * kc, const ggml_tensor * vc,

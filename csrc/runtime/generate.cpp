@@ -209,7 +209,8 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
         }
     }
     ggml_backend_tensor_set(pos, positions.data(), 0, ggml_nbytes(pos));
-    ggml_backend_tensor_set(rows, row_ids.data(), 0, ggml_nbytes(rows));
+    // (a decode step whose attention stores the new K/V rows itself, at the positions, reads no row ids)
+    if (rows->buffer) ggml_backend_tensor_set(rows, row_ids.data(), 0, ggml_nbytes(rows));
     ggml_backend_tensor_set(mask, m.data(), 0, ggml_nbytes(mask));
     passes_.transfer_ms += ms_since(t_io);
     const auto t_compute = std::chrono::steady_clock::now();
