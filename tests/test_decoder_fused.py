@@ -28,6 +28,9 @@ _CODE = (
     "out['steps'] = [hashlib.sha256(np.asarray(m.step(int(t))).tobytes()).hexdigest() for t in range(4)]\n"
     "p = m.profile()\n"
     "out['kinds'] = {k: v['count'] for k, v in p.items()}\n"
+    "m.profiling = False\n"
+    "m.prefill(np.ascontiguousarray(m.embed(rng.integers(0, 1000, 1500).tolist())))\n"
+    "out['long'] = [hashlib.sha256(np.asarray(m.step(int(t))).tobytes()).hexdigest() for t in range(3)]\n"
     "print(json.dumps(out))\n"
 )
 
@@ -45,11 +48,11 @@ def _run(path: str, switches: dict[str, str]) -> dict:
 def test_fused_decoder_ops_give_the_plain_graphs_bits(package: str, wide_gguf) -> None:  # noqa: ANN001
     """Residual sum + RMSNorm, the q/k heads' norms, one RoPE for both, the K/V store, SwiGLU, and q/k/v and
     gate/up in the mat-vec kernels in fewer nodes: logits bit for bit the plain graph's (one sequence, batches
-    of 2 and 5 with prefills of 9-40 positions, Model.step), and the steps really ran the fused ops with fewer
-    nodes."""
+    of 2 and 5 with prefills of 9-40 positions, Model.step, and steps after a 1500-position prefill), and the
+    steps really ran the fused ops with fewer nodes."""
     fused = _run(str(wide_gguf(package)), {})
     plain = _run(str(wide_gguf(package)), {"FUN_ASR_FUSE": "0"})
-    for name in ("one", "two", "five", "steps"):
+    for name in ("one", "two", "five", "steps", "long"):  # (long: RoPE at positions 1500-1502)
         assert fused[name] == plain[name], name
     assert all(len(t) == 8 for t in fused["five"][0])
     f, p = fused["kinds"], plain["kinds"]
