@@ -67,8 +67,8 @@ void bind_bench(py::module_ & m) {
         "first maximum, as std::max_element (a NaN never wins unless it is element 0).");
 
     m.def(
-        "rope_rotation_forms", [](int64_t n, float base) { return fun_asr::rope_rotation_forms(n, base); }, py::arg("n"),
-        py::arg("base"),
+        "rope_rotation_forms", [](int64_t n, float base) { return fun_asr::rope_rotation_forms(n, base); },
+        py::arg("n"), py::arg("base"),
         "How ggml's CPU RoPE (NeoX) rounds its rotation in this build, as the decoder's fused heads/RoPE/KV-store "
         "node found it for rows of n and this base: (first, second) for x0*c - x1*s and x0*s + x1*c, each 0 (two "
         "rounded products, then the sum), 1 (an FMA of the first product), 2 (of the second) or -1 (no match: "

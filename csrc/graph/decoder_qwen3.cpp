@@ -50,8 +50,8 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
     auto normed_products = [&](ggml_tensor * y, ggml_tensor * norm, const std::vector<ggml_tensor *> & ws) {
         if (fuse && !frames) {
             ggml_tensor * sum = nullptr;
-            auto out = products_computing_input(ctx, ws, ProductInput{NodeInput::add_rms_norm, x, y, norm, d.rms_eps, true},
-                                                &sum);
+            const ProductInput input{NodeInput::add_rms_norm, x, y, norm, d.rms_eps, true};
+            auto out = products_computing_input(ctx, ws, input, &sum);
             if (!out.empty()) {
                 x = sum;
                 return out;
@@ -64,8 +64,8 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
     std::vector<ggml_tensor *> qkv0;
     if (fuse && !frames) {
         const Qwen3Layer & l = w.dec.front();
-        qkv0 = products_computing_input(ctx, {l.q, l.k, l.v},
-                                        ProductInput{NodeInput::add_rms_norm, x, nullptr, l.attn_norm, d.rms_eps, false}, nullptr);
+        const ProductInput input{NodeInput::add_rms_norm, x, nullptr, l.attn_norm, d.rms_eps, false};
+        qkv0 = products_computing_input(ctx, {l.q, l.k, l.v}, input, nullptr);
     }
     // each later one: the previous layer's end
     ggml_tensor * h = qkv0.empty() ? rms_norm(ctx, x, w.dec.front().attn_norm, d.rms_eps) : nullptr;
@@ -76,9 +76,14 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         ggml_tensor * vc = (*in.v_cache)[static_cast<size_t>(il)];
 
         // q / k / v in one node where the kernel takes them together (the same numbers as three)
-        const std::vector<ggml_tensor *> qkv = down  ? normed_products(down, l.attn_norm, {l.q, l.k, l.v})
-                                               : il == 0 && !qkv0.empty() ? qkv0
-                                                                          : products(ctx, {l.q, l.k, l.v}, h, prepare(l.q, h), frames);
+        std::vector<ggml_tensor *> qkv;
+        if (down) {
+            qkv = normed_products(down, l.attn_norm, {l.q, l.k, l.v});
+        } else if (il == 0 && !qkv0.empty()) {
+            qkv = qkv0;
+        } else {
+            qkv = products(ctx, {l.q, l.k, l.v}, h, prepare(l.q, h), frames);
+        }
         auto rope = [&](ggml_tensor * t) {
             return ggml_rope_ext(ctx, t, in.positions, nullptr, static_cast<int>(hd), GGML_ROPE_TYPE_NEOX, 0,
                                  d.rope_theta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
@@ -113,7 +118,8 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
             const bool one = heads_norm_rope_store_supported(qkv[0], qkv[1], l.q_norm, l.k_norm, hd, in.positions,
                                                              d.rope_theta, qkv[2], rows(kc), rows(vc), in.kv_rows);
             ggml_tensor * qk = one ? heads_norm_rope_store(ctx, qkv[0], qkv[1], l.q_norm, l.k_norm, hd, d.rms_eps,
-                                                           in.positions, d.rope_theta, qkv[2], rows(kc), rows(vc), in.kv_rows)
+                                                           in.positions, d.rope_theta, qkv[2], rows(kc), rows(vc),
+                                                           in.kv_rows)
                                    : rope(heads_rms_norm(ctx, qkv[0], qkv[1], l.q_norm, l.k_norm, hd, d.rms_eps));
             ggml_tensor * q = ggml_view_3d(ctx, qk, hd, d.n_heads, n * B, qk->nb[1], qk->nb[2], 0);
             ggml_tensor * k = ggml_view_2d(ctx, qk, kv_dim, n * B, qk->nb[2], static_cast<size_t>(d.n_heads) * qk->nb[1]);
@@ -210,9 +216,10 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
             g.name(x, "dec.blk." + std::to_string(il) + ".out");
         }
     }
-    if (down && n == 1 && !in.all_logits) {  // a decode step: the last norm inside the output projection where it takes it
-        const auto p = products_computing_input(
-            ctx, {w.output}, ProductInput{NodeInput::add_rms_norm, x, down, w.output_norm, d.rms_eps, false}, nullptr);
+    // A decode step: the last norm inside the output projection, where it takes it.
+    if (down && n == 1 && !in.all_logits) {
+        const ProductInput input{NodeInput::add_rms_norm, x, down, w.output_norm, d.rms_eps, false};
+        const auto p = products_computing_input(ctx, {w.output}, input, nullptr);
         if (!p.empty()) {
             g.name(p[0], "dec.logits");
             return p[0];

@@ -637,7 +637,8 @@ ggml_tensor * cached_attention_heads(ggml_context * ctx, ggml_tensor * q, ggml_t
                                      ggml_tensor * vw, ggml_tensor * mask, int64_t n_heads, int64_t n_kv_heads,
                                      float scale, float eps, float rope_base) {
     const int64_t hd = kw->ne[0];
-    ggml_tensor * q3 = ggml_view_3d(ctx, q, hd, n_heads, q->ne[1], static_cast<size_t>(hd) * sizeof(float), q->nb[1], 0);
+    ggml_tensor * q3 =
+        ggml_view_3d(ctx, q, hd, n_heads, q->ne[1], static_cast<size_t>(hd) * sizeof(float), q->nb[1], 0);
     ggml_tensor * args[9] = {q3, kw, vw, mask, k, v, qn, kn, positions};
     const auto forms = rope_rotation_forms(hd, rope_base);
     CachedParams p{n_heads, n_kv_heads, scale};

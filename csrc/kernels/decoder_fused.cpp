@@ -194,7 +194,8 @@ RopeForms measure_rope_forms(int64_t n, float base) {
     RopeForms f;
     constexpr int64_t heads = 4, T = 24;
     ggml_init_params ip{};
-    ip.mem_size = static_cast<size_t>(3 * n * heads * T) * sizeof(float) + 1024 * 1024;
+    // (the tensors, a graph of ggml's default size and the compute plan's work buffer: a few hundred KB)
+    ip.mem_size = static_cast<size_t>(3 * n * heads * T) * sizeof(float) + 8 * 1024 * 1024;
     ggml_context * ctx = ggml_init(ip);
     if (!ctx) return f;
     ggml_tensor * x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, n, heads, T);
@@ -280,7 +281,7 @@ void run_heads_norm_rope_store(ggml_tensor * dst, int ith, int nth, void * userd
         if (is_q) continue;
         const int64_t row = *reinterpret_cast<const int64_t *>(rows + t * dst->src[8]->nb[0]);
         if (row < 0 || row >= kc->ne[1]) continue;  // (the caller gives rows inside the cache)
-        const size_t off = static_cast<size_t>(h - Hq) * static_cast<size_t>(hd) * sizeof(float), bytes = hd * sizeof(float);
+        const size_t bytes = static_cast<size_t>(hd) * sizeof(float), off = static_cast<size_t>(h - Hq) * bytes;
         std::memcpy(static_cast<char *>(kc->data) + row * kc->nb[1] + off, o, bytes);
         std::memcpy(static_cast<char *>(vc->data) + row * vc->nb[1] + off,
                     static_cast<const char *>(v->data) + t * v->nb[1] + off, bytes);
@@ -431,9 +432,8 @@ ggml_tensor * store_kv(ggml_context * ctx, ggml_tensor * k, ggml_tensor * v, ggm
 
 bool node_input_supported(const ProductInput & in) {
     const ggml_tensor *a = in.a, *b = in.b;
-    if (!fusion_enabled() || !f32_columns(a) || (b && (!f32_columns(b) || a->ne[0] != b->ne[0] || a->ne[1] != b->ne[1]))) {
-        return false;
-    }
+    if (!fusion_enabled() || !f32_columns(a)) return false;
+    if (b && (!f32_columns(b) || a->ne[0] != b->ne[0] || a->ne[1] != b->ne[1])) return false;
     if (in.kind == NodeInput::swiglu) return b && !in.w && !in.sum && a->ne[0] <= INT32_MAX;
     return in.kind == NodeInput::add_rms_norm && f32_vector(in.w, a->ne[0]) && (b || !in.sum);
 }
@@ -470,7 +470,9 @@ const float * node_input(const ggml_tensor * dst, const void * userdata, float *
         return reinterpret_cast<const float *>(static_cast<const char *>(t->data) + c * t->nb[1]);
     };
     if (p.kind == NodeInput::swiglu) {
-        for (int64_t t = 0; t < T; ++t) ggml_vec_swiglu_f32(static_cast<int>(n), in.data() + t * n, column(a, t), column(b, t));
+        for (int64_t t = 0; t < T; ++t) {
+            ggml_vec_swiglu_f32(static_cast<int>(n), in.data() + t * n, column(a, t), column(b, t));
+        }
         return in.data();
     }
     // add_rms_norm: every thread the whole input (a few thousand floats), run_add_rms_norm's steps; the sums of

@@ -270,8 +270,8 @@ void prepare_columns(const float * x, int64_t xs, int64_t k, int64_t m, uint8_t 
 }
 
 void prepare_columns(const ggml_tensor * x, uint8_t * out, int64_t c0, int64_t c1) {
-    prepare_columns(static_cast<const float *>(x->data), static_cast<int64_t>(x->nb[1] / sizeof(float)), x->ne[0], x->ne[1],
-                    out, c0, c1);
+    const auto xs = static_cast<int64_t>(x->nb[1] / sizeof(float));
+    prepare_columns(static_cast<const float *>(x->data), xs, x->ne[0], x->ne[1], out, c0, c1);
 }
 
 void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {

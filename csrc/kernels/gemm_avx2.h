@@ -83,7 +83,8 @@ ggml_tensor * q8_0_quads_get_rows(ggml_context * ctx, ggml_tensor * w, ggml_tens
 // node (and one barrier) per product instead of two. The same numbers as int8_gemm. With `input` (a decode
 // step's SwiGLU, x = input->a: kernels/decoder_fused) the node computes x itself.
 struct ProductInput;
-ggml_tensor * int8_gemm_inline(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, const ProductInput * input = nullptr);
+ggml_tensor * int8_gemm_inline(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x,
+                               const ProductInput * input = nullptr);
 
 // Several matrices in the VNNI layout times the same x in one node (q / k / v, gate / up: fewer nodes and thread
 // barriers per decode step): F32 [sum of their rows * m], matrix i's [rows_i, m] block after the ones before it
