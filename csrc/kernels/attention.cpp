@@ -612,6 +612,7 @@ bool cached_attention_heads_supported(const ggml_tensor * q, const ggml_tensor *
     const int64_t hd = kw->ne[0], B = kw->ne[3];
     // one position per sequence: q's columns are the sequences
     if (q->ne[1] != B || q->ne[0] != hd * n_heads || k->ne[0] != hd * n_kv_heads || v->ne[0] != k->ne[0]) return false;
+    // q and k as the heads' norms take them, and v's columns as k's (the same check with v for q)
     if (!heads_rms_norm_supported(q, k, qn, kn, hd) || !heads_rms_norm_supported(v, k, qn, kn, hd)) return false;
     const auto forms = rope_rotation_forms(hd, rope_base);
     if (forms.first < 0 || forms.second < 0) return false;
