@@ -136,18 +136,27 @@ ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x,
     return ggml_reshape_2d(ctx, planes, w->ne[1], n);
 }
 
+namespace {
+
+// A node of all the products of ws with m columns: each matrix's block of its output as a contiguous [rows, m]
+// view, in order; `rest` (if given): the byte offset after the last block.
+std::vector<ggml_tensor *> product_blocks(ggml_context * ctx, const std::vector<ggml_tensor *> & ws, ggml_tensor * y,
+                                          int64_t m, size_t * rest = nullptr) {
+    std::vector<ggml_tensor *> out;
+    size_t offset = 0;
+    for (ggml_tensor * w : ws) {
+        out.push_back(ggml_view_2d(ctx, y, w->ne[1], m, static_cast<size_t>(w->ne[1]) * sizeof(float), offset));
+        offset += static_cast<size_t>(w->ne[1] * m) * sizeof(float);
+    }
+    if (rest) *rest = offset;
+    return out;
+}
+
+}  // namespace
+
 std::vector<ggml_tensor *> products(ggml_context * ctx, const std::vector<ggml_tensor *> & ws, ggml_tensor * x,
                                     ggml_tensor * prepared, bool frames) {
-    // A node of all the products: each matrix's block of its output as a contiguous [rows, m] view.
-    auto blocks = [&](ggml_tensor * y) {
-        std::vector<ggml_tensor *> out;
-        size_t offset = 0;
-        for (ggml_tensor * w : ws) {
-            out.push_back(ggml_view_2d(ctx, y, w->ne[1], x->ne[1], static_cast<size_t>(w->ne[1]) * sizeof(float), offset));
-            offset += static_cast<size_t>(w->ne[1] * x->ne[1]) * sizeof(float);
-        }
-        return out;
-    };
+    auto blocks = [&](ggml_tensor * y) { return product_blocks(ctx, ws, y, x->ne[1]); };
     // Matrices in the int8 GEMM's VNNI layout: one node. Without a prepared activation (prepare_step gives
     // none for a single column) the node prepares inside, as mul_mat_step does.
     if (int8_gemm_many_supported(ws, x)) return blocks(int8_gemm_many(ctx, ws, x, prepared));
@@ -180,15 +189,10 @@ std::vector<ggml_tensor *> products_computing_input(ggml_context * ctx, const st
     } else {
         return {};
     }
-    std::vector<ggml_tensor *> out;
     size_t offset = 0;
-    const auto n = x->ne[1];
-    for (ggml_tensor * w : ws) {
-        out.push_back(ggml_view_2d(ctx, node, w->ne[1], n, static_cast<size_t>(w->ne[1]) * sizeof(float), offset));
-        offset += static_cast<size_t>(w->ne[1] * n) * sizeof(float);
-    }
+    std::vector<ggml_tensor *> out = product_blocks(ctx, ws, node, x->ne[1], &offset);
     if (input.sum) {
-        *sum = ggml_view_2d(ctx, node, x->ne[0], n, static_cast<size_t>(x->ne[0]) * sizeof(float), offset);
+        *sum = ggml_view_2d(ctx, node, x->ne[0], x->ne[1], static_cast<size_t>(x->ne[0]) * sizeof(float), offset);
     }
     return out;
 }

@@ -178,14 +178,25 @@ void rope_row(const float * x, int64_t n, const float * cs, int first, int secon
     }
 }
 
-// ggml_rope_cache_init's cos/sin for position p (cs: n floats, cos and sin interleaved).
-void rope_cache(int64_t p, int64_t n, float theta_scale, float * cs) {
+// ggml_rope_cache_init's cos/sin for position p (cs: n floats, cos and sin interleaved), with ggml's theta scale
+// base^(-2 / n).
+void rope_cache(int64_t p, int64_t n, float base, float * cs) {
+    const float theta_scale = powf(base, -2.0f / static_cast<float>(n));
     float theta = static_cast<float>(p);
     for (int64_t i = 0; i < n; i += 2) {
         cs[i] = cosf(theta) * 1.0f;
         cs[i + 1] = sinf(theta) * 1.0f;
         theta *= theta_scale;
     }
+}
+
+// One head: rms_norm_row with weight w, then rotated (cos/sin cs, the forms first / second) into out.
+void norm_rotate(const float * x, const float * w, int64_t hd, float eps, const float * cs, int first, int second,
+                 float * out) {
+    thread_local std::vector<float> normed;
+    normed.resize(static_cast<size_t>(hd));
+    rms_norm_row(x, w, hd, eps, normed.data());
+    rope_row(normed.data(), hd, cs, first, second, out);
 }
 
 // The forms ggml's RoPE op takes in this build for rows of n and this base: its output for varied rows and
@@ -214,11 +225,10 @@ RopeForms measure_rope_forms(int64_t n, float base) {
     ggml_build_forward_expand(gf, r);
     if (ggml_graph_compute_with_ctx(ctx, gf, 1) == GGML_STATUS_SUCCESS) {
         bool first[3] = {true, true, true}, second[3] = {true, true, true};
-        const float theta_scale = powf(base, -2.0f / static_cast<float>(n));
         std::vector<float> cs(static_cast<size_t>(n)), out(static_cast<size_t>(n));
         const size_t half = static_cast<size_t>(n / 2) * sizeof(float);
         for (int64_t t = 0; t < T; ++t) {
-            rope_cache(pd[t], n, theta_scale, cs.data());
+            rope_cache(pd[t], n, base, cs.data());
             for (int64_t h = 0; h < heads; ++h) {
                 const float * row = xd + (t * heads + h) * n;
                 const float * ref = static_cast<const float *>(r->data) + (t * heads + h) * n;
@@ -259,16 +269,14 @@ void run_heads_norm_rope_store(ggml_tensor * dst, int ith, int nth, void * userd
     const auto * pos = static_cast<const int32_t *>(dst->src[4]->data);
     const auto * rows = static_cast<const char *>(dst->src[8]->data);
     const int64_t hd = p.hd, Hq = q->ne[0] / hd, H = dst->ne[1], T = dst->ne[2];
-    const float theta_scale = powf(p.base, -2.0f / static_cast<float>(hd));
-    thread_local std::vector<float> cs, normed;
+    thread_local std::vector<float> cs;
     cs.resize(static_cast<size_t>(hd));
-    normed.resize(static_cast<size_t>(hd));
     int64_t cached = -1;
     const auto [r0, r1] = share(H * T, ith, nth);
     for (int64_t r = r0; r < r1; ++r) {
         const int64_t t = r / H, h = r % H;
         if (t != cached) {
-            rope_cache(pos[t], hd, theta_scale, cs.data());
+            rope_cache(pos[t], hd, p.base, cs.data());
             cached = t;
         }
         const bool is_q = h < Hq;
@@ -276,8 +284,7 @@ void run_heads_norm_rope_store(ggml_tensor * dst, int ith, int nth, void * userd
         const auto * x = reinterpret_cast<const float *>(static_cast<const char *>(src->data) + t * src->nb[1]) +
                          (is_q ? h : h - Hq) * hd;
         auto * o = reinterpret_cast<float *>(static_cast<char *>(dst->data) + t * dst->nb[2] + h * dst->nb[1]);
-        rms_norm_row(x, is_q ? qn : kn, hd, p.eps, normed.data());
-        rope_row(normed.data(), hd, cs.data(), p.first, p.second, o);
+        norm_rotate(x, is_q ? qn : kn, hd, p.eps, cs.data(), p.first, p.second, o);
         if (is_q) continue;
         const int64_t row = *reinterpret_cast<const int64_t *>(rows + t * dst->src[8]->nb[0]);
         if (row < 0 || row >= kc->ne[1]) continue;  // (the caller gives rows inside the cache)
@@ -365,12 +372,12 @@ bool heads_norm_rope_store_supported(const ggml_tensor * q, const ggml_tensor * 
                                      const ggml_tensor * kn, int64_t hd, const ggml_tensor * positions, float base,
                                      const ggml_tensor * v, const ggml_tensor * kc, const ggml_tensor * vc,
                                      const ggml_tensor * rows) {
-    if (!heads_rms_norm_supported(q, k, qn, kn, hd) || hd % 2 != 0 || hd > 4096) return false;
+    if (!heads_rms_norm_supported(q, k, qn, kn, hd)) return false;
     if (!store_kv_supported(k, v, kc, vc, rows) || !positions || positions->type != GGML_TYPE_I32) return false;
     if (ggml_nelements(positions) != q->ne[1] || !ggml_is_contiguous(positions)) return false;
     if (positions->buffer && !ggml_backend_buffer_is_host(positions->buffer)) return false;
-    const RopeForms f = rope_forms(hd, base);
-    return f.first >= 0 && f.second >= 0;
+    const auto forms = rope_rotation_forms(hd, base);
+    return forms.first >= 0 && forms.second >= 0;
 }
 
 std::pair<int, int> rope_rotation_forms(int64_t n, float base) {
@@ -392,10 +399,9 @@ ggml_tensor * heads_norm_rope_store(ggml_context * ctx, ggml_tensor * q, ggml_te
 void attention_heads_input(const AttentionHeads & a, int64_t b, int64_t j0, int64_t j1, float * q) {
     const int64_t hd = a.hd, p = static_cast<const int32_t *>(a.pos->data)[b];
     if (p < 0 || p >= a.kw->ne[2]) return;  // (the builder's positions are inside the windows)
-    thread_local std::vector<float> cs, normed;
+    thread_local std::vector<float> cs;
     cs.resize(static_cast<size_t>(hd));
-    normed.resize(static_cast<size_t>(hd));
-    rope_cache(p, hd, powf(a.base, -2.0f / static_cast<float>(hd)), cs.data());
+    rope_cache(p, hd, a.base, cs.data());
     auto column = [b](const ggml_tensor * t, size_t stride) {
         return reinterpret_cast<const float *>(static_cast<const char *>(t->data) + b * stride);
     };
@@ -404,13 +410,11 @@ void attention_heads_input(const AttentionHeads & a, int64_t b, int64_t j0, int6
     const size_t bytes = static_cast<size_t>(hd) * sizeof(float);
     for (int64_t j = j0; j < j1; ++j) {
         for (int64_t h = j * a.group; h < (j + 1) * a.group; ++h) {
-            rms_norm_row(qc + h * hd, qn, hd, a.eps, normed.data());
-            rope_row(normed.data(), hd, cs.data(), a.first, a.second, q + h * hd);
+            norm_rotate(qc + h * hd, qn, hd, a.eps, cs.data(), a.first, a.second, q + h * hd);
         }
         auto * kr = reinterpret_cast<float *>(static_cast<char *>(a.kw->data) + j * a.kw->nb[1] + p * a.kw->nb[2] +
                                               b * a.kw->nb[3]);
-        rms_norm_row(kc + j * hd, kn, hd, a.eps, normed.data());
-        rope_row(normed.data(), hd, cs.data(), a.first, a.second, kr);
+        norm_rotate(kc + j * hd, kn, hd, a.eps, cs.data(), a.first, a.second, kr);
         std::memcpy(static_cast<char *>(a.vw->data) + j * a.vw->nb[1] + p * a.vw->nb[2] + b * a.vw->nb[3], vc + j * hd,
                     bytes);
     }
