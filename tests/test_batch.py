@@ -205,14 +205,15 @@ _QUADS_CODE = (
 )
 
 
-@pytest.mark.skipif(fun_asr._core.int8_gemm_isa() not in ("avx512vnni", "avxvnni") or fun_asr._core.amx_available(),
-                    reason="the Q8_0 VNNI layout is kept only where the int8 GEMM runs VNNI and there is no AMX")
+@pytest.mark.skipif(fun_asr._core.int8_gemm_isa() == "" or fun_asr._core.amx_available(),
+                    reason="the Q8_0 quads layout is kept only where the int8 GEMM runs and there is no AMX")
 def test_q8_0_matrices_in_the_vnni_layout_give_the_same_bits(wide_gguf) -> None:  # noqa: ANN001
-    """Where the int8 GEMM is a VNNI copy (no AMX), the model's Q8_0 matrices are re-laid out at load into
-    its layout and every product reads them in place (decode steps of 1, 2, 3 and 5 sequences, prefills of
+    """Where the int8 GEMM runs (no AMX), the model's Q8_0 matrices are re-laid out at load into its quads
+    layout and every product reads them in place (decode steps of 1, 2, 3 and 5 sequences, prefills of
     9-40 positions, Model.step): logits bit for bit those of the plain layout (FUN_ASR_Q8_QUADS=0: the
-    mat-vec kernel for 1-2 columns, the GEMM unpacking per product from 3), with AVX-512's and (where the CPU
-    has it) AVX-VNNI's copy."""
+    mat-vec kernel for 1-2 columns, the GEMM unpacking per product from 3), with this CPU's copy, the plain
+    AVX2 one (FUN_ASR_GEMM=avx2: vpsignb / vpmaddubsw on the quads up to 11 columns, int16 pairs unpacked
+    per product from 12) and (where the CPU has it) AVX-VNNI's."""
     import json
     import os
     import subprocess
@@ -220,6 +221,8 @@ def test_q8_0_matrices_in_the_vnni_layout_give_the_same_bits(wide_gguf) -> None:
 
     runs = {}
     variants = [("quads", {}), ("plain", {"FUN_ASR_Q8_QUADS": "0"})]
+    if fun_asr._core.int8_gemm_isa() != "avx2":  # the plain AVX2 copy on this CPU as well
+        variants.append(("quads_avx2", {"FUN_ASR_GEMM": "avx2"}))
     if fun_asr._core.system_info()["cpu_features"].get("AVX_VNNI") == "1":  # AVX-VNNI's 256-bit VEX copy as well
         variants.append(("quads_vex", {"FUN_ASR_GEMM": "avxvnni"}))
     for name, switches in variants:

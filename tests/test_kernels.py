@@ -934,18 +934,19 @@ def test_q8_0_batch_steps_take_amx_with_the_same_bits(tiny_gguf) -> None:  # noq
 
 @needs_int8_gemm
 def test_q8_0_batch_steps_take_the_vnni_gemm_with_the_same_bits(tiny_gguf) -> None:  # noqa: ANN001
-    """Without AMX, a Q8_0 decode step of 3+ sequences goes through the int8 GEMM where it runs VNNI
-    (vpdpbusd, AVX-512 or AVX-VNNI; the profile's decode/GEMM_INT8 nodes; on plain AVX2 the mat-vec kernel
-    stays faster and takes every step), fewer sequences through the mat-vec kernel; each sequence's tokens
-    and logits are its one-by-one run's."""
+    """Without AMX, the decoder's Q8_0 matrices are kept in the int8 GEMM's quads layout (FUN_ASR_Q8_QUADS), on
+    VNNI and plain AVX2 alike, and every decode step reads them there (the profile's decode/GEMM_INT8 nodes);
+    with the plain layout (FUN_ASR_Q8_QUADS=0) a step of 3+ sequences still goes through the int8 GEMM where it
+    runs VNNI (vpdpbusd, AVX-512 or AVX-VNNI), fewer sequences and plain AVX2 through the mat-vec kernel. Each
+    sequence's tokens and logits are its one-by-one run's."""
     if _core.amx_available():
         pytest.skip("AMX takes these steps on this CPU")
     in_batch, alone, (model, prompts) = _q8_0_steps_alone_and_in_a_batch(str(tiny_gguf("q8_0")), 4,
                                                                           "decode/GEMM_INT8/")
-    assert in_batch == (_core.int8_gemm_isa() in ("avx512vnni", "avxvnni")), sorted(model.profile())
-    # the decoder's Q8_0 matrices kept in the VNNI layout (FUN_ASR_Q8_QUADS): every step reads them there
     quads = model.info()["q8_0_quads_tensors"] > 0
-    assert quads == (in_batch and os.environ.get("FUN_ASR_Q8_QUADS") != "0")
+    assert quads == (os.environ.get("FUN_ASR_Q8_QUADS") != "0" and os.environ.get("FUN_ASR_MATVEC") != "0")
+    vnni = _core.int8_gemm_isa() in ("avx512vnni", "avxvnni")
+    assert in_batch == (quads or vnni), sorted(model.profile())
     assert alone == quads
     model.reset_profile()
     model.generate_batch(prompts[:2], 5, [])  # two sequences: the mat-vec kernel (plain layout)
