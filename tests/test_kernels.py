@@ -542,7 +542,7 @@ _WIDE_BITS = (
 @pytest.mark.skipif(_core.int8_gemm_vector_bits() != 512 or _core.amx_available(),
                     reason="the 512-bit Q8_0 tiles run on AVX-512 VNNI CPUs without AMX")
 def test_int8_gemm_512_bit_tiles_give_the_256_bit_bits(wide_gguf, tmp_path) -> None:  # noqa: ANN001
-    """On AVX-512 the Q8_0, Q4_K and Q6_K tiles take 16 rows per vector (Q8_0's VNNI layout in 16-row groups)
+    """On AVX-512 the Q8_0, Q4_K and Q6_K tiles take 16 rows per vector (Q8_0's quads layout in 16-row groups)
     with each lane's integer and float steps unchanged: bit for bit the 256-bit tiles (FUN_ASR_ZMM=0), for plain
     matrices (the encoder path, unpacked per product; rows of odd 8-row group counts end on a 256-bit group),
     ggml's repacked Q4_K, Q8_0 matrices kept in the layout (prefill and decode paths), column tails of every
@@ -604,7 +604,7 @@ def test_weights_the_process_holds_sit_in_huge_pages(wide_gguf) -> None:  # noqa
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    # Q8_0 where the VNNI layout is kept (AVX-512 VNNI / AVX-VNNI), else Q4_K_M's repacked Q4_K
+    # Q8_0 where the quads layout is kept (the int8 GEMM runs, no AMX), else Q4_K_M's repacked Q4_K
     for package in ("q8_0", "q4_k_m"):
         on = child(str(wide_gguf(package)), None)
         if on["held"]:
@@ -813,7 +813,7 @@ def test_prefill_output_projection_takes_the_decode_step_path(package: str, wide
     """A prefill needs the logits of each sequence's last position only: the (vocabulary-sized) output
     projection of those few columns runs as a decode step (mat-vec kernels, at read bandwidth), not through
     the many-column GEMMs the prefill's other products take; alone and in a batch alike. (A Q8_0 output
-    matrix kept in the int8 GEMM's VNNI layout takes that kernel for any column count.)"""
+    matrix kept in the int8 GEMM's quads layout takes that kernel for any column count.)"""
     m = fun_asr.load_model(wide_gguf(package), threads=2)
     step_kernel = "prefill/GEMM_INT8/" if m.info()["q8_0_quads_tensors"] else "prefill/MATVEC/"
     rng = np.random.default_rng(0)

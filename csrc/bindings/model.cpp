@@ -112,7 +112,7 @@ py::dict model_info(const Model & m) {
     d["weight_bytes"] = m.weight_bytes();
     d["weights_mmapped"] = m.weights_mmapped();
     d["repacked_tensors"] = m.repacked_tensors();
-    d["q8_0_quads_tensors"] = m.q8_0_quads_tensors();  // Q8_0 in the int8 GEMM's VNNI layout
+    d["q8_0_quads_tensors"] = m.q8_0_quads_tensors();  // Q8_0 in the int8 GEMM's quads layout
     d["kv_cache_bytes"] = m.kv_bytes();
     d["threads"] = m.threads();
     d["threads_auto"] = m.threads_auto();

@@ -36,7 +36,7 @@ ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, flo
 
 namespace {
 
-// A matrix kept in the int8 GEMM's VNNI layout (kernels/gemm_avx2.h) goes through that kernel whatever the
+// A matrix kept in the int8 GEMM's quads layout (kernels/gemm_avx2.h) goes through that kernel whatever the
 // column count: nothing else reads the layout.
 ggml_tensor * quads_product(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared) {
     if (!int8_gemm_supported(w, x)) {
@@ -94,7 +94,7 @@ ggml_tensor * prepare_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x)
 }
 
 ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared) {
-    // A matrix in the VNNI layout: one column per tile row as for many (the mat-vec kernel's arithmetic,
+    // A matrix in the quads layout: one column per tile row as for many (the mat-vec kernel's arithmetic,
     // the same bits; no per-product unpack, so also a single sequence's step runs here).
     if (is_q8_0_quads(w)) {
         if (x->ne[1] <= kInlinePrepareCols && int8_gemm_supported(w, x)) return int8_gemm_inline(ctx, w, x);
@@ -110,7 +110,7 @@ ggml_tensor * mul_mat_step(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x,
         // form, the same bits again; AVX-512 or AVX-VNNI) from 3 columns: on Zen 4, 2 threads, in cache,
         // 3072 x 1024 x 2 / 3 / 4 / 8 0.071 / 0.067 / 0.074 / 0.107 vs 0.077 / 0.106 / 0.118 / 0.21 ms, the
         // 151936-row output matrix x 2 / 3 / 4 3.7 / 4.5 / 5.0 vs 3.5 / 5.1 / 5.6 ms. (A matrix the loader kept in
-        // the VNNI layout took the branch above this one: no unpack, every column count.)
+        // the quads layout took the branch above this one: no unpack, every column count.)
         if (step_takes_amx(w, x)) return amx_gemm(ctx, w, x);
         if (step_takes_vnni_gemm(w, x)) return int8_gemm(ctx, w, x, is_int8_gemm_prepare(prepared) ? prepared : nullptr);
         return matvec(ctx, w, x);
@@ -157,7 +157,7 @@ std::vector<ggml_tensor *> product_blocks(ggml_context * ctx, const std::vector<
 std::vector<ggml_tensor *> products(ggml_context * ctx, const std::vector<ggml_tensor *> & ws, ggml_tensor * x,
                                     ggml_tensor * prepared, bool frames) {
     auto blocks = [&](ggml_tensor * y) { return product_blocks(ctx, ws, y, x->ne[1]); };
-    // Matrices in the int8 GEMM's VNNI layout: one node. Without a prepared activation (prepare_step gives
+    // Matrices in the int8 GEMM's quads layout: one node. Without a prepared activation (prepare_step gives
     // none for a single column) the node prepares inside, as mul_mat_step does.
     if (int8_gemm_many_supported(ws, x)) return blocks(int8_gemm_many(ctx, ws, x, prepared));
     // A decode step's products in the mat-vec kernels (Q4_K_M's, AVX2's, F32 / F16): one node for all too.

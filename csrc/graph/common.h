@@ -54,7 +54,7 @@ ggml_tensor * mul_mat_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * 
 // x quantized once for several products (q/k/v, gate/up) when w takes the AMX or int8 GEMM, else null.
 ggml_tensor * prepare_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, bool k_quants = false);
 // The products of several matrices with the same x (q/k/v, gate/up): mul_mat_frames (frames) or mul_mat_step of
-// each, or, for matrices kept in the int8 GEMM's VNNI layout, one node for all (fewer nodes and thread barriers
+// each, or, for matrices kept in the int8 GEMM's quads layout, one node for all (fewer nodes and thread barriers
 // per decode step; the same numbers). `prepared`: prepare_frames / prepare_step of ws[0] and x, or null.
 std::vector<ggml_tensor *> products(ggml_context * ctx, const std::vector<ggml_tensor *> & ws, ggml_tensor * x,
                                     ggml_tensor * prepared, bool frames);

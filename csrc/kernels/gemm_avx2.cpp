@@ -38,7 +38,7 @@ constexpr int64_t kQ6BlockBytes = 352;      // Q6_K: a group's block as [quad][r
 
 // How a weight type's blocks of 32 reach the kernel: int8 quants and a scale (Q8_0), plus an offset
 // (Q4_K), or int16 scale * quant and a scale (Q6_K).
-// q8_0_quads: a Q8_0 matrix kept in the VNNI layout (q8_0_quads_relayout), read in place.
+// q8_0_quads: a Q8_0 matrix kept in the quads layout (q8_0_quads_relayout), read in place.
 enum class Weights { q8_0, q8_0_quads, q4_k, q6_k };
 
 // What w->extra points at for a matrix kept in that layout (ggml's CPU backend reads a weight's extra only
@@ -315,7 +315,7 @@ struct Prepared {
     }
 };
 
-// Each thread's count of 8-row groups: whole groups of the VNNI layout (16 rows for the 512-bit copy: a
+// Each thread's count of 8-row groups: whole groups of the quads layout (16 rows for the 512-bit copy: a
 // matrix in it is read in whole 16-row groups, a plain one is unpacked into them).
 int64_t group_share(int64_t groups, int nth) {
     const int64_t unit = choice().quad_rows / kGroup, units = (groups + unit - 1) / unit;
@@ -364,7 +364,7 @@ void run(ggml_tensor * dst, int ith, int nth, void * userdata) {
 }
 
 // int8_gemm_many: sources w0, the activation (I16 prepared, or F32: prepared here by every thread), w1, w2 ...
-// (matrices in the VNNI layout, the same k). The threads split the matrices' row groups taken together.
+// (matrices in the quads layout, the same k). The threads split the matrices' row groups taken together.
 void run_many(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const ggml_tensor * act = dst->src[1];
     const ggml_tensor * ws[GGML_MAX_SRC] = {dst->src[0]};  // (no allocation: this runs per node and thread)
@@ -558,7 +558,7 @@ ggml_tensor * int8_gemm_inline(ggml_context * ctx, ggml_tensor * w, ggml_tensor 
 
 bool is_int8_gemm(const ggml_tensor * t) {
     // The product node: a custom op on a Q8_0 / Q4_K / Q6_K matrix and an I16 prepared activation, or on a
-    // matrix in the VNNI layout and the F32 activation itself (int8_gemm_inline).
+    // matrix in the quads layout and the F32 activation itself (int8_gemm_inline).
     return t && t->op == GGML_OP_CUSTOM && t->src[0] && t->src[1] &&
            (t->src[0]->type == GGML_TYPE_Q8_0 || t->src[0]->type == GGML_TYPE_Q4_K ||
             t->src[0]->type == GGML_TYPE_Q6_K) &&

@@ -9,7 +9,9 @@
 // re-laid out at load: q8_0_quads_* below) into an interleaved layout (two weights of each row
 // per 32-bit lane: Q8_0's quants, Q4_K's 0..15 with an offset per block, Q6_K's int16 scale * quant),
 // each column's pair of int16 activation quants is broadcast, and vpmaddwd (VNNI's vpdpwssd where
-// the CPU has it: the same integers) gives 8 rows x 1 column per instruction. Q4_K and Q6_K take
+// the CPU has it: the same integers) gives 8 rows x 1 column per instruction. (A Q8_0 matrix kept in the
+// quads layout, below, takes vpdpbusd with VNNI, and on plain AVX2 vpsignb / vpmaddubsw up to 11 columns,
+// the int16 pairs unpacked from it per product from 12.) Q4_K and Q6_K take
 // vpmaddubsw instead (quants as u8 times the activation as s8: 8 rows x 4 weights per instruction, a
 // block's sums exact in int16; with VNNI, vpdpbusd adds Q4_K's straight into int32 and vpdpwssd applies
 // Q6_K's scales: the same integers again). Per block the scales
@@ -36,7 +38,7 @@ namespace fun_asr {
 // runs the kernel with), or "" (off: no AVX2 / FMA / F16C, or FUN_ASR_GEMM=0). FUN_ASR_GEMM=avx2 / avxvnni
 // (or FUN_ASR_MATVEC=...) picks a narrower copy; every copy gives the same bits.
 const char * int8_gemm_isa();
-// The width of the Q8_0 tiles' vectors: 512 (the AVX-512 copy: 16 rows per vpdpbusd, the VNNI layout in 16-row
+// The width of the Q8_0 tiles' vectors: 512 (the AVX-512 copy: 16 rows per vpdpbusd, the quads layout in 16-row
 // groups; FUN_ASR_ZMM=0 keeps 256 there, the same bits), 256, or 0 (off).
 int int8_gemm_vector_bits();
 
@@ -58,9 +60,9 @@ bool int8_gemm_bias_supported(const ggml_tensor * w, const ggml_tensor * bias);
 ggml_tensor * int8_gemm(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, ggml_tensor * prepared = nullptr,
                         ggml_tensor * bias = nullptr);
 
-// Q8_0 matrices kept in the VNNI copies' layout (per 8-row group and block of 32: the weights + 128 as
-// [quad][row] bytes, then the 8 rows' fp16 scales; the same bytes as the plain blocks): the decoder's
-// matrices are re-laid out once at load where this CPU's int8 GEMM is a VNNI copy and there is no AMX,
+// Q8_0 matrices kept in the quads layout (per 8-row group and block of 32: the weights + 128 as
+// [quad][row] bytes, then the 8 rows' fp16 scales; the same bytes as the plain blocks): the model's
+// matrices are re-laid out once at load where the int8 GEMM runs (VNNI or plain AVX2) and there is no AMX,
 // and every product with them (decode steps of any batch, prefill) reads them in place instead of
 // unpacking each row group per product. The same integers and float steps, so the same bits as the
 // plain layout through this kernel or the mat-vec kernel. FUN_ASR_Q8_QUADS=0 (or FUN_ASR_MATVEC=0) keeps the
@@ -78,7 +80,7 @@ bool is_q8_0_quads(const ggml_tensor * w);
 // ggml_get_rows(w, ids) for such a matrix (ids I32 [n] -> F32 [w->ne[0], n]; the tied token embedding).
 ggml_tensor * q8_0_quads_get_rows(ggml_context * ctx, ggml_tensor * w, ggml_tensor * ids);
 
-// The product of a matrix in the VNNI layout (is_q8_0_quads) with a few columns, without a preparing node:
+// The product of a matrix in the quads layout (is_q8_0_quads) with a few columns, without a preparing node:
 // every thread quantizes the whole activation itself (as the mat-vec kernels do), so a decode step has one
 // node (and one barrier) per product instead of two. The same numbers as int8_gemm. With `input` (a decode
 // step's SwiGLU, x = input->a: kernels/decoder_fused) the node computes x itself.
@@ -86,7 +88,7 @@ struct ProductInput;
 ggml_tensor * int8_gemm_inline(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x,
                                const ProductInput * input = nullptr);
 
-// Several matrices in the VNNI layout times the same x in one node (q / k / v, gate / up: fewer nodes and thread
+// Several matrices in the quads layout times the same x in one node (q / k / v, gate / up: fewer nodes and thread
 // barriers per decode step): F32 [sum of their rows * m], matrix i's [rows_i, m] block after the ones before it
 // (views of it are contiguous). `prepared`: int8_gemm_prepare(ctx, x), or null to prepare in every thread (few
 // columns). The same numbers as one product per matrix. At most 6 matrices. With `input` and no `prepared`

@@ -482,7 +482,7 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
         out->repacked = repack.size();
     }
     if (is_cpu && q8_0_quads_wanted()) {
-        // The Q8_0 matrices of the decoder, encoder, adaptor and CTC head in the int8 GEMM's VNNI layout
+        // The Q8_0 matrices of the decoder, encoder, adaptor and CTC head in the int8 GEMM's quads layout
         // (kernels/gemm_avx2.h): re-laid out once here instead of once per product (a decode step unpacked every
         // matrix it read). The same bytes, in this process's memory instead of the shared page cache. (The
         // encoder's products have 50+ columns, so their unpack was a small share with 256-bit tiles, 168 vs

@@ -60,7 +60,7 @@ struct LoadedWeights {
     ggml_backend_buffer_t buffer = nullptr;        // the mapped file, or the device buffer
     ggml_backend_buffer_t repack_buffer = nullptr;  // CPU: weights re-laid out for faster GEMM (Q4_K ...)
     size_t repacked = 0;                            // how many tensors live in repack_buffer
-    ggml_backend_buffer_t quads_buffer = nullptr;   // CPU: Q8_0 in the int8 GEMM's VNNI layout (kernels/gemm_avx2.h)
+    ggml_backend_buffer_t quads_buffer = nullptr;   // CPU: Q8_0 in the int8 GEMM's quads layout (kernels/gemm_avx2.h)
     size_t quads = 0;                               // how many tensors live in quads_buffer
     std::shared_ptr<MappedFile> file;  // kept alive when the buffer maps it
     Weights w;

@@ -67,7 +67,7 @@ public:
         }
         std::vector<uint8_t> wq(quantized_size(type, n, k));
         quantize_rows(type, wf, wq.data(), n, k);
-        // Q8_0 matrices in the int8 GEMM's VNNI layout where the loader keeps them so (kernels/gemm_avx2.h) on
+        // Q8_0 matrices in the int8 GEMM's quads layout where the loader keeps them so (kernels/gemm_avx2.h) on
         // the decode and prefill paths; the encoder path keeps them plain (what a matrix whose rows do not fill
         // the layout's groups takes, e.g. the CTC head's output: unpacked per product).
         const bool quads = !rb && ggml_backend_is_cpu(backend_) && (path == MatmulPath::decode || path == MatmulPath::frames) &&
