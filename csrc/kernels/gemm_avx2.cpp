@@ -386,22 +386,19 @@ void run_many(ggml_tensor * dst, int ith, int nth, void * userdata) {
     if (t0 >= t1) return;
     const Layout L(k, m);
     const Prepared x(act, L, m, input);
-    // plain AVX2 unpacks many columns' row groups into int16 pairs (kQuadsUnpackCols); the VNNI copies read in place
+    // scratch for the copy that unpacks the groups per product (plain AVX2 from kQuadsUnpackCols columns: int16
+    // pairs); the others read the layout in place (kept sized, no allocation after a thread's first node)
     thread_local std::vector<int8_t> wq;
     thread_local std::vector<float> wd;
-    const bool unpacks = m >= kQuadsUnpackCols && std::strcmp(choice().isa, "avx2") == 0;
-    if (unpacks) {
-        wq.resize(static_cast<size_t>(L.nb * 2 * kScratchBytes));
-        wd.resize(static_cast<size_t>(2 * L.nb) * kGroup);
-    }
+    wq.resize(static_cast<size_t>(L.nb * 2 * kScratchBytes));
+    wd.resize(static_cast<size_t>(2 * L.nb) * kGroup);
     int64_t first = 0;  // the current matrix's first group in the joint numbering
     for (int i = 0; i < n; ++i) {
         const ggml_tensor * w = ws[i];
         const int64_t g = w->ne[1] / kGroup, a = std::max(t0, first), b = std::min(t1, first + g);
         if (a < b) {  // its groups [a - first, b - first), its output block [rows, m] at y
             choice().rows(static_cast<const uint8_t *>(w->data), w->nb[1], Weights::q8_0_quads, a - first, b - first, L.nb,
-                          x.xq, x.x8, x.xh, x.xd, x.xs, m, nullptr, unpacks ? wq.data() : nullptr,
-                          unpacks ? wd.data() : nullptr, nullptr, y, w->ne[1]);
+                          x.xq, x.x8, x.xh, x.xd, x.xs, m, nullptr, wq.data(), wd.data(), nullptr, y, w->ne[1]);
         }
         y += w->ne[1] * m;
         first += g;
