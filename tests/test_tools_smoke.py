@@ -16,7 +16,8 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     table = out.read_text()
     needles = ("Per-node profile", "encode/", "WER per type", "| transformers | 5 |", "| q8_0 | 5 |",
-               "bandwidth limit", "matmul", "Peak RSS", "Batching", "best case", "1 thread:")
+               "bandwidth limit", "matmul", "Peak RSS", "Batching", "best case", "1 thread:",
+               "Ceiling on this machine", "Where the batch's time goes")
     for needle in needles:
         assert needle in table, needle
     # --contention (same work folder: the tiny checkpoint and package are reused)
@@ -28,6 +29,18 @@ def test_bench_smoke(tmp_path: Path) -> None:
     for needle in ("| transformers F32 |", "| fun-asr q8_0 | 1 |", "| fun-asr q8_0 | 0 (auto) |", "busy",
                    "GOMP_SPINCOUNT="):
         assert needle in table, needle
+
+
+def test_decoder_macs_per_token_counts_every_decoder_matrix_and_the_output(tiny_gguf) -> None:  # noqa: ANN001
+    """The batch ceiling's decode work: one step of one sequence, from the model's own dimensions."""
+    import fun_asr
+    from bench import decoder_macs_per_token
+
+    path = tiny_gguf("q8_0")
+    dec = fun_asr.load_model(path, threads=1).info()["decoder"]
+    d, q, kv = dec["d_model"], dec["n_heads"] * dec["head_dim"], dec["n_kv_heads"] * dec["head_dim"]
+    per_layer = d * q + 2 * d * kv + q * d + 3 * d * dec["ffn"]
+    assert decoder_macs_per_token(path) == dec["n_layers"] * per_layer + dec["vocab"] * d
 
 
 def test_bench_gpu_harness_smoke(tmp_path: Path) -> None:

@@ -59,6 +59,23 @@ inline void rms_norm_row(const float * v, const float * w, int64_t n, float eps,
     for (int64_t i = 0; i < n; ++i) out[i] = v[i] * scale * w[i];
 }
 
+// rms_norm_row of R rows (row r: v[r], weight w[r], into out[r]), each row's numbers exactly rms_norm_row's (its
+// squares summed in order, in double): the R sums are interleaved, so R chains of dependent additions run side by
+// side where one row alone waits on every addition's latency (~4 cycles, 128 of them for a head).
+template <int R>
+inline void rms_norm_rows(const float * const v[R], const float * const w[R], int64_t n, float eps, float * const out[R]) {
+    double sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        for (int r = 0; r < R; ++r) sum[r] += static_cast<double>(v[r][i] * v[r][i]);
+    }
+    for (int r = 0; r < R; ++r) {
+        const float mean = static_cast<float>(sum[r] / static_cast<double>(n));
+        const float scale = 1.0f / sqrtf(mean + eps);
+        for (int64_t i = 0; i < n; ++i) out[r][i] = v[r][i] * scale * w[r][i];
+    }
+}
+
 // The [first, last) share of n items of thread ith of nth.
 std::pair<int64_t, int64_t> share(int64_t n, int ith, int nth) {
     const int64_t per = (n + nth - 1) / nth, a = std::min(n, per * ith);
@@ -169,8 +186,42 @@ void rope_row_fma(const float * x, int64_t n, const float * cs, int first, int s
 bool cpu_has_fma() { return false; }
 #endif
 
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+// rope_row_impl<true> for the two FMA forms, 8 pairs per step: each output is the same single-rounded FMA of the
+// same rounded product (fmsub / fnmadd negate exactly), so the same bits. cs's (cos, sin) pairs are split by two
+// in-lane shuffles and a cross-lane permute.
+template <int First, int Second>
+__attribute__((target("avx2,fma"))) void rope_row_fma8(const float * x, int64_t n, const float * cs, float * out) {
+    const int64_t half = n / 2;
+    for (int64_t i = 0; i < half; i += 8) {
+        const __m256 a = _mm256_loadu_ps(cs + 2 * i), b = _mm256_loadu_ps(cs + 2 * i + 8);
+        const __m256 c = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+        const __m256 sn = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+        const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + half);
+        const __m256 o0 = First == kFmaFirst ? _mm256_fmsub_ps(x0, c, _mm256_mul_ps(x1, sn))   // x0 c - (x1 s)
+                                             : _mm256_fnmadd_ps(x1, sn, _mm256_mul_ps(x0, c));  // -(x1 s) + (x0 c)
+        const __m256 o1 = Second == kFmaFirst ? _mm256_fmadd_ps(x0, sn, _mm256_mul_ps(x1, c))
+                                              : _mm256_fmadd_ps(x1, c, _mm256_mul_ps(x0, sn));
+        _mm256_storeu_ps(out + i, o0);
+        _mm256_storeu_ps(out + i + half, o1);
+    }
+}
+bool cpu_has_avx2_fma() {
+    static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return has;
+}
+#endif
+
 // Row x (n floats) rotated into out (not x), the forms first / second.
 void rope_row(const float * x, int64_t n, const float * cs, int first, int second, float * out) {
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+    if (first != kPlain && second != kPlain && n % 16 == 0 && cpu_has_avx2_fma()) {
+        if (first == kFmaFirst && second == kFmaFirst) return rope_row_fma8<kFmaFirst, kFmaFirst>(x, n, cs, out);
+        if (first == kFmaFirst) return rope_row_fma8<kFmaFirst, kFmaSecond>(x, n, cs, out);
+        if (second == kFmaFirst) return rope_row_fma8<kFmaSecond, kFmaFirst>(x, n, cs, out);
+        return rope_row_fma8<kFmaSecond, kFmaSecond>(x, n, cs, out);
+    }
+#endif
     if ((first != kPlain || second != kPlain) && cpu_has_fma()) {
         rope_row_fma(x, n, cs, first, second, out);
     } else {
@@ -188,6 +239,26 @@ void rope_cache(int64_t p, int64_t n, float base, float * cs) {
         cs[i + 1] = sinf(theta) * 1.0f;
         theta *= theta_scale;
     }
+}
+
+// rope_cache's row for position p, kept per thread: a decode step's positions are the same in every layer, so the
+// cos / sin (n of them, ~30 ns each) are computed once per step and sequence instead of once per layer.
+const float * rope_cached(int64_t p, int64_t n, float base) {
+    struct Slot {
+        int64_t p = -1, n = 0;
+        float base = 0.0f;
+        std::vector<float> cs;
+    };
+    thread_local Slot slots[32];
+    Slot & s = slots[static_cast<uint64_t>(p) % 32];
+    if (s.p != p || s.n != n || s.base != base) {
+        s.cs.resize(static_cast<size_t>(n));
+        rope_cache(p, n, base, s.cs.data());
+        s.p = p;
+        s.n = n;
+        s.base = base;
+    }
+    return s.cs.data();
 }
 
 // One head: rms_norm_row with weight w, then rotated (cos/sin cs, the forms first / second) into out.
@@ -399,24 +470,47 @@ ggml_tensor * heads_norm_rope_store(ggml_context * ctx, ggml_tensor * q, ggml_te
 void attention_heads_input(const AttentionHeads & a, int64_t b, int64_t j0, int64_t j1, float * q) {
     const int64_t hd = a.hd, p = static_cast<const int32_t *>(a.pos->data)[b];
     if (p < 0 || p >= a.kw->ne[2]) return;  // (the builder's positions are inside the windows)
-    thread_local std::vector<float> cs;
-    cs.resize(static_cast<size_t>(hd));
-    rope_cache(p, hd, a.base, cs.data());
+    const float * cs = rope_cached(p, hd, a.base);
     auto column = [b](const ggml_tensor * t, size_t stride) {
         return reinterpret_cast<const float *>(static_cast<const char *>(t->data) + b * stride);
     };
     const float *qc = column(a.q, a.q->nb[2]), *kc = column(a.k, a.k->nb[1]), *vc = column(a.v, a.v->nb[1]);
     const auto *qn = static_cast<const float *>(a.qn->data), *kn = static_cast<const float *>(a.kn->data);
     const size_t bytes = static_cast<size_t>(hd) * sizeof(float);
+    // The heads to norm and rotate (the query heads of K/V heads [j0, j1), then those K heads into their cache
+    // rows), four at a time through rms_norm_rows: the same numbers as norm_rotate per head.
+    thread_local std::vector<const float *> src, wt;
+    thread_local std::vector<float *> dst;
+    thread_local std::vector<float> normed;
+    src.clear();
+    wt.clear();
+    dst.clear();
     for (int64_t j = j0; j < j1; ++j) {
         for (int64_t h = j * a.group; h < (j + 1) * a.group; ++h) {
-            norm_rotate(qc + h * hd, qn, hd, a.eps, cs.data(), a.first, a.second, q + h * hd);
+            src.push_back(qc + h * hd);
+            wt.push_back(qn);
+            dst.push_back(q + h * hd);
         }
-        auto * kr = reinterpret_cast<float *>(static_cast<char *>(a.kw->data) + j * a.kw->nb[1] + p * a.kw->nb[2] +
-                                              b * a.kw->nb[3]);
-        norm_rotate(kc + j * hd, kn, hd, a.eps, cs.data(), a.first, a.second, kr);
+        src.push_back(kc + j * hd);
+        wt.push_back(kn);
+        dst.push_back(reinterpret_cast<float *>(static_cast<char *>(a.kw->data) + j * a.kw->nb[1] + p * a.kw->nb[2] +
+                                                b * a.kw->nb[3]));
         std::memcpy(static_cast<char *>(a.vw->data) + j * a.vw->nb[1] + p * a.vw->nb[2] + b * a.vw->nb[3], vc + j * hd,
                     bytes);
+    }
+    const int64_t rows = static_cast<int64_t>(src.size());
+    normed.resize(static_cast<size_t>(4 * hd));
+    float * const nr[4] = {normed.data(), normed.data() + hd, normed.data() + 2 * hd, normed.data() + 3 * hd};
+    for (int64_t r = 0; r < rows;) {
+        const int64_t m = std::min<int64_t>(4, rows - r);
+        switch (m) {
+            case 4: rms_norm_rows<4>(&src[r], &wt[r], hd, a.eps, nr); break;
+            case 3: rms_norm_rows<3>(&src[r], &wt[r], hd, a.eps, nr); break;
+            case 2: rms_norm_rows<2>(&src[r], &wt[r], hd, a.eps, nr); break;
+            default: rms_norm_rows<1>(&src[r], &wt[r], hd, a.eps, nr); break;
+        }
+        for (int64_t i = 0; i < m; ++i) rope_row(nr[i], hd, cs, a.first, a.second, dst[r + i]);
+        r += m;
     }
 }
 

@@ -369,23 +369,11 @@ ggml_backend_buffer_t place_weights(ggml_backend_buffer_type_t buft, const Place
     ggml_backend_buffer_t buffer = ggml_backend_buft_alloc_buffer(buft, std::max(total, min_bytes));
     if (!buffer) throw std::runtime_error(no_buffer);
     ggml_backend_buffer_set_usage(buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-#if defined(__linux__)
     // Transparent huge pages for the weights this process holds (the re-laid-out and repacked matrices: every
     // decode step streams them whole). With 4 KiB pages each page of a 0.6-0.9 GB read is a TLB miss; with
     // 2 MiB pages the full-size Q8_0 decode step took 8.9-9.1 instead of 9.3-10.0 ms on Zen 5
-    // (docs/performance.md). madvise before the first write, so the faults take huge pages where the kernel's
-    // setting is "madvise" (the default of most distributions); FUN_ASR_THP=0 leaves the pages as they are.
-    const char * thp = std::getenv("FUN_ASR_THP");
-    if (in_ram && !(thp && std::string(thp) == "0")) {
-        const uintptr_t huge = uintptr_t(2) << 20;
-        const uintptr_t base = reinterpret_cast<uintptr_t>(ggml_backend_buffer_get_base(buffer));
-        const uintptr_t begin = (base + huge - 1) / huge * huge;
-        const uintptr_t end = (base + ggml_backend_buffer_get_size(buffer)) / huge * huge;
-        if (end > begin) {
-            madvise(reinterpret_cast<void *>(begin), end - begin, MADV_HUGEPAGE);  // a hint: failure changes nothing
-        }
-    }
-#endif
+    // (docs/performance.md).
+    if (in_ram) advise_huge_pages(buffer);
     ggml_tallocr talloc = ggml_tallocr_new(buffer);
     for (auto & [t, s] : list) {
         if (ggml_tallocr_alloc(&talloc, t) != GGML_STATUS_SUCCESS) {

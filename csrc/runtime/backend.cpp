@@ -4,10 +4,15 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace fun_asr {
 
@@ -90,6 +95,21 @@ SystemInfo system_info() {
         info.devices.push_back(std::move(d));
     }
     return info;
+}
+
+void advise_huge_pages(ggml_backend_buffer_t buffer) {
+#if defined(__linux__)
+    if (!buffer || !ggml_backend_buffer_is_host(buffer)) return;
+    const char * thp = std::getenv("FUN_ASR_THP");
+    if (thp && std::string(thp) == "0") return;
+    const uintptr_t huge = uintptr_t(2) << 20;
+    const uintptr_t base = reinterpret_cast<uintptr_t>(ggml_backend_buffer_get_base(buffer));
+    const uintptr_t begin = (base + huge - 1) / huge * huge;
+    const uintptr_t end = (base + ggml_backend_buffer_get_size(buffer)) / huge * huge;
+    if (end > begin) madvise(reinterpret_cast<void *>(begin), end - begin, MADV_HUGEPAGE);  // failure changes nothing
+#else
+    (void)buffer;
+#endif
 }
 
 }  // namespace fun_asr
