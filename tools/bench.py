@@ -624,7 +624,7 @@ def main() -> None:
     ffn_type = sessions[batch_type].model.info()["tensor_types"]["blk.0.ffn_up.weight"].lower()
     wide = 256
     gemm_ms = min(_core.bench_matmul(ffn_type, dec["ffn"], dec["d_model"], wide, threads=threads, repeats=5, path=path)
-                  for path in ("ggml", "encoder"))
+                  for path in ("ggml", "frames", "encoder"))
     gemm_rate = dec["ffn"] * dec["d_model"] * wide / gemm_ms * 1e3  # multiply-adds per second
     decode_macs = 8 * max(args.tokens - 1, 0) * decoder_macs_per_token(ggufs[batch_type])
     decode_floor = decode_macs / gemm_rate * 1e3
