@@ -49,19 +49,11 @@ struct InputParams {
     bool operator<(const InputParams & o) const { return std::tie(kind, eps, sum) < std::tie(o.kind, o.eps, o.sum); }
 };
 
-// ggml_rms_norm's steps for one row (ggml-cpu ops.cpp): the float squares summed in double, a float mean,
-// scale = 1 / sqrtf(mean + eps); then ggml_mul by the weight: (v * scale) * w.
-inline void rms_norm_row(const float * v, const float * w, int64_t n, float eps, float * out) {
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(v[i] * v[i]);
-    const float mean = static_cast<float>(sum / static_cast<double>(n));
-    const float scale = 1.0f / sqrtf(mean + eps);
-    for (int64_t i = 0; i < n; ++i) out[i] = v[i] * scale * w[i];
-}
-
-// rms_norm_row of R rows (row r: v[r], weight w[r], into out[r]), each row's numbers exactly rms_norm_row's (its
-// squares summed in order, in double): the R sums are interleaved, so R chains of dependent additions run side by
-// side where one row alone waits on every addition's latency (~4 cycles, 128 of them for a head).
+// ggml_rms_norm's steps (ggml-cpu ops.cpp) for R rows (row r: v[r], weight w[r], into out[r]): per row the float
+// squares summed in order in double, a float mean, scale = 1 / sqrtf(mean + eps); then ggml_mul by the weight:
+// (v * scale) * w. Several rows' sums are interleaved, so R chains of dependent additions run side by side where
+// one row alone waits on every addition's latency (~4 cycles, 128 of them for a head); each row's numbers are the
+// same for any R.
 template <int R>
 inline void rms_norm_rows(const float * const v[R], const float * const w[R], int64_t n, float eps, float * const out[R]) {
     double sum[R];
@@ -74,6 +66,14 @@ inline void rms_norm_rows(const float * const v[R], const float * const w[R], in
         const float scale = 1.0f / sqrtf(mean + eps);
         for (int64_t i = 0; i < n; ++i) out[r][i] = v[r][i] * scale * w[r][i];
     }
+}
+
+// One row of rms_norm_rows.
+inline void rms_norm_row(const float * v, const float * w, int64_t n, float eps, float * out) {
+    const float * const vs[1] = {v};
+    const float * const ws[1] = {w};
+    float * const os[1] = {out};
+    rms_norm_rows<1>(vs, ws, n, eps, os);
 }
 
 // The [first, last) share of n items of thread ith of nth.
@@ -241,8 +241,8 @@ void rope_cache(int64_t p, int64_t n, float base, float * cs) {
     }
 }
 
-// rope_cache's row for position p, kept per thread: a decode step's positions are the same in every layer, so the
-// cos / sin (n of them, ~30 ns each) are computed once per step and sequence instead of once per layer.
+// rope_cache's row for position p, kept per thread: a pass's positions are the same in every layer, so a decode
+// step computes the cos / sin (n of them, ~30 ns each) once per sequence instead of once per layer.
 const float * rope_cached(int64_t p, int64_t n, float base) {
     struct Slot {
         int64_t p = -1, n = 0;
@@ -340,22 +340,16 @@ void run_heads_norm_rope_store(ggml_tensor * dst, int ith, int nth, void * userd
     const auto * pos = static_cast<const int32_t *>(dst->src[4]->data);
     const auto * rows = static_cast<const char *>(dst->src[8]->data);
     const int64_t hd = p.hd, Hq = q->ne[0] / hd, H = dst->ne[1], T = dst->ne[2];
-    thread_local std::vector<float> cs;
-    cs.resize(static_cast<size_t>(hd));
-    int64_t cached = -1;
     const auto [r0, r1] = share(H * T, ith, nth);
     for (int64_t r = r0; r < r1; ++r) {
         const int64_t t = r / H, h = r % H;
-        if (t != cached) {
-            rope_cache(pos[t], hd, p.base, cs.data());
-            cached = t;
-        }
+        const float * cs = rope_cached(pos[t], hd, p.base);
         const bool is_q = h < Hq;
         const ggml_tensor * src = is_q ? q : k;
         const auto * x = reinterpret_cast<const float *>(static_cast<const char *>(src->data) + t * src->nb[1]) +
                          (is_q ? h : h - Hq) * hd;
         auto * o = reinterpret_cast<float *>(static_cast<char *>(dst->data) + t * dst->nb[2] + h * dst->nb[1]);
-        norm_rotate(x, is_q ? qn : kn, hd, p.eps, cs.data(), p.first, p.second, o);
+        norm_rotate(x, is_q ? qn : kn, hd, p.eps, cs, p.first, p.second, o);
         if (is_q) continue;
         const int64_t row = *reinterpret_cast<const int64_t *>(rows + t * dst->src[8]->nb[0]);
         if (row < 0 || row >= kc->ne[1]) continue;  // (the caller gives rows inside the cache)
