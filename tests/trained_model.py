@@ -44,15 +44,25 @@ SAMPLE_RATE = 16000
 
 # --- the shared recipe ---------------------------------------------------------------------------
 
-def add_noise(clean: np.ndarray, snr_db: float, seed: int) -> np.ndarray:
-    """Clean int16 speech -> int16 speech with white noise at `snr_db` below the speech RMS.
-    The RMS is taken over samples louder than 1 % of the peak (the speech, not the silences)."""
+def add_noise(clean: np.ndarray, snr_db: float, seed: int, kind: str = "white") -> np.ndarray:
+    """Clean int16 speech -> int16 speech with noise at `snr_db` below the speech RMS.
+    The RMS is taken over samples louder than 1 % of the peak (the speech, not the silences).
+    `kind`: "white" (flat), "pink" (power ~ 1/f) or "brown" (~ 1/f^2), each at the same RMS."""
     x = clean.astype(np.float64)
     peak = np.abs(x).max() if x.size else 0.0
     loud = x[np.abs(x) > 0.01 * peak] if peak > 0 else x
     rms = float(np.sqrt(np.mean(loud**2))) if loud.size else 0.0
     rng = np.random.default_rng(seed)
-    noisy = x + rng.standard_normal(x.shape[0]) * rms * 10.0 ** (-snr_db / 20.0)
+    noise = rng.standard_normal(x.shape[0])
+    if kind != "white":
+        if kind not in ("pink", "brown"):
+            raise ValueError(f"noise kind {kind!r}: white, pink or brown")
+        spectrum = np.fft.rfft(noise)
+        f = np.maximum(np.arange(spectrum.size), 1.0)
+        spectrum /= np.sqrt(f) if kind == "pink" else f
+        noise = np.fft.irfft(spectrum, n=x.shape[0])
+        noise /= max(float(np.sqrt(np.mean(noise**2))), 1e-12)
+    noisy = x + noise * rms * 10.0 ** (-snr_db / 20.0)
     return np.clip(np.round(noisy), -32768, 32767).astype(np.int16)
 
 

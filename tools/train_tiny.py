@@ -64,8 +64,18 @@ from trained_model import (  # noqa: E402
     wer,
 )
 
-VOICES = [f"{base}{variant}" for base in ("en", "en-us", "en-gb", "en-gb-scotland", "en-029", "en-gb-x-rp")
-          for variant in ("", "+m1", "+m3", "+m5", "+f1", "+f2", "+f3", "+f4")]
+# The held-out clips' voices (tests/data/tiny_trained/heldout): 6 English accents x 8 variants.
+HELDOUT_VOICES = [f"{base}{variant}" for base in ("en", "en-us", "en-gb", "en-gb-scotland", "en-029", "en-gb-x-rp")
+                  for variant in ("", "+m1", "+m3", "+m5", "+f1", "+f2", "+f3", "+f4")]
+# Training voices: 9 English accents x 30 human-sounding variants (espeak-ng's own voices/!v), 270 in all.
+VOICE_BASES = ("en", "en-us", "en-gb", "en-gb-scotland", "en-029", "en-gb-x-rp", "en-gb-x-gbclan",
+               "en-gb-x-gbcwmd", "en-us-nyc")
+VOICE_VARIANTS = ("", "+m1", "+m2", "+m3", "+m4", "+m5", "+m6", "+m7", "+m8", "+f1", "+f2", "+f3", "+f4", "+f5",
+                  "+klatt", "+klatt2", "+klatt3", "+klatt4", "+Andy", "+Annie", "+Alicia", "+Michael", "+benjamin",
+                  "+david", "+ed", "+john", "+linda", "+paul", "+robert", "+steph")
+VOICES = [f"{base}{variant}" for base in VOICE_BASES for variant in VOICE_VARIANTS]
+NOISE_KINDS = ("none", "white", "pink", "brown")
+NOISE_WEIGHTS = (0.4, 0.3, 0.2, 0.1)
 EMBEDDING_SEED = 20260101
 EMBEDDING_STD = 0.02
 TRAIN_SEED = 1
@@ -164,12 +174,13 @@ class Text:
 # --- data ---------------------------------------------------------------------------------------
 
 def make_recipes(n: int, seed: int) -> list[dict[str, Any]]:
+    """The held-out clips' recipe (one utterance of 1-4 words, HELDOUT_VOICES, light white noise)."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
         words = [WORDS[k] for k in rng.integers(0, len(WORDS), size=int(rng.integers(1, 5)))]
         out.append(dict(
-            index=i, text=" ".join(words), voice=VOICES[int(rng.integers(len(VOICES)))],
+            index=i, text=" ".join(words), voice=HELDOUT_VOICES[int(rng.integers(len(HELDOUT_VOICES)))],
             speed=int(rng.integers(130, 191)), pitch=int(rng.integers(30, 71)), gap=int(rng.integers(0, 5)),
             lead=round(float(rng.uniform(0.05, 0.5)), 3), tail=round(float(rng.uniform(0.05, 0.5)), 3),
             peak_db=round(float(rng.uniform(-20.0, -1.0)), 2), snr_db=round(float(rng.uniform(15.0, 40.0)), 2),
@@ -178,70 +189,141 @@ def make_recipes(n: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def synth_clean(r: dict[str, Any]) -> np.ndarray:
-    """espeak-ng -> 16 kHz, silences either side, peak level -> int16 (the clean clip)."""
+def make_recordings(n: int, seed: int, exclude: set[str] = frozenset()) -> list[dict[str, Any]]:
+    """The training recipe: recordings of 1 (70 %), 2 (20 %) or 3 (10 %) utterances of 1-4 words joined by
+    0.2-2.0 s pauses (the same voice, or each its own: a conversation), any of VOICES at 110-230 wpm, pitch
+    20-80; 0.05-1.0 s of silence either side; peak -1..-35 dBFS; digitally clean (40 %: exact zeros between
+    the words) or white / pink / brown noise 10-40 dB below the speech. A recording whose transcript is in
+    `exclude` (the held-out ones) is drawn again."""
+    rng = np.random.default_rng(seed)
+    out: list[dict[str, Any]] = []
+    while len(out) < n:
+        count = int(rng.choice([1, 2, 3], p=[0.7, 0.2, 0.1]))
+        same_voice = bool(rng.random() < 0.5)
+        voice = VOICES[int(rng.integers(len(VOICES)))]
+        utterances = []
+        for _ in range(count):
+            words = [WORDS[k] for k in rng.integers(0, len(WORDS), size=int(rng.integers(1, 5)))]
+            utterances.append(dict(
+                text=" ".join(words), voice=voice if same_voice else VOICES[int(rng.integers(len(VOICES)))],
+                speed=int(rng.integers(110, 231)), pitch=int(rng.integers(20, 81)), gap=int(rng.integers(0, 5)),
+            ))
+        r = dict(
+            index=len(out), text=" ".join(u["text"] for u in utterances), utterances=utterances,
+            pauses=[round(float(rng.uniform(0.2, 2.0)), 3) for _ in range(count - 1)],
+            lead=round(float(rng.uniform(0.05, 1.0)), 3), tail=round(float(rng.uniform(0.05, 1.0)), 3),
+            peak_db=round(float(rng.uniform(-35.0, -1.0)), 2),
+            noise=str(rng.choice(NOISE_KINDS, p=NOISE_WEIGHTS)), snr_db=round(float(rng.uniform(10.0, 40.0)), 2),
+            noise_seed=int(rng.integers(1 << 31)),
+        )
+        if r["text"] not in exclude:
+            out.append(r)
+    return out
+
+
+def espeak(text: str, voice: str, speed: int, pitch: int, gap: int) -> np.ndarray:
+    """espeak-ng speech at 16 kHz (soxr), float64, its own level."""
     import soundfile as sf
     import soxr
 
-    cmd = ["espeak-ng", "-v", r["voice"], "-s", str(r["speed"]), "-p", str(r["pitch"]), "-g", str(r["gap"]),
-           "--stdout", r["text"]]
+    cmd = ["espeak-ng", "-v", voice, "-s", str(speed), "-p", str(pitch), "-g", str(gap), "--stdout", text]
     wav = subprocess.run(cmd, check=True, capture_output=True).stdout
     x, rate = sf.read(io.BytesIO(wav), dtype="float64")
-    x = soxr.resample(x, rate, SAMPLE_RATE)
+    return soxr.resample(x, rate, SAMPLE_RATE)
+
+
+def synth_clean(r: dict[str, Any]) -> np.ndarray:
+    """A held-out recipe: espeak-ng -> 16 kHz, silences either side, peak level -> int16 (the clean clip)."""
+    x = espeak(r["text"], r["voice"], r["speed"], r["pitch"], r["gap"])
     x = x / max(np.abs(x).max(), 1e-9) * 10.0 ** (r["peak_db"] / 20.0)
     x = np.concatenate([np.zeros(int(r["lead"] * SAMPLE_RATE)), x, np.zeros(int(r["tail"] * SAMPLE_RATE))])
     return np.clip(np.round(x * 32767.0), -32768, 32767).astype(np.int16)
 
 
+def synth_recording(r: dict[str, Any]) -> np.ndarray:
+    """A training recipe -> int16 at 16 kHz: the utterances with their pauses and silences, levelled to the
+    peak, then its noise (``add_noise``, none for "none")."""
+    parts = [np.zeros(int(r["lead"] * SAMPLE_RATE))]
+    for k, u in enumerate(r["utterances"]):
+        if k:
+            parts.append(np.zeros(int(r["pauses"][k - 1] * SAMPLE_RATE)))
+        x = espeak(u["text"], u["voice"], u["speed"], u["pitch"], u["gap"])
+        parts.append(x / max(np.abs(x).max(), 1e-9))  # each voice at the same peak before the recording's level
+    parts.append(np.zeros(int(r["tail"] * SAMPLE_RATE)))
+    x = np.concatenate(parts) * 10.0 ** (r["peak_db"] / 20.0)
+    clean = np.clip(np.round(x * 32767.0), -32768, 32767).astype(np.int16)
+    if r["noise"] == "none":
+        return clean
+    return add_noise(clean, r["snr_db"], r["noise_seed"], r["noise"])
+
+
 def clip_features(r: dict[str, Any]) -> np.ndarray:
-    """Clean clip -> noise -> int16 -> float [-1, 1] -> fun_asr.audio.frontend.fbank (80 mel, x32768)."""
+    """A training recipe -> int16 audio -> float [-1, 1] -> fun_asr.audio.frontend.fbank (80 mel, x32768)."""
     from fun_asr.audio.frontend import FrontendConfig, fbank
 
-    noisy = add_noise(synth_clean(r), r["snr_db"], r["noise_seed"])
-    return fbank(noisy.astype(np.float32) / 32768.0, FrontendConfig()).astype(np.float16)
+    return fbank(synth_recording(r).astype(np.float32) / 32768.0, FrontendConfig()).astype(np.float16)
 
 
 def cmd_data(work: Path, n_train: int, n_heldout: int, procs: int) -> None:
-    """Training features (work/train_fbank.npy + offsets) and the held-out artifact clips."""
+    """The held-out clips (work/heldout: the committed ones, else made anew) and the training features
+    (work/train_fbank.npy + offsets) of recordings whose transcripts are not held-out ones."""
     import multiprocessing as mp
 
-    import soundfile as sf
-
     work.mkdir(parents=True, exist_ok=True)
+    heldout = work / "heldout"
+    if not (heldout / "manifest.json").exists():
+        _heldout_data(heldout, n_heldout)
+    held = json.loads((heldout / "manifest.json").read_text("utf-8"))
+    exclude = {e["text"] for e in held if len(e["text"].split()) > 1}
     if not (work / "train_fbank.npy").exists():
-        recipes = make_recipes(n_train, TRAIN_SEED)
+        recipes = make_recordings(n_train, TRAIN_SEED, exclude)
         t0 = time.time()
         with mp.get_context("fork").Pool(procs) as pool:
             feats = []
             for i, f in enumerate(pool.imap(clip_features, recipes, chunksize=64)):
                 feats.append(f)
                 if (i + 1) % 2000 == 0:
-                    print(f"data: {i + 1}/{n_train} clips, {time.time() - t0:.0f} s", flush=True)
+                    print(f"data: {i + 1}/{n_train} recordings, {time.time() - t0:.0f} s", flush=True)
         lengths = np.array([f.shape[0] for f in feats], np.int64)
         np.save(work / "train_offsets.npy", np.concatenate([[0], np.cumsum(lengths)]))
         (work / "train_recipes.json").write_text(json.dumps(recipes), "utf-8")
         np.save(work / "train_fbank.tmp.npy", np.concatenate(feats))
         os.replace(work / "train_fbank.tmp.npy", work / "train_fbank.npy")
-        print(f"data: {n_train} training clips, {lengths.sum() / 100 / 3600:.2f} h, {time.time() - t0:.0f} s")
-    heldout = work / "heldout"
-    if not (heldout / "manifest.json").exists():
-        heldout.mkdir(exist_ok=True)
-        entries = []
-        train_texts = {r["text"] for r in make_recipes(n_train, TRAIN_SEED) if len(r["text"].split()) > 1}
-        rng_recipes = make_recipes(n_heldout * 4, HELDOUT_SEED)
-        for r in rng_recipes:  # multi-word held-out transcripts that never occur in training
-            if len(r["text"].split()) > 1 and r["text"] in train_texts:
-                continue
-            clean = synth_clean(r)
-            name = f"h{len(entries):03d}.flac"
-            sf.write(str(heldout / name), clean, SAMPLE_RATE, subtype="PCM_16")
-            entries.append({"file": name, "text": r["text"], "snr_db": r["snr_db"], "noise_seed": r["noise_seed"],
-                            "recipe": r})
-            if len(entries) == n_heldout:
-                break
-        (heldout / "manifest.json").write_text(json.dumps(entries, indent=1), "utf-8")
-        size = sum(p.stat().st_size for p in heldout.glob("*.flac"))
-        print(f"data: {len(entries)} held-out clips, {size / 1e6:.2f} MB FLAC")
+        print(f"data: {n_train} training recordings, {lengths.sum() / 100 / 3600:.2f} h, {time.time() - t0:.0f} s")
+
+
+def _heldout_data(heldout: Path, n_heldout: int) -> None:
+    """The held-out clips: the committed ones (tests/data/tiny_trained/heldout, their recipes in the artifact's
+    manifest) when present; else the first `n_heldout` of the held-out recipe (seed HELDOUT_SEED) whose
+    multi-word transcripts are not in the first training recipe (make_recipes(30000, TRAIN_SEED)), as the
+    committed ones were chosen."""
+    import soundfile as sf
+
+    heldout.mkdir(parents=True, exist_ok=True)
+    committed = ARTIFACT / "manifest.json"
+    if committed.is_file() and HELDOUT.is_dir():
+        entries = json.loads(committed.read_text("utf-8"))["heldout"]
+        if all((HELDOUT / e["file"]).is_file() for e in entries):
+            for e in entries[:n_heldout]:
+                shutil.copyfile(HELDOUT / e["file"], heldout / e["file"])
+            (heldout / "manifest.json").write_text(json.dumps(entries[:n_heldout], indent=1), "utf-8")
+            print(f"data: {min(n_heldout, len(entries))} committed held-out clips")
+            return
+    entries = []
+    train_texts = {r["text"] for r in make_recipes(30000, TRAIN_SEED) if len(r["text"].split()) > 1}
+    for r in make_recipes(n_heldout * 4, HELDOUT_SEED):  # multi-word transcripts never in that training set
+        if len(r["text"].split()) > 1 and r["text"] in train_texts:
+            continue
+        clean = synth_clean(r)
+        name = f"h{len(entries):03d}.flac"
+        sf.write(str(heldout / name), clean, SAMPLE_RATE, subtype="PCM_16")
+        entries.append({"file": name, "text": r["text"], "snr_db": r["snr_db"], "noise_seed": r["noise_seed"],
+                        "recipe": r})
+        if len(entries) == n_heldout:
+            break
+    (heldout / "manifest.json").write_text(json.dumps(entries, indent=1), "utf-8")
+    size = sum(p.stat().st_size for p in heldout.glob("*.flac"))
+    print(f"data: {len(entries)} held-out clips, {size / 1e6:.2f} MB FLAC")
 
 
 # --- model --------------------------------------------------------------------------------------
@@ -444,8 +526,10 @@ class Tiny:
             return out
 
 
-def heldout_eval(model: Any, text: Text, work: Path, limit: int | None = None) -> tuple[float, list[str]]:
-    """WER of greedy decoding with the HF modules on the held-out clips (as the package reads them)."""
+def heldout_eval(model: Any, text: Text, work: Path, limit: int | None = None,
+                 noisy: bool = True) -> tuple[float, list[str]]:
+    """WER of greedy decoding with the HF modules on the held-out clips as the package reads them: with their
+    recorded light noise (`noisy`), or as the clean FLACs (exact zeros around the speech)."""
     from fun_asr.audio.frontend import FrontendConfig, features
 
     entries = json.loads((work / "heldout" / "manifest.json").read_text("utf-8"))[:limit]
@@ -456,8 +540,9 @@ def heldout_eval(model: Any, text: Text, work: Path, limit: int | None = None) -
 
     for e in entries:
         clean, _ = sf.read(str(work / "heldout" / e["file"]), dtype="int16")
-        x = add_noise(clean, e["snr_db"], e["noise_seed"]).astype(np.float32) / 32768.0
-        toks = Tiny.greedy(model, features(x, FrontendConfig()), before, after, EOS_IDS)
+        audio = add_noise(clean, e["snr_db"], e["noise_seed"]) if noisy else clean
+        toks = Tiny.greedy(model, features(audio.astype(np.float32) / 32768.0, FrontendConfig()), before, after,
+                           EOS_IDS)
         refs.append(e["text"])
         hyps.append(text.tok.decode([t for t in toks if t not in EOS_IDS]).strip())
     model.train()
@@ -555,8 +640,9 @@ def cmd_train(work: Path, steps: int, batch: int, lr: float, warmup: int, thread
                 tiny.sync_embedding()
                 t1 = time.time()
                 w, _ = heldout_eval(tiny.model, text, work)
-                rec["heldout_wer"] = w
-                print(f"  held-out WER {w:.4f} ({time.time() - t1:.0f} s)", flush=True)
+                wc, _ = heldout_eval(tiny.model, text, work, noisy=False)
+                rec["heldout_wer"], rec["heldout_wer_clean"] = w, wc
+                print(f"  held-out WER {w:.4f} noisy, {wc:.4f} clean ({time.time() - t1:.0f} s)", flush=True)
             with log_path.open("a") as f:
                 f.write(json.dumps(rec) + "\n")
             acc_loss, acc_correct, acc_n, acc_steps = 0.0, 0, 0, 0
@@ -623,11 +709,12 @@ def cmd_export(work: Path, out: Path) -> None:
     stored["trained_rows.ids"] = used
     stored["trained_rows.weight"] = np.ascontiguousarray(saved[EMBEDDING_KEY][used])
     heldout_out = HELDOUT if out == ARTIFACT else out / "heldout"  # the clips stay with the tests
-    for d in (out, heldout_out):
-        if d.exists():
-            shutil.rmtree(d)
-    out.mkdir(parents=True)
+    if heldout_out.exists():
+        shutil.rmtree(heldout_out)
     heldout_out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in (*PLAIN_FILES, "tokenizer.base.json", "manifest.json", "weights.safetensors"):
+        (out / name).unlink(missing_ok=True)  # the model's files; anything else there (the FSMN-VAD) stays
     save_file(stored, str(out / "weights.safetensors"))
     for name in PLAIN_FILES:
         shutil.copyfile(ckpt / name, out / name)
@@ -661,7 +748,7 @@ def cmd_export(work: Path, out: Path) -> None:
     for name in (*PLAIN_FILES, "tokenizer.json"):
         if (rebuilt / name).read_bytes() != (ckpt / name).read_bytes():
             raise SystemExit(f"export: rebuilt {name} differs")
-    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
     print(f"export: {out} ({size / 1e6:.2f} MB), rebuilt checkpoint identical; "
           f"{man['parameters']['non_embedding'] / 1e6:.2f} M non-embedding parameters")
 

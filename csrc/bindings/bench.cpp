@@ -55,6 +55,13 @@ void bind_bench(py::module_ & m) {
           "the tensor types quantize/dequantize accept.");
 
     m.def(
+        "check_device",
+        [](const std::string & device) { return std::string(ggml_backend_dev_name(fun_asr::pick_device(device))); },
+        py::arg("device"),
+        "The name of the ggml device that `device` (auto, cpu, cuda, cuda:N) selects in this build on this machine; "
+        "ValueError naming what is accepted when there is none (checked before any model is read or converted).");
+
+    m.def(
         "first_argmax",
         [](py::array_t<float, py::array::c_style | py::array::forcecast> x) {
             if (x.ndim() != 1 || x.size() == 0) {

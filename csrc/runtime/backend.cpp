@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 
 #if defined(__linux__)
@@ -62,6 +63,45 @@ std::string take_ggml_error() {
         if (c == '\n') c = ';';
     }
     return out;
+}
+
+ggml_backend_dev_t pick_device(const std::string & device) {
+    std::vector<ggml_backend_dev_t> gpus;
+    ggml_backend_dev_t cpu = nullptr;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t d = ggml_backend_dev_get(i);
+        const auto t = ggml_backend_dev_type(d);
+        if (t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU) gpus.push_back(d);
+        if (t == GGML_BACKEND_DEVICE_TYPE_CPU && !cpu) cpu = d;
+    }
+    if (device == "cpu") return cpu;
+    if (device == "auto") return gpus.empty() ? cpu : gpus[0];
+    std::string kind = device;
+    size_t index = 0;
+    const auto colon = device.find(':');
+    if (colon != std::string::npos) {
+        kind = device.substr(0, colon);
+        try {
+            index = std::stoul(device.substr(colon + 1));
+        } catch (const std::exception &) {
+            kind = "?";
+        }
+    }
+    if (kind == "cuda" || kind == "gpu") {
+        if (gpus.empty()) {
+            std::string backends;
+            for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
+                backends += (backends.empty() ? "" : ", ") + std::string(ggml_backend_reg_name(ggml_backend_reg_get(i)));
+            }
+            throw std::invalid_argument("device '" + device + "' requested but no GPU is available (this build's "
+                                        "backends: " + backends + "); use the cpu or auto device");
+        }
+        if (index >= gpus.size()) {
+            throw std::invalid_argument("device '" + device + "': only " + std::to_string(gpus.size()) + " GPU(s)");
+        }
+        return gpus[index];
+    }
+    throw std::invalid_argument("unknown device '" + device + "': accepted values are auto, cpu, cuda, cuda:N");
 }
 
 SystemInfo system_info() {

@@ -29,6 +29,11 @@ struct SystemInfo {
 
 SystemInfo system_info();
 
+// The ggml device a device string names: "cpu", "auto" (the first GPU, else the CPU), "cuda" / "gpu" (the
+// first GPU), "cuda:N" / "gpu:N". std::invalid_argument naming what is accepted for an unknown name, a GPU
+// that this build or machine lacks, or an index past the GPUs.
+ggml_backend_dev_t pick_device(const std::string & device);
+
 // Routes ggml's log: silent by default (ggml's own error lines, e.g. "gguf_init_from_reader: failed
 // to read magic", must not leak next to our exceptions; they are kept for take_ggml_error()).
 // FUN_ASR_GGML_LOG=warn prints warnings and errors, =debug everything.

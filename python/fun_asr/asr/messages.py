@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import re
 
 _HOTWORD_LIMITS = (re.compile(r"^\d+ hotwords; at most \d+ are accepted"),
                    re.compile(r"^hotword .* characters; at most"))
+# " (vad_model=)", " (vad=None)", " (model=)", " (overwrite=True)": a flag's Python spelling next to the flag
+_PY_PARENS = re.compile(r" ?\((?:[a-z_]+=)[^()]*\)")
+_STREAM_NEEDS_VAD = re.compile(r"streaming needs the FSMN-VAD: create the Session with .*", re.S)
+_NO_VAD_SESSION = "this Session has no VAD model (Session(vad='fsmn', vad_model=...))"
 
 
 def cli_words(msg: str, *, segment_flag: str = "--segment-seconds", max_audio_flag: str | None = None,
@@ -20,10 +25,26 @@ def cli_words(msg: str, *, segment_flag: str = "--segment-seconds", max_audio_fl
     msg = msg.replace("(Limits.max_audio_seconds)", f"({max_audio_flag})" if max_audio_flag else "")
     if any(p.search(msg) for p in _HOTWORD_LIMITS):
         msg = f"{hotwords}: {msg}"
-    msg = re.sub(r"\bsegment_seconds\b", segment_flag, msg)
-    msg = re.sub(r"\bmax_new_tokens\b", "--max-new-tokens", msg)
+    msg = _STREAM_NEEDS_VAD.sub("--stream needs the FSMN-VAD to close its sentences and this model has none: give "
+                                "--vad-model (a FunASR fsmn-vad folder or .gguf), or use --stream-mode chunked", msg)
+    msg = msg.replace(f"vad=True but {_NO_VAD_SESSION}", "this model has no FSMN-VAD (give --vad-model)")
+    msg = msg.replace(_NO_VAD_SESSION, "this model has no FSMN-VAD (give --vad-model, or drop --vad none)")
     msg = msg.replace("(diarize=True, --diarize, spk=true)", "(--diarize)")
     msg = msg.replace("(speaker_model= / --speaker-model:", "(--speaker-model:")
     msg = msg.replace("diarize=True / --diarize", "--diarize")
+    msg = _PY_PARENS.sub(lambda m: m.group(0) if "--" in m.group(0) else "", msg)
+    msg = re.sub(r"\bsegment_seconds\b", segment_flag, msg)
+    msg = re.sub(r"\bmax_new_tokens\b", "--max-new-tokens", msg)
     msg = re.sub(r"\b(num|min|max)_speakers\b", r"--\1-speakers", msg)
+    msg = msg.replace("add overwrite=True", "add --overwrite")
+    msg = msg.replace("use the cpu or auto device", "use --device cpu or --device auto")
     return msg
+
+
+class CliWordsFilter(logging.Filter):
+    """Rewrites the records a command logs (the Session's notices) with :func:`cli_words`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = cli_words(record.getMessage())
+        record.args = None
+        return True

@@ -112,7 +112,10 @@ class Session:
                  limits: Limits | None = None, speaker_model: Any = "auto") -> None:
         if vad not in ("auto", "fsmn", None, "none"):
             raise ValueError(f"vad must be 'auto', 'fsmn' or None, got {vad!r}")
-        from_hub = not Path(model).expanduser().exists() and str(model) != DEMO  # the demo is local, no VAD
+        if not isinstance(device, str):
+            raise TypeError(f"device must be a string (auto, cpu, cuda, cuda:N), got {type(device).__name__}")
+        _core.check_device(device)  # before anything is downloaded or converted for it
+        from_hub = not Path(model).expanduser().exists() and str(model) != DEMO  # the demo is local, VAD embedded
         self._model_arg = model
         if str(model) == DEMO and not Path(model).exists():
             log.warning("the 20-word demo model (-m demo): it knows only %s; for real speech use the default "

@@ -11,11 +11,12 @@ import sys
 import threading
 import warnings
 
-from fun_asr.asr.messages import cli_words
+from fun_asr.asr.messages import CliWordsFilter, cli_words
 from fun_asr.cli.transcribe import (
     UsageError,
     add_speaker_arguments,
     add_vad_arguments,
+    check_model_free_options,
     check_speaker_arguments,
     speaker_kwargs,
     vad_kwargs,
@@ -69,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="local engine: audio reader threads (default min(4, CPUs))")
     ap.add_argument("--shard-size", type=int, default=1000, help="records per shard file (default 1000)")
     ap.add_argument("--retry-failed", action="store_true", help="transcribe again the recordings that failed before")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace a summary.json or eval.tsv in the output folder that fun-asr-batch did not write "
+                         "(without it such a folder is refused; a job's own records are always updated)")
     ray = ap.add_argument_group("Ray engine (pip install 'fun-asr[ray]')")
     ray.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                      help="run on Ray: without ADDRESS, RAY_ADDRESS or a new local cluster; 'auto' = the cluster "
@@ -119,6 +123,7 @@ def _check(args: argparse.Namespace) -> str | None:
             return f"--language {args.language}: {exc}"
     try:
         args.vad_kwargs = vad_kwargs(args)
+        check_model_free_options(args, device=args.ray is None)  # Ray: the device is on the nodes
         check_speaker_arguments(args)
     except UsageError as exc:
         return str(exc)
@@ -129,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     level = logging.INFO if args.verbose else logging.ERROR if args.quiet else logging.WARNING
     logging.basicConfig(level=level, format=f"{PROG}: %(message)s")  # --quiet: the JSON still has warning_codes
+    for handler in logging.getLogger().handlers:  # the Session's notices in this command's flags
+        handler.addFilter(CliWordsFilter())
     problem = _check(args)
     if problem:
         _error(problem)
@@ -167,13 +174,13 @@ def main(argv: list[str] | None = None) -> int:
                       workers=args.workers, shard_size=args.shard_size, retry_failed=args.retry_failed, ray=ray,
                       actors=args.actors, threads_per_actor=args.threads_per_actor, progress=progress,
                       stop=stop, progress_interval=interval, **args.vad_kwargs, **speaker_kwargs(args),
-                      speaker_model=args.speaker_model)
+                      speaker_model=args.speaker_model, overwrite=args.overwrite)
     except KeyboardInterrupt:
         code = 128 + (received[0] if received else signal.SIGINT)
         print(f"\n{PROG}: interrupted; rerun the same command to resume", file=sys.stderr)
         return code
     except BatchError as exc:
-        _error(str(exc))
+        _error(cli_words(str(exc)))
         return 2
     except OutputWriteError as exc:
         _error(str(exc))
@@ -196,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: stopped by {signal.Signals(received[0]).name} after writing the batch in flight; rerun the "
               "same command to resume", file=sys.stderr)
         return 128 + received[0]
+    if summary["failed"]:
+        print(f"{PROG}: {summary['failed']} recording(s) failed (their errors are in the records and summary.json); "
+              "--retry-failed transcribes them again", file=sys.stderr)
+        return 1
     return 0
 
 

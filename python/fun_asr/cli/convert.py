@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
+from fun_asr.cli import exits
 from fun_asr.converter import PACKAGE_TYPES, convert, format_inspection, inspect_gguf
 
 
@@ -41,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     ap.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
     args = ap.parse_args(argv)
+    exits.terminate_on_sigterm()
     try:
         if args.inspect:
             info = inspect_gguf(args.src)
@@ -50,8 +53,11 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(format_inspection(info))
             return 0
-        from fun_asr.converter import detect_layout, layout_description
+        from fun_asr.converter import OutputError, detect_layout, layout_description
 
+        if not os.path.exists(args.src):
+            print(f"fun-asr-convert: error: {args.src}: no such checkpoint folder or file", file=sys.stderr)
+            return 2
         layout = detect_layout(args.src)
         print(f"read {args.src}: {layout_description(layout)}")
         suffix = {"fsmn_vad": "fsmn_vad", "campplus": "campplus"}.get(layout, args.type)
@@ -67,11 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         if args.verbose:
             raise
-        print(f"fun-asr-convert: error: {exc}", file=sys.stderr)
-        return 1
+        msg = str(exc).replace("--force (overwrite=True)", "--force")
+        print(f"fun-asr-convert: error: {msg}", file=sys.stderr)
+        # the output would destroy something, or the source is not there: nothing was done, fix the command (2);
+        # a source that fails while it is read or converted: 1
+        return 2 if isinstance(exc, OutputError | FileNotFoundError) else 1
     except KeyboardInterrupt:
         print("\nfun-asr-convert: interrupted (no output written)", file=sys.stderr)
-        return 130
+        return exits.INTERRUPTED
+    except exits.Terminated:
+        print("\nfun-asr-convert: terminated (no output written)", file=sys.stderr)
+        return exits.TERMINATED
 
 
 if __name__ == "__main__":

@@ -14,8 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from fun_asr.asr.formats import FORMATS, render
-from fun_asr.asr.messages import cli_words
+from fun_asr.asr.messages import CliWordsFilter, cli_words
+from fun_asr.cli import exits
+from fun_asr.cli.exits import terminate_on_sigterm
 from fun_asr.converter.hub import DEFAULT_REPO
+from fun_asr.outputs import ExistingOutputError, check_new_outputs, write_atomic
 
 PROG = "fun-asr-transcribe"
 STDIN = "-"
@@ -40,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("-f", "--format", default="txt", choices=[*FORMATS, "all"], help="output format (default txt)")
     ap.add_argument("-o", "--output-dir", help="write one file per input and format into this directory instead of "
                                                "printing to stdout (created if missing)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="with -o: replace output files that already exist (each replaced whole, never half-written); "
+                         "without it a run whose outputs exist is refused before anything is transcribed")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
     ap.add_argument("--threads", type=int, default=0,
                     help="CPU threads (default 0: auto, up to all cores, fewer on a busy machine when that is faster)")
@@ -62,9 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch-size", type=int, default=8,
                     help="segments decoded together across files (default 8; 1 = one by one)")
     ap.add_argument("--stream", action="store_true",
-                    help="real-time streaming: FILE is '-' (raw 16 kHz mono int16 PCM on stdin, e.g. from arecord) "
-                         "or an audio file; prints partial results and timed sentences (-f json: one event per line)")
+                    help="real-time streaming: FILE is '-' (standard input: WAV, FLAC, OGG or MP3, recognized by "
+                         "their headers and decoded as they arrive, e.g. from arecord -t wav or sox -d -t flac -; "
+                         "headerless PCM needs --raw-pcm) or an audio file; prints partial results and timed sentences "
+                         "(-f json: one event per line)")
     ap.add_argument("--realtime", action="store_true", help="with --stream FILE: feed the file at real-time pace")
+    ap.add_argument("--raw-pcm", type=int, metavar="RATE",
+                    help="with --stream: the input is raw PCM without a header, 16-bit little-endian mono samples at "
+                         "RATE Hz (e.g. 16000: what arecord -t raw -f S16_LE -c 1 or ffmpeg -f s16le -ac 1 write)")
     ap.add_argument("--stream-mode", default="vad", choices=["vad", "chunked"],
                     help="with --stream: vad = FunASR's realtime server (VAD sentences + partials, default); "
                          "chunked = Fun-ASR-Nano's streaming SDK (the whole audio re-decoded every --chunk-ms, "
@@ -112,6 +123,7 @@ def vad_kwargs(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    terminate_on_sigterm()
     try:
         return _main(argv)
     except BrokenPipeError:  # e.g. `fun-asr-transcribe a.wav | head`
@@ -119,10 +131,13 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - no flush error at exit
         except OSError:
             pass
-        return 0
+        return exits.OK
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted", file=sys.stderr)
-        return 130
+        return exits.INTERRUPTED
+    except exits.Terminated:
+        print(f"\n{PROG}: terminated", file=sys.stderr)
+        return exits.TERMINATED
 
 
 def _error(msg: str) -> None:
@@ -152,6 +167,7 @@ def check_options(args: argparse.Namespace) -> None:
             raise UsageError(f"--language {args.language!r}: {exc}") from None
     if args.vad_model and args.vad == "none":
         raise UsageError("--vad-model with --vad none: choose one")
+    check_model_free_options(args)
     check_speaker_arguments(args)
     if args.diarize and args.stream:
         raise UsageError("--diarize is for file transcription; for live speakers use fun-asr-serve --enable-spk")
@@ -171,7 +187,7 @@ def check_options(args: argparse.Namespace) -> None:
         raise UsageError(f"--rollback-chars must be 0 or more, got {args.rollback_chars}")
     if args.stream:
         if len(args.files) != 1:
-            raise UsageError("--stream takes one input: '-' (raw 16 kHz int16 PCM on stdin) or one audio file")
+            raise UsageError("--stream takes one input: '-' (standard input) or one audio file")
         if args.vad == "none" and not chunked:
             raise UsageError("--stream needs the VAD (it closes the sentences); drop --vad none, or use "
                              "--stream-mode chunked")
@@ -188,11 +204,42 @@ def check_options(args: argparse.Namespace) -> None:
             raise UsageError(f"-f {args.format} with {len(args.files)} inputs needs -o DIR: subtitles of several "
                              "files in one stream cannot be told apart")
     _check_inputs(args.files)
+    check_stream_input(args)
     args.names = output_names(args.files)
     if args.output_dir:
-        _check_outputs_are_not_inputs(Path(args.output_dir), args.files, args.names, formats)
-        _check_output_dir(Path(args.output_dir))
+        out = Path(args.output_dir)
+        _check_outputs_are_not_inputs(out, args.files, args.names, formats)
+        _check_output_dir(out)
+        try:
+            check_new_outputs([out / f"{base}.{fmt}" for base in args.names for fmt in formats], args.overwrite)
+        except ExistingOutputError as exc:
+            raise UsageError(f"-o {out}: {exc}") from None
+    elif args.overwrite:
+        raise UsageError("--overwrite is for -o DIR (without -o nothing is written to files)")
     args.formats = formats
+
+
+def check_model_free_options(args: argparse.Namespace, device: bool = True) -> None:
+    """The device (unless ``device`` is False: the model runs elsewhere), the hotwords and the decoding limit:
+    what can be judged without the model (UsageError naming the flag), so that a wrong one fails at once instead
+    of after the model is fetched, converted and loaded."""
+    from fun_asr import _core
+    from fun_asr.asr.options import check_hotwords
+    from fun_asr.audio.decode import Limits
+
+    try:
+        if device:
+            _core.check_device(args.device)
+    except ValueError as exc:
+        raise UsageError(f"--device {args.device}: {cli_words(str(exc))}") from None
+    limits = Limits()
+    try:
+        check_hotwords(args.hotwords, limits)
+    except (TypeError, ValueError) as exc:
+        msg = cli_words(str(exc))
+        raise UsageError(msg if msg.startswith("--hotwords") else f"--hotwords: {msg}") from None
+    if args.max_new_tokens is not None and args.max_new_tokens > limits.max_new_tokens:
+        raise UsageError(f"--max-new-tokens must be at most {limits.max_new_tokens}, got {args.max_new_tokens}")
 
 
 def add_speaker_arguments(ap: argparse.ArgumentParser) -> None:
@@ -375,6 +422,8 @@ def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     level = logging.INFO if args.verbose else logging.ERROR if args.quiet else logging.WARNING
     logging.basicConfig(level=level, format=f"{PROG}: %(message)s")  # --quiet: the JSON still has warning_codes
+    for handler in logging.getLogger().handlers:  # the Session's notices in this command's flags
+        handler.addFilter(CliWordsFilter())
     try:
         check_options(args)
     except UsageError as exc:
@@ -400,8 +449,8 @@ def _main(argv: list[str] | None) -> int:
     except Exception as exc:  # noqa: BLE001 - one clear line unless --verbose
         if args.verbose:
             raise
-        _error(f"cannot load model {args.model}: {exc}")
-        return 1
+        _error(f"cannot load model {args.model}: {cli_words(str(exc))}")
+        return exits.NOTHING_DONE
     try:
         if not (args.stream and args.stream_mode == "chunked"):
             session.options(None, not args.no_itn, args.hotwords, args.max_new_tokens, args.segment_seconds,
@@ -436,10 +485,17 @@ def _main(argv: list[str] | None) -> int:
                     print(json.dumps({"input": shown, "error": cli_words(result.error or "")}, ensure_ascii=False),
                           flush=True)
                 continue
-            _emit(result, shown, names[k + i], args, out_dir, len(args.files) > 1)
+            try:
+                _emit(result, shown, names[k + i], args, out_dir, len(args.files) > 1)
+            except ExistingOutputError as exc:  # appeared after the checks: still never replaced
+                failed += 1
+                _error(f"{shown}: {exc}")
+            except OSError as exc:
+                failed += 1
+                _error(f"{shown}: cannot write {exc.filename or 'its output'} ({exc.strerror or exc})")
     if failed:
         print(f"{PROG}: {failed} of {len(args.files)} file(s) failed", file=sys.stderr)
-    return 1 if failed else 0
+    return exits.SOME_FAILED if failed else exits.OK
 
 
 def _clock(ms: int) -> str:
@@ -448,12 +504,13 @@ def _clock(ms: int) -> str:
 
 
 def _stream(session, args: argparse.Namespace, language: str | None) -> int:  # noqa: ANN001
-    """--stream: feed stdin PCM or a file to Session.stream(), print events as they come."""
+    """--stream: feed standard input or a file to Session.stream(), print events as they come."""
     import time
 
     import numpy as np
 
-    from fun_asr.audio.decode import SAMPLE_RATE, decode_audio
+    from fun_asr.audio.decode import AudioError
+    from fun_asr.audio.piped import RawPcmConflict
 
     chunked = args.stream_mode == "chunked"
     try:
@@ -513,33 +570,80 @@ def _stream(session, args: argparse.Namespace, language: str | None) -> int:  # 
                 print(json.dumps({"type": "final", **stream.response(is_final=True), "latency_ms": stream.latency()},
                                  ensure_ascii=False), flush=True)
 
-    step = SAMPLE_RATE // 10  # 100 ms
-    if args.files[0] == STDIN:
-        fd = sys.stdin.buffer.fileno()
-        left = b""
-        while True:
-            chunk = os.read(fd, 2 * step)
-            if not chunk:
-                break
-            data = left + chunk
-            cut = len(data) - len(data) % 2
-            left = data[cut:]
-            show(stream.feed(data[:cut]))
-    else:
-        try:
-            samples, _ = decode_audio(args.files[0])
-        except (OSError, ValueError) as exc:
-            _error(str(exc) if str(exc).startswith(args.files[0]) else f"{args.files[0]}: {exc}")
-            return 1
-        t0 = time.perf_counter()
-        for i in range(0, samples.size, step):
+    try:
+        blocks, rate, notes = _stream_input(args)
+    except RawPcmConflict as exc:  # a header on standard input given --raw-pcm
+        _error(str(exc))
+        return 2
+    except (OSError, ValueError) as exc:  # no audio in a form we read: nothing was shown
+        name = args.files[0]
+        _error(str(exc) if name == STDIN or str(exc).startswith(name) else f"{name}: {exc}")
+        return 1
+    t0 = time.perf_counter()
+    fed = 0
+    failed = None
+    try:
+        for block in blocks:
             if args.realtime:
-                wait = t0 + i / SAMPLE_RATE - time.perf_counter()
+                wait = t0 + fed / rate - time.perf_counter()
                 if wait > 0:
                     time.sleep(wait)
-            show(stream.feed(np.ascontiguousarray(samples[i : i + step])))
+            show(stream.feed(np.ascontiguousarray(block), sample_rate=rate))
+            fed += block.size
+    except AudioError as exc:  # samples that are not audio, or a decoder that gave none
+        failed = str(exc)
+        if fed == 0:
+            _error(failed)
+            return 1
     show(stream.close(), final=True)
+    from fun_asr.notices import InputWarning
+
+    for note in notes:
+        warnings.warn(note, InputWarning, stacklevel=1)
+    if failed:
+        _error(failed)
+        return 1
     return 0
+
+
+def check_stream_input(args: argparse.Namespace) -> None:
+    """--raw-pcm RATE: with --stream, a rate in range, and not for a FILE that starts with a header (UsageError)."""
+    rate = args.raw_pcm
+    if rate is None:
+        return
+    if not args.stream:
+        raise UsageError("--raw-pcm RATE is for --stream (e.g. --stream --raw-pcm 16000 -); without --stream, "
+                         "'-' and files are decoded from their headers (wav, flac, ogg, mp3, ...)")
+    if not 1000 <= rate <= 384_000:
+        raise UsageError(f"--raw-pcm RATE must be a sample rate from 1000 to 384000 Hz, got {rate}")
+    name = args.files[0]
+    if name != STDIN and os.path.isfile(name):
+        from fun_asr.audio.piped import ACCEPTED, KIND_NAMES, header_kind
+
+        with open(name, "rb") as f:
+            kind = header_kind(f.read(12))
+        if kind is not None:
+            raise UsageError(f"--raw-pcm with {name}: the file starts with a {KIND_NAMES[kind]} header, not raw PCM; "
+                             f"drop --raw-pcm ({ACCEPTED} are recognized by their headers)")
+
+
+def _stream_input(args: argparse.Namespace) -> tuple[Any, int, list[str]]:
+    """--stream's input: (mono float32 blocks, their sample rate, warnings to show at the end (the list fills as the
+    blocks are read)). Standard input, --raw-pcm and anything that is not a regular file (a named pipe, /dev/stdin)
+    are read as they arrive, their header checked now (:class:`~fun_asr.audio.piped.PipedAudio`); a regular file
+    is decoded whole now and given in 100 ms pieces at 16 kHz. OSError / ValueError (AudioError) name what is
+    wrong; RawPcmConflict when --raw-pcm meets a header."""
+    from fun_asr.audio.decode import SAMPLE_RATE, decode_audio
+    from fun_asr.audio.piped import PipedAudio
+
+    name = args.files[0]
+    if name == STDIN or args.raw_pcm is not None or not os.path.isfile(name):
+        fd = sys.stdin.buffer.fileno() if name == STDIN else os.open(name, os.O_RDONLY)
+        piped = PipedAudio(fd, "standard input" if name == STDIN else name, args.raw_pcm)
+        return piped.blocks(), piped.rate, piped.warnings
+    samples, info = decode_audio(name)
+    step = SAMPLE_RATE // 10  # 100 ms
+    return (samples[i : i + step] for i in range(0, samples.size, step)), SAMPLE_RATE, list(info.warnings)
 
 
 def _emit(result, shown: str, base: str, args: argparse.Namespace, out_dir: Path | None,  # noqa: ANN001
@@ -562,7 +666,7 @@ def _emit(result, shown: str, base: str, args: argparse.Namespace, out_dir: Path
             text = json.dumps({"input": shown, **result.to_dict()}, ensure_ascii=False, indent=2) + "\n"
         else:
             text = render(result, fmt, words=args.word_timestamps)
-        path.write_text(text, "utf-8")
+        write_atomic(path, text, overwrite=args.overwrite)
         written.append(str(path))
     if not args.quiet:
         print(f"{PROG}: {shown} -> {', '.join(written)}", file=sys.stderr)

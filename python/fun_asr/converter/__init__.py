@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from fun_asr.converter.inspect import format_inspection, inspect_gguf
 from fun_asr.converter.plan import PACKAGE_TYPES
-from fun_asr.converter.writer import ConversionReport, convert
+from fun_asr.converter.writer import ConversionReport, OutputError, convert
 from fun_asr.model.funasr_checkpoint import detect_layout, layout_description
 
-__all__ = ["PACKAGE_TYPES", "ConversionReport", "convert", "detect_layout", "format_inspection", "inspect_gguf",
-           "layout_description"]
+__all__ = ["PACKAGE_TYPES", "ConversionReport", "OutputError", "convert", "detect_layout", "format_inspection",
+           "inspect_gguf", "layout_description"]

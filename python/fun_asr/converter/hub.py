@@ -111,7 +111,8 @@ DEMO = "demo"
 
 
 def _resolve_demo(package_type: str, progress: bool) -> Path:
-    """The 20-word demo model (:mod:`fun_asr.model.demo`), rebuilt from the package's files and converted once."""
+    """The 20-word demo model (:mod:`fun_asr.model.demo`), rebuilt from the package's files and converted once, with
+    FunASR's FSMN-VAD (shipped beside it) embedded."""
     import tempfile
 
     from fun_asr.model import demo
@@ -124,7 +125,7 @@ def _resolve_demo(package_type: str, progress: bool) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".demo-", dir=out.parent) as tmp:
             ckpt = demo.build_checkpoint(Path(tmp) / "demo")
-            convert(ckpt, out, package_type, progress=progress, overwrite=True)
+            convert(ckpt, out, package_type, progress=progress, overwrite=True, vad_model=demo.vad_dir())
     return out
 
 

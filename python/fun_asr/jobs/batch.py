@@ -84,7 +84,7 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
         stop: threading.Event | None = None, progress_interval: float = 10.0, silence_schedule: Any = None,
         dynamic_silence: bool | None = None, max_end_silence_time: int | None = None, diarize: bool = False,
         num_speakers: int | None = None, min_speakers: int | None = None, max_speakers: int | None = None,
-        speaker_model: str | os.PathLike[str] | None = None) -> dict:
+        speaker_model: str | os.PathLike[str] | None = None, overwrite: bool = False) -> dict:
     """Transcribes a corpus into ``output_dir`` (see the module doc) and returns the summary (also
     written to ``output_dir/summary.json``).
 
@@ -100,6 +100,8 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
     ``silence_schedule``, ``dynamic_silence``, ``max_end_silence_time``: FunASR's per-call VAD kwargs, as
     ``Session.transcribe`` takes them. ``diarize`` (with ``num_speakers``, ``min_speakers``, ``max_speakers``):
     speaker labels in every record's segments (``speaker_model``: the CAM++ to use, else the Session's lookup).
+    ``overwrite``: replace a ``summary.json`` or ``eval.tsv`` in ``output_dir`` that a fun-asr-batch job did not
+    write (without it such a folder is refused before anything runs; the job's own records are always updated).
     """
     if progress not in (False, True, None, "bar", "lines"):
         raise BatchError(f"progress must be False, True (a bar) or 'lines', got {progress!r}")
@@ -156,6 +158,7 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
     specs = [os.fspath(i) for i in ([inputs] if isinstance(inputs, str | os.PathLike) else inputs)]
     check_outputs_are_not_inputs(out, specs, items, None if reference is None else os.fspath(reference),
                                  input_format)
+    _check_foreign_files(out, overwrite)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -198,9 +201,12 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
                 if session is None:
                     from fun_asr.asr.session import Session
 
-                    session = Session(model_arg, device=device, threads=threads, progress=bar_mode == "bar",
-                                      vad=vad, vad_model=vad_model,
-                                      speaker_model=_model_arg(speaker_model) if speaker_model else "auto")
+                    try:
+                        session = Session(model_arg, device=device, threads=threads, progress=bar_mode == "bar",
+                                          vad=vad, vad_model=vad_model,
+                                          speaker_model=_model_arg(speaker_model) if speaker_model else "auto")
+                    except (OSError, ValueError, RuntimeError) as exc:  # nothing was done
+                        raise BatchError(f"cannot load model {model}: {exc}") from None
                 session.options(language, itn, list(opts.hotwords), max_new_tokens, segment_seconds,
                                 repetition_guard, **vad_options, **speaker_options)
                 bar.begin()
@@ -230,6 +236,59 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
                     raise _write_error(out / SUMMARY, exc) from None
                 log.warning("%s", _write_error(out / SUMMARY, exc))  # the error in flight is the one to report
     return summary
+
+
+def foreign_files(out: Path) -> tuple[list[Path], list[Path]]:
+    """Files in ``out`` under the names a job writes that no fun-asr-batch job wrote: (``summary.json`` /
+    ``eval.tsv`` that --overwrite may replace, shard files that are never touched)."""
+    from fun_asr.jobs.evaluate import TABLE_HEADER
+
+    replaceable: list[Path] = []
+    summary = out / SUMMARY
+    if os.path.lexists(summary):
+        try:
+            data = json.loads(summary.read_text("utf-8"))
+            ours = isinstance(data, dict) and "schema_version" in data and "last_run" in data
+        except (OSError, ValueError):
+            ours = False
+        if not ours:
+            replaceable.append(summary)
+    table = out / EVAL_TABLE
+    if os.path.lexists(table):
+        try:
+            with open(table, encoding="utf-8") as f:
+                ours = f.readline() == TABLE_HEADER
+        except (OSError, ValueError):
+            ours = False
+        if not ours:
+            replaceable.append(table)
+    shards = []
+    for shard in _shards(out):
+        try:
+            with open(shard, "rb") as f:
+                first = f.readline()
+            rec = json.loads(first) if first.strip() else {"id": None}
+            ours = isinstance(rec, dict) and "id" in rec
+        except (OSError, ValueError):
+            ours = False
+        if not ours:
+            shards.append(shard)
+    return replaceable, shards
+
+
+def _check_foreign_files(out: Path, overwrite: bool) -> None:
+    if not out.is_dir():
+        return
+    replaceable, shards = foreign_files(out)
+    if shards:
+        names = ", ".join(str(p) for p in shards[:3]) + (f" and {len(shards) - 3} more" if len(shards) > 3 else "")
+        raise BatchError(f"output folder {out}: {names} look like result shards but are not fun-asr-batch records; "
+                         "nothing was done: move them away or choose another folder (-o)")
+    if replaceable and not overwrite:
+        from fun_asr.outputs import existing_message
+
+        raise BatchError(f"output folder {out}: not written by fun-asr-batch, "
+                         f"{existing_message(replaceable, 'overwrite=True')}")
 
 
 def write_summary(out: Path, items: Sequence[Item], run_info: dict) -> dict:

@@ -183,24 +183,28 @@ class Report:
             line += f", {len(self.extra)} without reference (not scored)"
         return line
 
-    def write_table(self, path: str | os.PathLike[str]) -> None:
-        """Per-item TSV: id, wer, cer, errors, reference tokens, error, reference, hypothesis."""
-        write_table(self.items, path)
+    def write_table(self, path: str | os.PathLike[str], overwrite: bool = True) -> None:
+        """Per-item TSV: id, wer, cer, errors, reference tokens, error, reference, hypothesis. Written whole or
+        not at all; an existing file is replaced only with ``overwrite`` (ExistingOutputError otherwise)."""
+        write_table(self.items, path, overwrite)
 
 
-def write_table(items: Iterable[ItemResult], path: str | os.PathLike[str]) -> None:
+TABLE_HEADER = "id\twer\tcer\tword_errors\tref_words\tchar_errors\tref_chars\terror\treference\thypothesis\n"
+
+
+def write_table(items: Iterable[ItemResult], path: str | os.PathLike[str], overwrite: bool = True) -> None:
     def clean(s: str | None) -> str:
         return " ".join((s or "").split())
 
-    lines = ["id\twer\tcer\tword_errors\tref_words\tchar_errors\tref_chars\terror\treference\thypothesis\n"]
+    lines = [TABLE_HEADER]
     for it in items:
         s = it.score
         lines.append("\t".join([it.id, _fmt(s.wer), _fmt(s.cer), str(s.word_errors), str(s.ref_words),
                                 str(s.char_errors), str(s.ref_chars), clean(it.error), clean(it.reference),
                                 clean(it.hypothesis)]) + "\n")
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text("".join(lines), "utf-8")
-    os.replace(tmp, path)
+    from fun_asr.outputs import write_atomic
+
+    write_atomic(path, "".join(lines), overwrite=overwrite)
 
 
 def _fmt(x: float | None) -> str:

@@ -2,7 +2,8 @@
 ``tools/train_tiny.py`` on espeak-ng speech of 20 English words, stored compactly in ``demo_model/``.
 
 It knows only ``zero`` … ``nine``, ``yes no up down left right stop go on off`` and is meant to show the
-pipeline working where the real model cannot be downloaded; it is never used unless asked for.
+pipeline working where the real model cannot be downloaded; it is never used unless asked for. FunASR's FSMN-VAD
+(the real trained weights) ships beside it (:func:`vad_dir`) and is embedded in its GGUF.
 :func:`build_checkpoint` rebuilds its full Hugging Face layout checkpoint: the stored non-embedding weights
 (matrices as F16, written back as F32), the trained rows of the token embedding, and the untrained rows
 regenerated from a fixed seed (numpy + safetensors only).
@@ -24,6 +25,8 @@ WORDS = ("zero one two three four five six seven eight nine "
 # What the checkpoint folder holds besides model.safetensors and tokenizer.json (copied as they are).
 PLAIN_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "chat_template.jinja",
                "preprocessor_config.json")
+VAD_FOLDER = "fsmn-vad"
+VAD_FILES = ("model.pt", "config.yaml", "am.mvn")  # what the converter reads
 QWEN_FIRST_SPECIAL_ID = 151643
 EMBEDDING_KEY = "model.language_model.embed_tokens.weight"
 
@@ -37,11 +40,20 @@ def manifest(artifact: Path | None = None) -> dict:
     return json.loads(((artifact or artifact_dir()) / "manifest.json").read_text("utf-8"))
 
 
+def vad_dir(artifact: Path | None = None) -> Path:
+    """FunASR's FSMN-VAD (its trained weights, Apache-2.0: THIRD_PARTY_NOTICES.md) in FunASR's folder layout
+    (``model.pt``, ``config.yaml``, ``am.mvn``), shipped with the demo so that ``-m demo`` runs FunASR's whole
+    pipeline offline: speech-only segments, streaming, the realtime WebSocket."""
+    return (artifact or artifact_dir()) / VAD_FOLDER
+
+
 def fingerprint(artifact: Path | None = None) -> str:
     """A short hash of the stored files: the cache key of the demo's converted GGUF."""
     art = artifact or artifact_dir()
     h = hashlib.sha256()
-    for name in (*PLAIN_FILES, "tokenizer.base.json", "manifest.json", "weights.safetensors"):
+    names = [*PLAIN_FILES, "tokenizer.base.json", "manifest.json", "weights.safetensors"]
+    names += [f"{VAD_FOLDER}/{name}" for name in VAD_FILES]
+    for name in names:
         h.update(name.encode() + b"\0" + (art / name).read_bytes())
     return h.hexdigest()[:16]
 

@@ -1,0 +1,90 @@
+"""Writing a user's files safely: what exists is refused unless the user asked to replace it, and a file is
+written whole or not at all (a temporary file beside it, then one rename)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+
+class ExistingOutputError(FileExistsError):
+    """Outputs that already exist, and the flag that allows replacing them."""
+
+    def __init__(self, paths: list[Path], flag: str) -> None:
+        self.paths = paths
+        self.flag = flag
+        super().__init__(existing_message(paths, flag))
+
+
+def existing_message(paths: list[Path], flag: str, shown: int = 3) -> str:
+    """One line: how many outputs exist, the first few, and the flag that replaces them."""
+    names = ", ".join(str(p) for p in paths[:shown])
+    more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
+    what = "output already exists" if len(paths) == 1 else f"{len(paths)} outputs already exist"
+    return f"{what}: {names}{more}; nothing was done: add {flag} to replace them, or write elsewhere"
+
+
+def existing_outputs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """The paths (in order, once each) that already exist: a file, a link (even a broken one), anything."""
+    out: list[Path] = []
+    seen: set[str] = set()
+    for p in paths:
+        key = os.path.abspath(p)
+        if key not in seen and os.path.lexists(p):
+            seen.add(key)
+            out.append(Path(p))
+    return out
+
+
+def check_new_outputs(paths: Iterable[str | os.PathLike[str]], overwrite: bool, flag: str = "--overwrite") -> None:
+    """ExistingOutputError naming the outputs that exist, unless ``overwrite``."""
+    if overwrite:
+        return
+    found = existing_outputs(paths)
+    if found:
+        raise ExistingOutputError(found, flag)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, overwrite: bool,
+                 flag: str = "--overwrite") -> None:
+    """Writes ``data`` (text as UTF-8) to ``path`` whole or not at all: a temporary file in the same folder,
+    flushed to disk, then moved into place with the usual permissions (umask). Without ``overwrite`` an existing
+    ``path`` is never replaced, even one that appeared after the run's checks (ExistingOutputError); with it, a
+    reader sees the old file or the new one, never a part. A regular file only: a directory, device or pipe at
+    ``path`` is refused."""
+    path = Path(path)
+    if os.path.lexists(path) and overwrite and (path.is_dir() or (path.exists() and not path.is_file())):
+        raise IsADirectoryError(f"{path}: exists and is not a regular file; refusing to replace it")
+    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)  # fails if path exists: never replaces what appeared meanwhile
+            except FileExistsError:
+                raise ExistingOutputError([path], flag) from None
+            except OSError:  # a file system without hard links: check, then rename
+                if os.path.lexists(path):
+                    raise ExistingOutputError([path], flag) from None
+                os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
+__all__ = ["ExistingOutputError", "check_new_outputs", "existing_message", "existing_outputs", "write_atomic"]
