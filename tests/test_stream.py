@@ -442,7 +442,7 @@ def test_cli_stream_from_stdin_and_file(tiny_gguf, vad_gguf: Path, conversation:
     pcm = (np.clip(conversation, -1, 1) * 32767).astype(np.int16).tobytes()
     base = [sys.executable, "-m", "fun_asr.cli.transcribe", "--stream", "-m", str(tiny_gguf("f32")), "--device", "cpu",
             "--vad-model", str(vad_gguf), "--max-new-tokens", str(MAX_NEW), "--quiet"]
-    r = subprocess.run([*base, "-", "-f", "json"], input=pcm, capture_output=True, timeout=600)
+    r = subprocess.run([*base, "--raw-pcm", "16000", "-", "-f", "json"], input=pcm, capture_output=True, timeout=600)
     assert r.returncode == 0, r.stderr.decode()
     lines = [json.loads(x) for x in r.stdout.decode().splitlines()]
     assert lines[-1]["type"] == "final" and lines[-1]["is_final"] and "latency_ms" in lines[-1]
