@@ -10,6 +10,7 @@ import sys
 
 from fun_asr.asr.messages import cli_words
 from fun_asr.converter.hub import DEFAULT_REPO
+from fun_asr.serve.words import SPEAKERS_CONSOLE, server_words
 
 PROG = "fun-asr-serve"
 
@@ -38,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--port", type=int, default=8000, help="TCP port")
     ap.add_argument("--ws-port", type=int, default=10095,
                     help="also serve on FunASR's realtime port, so its WebSocket clients connect unchanged "
-                         "(ws://HOST:10095/; 0 = off; the main port serves WebSockets on every path too)")
+                         "(ws://HOST:10095/; 0 = off; the main port serves WebSockets on every path too). "
+                         "Opened only when the server streams (it has a VAD, or --endpoint-mode client)")
     ap.add_argument("--ssl-certfile", help="TLS certificate (PEM): serve https:// and wss:// on every port "
                                            "(FunASR's clients connect with --ssl 1)")
     ap.add_argument("--ssl-keyfile", help="TLS private key (PEM), unless the certificate file holds it")
@@ -96,9 +98,37 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+class _ServerWords(logging.Filter):
+    """The console's log lines in fun-asr-serve's words: a Session message's Python spellings (``vad_model=``,
+    ``diarize=True`` ...) become the server's flags (:func:`fun_asr.serve.words.server_words`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - logging's own error report handles a bad record
+            return True
+        said = server_words(text, speakers=SPEAKERS_CONSOLE)
+        if said != text:
+            record.msg, record.args = said, ()
+        return True
+
+
+def _say(msg: str) -> str:
+    """A Session/flag-check message in this command's words (its flags, never the Python API's names)."""
+    return cli_words(server_words(msg, speakers=SPEAKERS_CONSOLE), segment_flag="--max-segment-seconds",
+                     max_audio_flag="--max-audio-seconds", hotwords="--hotword-file")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    before = list(logging.getLogger().handlers)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format=f"{PROG}: %(message)s")
+    for console in logging.getLogger().handlers:
+        if console not in before:  # the console's (not a host application's, nor a test's, handlers)
+            console.addFilter(_ServerWords())
+    import warnings
+
+    warnings.formatwarning = lambda msg, *a, **k: f"{PROG}: warning: {_say(str(msg))}\n"
     if not args.no_access_log:  # one JSON line per request on stderr, never the audio
         access = logging.getLogger("fun_asr.access")
         handler = logging.StreamHandler(sys.stderr)
@@ -124,9 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ssl.SSLError) as exc:
             print(f"{PROG}: error: cannot load the TLS certificate {args.ssl_certfile}: {exc}", file=sys.stderr)
             return 2
-    if not args.max_upload_mb > 0:
-        print(f"{PROG}: error: --max-upload-mb must be positive, got {args.max_upload_mb:g}", file=sys.stderr)
-        return 2
+    for name, value in (("--max-upload-mb", args.max_upload_mb), ("--max-audio-seconds", args.max_audio_seconds),
+                        ("--request-timeout", args.request_timeout)):
+        if not value > 0:
+            print(f"{PROG}: error: {name} must be positive, got {value:g}", file=sys.stderr)
+            return 2
     try:
         import uvicorn
 
@@ -142,12 +174,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     sockets = [sock]
-    if args.ws_port and args.ws_port != args.port:
-        try:
-            sockets.append(_bind(args.host, args.ws_port))
-        except OSError as exc:  # a second server, or FunASR's own: the main port still serves WebSockets
-            print(f"{PROG}: warning: FunASR's realtime port {args.ws_port} is busy ({exc.strerror or exc}); "
-                  f"WebSocket clients connect to port {args.port} instead", file=sys.stderr)
     from fun_asr.asr.session import Session
 
     try:
@@ -162,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             sk.close()
         if args.verbose:
             raise
-        print(f"{PROG}: error: cannot load model {args.model}: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: cannot load model {args.model}: {_say(str(exc))}", file=sys.stderr)
         return 1
     from fun_asr.serve.ws_realtime import realtime_limits, uvicorn_ws_options
 
@@ -181,26 +207,45 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         for sk in sockets:
             sk.close()
-        msg = cli_words(str(exc), segment_flag="--max-segment-seconds", max_audio_flag="--max-audio-seconds")
-        print(f"{PROG}: error: {msg}", file=sys.stderr)
+        print(f"{PROG}: error: {_say(str(exc))}", file=sys.stderr)
         return 2
+    # FunASR's WebSocket protocols need the VAD to end sentences (or the client's COMMIT): without them nothing
+    # streams, and FunASR's realtime port is left free for a server that does
+    streams = session.vad is not None or args.endpoint_mode == "client"
+    if streams and args.ws_port and args.ws_port != args.port:
+        try:
+            sockets.append(_bind(args.host, args.ws_port))
+        except OSError as exc:  # a second server, or FunASR's own: the main port still serves WebSockets
+            print(f"{PROG}: warning: FunASR's realtime port {args.ws_port} is busy ({exc.strerror or exc}); "
+                  f"WebSocket clients connect to port {args.port} instead", file=sys.stderr)
+    if args.enable_spk and not streams:
+        print(f"{PROG}: warning: --enable-spk has no effect: no WebSocket streams without a VAD", file=sys.stderr)
     config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", timeout_graceful_shutdown=30,
                             ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
                             **uvicorn_ws_options(args.max_upload_mb, args.ws_ping_interval, args.ws_ping_timeout))
     server = uvicorn.Server(config)
-    host, port = sock.getsockname()[:2]
-    shown = f"[{host}]" if ":" in host else host
-    tls = "s" if args.ssl_certfile else ""
-    ws = " and ".join(f"ws{tls}://{shown}:{sk.getsockname()[1]}/" for sk in sockets)
-    streams = session.vad is not None or args.endpoint_mode == "client"
-    realtime = f"; realtime WebSocket {ws}" if streams else "; no realtime WebSocket (no VAD)"
-    print(f"{PROG}: {args.model_id} listening on http{tls}://{shown}:{port}/v1 ({session.model.info()['backend']})"
-          f"{realtime}", file=sys.stderr, flush=True)
+    print(f"{PROG}: {_served(args, session, sockets, streams)}", file=sys.stderr, flush=True)
     try:
         server.run(sockets=sockets)
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _served(args: argparse.Namespace, session: object, sockets: list[socket.socket], streams: bool) -> str:
+    """The startup line: what is served where (HTTP routes, WebSockets on which ports, or why none)."""
+    host, port = sockets[0].getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    tls = "s" if args.ssl_certfile else ""
+    backend = session.model.info()["backend"]  # type: ignore[attr-defined]
+    line = (f"{args.model_id} ({backend}) listening on http{tls}://{shown}:{port}/: OpenAI's /v1 (POST "
+            "/v1/audio/transcriptions, GET /v1/models), FunASR's POST /asr, GET /health, the web page GET /")
+    if streams:
+        ws = " and ".join(f"ws{tls}://{shown}:{sk.getsockname()[1]}/" for sk in sockets)
+        return f"{line}; FunASR's WebSockets (realtime, 2pass) on {ws}"
+    port_note = f", and port {args.ws_port} (--ws-port) is not opened" if args.ws_port and args.ws_port != port else ""
+    return (f"{line}; no WebSockets: without a VAD nothing ends sentences (start with --vad fsmn and --vad-model, or "
+            f"--endpoint-mode client for the realtime protocol){port_note}")
 
 
 def _bind(host: str, port: int) -> socket.socket:

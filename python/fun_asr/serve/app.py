@@ -1,6 +1,7 @@
 """The server (`fun-asr-serve`) put together over one shared Session: the FastAPI app with its lifespan (the
 batcher), the API key (a header, or ``?api_key=`` in the URL: :func:`api_key_ok`), request ids and one access-log
-line per request (never the query string), errors in OpenAI's shape (FastAPI's on FunASR's routes), and the routes:
+line per request (never the query string), errors in OpenAI's shape (FastAPI's on FunASR's routes) and, like every
+message a client gets, without server paths (:class:`~fun_asr.serve.words.ClientWords`), and the routes:
 OpenAI's transcription API (:mod:`~fun_asr.serve.openai`), FunASR's offline ``POST /asr``
 (:mod:`~fun_asr.serve.funasr_http`), FunASR's realtime WebSocket on every path (:mod:`~fun_asr.serve.ws_realtime`),
 GET /health.
@@ -33,6 +34,7 @@ from fun_asr.serve.errors import ApiError, error_for, is_funasr_path
 from fun_asr.serve.funasr_http import add_funasr_routes
 from fun_asr.serve.openai import RESPONSE_FORMATS, ServerContext, add_openai_routes, verbose_json  # noqa: F401
 from fun_asr.serve.web import add_web_routes, is_page_request
+from fun_asr.serve.words import ClientWords
 from fun_asr.serve.ws_2pass import serve_websocket  # the runtime (2pass) protocol, or hands over to ws_realtime
 from fun_asr.serve.ws_realtime import RealtimeLimits
 
@@ -97,8 +99,11 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
                cors_origins: list[str] | None = None, request_timeout: float = 600.0,
                max_queue: int = 256) -> FastAPI:
     session.options(max_new_tokens=max_new_tokens, segment_seconds=segment_seconds)  # checked once, at start
+    # what clients read: the server's flags and request fields, never a path on the server (the model's file is
+    # the model_id; the server's own log keeps the paths)
+    words = ClientWords(session, model_id)
     ctx = ServerContext(session, model_id, max_upload_mb, max_new_tokens, segment_seconds, max_queue,
-                        request_timeout)
+                        request_timeout, words=words)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):  # noqa: ANN202
@@ -144,7 +149,7 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
 
     @app.exception_handler(ApiError)
     async def _api_error(req: Request, exc: ApiError) -> JSONResponse:
-        return error_for(req.url.path, exc.status, exc.message, exc.param, exc.code, exc.kind)
+        return error_for(req.url.path, exc.status, words(exc.message), exc.param, exc.code, exc.kind)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(req: Request, exc: RequestValidationError) -> JSONResponse:
@@ -152,7 +157,7 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
             return await request_validation_exception_handler(req, exc)
         first = exc.errors()[0] if exc.errors() else {}
         param = str(first.get("loc", ["", ""])[-1]) or None
-        return error_for(req.url.path, 400, f"invalid request: {first.get('msg', 'bad input')}", param,
+        return error_for(req.url.path, 400, words(f"invalid request: {first.get('msg', 'bad input')}"), param,
                          "invalid_value")
 
     @app.exception_handler(StarletteHTTPException)
@@ -163,12 +168,12 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
                              "not_found")
         if exc.status_code == 405:
             return error_for(path, 405, f"method {req.method} is not allowed on {path}", None, "method_not_allowed")
-        return error_for(path, exc.status_code, str(exc.detail), None, None)
+        return error_for(path, exc.status_code, words(str(exc.detail)), None, None)
 
     @app.exception_handler(Exception)
     async def _internal(req: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error")
-        return error_for(req.url.path, 500, f"internal error: {exc}", None, None, "server_error")
+        return error_for(req.url.path, 500, words(f"internal error: {exc}"), None, None, "server_error")
 
     limits = realtime or RealtimeLimits()
     live = [0]  # streams connected now
@@ -177,7 +182,8 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
     async def realtime_ws(ws: WebSocket, path: str) -> None:  # noqa: ARG001 - FunASR serves any path
         """FunASR's realtime protocol on every path (ws://host:port/ as FunASR's clients connect)."""
         await serve_websocket(ws, session, ctx.batcher, limits, live, max_new_tokens,
-                              authorized=authorized(ws.headers, ws.query_params), max_file_mb=ctx.max_upload_mb)
+                              authorized=authorized(ws.headers, ws.query_params), max_file_mb=ctx.max_upload_mb,
+                              words=words)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

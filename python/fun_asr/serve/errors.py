@@ -7,10 +7,10 @@ from __future__ import annotations
 from fastapi.responses import JSONResponse
 
 from fun_asr.asr.messages import cli_words
+from fun_asr.serve.words import SPEAKERS_REQUEST, server_words
 
 # The routes that speak FunASR's offline HTTP protocol (serve/funasr_http.py): their errors are FastAPI's.
 FUNASR_PATHS = ("/asr",)
-
 
 
 def speaker_options(session: object, spk: bool) -> tuple[tuple[str, bool], ...]:
@@ -21,8 +21,7 @@ def speaker_options(session: object, spk: bool) -> tuple[tuple[str, bool], ...]:
     try:
         session.options(diarize=True)  # type: ignore[attr-defined]  # loads the speaker model on first use
     except (ValueError, OSError) as exc:
-        msg = str(exc).replace("(diarize=True, --diarize, spk=true)", "(spk=true)")
-        msg = msg.replace("(speaker_model= / --speaker-model:", "(fun-asr-serve --speaker-model:")
+        msg = server_words(str(exc), speakers=SPEAKERS_REQUEST, client=True)
         raise ApiError(400, f"spk=true: {msg}", "spk", "unsupported_value") from None
     return (("diarize", True),)
 
@@ -70,6 +69,8 @@ def _bool(value: str | None, name: str, default: bool) -> bool:
 
 
 def _words(exc: BaseException) -> str:
-    """A Session/audio message in a client's words (request fields, the server's flags)."""
-    return cli_words(str(exc), segment_flag="fun-asr-serve --max-segment-seconds",
+    """A Session/audio message in a client's words (request fields, the server's flags; the app's error
+    handlers also hide server paths: :class:`fun_asr.serve.words.ClientWords`)."""
+    msg = server_words(str(exc), speakers=SPEAKERS_REQUEST, client=True)
+    return cli_words(msg, segment_flag="fun-asr-serve --max-segment-seconds",
                      max_audio_flag="fun-asr-serve --max-audio-seconds", hotwords="hotwords")

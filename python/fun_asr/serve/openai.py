@@ -27,6 +27,7 @@ from fun_asr.audio.decode import AudioError
 from fun_asr.notices import Notice
 from fun_asr.serve.batcher import Batcher, _decode
 from fun_asr.serve.errors import ApiError, _bool, _words, speaker_options
+from fun_asr.serve.words import ClientWords
 
 log = logging.getLogger("fun_asr.server")
 # notices about the Session, not the request: logged once by the Session, still in every response
@@ -51,6 +52,11 @@ class ServerContext:
     request_timeout: float
     created: int = field(default_factory=lambda: int(time.time()))
     batcher: Batcher | None = None
+    words: ClientWords | None = None  # messages as clients read them (no server paths); None: built from session
+
+    def __post_init__(self) -> None:
+        if self.words is None:
+            self.words = ClientWords(self.session, self.model_id)
 
     @property
     def max_bytes(self) -> int:
@@ -70,7 +76,8 @@ async def read_upload(upload: UploadFile, ctx: ServerContext) -> bytes:
 async def transcribe_upload(ctx: ServerContext, data: bytes, name: str, options: tuple) -> Transcription:
     """Decodes an upload off the event loop and transcribes it through the shared batcher (``options`` as
     :meth:`Batcher.submit` takes them): 400 for audio that cannot be read, 429 past ``--max-queue`` waiting
-    requests, 504 past ``--request-timeout``. The result's warnings are logged once, here."""
+    requests, 504 past ``--request-timeout``. The result's warnings are logged once, here (as they are), then
+    put in the client's words (no server paths: :class:`~fun_asr.serve.words.ClientWords`; codes unchanged)."""
     try:
         samples, info = await anyio.to_thread.run_sync(_decode, data, name)
     except AudioError as exc:
@@ -95,6 +102,9 @@ async def transcribe_upload(ctx: ServerContext, data: bytes, name: str, options:
     for w in result.warnings:
         if getattr(w, "code", None) not in SESSION_WIDE:  # those the Session logs once, not per request
             log.warning("%s", w)
+    words = ctx.words
+    assert words is not None
+    result.warnings = [Notice(w.code, words(w)) if isinstance(w, Notice) else words(w) for w in result.warnings]
     return result
 
 

@@ -11,6 +11,7 @@ server's own routes only: ``GET /v1/models`` (whether a key is needed, the model
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -19,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.routing import Route
 
+log = logging.getLogger("fun_asr.server")
 STATIC = Path(__file__).with_name("static")
 PAGE = "index.html"
 ASSET_PREFIX = "/web/"
@@ -44,9 +46,10 @@ def is_page_request(method: str, path: str) -> bool:
 def _file(name: str, media_type: str) -> Response:
     try:
         body = (STATIC / name).read_bytes()
-    except OSError:  # a broken install: say which file is missing
-        raise StarletteHTTPException(500, f"the web page's file {name} is missing from the fun_asr package "
-                                          f"({STATIC}): reinstall fun-asr") from None
+    except OSError:  # a broken install: say which file is missing (where: in the server's log only)
+        log.error("the web page's file %s is missing from %s: reinstall fun-asr", name, STATIC)
+        raise StarletteHTTPException(500, f"the web page's file {name} is missing from this server's fun-asr "
+                                          "package: reinstall fun-asr") from None
     return Response(body, media_type=media_type, headers=HEADERS)
 
 

@@ -58,6 +58,7 @@ import numpy as np
 from fun_asr.asr.ctc import funasr_text
 from fun_asr.asr.prompt import split_hotwords
 from fun_asr.audio.decode import SAMPLE_RATE, AudioError, Limits, decode_audio
+from fun_asr.serve.words import ClientWords
 from fun_asr.serve.ws_realtime import RealtimeLimits, apply_postprocess_hotwords
 from fun_asr.serve.ws_realtime import serve_websocket as realtime_serve
 
@@ -381,7 +382,8 @@ def _too_many(limits: RealtimeLimits) -> str:
 
 
 async def serve_websocket(ws: Any, session: Any, batcher: Any, limits: RealtimeLimits, counter: list[int],
-                          max_new_tokens: int, *, authorized: bool, max_file_mb: float = MAX_FILE_MB) -> None:
+                          max_new_tokens: int, *, authorized: bool, max_file_mb: float = MAX_FILE_MB,
+                          words: ClientWords | None = None) -> None:
     """The WebSocket route's whole body, in place of :func:`fun_asr.serve.ws_realtime.serve_websocket` (same
     arguments, and ``max_file_mb``: the largest non-PCM upload, the server's --max-upload-mb): a refused API
     key, a server without its decoder or without the VAD go to it at once (it refuses before accepting, or
@@ -391,11 +393,14 @@ async def serve_websocket(ws: Any, session: Any, batcher: Any, limits: RealtimeL
     both protocols' clients read (realtime's error event and the runtime protocol's failed acknowledgement in
     one). Its first message decides: a JSON object is FunASR's runtime protocol (one ``fun_asr.access`` line
     per connection, as the realtime protocol writes), anything else the realtime protocol, with that message
-    replayed."""
+    replayed. ``words``: the server's :class:`~fun_asr.serve.words.ClientWords` (messages without server paths;
+    None: one for ``session``)."""
     if not authorized or batcher is None or (limits.endpoint_mode == "server" and session.vad is None):
         # refused before accepting / an error event; both protocols need the VAD to close sentences
-        await realtime_serve(ws, session, batcher, limits, counter, max_new_tokens, authorized=authorized)
+        await realtime_serve(ws, session, batcher, limits, counter, max_new_tokens, authorized=authorized,
+                             words=words)
         return
+    words = words or ClientWords(session)
     offered = ws.scope.get("subprotocols") or []
     await ws.accept(subprotocol="binary" if "binary" in offered else None)
     t0 = time.perf_counter()
@@ -432,10 +437,11 @@ async def serve_websocket(ws: Any, session: Any, batcher: Any, limits: RealtimeL
             counter[0] -= 1
             held = False
             await realtime_serve(_Replay(ws, first), session, batcher, limits, counter, max_new_tokens,
-                                 authorized=True)
+                                 authorized=True, words=words)
             return
         try:
-            await _TwoPass(ws, session, batcher.submit, limits, max_new_tokens, max_file_mb, stats).run(text)
+            await _TwoPass(ws, session, batcher.submit, limits, max_new_tokens, max_file_mb, stats,
+                           words).run(text)
         finally:
             _access(ws, t0, stats, "funasr-runtime")
     finally:
@@ -459,8 +465,10 @@ class _TwoPass:
     client's sends wait) and a worker."""
 
     def __init__(self, ws: Any, session: Any, submit: Callable[..., Any],
-                 limits: RealtimeLimits, max_new_tokens: int, max_file_mb: float, stats: dict[str, Any]) -> None:
+                 limits: RealtimeLimits, max_new_tokens: int, max_file_mb: float, stats: dict[str, Any],
+                 words: ClientWords | None = None) -> None:
         self.ws, self.session, self.submit, self.limits = ws, session, submit, limits
+        self.client_words = words or ClientWords(session)  # error/warning fields as the client reads them
         self.max_new, self.stats = max_new_tokens, stats
         self.max_file_bytes = int(max_file_mb * 1024 * 1024)
         # the server's --language and --hotword-file are the defaults (funasr-runtime adds its hotword file's
@@ -480,6 +488,7 @@ class _TwoPass:
     # -- plumbing ---------------------------------------------------------------------------------------
 
     async def send(self, obj: dict[str, Any]) -> None:
+        obj = self.client_words.fields(obj)  # (every message passes here: none carries a server path)
         with contextlib.suppress(Exception):
             await self.ws.send_text(json.dumps(obj, ensure_ascii=False))
 

@@ -76,6 +76,7 @@ import numpy as np
 
 from fun_asr.asr.prompt import split_hotwords
 from fun_asr.audio.decode import SAMPLE_RATE, AudioError
+from fun_asr.serve.words import SPEAKERS_REALTIME, ClientWords
 
 log = logging.getLogger("fun_asr.server")
 access_log = logging.getLogger("fun_asr.access")
@@ -197,6 +198,8 @@ def realtime_limits(session: Any, *, max_new_tokens: int = 512, max_streams: int
         code = session.normalize_language(language)
         session.options(code, True, words, max_new_tokens, 30.0)  # the Session's hotword and context limits
     except (ValueError, TypeError) as exc:
+        if "max_new_tokens" in str(exc) and "hotword" not in str(exc):
+            raise ValueError(str(exc)) from None  # (--max-new-tokens: named by the message itself)
         flag = "--hotword-file" if "hotword" in str(exc) else "--language"
         raise ValueError(f"{flag}: {exc}") from None
     if enable_spk:
@@ -228,10 +231,13 @@ class _Outbox:
     """What the server sends, in order, from one task (the handler never waits on a slow reader). A
     non-final result not yet sent is replaced by a newer one (results are cumulative); the one being sent
     is out of the queue already, so a newer one queues after it. ``full`` past ``max_events`` events or
-    ``max_bytes`` of JSON waiting: the connection's reader then stops reading (``room`` is clear)."""
+    ``max_bytes`` of JSON waiting: the connection's reader then stops reading (``room`` is clear). ``words``:
+    the message fields (``error``, ``notice``, ...) as the client reads them (no server paths)."""
 
-    def __init__(self, ws: Any, max_events: int = OUTBOX_MAX_EVENTS, max_bytes: int = OUTBOX_MAX_BYTES) -> None:
+    def __init__(self, ws: Any, max_events: int = OUTBOX_MAX_EVENTS, max_bytes: int = OUTBOX_MAX_BYTES,
+                 words: ClientWords | None = None) -> None:
         self.ws = ws
+        self.words = words
         self.max_events, self.max_bytes = max_events, max_bytes
         self.items: deque[tuple[bool, str, int]] = deque()  # (replaceable, JSON, its UTF-8 size), not sent yet
         self.bytes = 0  # UTF-8 bytes in items
@@ -250,6 +256,8 @@ class _Outbox:
     def put(self, obj: dict[str, Any], replaceable: bool = False) -> None:
         if self.broken:
             return
+        if self.words is not None:
+            obj = self.words.fields(obj, speakers=SPEAKERS_REALTIME)
         text = json.dumps(obj, ensure_ascii=False)
         size = len(text.encode("utf-8"))
         if replaceable and self.items and self.items[-1][0]:
@@ -291,7 +299,7 @@ class _Outbox:
 
 class _Connection:
     def __init__(self, ws: Any, session: Any, submit: Callable[..., Any], limits: RealtimeLimits,
-                 max_new_tokens: int, stats: dict[str, Any]) -> None:
+                 max_new_tokens: int, stats: dict[str, Any], words: ClientWords | None = None) -> None:
         self.ws, self.session, self.submit, self.limits = ws, session, submit, limits
         self.max_new_tokens, self.stats = max_new_tokens, stats
         self.language: str | None = limits.language
@@ -306,7 +314,7 @@ class _Connection:
         self.ended_by_limit = False
         self.told_inactive = False  # a run of frames outside a stream gets one error event
         self.told_commands = False  # the first unknown command's error lists the accepted ones, later ones do not
-        self.out = _Outbox(ws)
+        self.out = _Outbox(ws, words=words or ClientWords(session))
         self.queue: asyncio.Queue[bytes] = asyncio.Queue()
         self.queued = 0  # bytes waiting in the queue
         self.limit_bytes = max(2, int(limits.buffer_seconds * SAMPLE_RATE) * 2)
@@ -558,9 +566,7 @@ class _Connection:
             try:
                 await anyio.to_thread.run_sync(lambda: self.session.options(diarize=True))  # may load the model
             except (ValueError, OSError) as exc:
-                msg = str(exc).replace("(diarize=True, --diarize, spk=true)", "(SPK:true)")
-                msg = msg.replace("(speaker_model= / --speaker-model:", "(fun-asr-serve --speaker-model:")
-                self.out.put({"event": "error", "error": f"SPK:{value}: {msg}"})
+                self.out.put({"event": "error", "error": f"SPK:{value}: {exc}"})  # in its words: see _Outbox
                 return
         await self._drain()  # the audio sent before the command is processed as it was
         self.spk = on
@@ -632,10 +638,12 @@ class _Connection:
 
 
 async def handle(ws: Any, session: Any, submit: Callable[..., Any], limits: RealtimeLimits,
-                 counter: list[int], max_new_tokens: int, stats: dict[str, Any] | None = None) -> dict[str, Any]:
+                 counter: list[int], max_new_tokens: int, stats: dict[str, Any] | None = None,
+                 words: ClientWords | None = None) -> dict[str, Any]:
     """One accepted WebSocket connection (Starlette ``WebSocket``), FunASR's realtime protocol. ``counter``
     holds the connections open now; ``stats`` (filled in, also returned): ``status`` (the close code),
-    ``audio_s`` (audio the streams took), ``bytes_in``, ``streams``."""
+    ``audio_s`` (audio the streams took), ``bytes_in``, ``streams``; ``words``: the server's
+    :class:`~fun_asr.serve.words.ClientWords` (None: one for ``session``)."""
     from starlette.websockets import WebSocketDisconnect
 
     stats = stats if stats is not None else {}
@@ -649,7 +657,7 @@ async def handle(ws: Any, session: Any, submit: Callable[..., Any], limits: Real
         stats["status"] = 1013
         return stats
     counter[0] += 1
-    conn = _Connection(ws, session, submit, limits, max_new_tokens, stats)
+    conn = _Connection(ws, session, submit, limits, max_new_tokens, stats, words)
     worker = asyncio.create_task(conn.work())
     sender = asyncio.create_task(conn.out.run())
     try:
@@ -672,7 +680,7 @@ async def handle(ws: Any, session: Any, submit: Callable[..., Any], limits: Real
 
 
 async def serve_websocket(ws: Any, session: Any, batcher: Any, limits: RealtimeLimits, counter: list[int],
-                          max_new_tokens: int, *, authorized: bool) -> None:
+                          max_new_tokens: int, *, authorized: bool, words: ClientWords | None = None) -> None:
     """The realtime route's whole body: refuses the upgrade without the API key (close 1008: HTTP 403),
     answers an error event when streams cannot run (no VAD in server endpoint mode: close 1011), else
     :func:`handle`; then one JSON access-log line (``fun_asr.access``): ts, id, method ``WEBSOCKET``, path
@@ -695,7 +703,7 @@ async def serve_websocket(ws: Any, session: Any, batcher: Any, limits: RealtimeL
             return
         if batcher is None:
             raise RuntimeError("the server's decoder is not running (the app's lifespan has not started)")
-        await handle(ws, session, batcher.submit, limits, counter, max_new_tokens, stats)
+        await handle(ws, session, batcher.submit, limits, counter, max_new_tokens, stats, words)
     finally:
         line = {"ts": round(time.time(), 3), "id": ws.headers.get("x-request-id") or uuid.uuid4().hex[:16],
                 "method": "WEBSOCKET", "path": ws.url.path, "protocol": "funasr-realtime", "status": stats["status"],
