@@ -173,7 +173,7 @@ def test_sigkill_midway_then_resume(corpus: Path, model: Path, expected: dict, t
     torn_id = json.loads(lines[-1])["id"]
     shard.write_bytes(b"".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
     r = _cli(*args)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr
     recs = _check(out, expected)
     assert torn_id in {x["id"] for x in recs}
     summary = json.loads((out / "summary.json").read_text())
@@ -181,7 +181,7 @@ def test_sigkill_midway_then_resume(corpus: Path, model: Path, expected: dict, t
     assert summary["last_run"]["processed"] == 24 - len(first) + 1
     # the finished job: a rerun reports everything done
     r = _cli(*args[:-1])
-    assert r.returncode == 0 and "0 transcribed (0 failed), 24 already done" in r.stderr, r.stderr
+    assert r.returncode == 1 and "0 transcribed (0 failed), 24 already done" in r.stderr, r.stderr
 
 
 def test_shard_size_is_the_most_records_a_shard_holds(corpus: Path, session: fun_asr.Session,
@@ -288,7 +288,7 @@ def test_sigterm_writes_the_batch_in_flight_and_resumes(corpus: Path, model: Pat
     assert summary["last_run"]["interrupted"] is True and summary["last_run"]["processed"] == len(recs)
     assert 2 <= len(recs) < 24 and len(recs) % 2 == 0  # whole batches only
     r = _cli(*args)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr
     _check(out, expected)
 
 
@@ -301,14 +301,14 @@ def test_progress_lines_when_stderr_is_not_a_terminal(corpus: Path, model: Path,
             "--batch-size", "2"]
     env = {**os.environ, "FUN_ASR_PROGRESS_INTERVAL": "0.05"}
     r = _cli(*args, "-o", str(tmp_path / "a"), env=env)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr
     assert "fun-asr-batch: 24 to transcribe" in r.stderr
     lines = re.findall(r"fun-asr-batch: (\d+)/24 recordings \(\d+%\)(?:, \d+ failed)?, \d+\.\d{3} h of audio, "
                        r"(?:\d+\.\d+x real time, ETA \d+:\d\d:\d\d|speed n/a, ETA n/a.*)$", r.stderr, re.M)
     assert lines and [int(x) for x in lines] == sorted(int(x) for x in lines), r.stderr
     assert "\r" not in r.stderr and "it/s" not in r.stderr  # no tqdm bar in a log
     r = _cli(*args, "-o", str(tmp_path / "b"), "--quiet", env=env)
-    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.returncode == 1 and r.stderr == "", r.stderr
 
 
 # --- inputs ------------------------------------------------------------------------------------
@@ -463,7 +463,7 @@ def test_cli_usage_errors(tmp_path: Path) -> None:
 def test_cli_limit_messages_name_flags(corpus: Path, model: Path, tmp_path: Path) -> None:
     r = _cli(str(corpus), "-o", str(tmp_path / "o"), "-m", str(model), "--device", "cpu", "--vad", "none",
              "--hotwords", ",".join(f"w{i}" for i in range(201)))
-    assert r.returncode == 1 and "error: --hotwords: 201 hotwords; at most 200 are accepted" in r.stderr, r.stderr
+    assert r.returncode == 2 and "error: --hotwords: 201 hotwords; at most 200 are accepted" in r.stderr, r.stderr
     assert "Limits" not in r.stderr and "Session(" not in r.stderr
 
 
@@ -557,7 +557,7 @@ def test_ray_cluster_by_address(corpus: Path, model: Path, expected: dict, tmp_p
         r = _cli(str(corpus), "-o", str(out), "-m", str(model), "--device", "cpu", "--vad", "none",
                  "--max-new-tokens", str(TOKENS), "--batch-size", "4", "--ray", f"127.0.0.1:{port}",
                  "--actors", "1", "--threads-per-actor", "1", env=env)
-        assert r.returncode == 0, r.stderr
+        assert r.returncode == 1, r.stderr
         assert "Connecting to existing Ray cluster at address: 127.0.0.1:" in r.stderr
         _check(out, expected)
         summary = json.loads((out / "summary.json").read_text())

@@ -263,3 +263,24 @@ def test_sigterm_exits_143_and_leaves_no_partial_output(demo_env: dict, tmp_path
     assert proc.returncode == 143, err
     assert b"terminated" in err and b"Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+# --- extras without a rebuild ------------------------------------------------------------------------------
+
+def test_readme_adds_extras_by_name_which_builds_nothing() -> None:
+    """The README adds extras as `pip install 'fun-asr[extra]'`: pip takes the extra's requirements from the
+    installed fun-asr's metadata (no build). The source-folder form `.[extra]` rebuilds the C++ core."""
+    import importlib.metadata as md
+
+    readme = (ROOT / "README.md").read_text("utf-8")
+    commands = re.findall(r"^pip install (.+?)(?:\s+#.*)?$", readme, re.M)
+    source_form = [c for c in commands if re.search(r"""['"]?\.\[(?!test\])""", c)]
+    assert source_form == [], source_form  # only the development install (".[test]") builds from the folder
+    for extra in ("speakers", "server", "ray", "modelscope"):
+        assert f"pip install 'fun-asr[{extra}]'" in readme or extra not in md.metadata("fun-asr").get_all(
+            "Provides-Extra"), extra
+    # what pip does with that form here: every requirement satisfied from the installed metadata, nothing built
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-deps",
+                        "fun-asr[speakers]"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "Requirement already satisfied: fun-asr" in r.stdout and "Building" not in r.stdout + r.stderr

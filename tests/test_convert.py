@@ -157,7 +157,7 @@ def test_inspect_and_cli(tiny_f32: Path, tmp_path: Path) -> None:
     assert "fun_asr_nano.decoder.rope.freq_base" in info["metadata_keys"]
     r = subprocess.run([sys.executable, "-m", "fun_asr.cli.convert", str(tmp_path / "nope")],
                        capture_output=True, text=True)
-    assert r.returncode == 1 and "no such file or directory" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "no such checkpoint folder or file" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_hub_snapshot_origin_recorded(tiny_f32: Path, tmp_path: Path) -> None:

@@ -170,7 +170,7 @@ def test_missing_server_extra_message() -> None:
             "builtins.__import__ = fake\n"
             "from fun_asr.cli.serve import main; sys.exit(main(['-m', 'x.gguf']))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    assert r.returncode == 1 and "pip install 'fun-asr[server]'" in r.stderr
+    assert r.returncode == 2 and "pip install 'fun-asr[server]'" in r.stderr
 
 
 def test_truncation_flags_language_and_logged_warnings(server: dict, clips: list[Path]) -> None:

@@ -67,9 +67,9 @@ def test_convert_refuses_to_overwrite_its_input(tiny_f32: Path, tmp_path: Path) 
     weights = src / "model.safetensors"
     before = _sha(weights)
     r = _run(str(src), "-o", str(weights), "--type", "f16", "--quiet", module="fun_asr.cli.convert")
-    assert r.returncode == 1 and "inside the checkpoint folder" in r.stderr_text, r.stderr_text
+    assert r.returncode == 2 and "inside the checkpoint folder" in r.stderr_text, r.stderr_text
     r = _run(str(src), "-o", str(weights), "--force", "--quiet", module="fun_asr.cli.convert")
-    assert r.returncode == 1 and "inside the checkpoint folder" in r.stderr_text
+    assert r.returncode == 2 and "inside the checkpoint folder" in r.stderr_text
     assert _sha(weights) == before
     # a GGUF anywhere inside the folder being read
     with pytest.raises(OutputError, match="inside the checkpoint folder"):
@@ -87,12 +87,12 @@ def test_convert_refuses_non_regular_and_existing_files(tiny_f32: Path, tmp_path
     os.mkfifo(fifo)
     for force in ([], ["--force"]):
         r = _run(str(tiny_f32), "-o", str(fifo), *force, "--quiet", module="fun_asr.cli.convert")
-        assert r.returncode == 1 and "not a regular file" in r.stderr_text, r.stderr_text
+        assert r.returncode == 2 and "not a regular file" in r.stderr_text, r.stderr_text
         assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     existing = tmp_path / "model.gguf"
     existing.write_bytes(b"keep me")
     r = _run(str(tiny_f32), "-o", str(existing), "--quiet", module="fun_asr.cli.convert")
-    assert r.returncode == 1 and "already exists; pass --force" in r.stderr_text
+    assert r.returncode == 2 and "already exists; pass --force" in r.stderr_text
     assert existing.read_bytes() == b"keep me"
     with pytest.raises(OutputError, match="already exists"):
         fun_asr.convert(tiny_f32, existing, "f16", progress=False)
@@ -350,11 +350,11 @@ def test_cli_messages_in_cli_words(model_path: str, tmp_path: Path) -> None:
     r = _run(str(CLIP), "-m", model_path, "--device", "cpu", "--max-new-tokens", "1")
     assert "hit --max-new-tokens=1" in r.stderr_text and "(raise --max-new-tokens)" in r.stderr_text, r.stderr_text
     r = _run(str(CLIP), "-m", model_path, "--device", "cuda:7", "--quiet")
-    assert r.returncode == 1 and "device=" not in r.stderr_text and "Traceback" not in r.stderr_text
+    assert r.returncode == 2 and "device=" not in r.stderr_text and "Traceback" not in r.stderr_text
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"NOPE" * 100)
     r = _run(str(CLIP), "-m", str(bad), "--quiet")
-    assert r.returncode == 1 and "not a valid GGUF" in r.stderr_text
+    assert r.returncode == 2 and "not a valid GGUF" in r.stderr_text
     assert r.stderr_text.count("\n") == 1  # one line: ggml's own log lines do not leak
 
 
@@ -540,7 +540,7 @@ def test_serve_help_and_bind_error(tmp_path: Path) -> None:
         busy.listen(1)
         port = busy.getsockname()[1]
         r = _run("-m", str(tmp_path / "model.gguf"), "--port", str(port), module="fun_asr.cli.serve")
-    assert r.returncode == 1 and "cannot listen on 127.0.0.1" in r.stderr_text
+    assert r.returncode == 2 and "cannot listen on 127.0.0.1" in r.stderr_text
     assert "listening" not in r.stderr_text and "cannot load model" not in r.stderr_text
 
 
@@ -555,11 +555,11 @@ def test_unreachable_hub_fails_fast_with_one_line(tmp_path: Path) -> None:
     t0 = time.time()
     r = _run(str(CLIP), "-m", "someone/some-model", env=env)
     assert time.time() - t0 < 20
-    assert r.returncode == 1 and r.stderr_text.count("\n") == 1, r.stderr_text
+    assert r.returncode == 2 and r.stderr_text.count("\n") == 1, r.stderr_text
     assert "unreachable" in r.stderr_text and "HF_HUB_OFFLINE=1" in r.stderr_text
     assert "-m demo" in r.stderr_text and r.stdout == b""  # suggested, never used unless asked for
     r = _run(str(CLIP), "-m", "someone/some-model", env={**env, "HF_HUB_OFFLINE": "1"})
-    assert r.returncode == 1 and r.stderr_text.count("\n") == 1 and "not in the local hub cache" in r.stderr_text
+    assert r.returncode == 2 and r.stderr_text.count("\n") == 1 and "not in the local hub cache" in r.stderr_text
     assert "-m demo" in r.stderr_text
 
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tools"))
 
 from make_funasr_checkpoint import make_tiktoken_vocab  # noqa: E402
-from train_tiny import add_noise, make_recipes, synth_clean  # noqa: E402
+from train_tiny import make_recordings, synth_recording  # noqa: E402
 from trained_ctc import ARTIFACT_JSON, ARTIFACT_WEIGHTS, demo_gguf, tokenizer  # noqa: E402
 from trained_model import WORDS  # noqa: E402
 
@@ -49,7 +49,7 @@ def learn_ranks(n_merges: int) -> list[bytes]:
 
 
 def _clip(r: dict[str, Any]) -> np.ndarray:
-    return add_noise(synth_clean(r), r["snr_db"], r["noise_seed"])
+    return synth_recording(r)
 
 
 def cmd_data(work: Path, clips: int, procs: int) -> None:
@@ -59,7 +59,7 @@ def cmd_data(work: Path, clips: int, procs: int) -> None:
     work.mkdir(parents=True, exist_ok=True)
     if (work / "ctc_enc.npz").exists():
         return
-    recipes = make_recipes(clips, CTC_SEED)
+    recipes = make_recordings(clips, CTC_SEED)
     t0 = time.time()
     with mp.get_context("fork").Pool(procs) as pool:
         audio = list(pool.imap(_clip, recipes, chunksize=32))

@@ -203,9 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: stopped by {signal.Signals(received[0]).name} after writing the batch in flight; rerun the "
               "same command to resume", file=sys.stderr)
         return 128 + received[0]
-    if summary["failed"]:
-        print(f"{PROG}: {summary['failed']} recording(s) failed (their errors are in the records and summary.json); "
-              "--retry-failed transcribes them again", file=sys.stderr)
+    if summary["failed"]:  # exit code 1: some inputs failed (README: Exit codes)
+        if not args.quiet:
+            print(f"{PROG}: {summary['failed']} recording(s) failed (their errors are in the records and "
+                  "summary.json); --retry-failed transcribes them again", file=sys.stderr)
         return 1
     return 0
 

@@ -166,13 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(f"{PROG}: error: the server needs FastAPI and uvicorn ({exc.name} is missing): "
               "pip install 'fun-asr[server]'", file=sys.stderr)
-        return 1
+        return 2  # it cannot start: nothing was served (README: Exit codes)
     # Bind first: a busy port is reported before the model loads, and never after a "listening" line.
     try:
         sock = _bind(args.host, args.port)
     except OSError as exc:
         print(f"{PROG}: error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
+        return 2  # it cannot start: nothing was served (README: Exit codes)
     sockets = [sock]
     from fun_asr.asr.session import Session
 
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose:
             raise
         print(f"{PROG}: error: cannot load model {args.model}: {_say(str(exc))}", file=sys.stderr)
-        return 1
+        return 2  # it cannot start: nothing was served (README: Exit codes)
     from fun_asr.serve.ws_realtime import realtime_limits, uvicorn_ws_options
 
     try:
