@@ -284,3 +284,12 @@ def test_readme_adds_extras_by_name_which_builds_nothing() -> None:
                         "fun-asr[speakers]"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "Requirement already satisfied: fun-asr" in r.stdout and "Building" not in r.stdout + r.stderr
+
+
+def test_demo_streams_on_the_command_line(demo_env: dict) -> None:
+    """-m demo brings its FSMN-VAD: --stream works with no VAD flag (it used to be refused)."""
+    r = _transcribe("-m", "demo", "--device", "cpu", "--stream", str(DEMO_CLIP), "-f", "json", env=demo_env)
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(line) for line in r.stdout.splitlines()]
+    sentences = [e["text"].lower().strip(" .") for e in events if e.get("type") == "sentence"]
+    assert sentences == ["five two five eight"], events

@@ -11,8 +11,8 @@ reader. Layers, top to bottom::
     converter
     vad
     audio, model
-    notices, _core, _compat (the old module paths, by name only), _spinwait (libgomp's spin count, set before
-    _core loads)
+    notices, outputs (writing a user's files safely), _core, _compat (the old module paths, by name only),
+    _spinwait (libgomp's spin count, set before _core loads)
     _spin (the compiled probe _spinwait times a spin-wait iteration with)
 
 A module may import a module of a lower layer or of its own package; packages that share a layer do not
@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "python" / "fun_asr"
-LAYERS = [["_spin"], ["notices", "_core", "_compat", "_spinwait"], ["audio", "model"], ["vad", "speakers"],
+LAYERS = [["_spin"], ["notices", "outputs", "_core", "_compat", "_spinwait"], ["audio", "model"], ["vad", "speakers"],
           ["converter"], ["asr"], ["serve", "jobs"], ["cli"], [""]]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 

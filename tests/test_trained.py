@@ -109,6 +109,32 @@ def test_heldout_wer(package: str, transcripts, heldout: list[tuple[Path, str]])
     assert got <= f32 + MAX_EXTRA[package] + 1e-9, f"{package} WER {got:.3f} vs F32 {f32:.3f}; wrong: {wrong}"
 
 
+# The held-out WER per condition of the -m demo package (Q8_0 with FunASR's FSMN-VAD embedded), as measured by
+# `python tools/train_tiny.py eval` (docs/trained_model.md, "WER per condition"): clean (digital silence around
+# the speech), noisy (the clips' recorded light noise), multi (2-4 clips joined by 0.5-3 s pauses, through the VAD).
+CONDITION_WER = {"clean": 0.0, "noisy": 0.0, "multi": 0.0}
+
+
+@pytest.fixture(scope="session")
+def demo_package(trained_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package `-m demo` builds: Q8_0 with the shipped FSMN-VAD embedded."""
+    from fun_asr.model.demo import vad_dir
+
+    out = tmp_path_factory.mktemp("demo-package") / "demo-q8_0.gguf"
+    fun_asr.convert(trained_ckpt, out, "q8_0", progress=False, vad_model=vad_dir())
+    return out
+
+
+def test_demo_wer_per_condition(demo_package: Path) -> None:
+    from trained_model import condition_wers
+
+    s = fun_asr.Session(demo_package, device="cpu", progress=False)
+    assert s.vad_source == "embedded"
+    got = condition_wers(s)
+    for cond, measured in CONDITION_WER.items():
+        assert got[cond]["wer"] <= min(measured, 0.05) + 1e-9, (cond, got[cond]["wer"], got[cond]["errors"])
+
+
 def test_language_and_itn_prompts_hear(trained_gguf, heldout: list[tuple[Path, str]]) -> None:  # noqa: ANN001
     """The model was also trained with language=en and itn=False prompts (FunASR's other instructions)."""
     s = fun_asr.Session(trained_gguf("q8_0"), device="cpu")

@@ -163,21 +163,23 @@ def three_utterances_clip(dest: Path, picks: tuple[int, int, int] = (3, 17, 29),
 
 # --- the held-out conditions --------------------------------------------------------------------
 
-def multi_utterance_recordings(n: int = 20, seed: int = 4321,
+def multi_utterance_recordings(n: int = 20, seed: int = 4321, pauses: tuple[float, float] = (1.0, 3.0),
                                artifact: Path = ARTIFACT) -> list[tuple[np.ndarray, str, dict]]:
     """`n` recordings of 2-4 held-out clips (each clean, with its own leading/trailing silence and voice) joined
-    by 0.5-3.0 s of digital silence, 0.5 s of silence either end: the odd ones digitally clean, the even ones with
-    white noise 20-35 dB below the speech over the whole recording. [(int16 samples, words in order, recipe)]."""
+    by digital silence of ``pauses`` seconds (uniform), 0.5 s of silence either end: the odd ones digitally clean,
+    the even ones with white noise 20-35 dB below the speech over the whole recording. [(int16 samples, words in
+    order, recipe)]. With the default 1-3 s the VAD hears separate utterances; below ~1 s FunASR's VAD (its
+    end-silence schedule starts at 2 s) keeps several utterances in one segment."""
     clean = heldout_clean(artifact)
     rng = np.random.default_rng(seed)
     out = []
     for k in range(n):
         picks = [int(i) for i in rng.choice(len(clean), size=int(rng.integers(2, 5)), replace=False)]
-        pauses = [round(float(rng.uniform(0.5, 3.0)), 2) for _ in picks[1:]]
+        gaps = [round(float(rng.uniform(*pauses)), 2) for _ in picks[1:]]
         parts = [np.zeros(SAMPLE_RATE // 2, np.int16)]
         for j, i in enumerate(picks):
             if j:
-                parts.append(np.zeros(int(pauses[j - 1] * SAMPLE_RATE), np.int16))
+                parts.append(np.zeros(int(gaps[j - 1] * SAMPLE_RATE), np.int16))
             parts.append(clean[i][0])
         parts.append(np.zeros(SAMPLE_RATE // 2, np.int16))
         x = np.concatenate(parts)
@@ -186,14 +188,16 @@ def multi_utterance_recordings(n: int = 20, seed: int = 4321,
         if snr is not None:
             x = add_noise(x, snr, noise_seed)
         text = " ".join(clean[i][1]["text"] for i in picks)
-        out.append((x, text, {"clips": [clean[i][1]["file"] for i in picks], "pauses": pauses, "snr_db": snr}))
+        out.append((x, text, {"clips": [clean[i][1]["file"] for i in picks], "pauses": gaps, "snr_db": snr}))
     return out
 
 
-def condition_wers(session, batch_size: int = 16) -> dict[str, dict]:  # noqa: ANN001
+def condition_wers(session, batch_size: int = 16, merged: bool = False) -> dict[str, dict]:  # noqa: ANN001
     """The held-out WER per condition with a Session (its VAD, if any, in front for the multi-utterance ones):
     ``clean`` (the FLACs as they are: digital silence around the speech), ``noisy`` (with their recorded light
-    noise), ``multi`` (:func:`multi_utterance_recordings` through the VAD). {condition: {"wer", "errors"}}."""
+    noise), ``multi`` (:func:`multi_utterance_recordings`, 1-3 s pauses, through the VAD); with ``merged`` also
+    ``merged`` (the same with 0.3-1.0 s pauses, which the VAD keeps together: segments of several utterances).
+    {condition: {"wer", "words", "errors"}}."""
     clips = heldout_clean()
     refs = [e["text"] for _, e in clips]
     conditions = {
@@ -202,12 +206,16 @@ def condition_wers(session, batch_size: int = 16) -> dict[str, dict]:  # noqa: A
     }
     multi = multi_utterance_recordings()
     conditions["multi"] = ([x for x, _, _ in multi], [t for _, t, _ in multi], None)
+    if merged:
+        close = multi_utterance_recordings(pauses=(0.3, 1.0))
+        conditions["merged"] = ([x for x, _, _ in close], [t for _, t, _ in close], None)
     out = {}
     for name, (audio, texts, vad) in conditions.items():
         arrays = [a.astype(np.float32) / 32768.0 for a in audio]
         res = session.transcribe_batch(arrays, sample_rate=SAMPLE_RATE, batch_size=batch_size, vad=vad)
         hyps = [r.text for r in res]
         out[name] = {"wer": wer(texts, hyps), "words": sum(len(normalize_text(t)) for t in texts),
+                     "segments": sum(len(r.segments) for r in res),
                      "errors": [(r, h) for r, h in zip(texts, hyps, strict=True)
                                 if normalize_text(r) != normalize_text(h)]}
     return out
