@@ -18,7 +18,7 @@ per repeat, on the same clip, decoding exactly --tokens tokens (ignore_eos, as t
   set as ``Model.draft_skip`` (what the Session does with the punctuation a normalized CTC transcript lacks).
 
 Random weights cannot say how often a real CTC head agrees with its LLM (the trained demo model's head agrees on
-105 of 108 draft tokens of its held-out clips: tests/test_speculative.py); these rows bound what it costs and
+106 of 109 draft tokens of its held-out clips: tests/test_speculative.py); these rows bound what it costs and
 gains on the full-size model. Tokens are checked equal in all three.
 """
 

@@ -43,9 +43,12 @@ PROJ = 256  # ctc_decoder.linear1 width (the release: 2048 over a 512-wide encod
 
 
 def learn_ranks(n_merges: int) -> list[bytes]:
-    """Byte-level BPE on the 20 words (alone and after a space, as the pattern splits them): 256 bytes, then
-    merges by pair frequency (tools/make_funasr_checkpoint.py's learner on this corpus)."""
-    return make_tiktoken_vocab(n_merges, [" ".join(WORDS), " ".join(reversed(WORDS))])
+    """Byte-level BPE on the 20 words written alone: 256 bytes, then merges by pair frequency
+    (tools/make_funasr_checkpoint.py's learner on this corpus) until each word is one token. No merge joins a
+    space to a word, so " five" is " " + "five": a word is the same label wherever it stands, and the head
+    emits a space label at each word's start, which for the first word ``draft_text`` strips (a head that sees
+    one frame at a time cannot tell the first word of a recording from a later one)."""
+    return make_tiktoken_vocab(n_merges, list(WORDS))
 
 
 def _clip(r: dict[str, Any]) -> np.ndarray:
@@ -142,7 +145,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--merges", type=int, default=120)
+    ap.add_argument("--merges", type=int, default=120, help="most BPE merges (the learner stops once every word is one token: 46)")
     a = ap.parse_args()
     if a.command in ("data", "all"):
         cmd_data(a.work, a.clips, a.threads)
