@@ -201,7 +201,7 @@ def test_vad_hint_is_about_the_vad(tiny_gguf, tmp_path: Path) -> None:  # noqa: 
     env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1", "FUN_ASR_CACHE_DIR": str(tmp_path / "c")}
     r = _cli(str(EXAMPLES / "en_hello.wav"), "-m", str(tiny_gguf("f32")), "--device", "cpu", "--vad", "fsmn",
              env=env)
-    assert r.returncode == 1 and "--vad-model" in r.stderr and "give -m" not in r.stderr, r.stderr
+    assert r.returncode == 2 and "--vad-model" in r.stderr and "give -m" not in r.stderr, r.stderr
 
 
 # -- 3. a subtitle never loses text ---------------------------------------------------------------------

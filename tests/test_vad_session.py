@@ -153,7 +153,7 @@ def test_cli_vad_options(tiny_gguf, vad_gguf: Path, silence_speech_silence: np.n
     r = _cli(str(clip), "-m", model, "--vad", "none", "--vad-model", str(vad_gguf))
     assert r.returncode == 2 and "--vad-model with --vad none" in r.stderr
     r = _cli(str(clip), "-m", model, "--device", "cpu", "--vad", "fsmn", "--vad-model", str(tmp_path / "nope"))
-    assert r.returncode == 1 and "no such VAD model" in r.stderr
+    assert r.returncode == 2 and "no such VAD model" in r.stderr
 
 
 HUB_VAD_SCRIPT = """

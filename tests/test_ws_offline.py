@@ -123,8 +123,10 @@ async def _until_stopped(ws, timeout: float = 300) -> list[dict]:  # noqa: ANN00
     return got
 
 
-async def _offline(url: str, frames: list[bytes], commands: tuple[str, ...] = ("LANGUAGE:en",)) -> list[dict]:
-    """The offline use: START, commands, the recording, STOP, and only then read (no reader while sending)."""
+async def _offline(url: str, frames: list[bytes], commands: tuple[str, ...] = ("LANGUAGE:",)) -> list[dict]:
+    """The offline use: START, commands, the recording, STOP, and only then read (no reader while sending).
+    The automatic language (the demo model's default prompt): with ``language=en`` it drops a repeated word
+    on some VAD cuts (``go down seven seven``, docs/trained_model.md), and these tests are about the protocol."""
     async with websockets.connect(url, ping_interval=None, max_size=None) as ws:
         await ws.send("START")
         for cmd in commands:
@@ -142,7 +144,7 @@ async def _live(url: str, pcm: bytes, frame_ms: int = 100) -> list[dict]:
     async with websockets.connect(url, ping_interval=None, max_size=None) as ws:
         await ws.send("START")
         assert json.loads(await ws.recv()) == {"event": "started"}
-        await ws.send("LANGUAGE:en")
+        await ws.send("LANGUAGE:")  # the automatic language, as _offline
         assert json.loads(await ws.recv())["event"] == "language_set"
         reader = asyncio.create_task(_until_stopped(ws))
         for at in range(0, len(pcm), step):
@@ -175,7 +177,7 @@ def test_whole_recording_in_one_frame_or_many_gives_one_final(session: fun_asr.S
     pcm, words, last_start = forty_seconds
     caplog.set_level(logging.INFO, logger="fun_asr.access")
     with _server(session, RealtimeLimits()) as url:
-        one = asyncio.run(_offline(url + "/any/path?mode=offline", [pcm], ("LANGUAGE:en", "HOTWORDS:")))
+        one = asyncio.run(_offline(url + "/any/path?mode=offline", [pcm], ("LANGUAGE:", "HOTWORDS:")))
         many = asyncio.run(_offline(url, [pcm[i : i + 3200] for i in range(0, len(pcm), 3200)]))
         empty = asyncio.run(_offline(url, []))
     for got in (one, many):
@@ -183,10 +185,10 @@ def test_whole_recording_in_one_frame_or_many_gives_one_final(session: fun_asr.S
         assert not _errors(got), _errors(got)
         assert len(_finals(got)) == 1 and got[-2]["is_final"] and got[-2]["partial"] == ""
         _check_covers(got[-2], words, 40.0, last_start)
-    assert one[1] == {"event": "language_set", "language": "en"} and one[2] == {"event": "hotwords_set",
+    assert one[1] == {"event": "language_set", "language": ""} and one[2] == {"event": "hotwords_set",
                                                                                 "hotwords": []}
     assert one[-2]["sentences"] == many[-2]["sentences"]
-    assert empty == [{"event": "started"}, {"event": "language_set", "language": "en"},
+    assert empty == [{"event": "started"}, {"event": "language_set", "language": ""},
                      {"sentences": [], "partial": "", "partial_start_ms": 0, "duration_ms": 0, "is_final": True},
                      {"event": "stopped"}]
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "fun_asr.access"]
@@ -361,7 +363,7 @@ def test_hotword_file_language_and_postprocess_file_defaults(session: fun_asr.Se
         out = []
         async with websockets.connect(url, ping_interval=None) as ws:
             for commands in ((), ("HOTWORDS:up", "LANGUAGE:"),
-                             ("HOTWORDS:", "LANGUAGE:en", "POSTPROCESS_HOTWORDS:down=>DOWN")):
+                             ("HOTWORDS:", "LANGUAGE:", "POSTPROCESS_HOTWORDS:down=>DOWN")):
                 for cmd in commands:
                     await ws.send(cmd)
                 await ws.send("START")
@@ -378,9 +380,9 @@ def test_hotword_file_language_and_postprocess_file_defaults(session: fun_asr.Se
     n1, n2 = len(_finals(first)), len(_finals(second))
     assert n1 == n2 == 1 and seen[0] == ("en", ("seven", "go down , stop", "five"))  # the server-wide defaults
     assert seen[-2] == (None, ("up",)) or (None, ("up",)) in seen  # replaced by the connection's commands
-    assert seen[-1] == ("en", ())
+    assert seen[-1] == (None, ())  # (the default prompt: see _offline)
     assert second[:2] == [{"event": "hotwords_set", "hotwords": ["up"]}, {"event": "language_set", "language": ""}]
-    assert third[:3] == [{"event": "hotwords_set", "hotwords": []}, {"event": "language_set", "language": "en"},
+    assert third[:3] == [{"event": "hotwords_set", "hotwords": []}, {"event": "language_set", "language": ""},
                          {"event": "postprocess_hotwords_set", "postprocess_hotwords": {"down": "DOWN"}}]
     # the command's pairs, then the server file's; in closed sentences only, never in partials
     assert [s["text"].strip(" .") for s in _finals(third)[0]["sentences"]] in (["go DOWN 7 7"], ["Go DOWN 7 7"])

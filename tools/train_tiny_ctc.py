@@ -145,7 +145,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--merges", type=int, default=120, help="most BPE merges (the learner stops once every word is one token: 46)")
+    ap.add_argument("--merges", type=int, default=120,
+                    help="most BPE merges (the learner stops once every word is one token: 46)")
     a = ap.parse_args()
     if a.command in ("data", "all"):
         cmd_data(a.work, a.clips, a.threads)
