@@ -1,4 +1,4 @@
-"""Issue 15: corpus jobs (fun-asr-batch). The local engine and the Ray engine (in-process and a
+"""Corpus jobs (fun-asr-batch). The local engine and the Ray engine (in-process and a
 `ray start` cluster joined by address) give Session.transcribe's output token for token, broken
 files are recorded, a job killed with SIGKILL resumes with every id exactly once, and every input
 format (directory, glob, list, JSONL/CSV manifest, Kaldi wav.scp + text, fsspec URLs) is read."""
@@ -186,7 +186,7 @@ def test_sigkill_midway_then_resume(corpus: Path, model: Path, expected: dict, t
 
 def test_shard_size_is_the_most_records_a_shard_holds(corpus: Path, session: fun_asr.Session,
                                                      tmp_path: Path) -> None:
-    """Issue 23.10: --shard-size 3 with batches of 4 gave shards of 4 (a batch never split)."""
+    """--shard-size 3 with batches of 4 gave shards of 4 (a batch never split)."""
     out = tmp_path / "out"
     batch.run([corpus], out, session=session, max_new_tokens=TOKENS, batch_size=4, shard_size=3)
     sizes = [len(p.read_text().splitlines()) for p in sorted(out.glob("shard-*.jsonl"))]
@@ -196,7 +196,7 @@ def test_shard_size_is_the_most_records_a_shard_holds(corpus: Path, session: fun
 def test_output_folder_problems_are_one_clear_line(corpus: Path, model: Path, session: fun_asr.Session,
                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture) -> None:
-    """Issue 23.10: a folder that cannot be written printed a raw `[Errno 30] Read-only file system: ...`;
+    """A folder that cannot be written printed a raw `[Errno 30] Read-only file system: ...`;
     now one line naming the path and what to do, before the model loads; a write failing mid-job
     (a full disk) names the shard and says that rerunning resumes."""
     if os.geteuid() != 0:
@@ -239,7 +239,7 @@ def test_output_folder_problems_are_one_clear_line(corpus: Path, model: Path, se
 
 
 def test_outputs_that_are_inputs_are_refused(corpus: Path, session: fun_asr.Session, tmp_path: Path) -> None:
-    """Issue 23.1 (fun-asr-batch): nothing the job writes under -o (shards, summary.json, eval.tsv) may
+    """fun-asr-batch: nothing the job writes under -o (shards, summary.json, eval.tsv) may
     be one of its inputs (a manifest, the references, an audio file), by path, symlink or hard link;
     refused before the model loads, nothing changed."""
     files = sorted(_good_files(corpus).values())[:3]
@@ -264,7 +264,7 @@ def test_outputs_that_are_inputs_are_refused(corpus: Path, session: fun_asr.Sess
 
 def test_sigterm_writes_the_batch_in_flight_and_resumes(corpus: Path, model: Path, expected: dict,
                                                         tmp_path: Path) -> None:
-    """Issue 23.10: SIGTERM (a scheduler, `kill`) is handled like Ctrl-C: the batch in flight is written,
+    """SIGTERM (a scheduler, `kill`) is handled like Ctrl-C: the batch in flight is written,
     summary.json says interrupted, the message says how to resume, exit code 143."""
     out = tmp_path / "out"
     args = [str(corpus), "-o", str(out), "-m", str(model), "--device", "cpu", "--vad", "none",
@@ -293,7 +293,7 @@ def test_sigterm_writes_the_batch_in_flight_and_resumes(corpus: Path, model: Pat
 
 
 def test_progress_lines_when_stderr_is_not_a_terminal(corpus: Path, model: Path, tmp_path: Path) -> None:
-    """Issue 23.8: off a terminal, one line every FUN_ASR_PROGRESS_INTERVAL seconds (10 by default):
+    """Off a terminal, one line every FUN_ASR_PROGRESS_INTERVAL seconds (10 by default):
     done/total, audio hours, speed, ETA; --quiet prints nothing."""
     import re
 
@@ -455,7 +455,7 @@ def test_cli_usage_errors(tmp_path: Path) -> None:
     assert r.returncode == 2 and "--language" in r.stderr and "control character" in r.stderr
     r = _cli(str(tmp_path / "nothing.jsonl"), "-o", str(tmp_path / "o"), "-m", "x")
     assert r.returncode == 2 and "no such file" in r.stderr
-    # an audio file given on the command line that is not there: before the model loads (issue 23.10)
+    # an audio file given on the command line that is not there: before the model loads
     r = _cli(str(tmp_path / "nope.wav"), "-o", str(tmp_path / "o"), "-m", str(tmp_path / "no-model.gguf"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and f"{tmp_path / 'nope.wav'}: no such file" in r.stderr
 

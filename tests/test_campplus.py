@@ -1,4 +1,4 @@
-"""CAM++ speaker embeddings on ggml (issue 26, item 1): parity with FunASR 1.4.16's own ``CAMPPlus`` module
+"""CAM++ speaker embeddings on ggml: parity with FunASR 1.4.16's own ``CAMPPlus`` module
 (torch, eval mode) and its ``extract_feature`` on random weights (tools/make_campplus_checkpoint.py), the
 conversion (standalone GGUF, embedded in a package), and clear errors for bad files and bad audio."""
 

@@ -1,4 +1,4 @@
-"""Issue 15: WER/CER with FunASR-style normalisation, on fixed examples computed by hand, and
+"""WER/CER with FunASR-style normalisation, on fixed examples computed by hand, and
 fun-asr-eval comparing two outputs (batch folders, JSONL, Kaldi text)."""
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def test_fun_asr_eval_compares_two_outputs(tmp_path: Path) -> None:
 
 
 def test_worst_lists_only_items_with_errors(tmp_path: Path) -> None:
-    """Issue 23.10: --worst N filled the list with perfect items (WER 0) when fewer than N had errors."""
+    """--worst N filled the list with perfect items (WER 0) when fewer than N had errors."""
     ref = _batch_dir(tmp_path / "ref", {"a": "one two three", "b": "four five", "c": "six", "d": "seven"})
     hyp = _batch_dir(tmp_path / "hyp", {"a": "one two tree", "b": "four five", "c": None, "d": "seven"})
     r = _eval(str(hyp), str(ref), "--worst", "10")

@@ -1,4 +1,4 @@
-"""Nothing invented, nothing hidden (issue 23, items 2-5): the VAD travels with the model package and its
+"""Nothing invented, nothing hidden: the VAD travels with the model package and its
 absence is said in every result; a subtitle never loses text; a notice reaches the client; user text never
 becomes prompt structure."""
 

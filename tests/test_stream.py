@@ -396,7 +396,7 @@ async def _edge_cases(url: str) -> list[list[dict]]:
 
 
 def test_websocket_stop_without_audio_and_a_second_start(ws_server: str) -> None:
-    """Issue 23.10: START then STOP with no audio gets a final result (is_final, no sentences) before
+    """START then STOP with no audio gets a final result (is_final, no sentences) before
     `stopped`; a START during a stream gets an error event and the stream goes on; a limit names the
     protocol's command, not the Python API's Limits field."""
     empty, twice, hotwords = asyncio.run(_edge_cases(ws_server))

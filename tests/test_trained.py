@@ -1,7 +1,7 @@
 """A model that hears: the tiny Fun-ASR-Nano trained by tools/train_tiny.py (tests/data/tiny_trained),
 rebuilt without torch, converted with fun_asr.convert, transcribing held-out espeak-ng clips.
 
-WER bounds (issue 18): F32 <= 5 %, F16 and Q8_0 within +1 point of F32, Q4_K_M within +5 points.
+WER bounds: F32 <= 5 %, F16 and Q8_0 within +1 point of F32, Q4_K_M within +5 points.
 The measured numbers are in docs/trained_model.md.
 """
 

@@ -1,4 +1,4 @@
-"""Issue 10: a new user's trial. Never destroy a file, never return a silently wrong result, errors
+"""A new user's trial. Never destroy a file, never return a silently wrong result, errors
 people can read, and the pieces users expect (stdin, JSONL, progress). CLI behaviour is tested
 through subprocesses, as a user runs it."""
 
@@ -144,7 +144,7 @@ def test_cli_collisions_write_every_output(model_path: str, tmp_path: Path) -> N
 
 @pytest.mark.parametrize("fmt", ["txt", "json", "srt", "vtt", "all"])
 def test_an_output_that_is_an_input_is_refused_before_anything(fmt: str, model_path: str, tmp_path: Path) -> None:
-    """Issue 23.1: `cp clip.wav same/clip.txt; fun-asr-transcribe same/clip.txt -o same` replaced the audio
+    """`cp clip.wav same/clip.txt; fun-asr-transcribe same/clip.txt -o same` replaced the audio
     with its transcript. Every output that is an input (same path, a symlink, a hard link) is refused
     with exit 2 and one line, before the model loads, and nothing is written."""
     same = tmp_path / "same"
@@ -173,7 +173,7 @@ def test_an_output_that_is_an_input_is_refused_before_anything(fmt: str, model_p
 
 
 def test_an_input_of_a_later_batch_is_not_overwritten(model_path: str, tmp_path: Path) -> None:
-    """Issue 23.1: the CLI works in groups of --batch-size; an output of the first group must not
+    """The CLI works in groups of --batch-size; an output of the first group must not
     destroy an input of the next one (here through a symlink and a hard link in the -o folder)."""
     first, later, third = tmp_path / "talk.wav", tmp_path / "later.wav", tmp_path / "third.wav"
     for p in (first, later, third):
@@ -193,7 +193,7 @@ def test_an_input_of_a_later_batch_is_not_overwritten(model_path: str, tmp_path:
 
 
 def test_the_same_input_twice_gets_a_numbered_name(model_path: str, tmp_path: Path) -> None:
-    """Issue 23.10: `x.wav x.wav -o out` gives x.txt and x-2.txt (was a flattened absolute path)."""
+    """`x.wav x.wav -o out` gives x.txt and x-2.txt (was a flattened absolute path)."""
     assert output_names(["x.wav", "x.wav"]) == ["x", "x-2"]
     assert output_names(["x.wav", "./x.wav", "x.flac"]) == ["x.wav", "x.wav-2", "x.flac"]
     assert output_names(["x.wav", "x.wav", "x-2.wav"]) == ["x", "x-3", "x-2"]
@@ -359,7 +359,7 @@ def test_cli_messages_in_cli_words(model_path: str, tmp_path: Path) -> None:
 
 
 def test_limit_messages_are_translated_at_the_cli_boundary(session: fun_asr.Session) -> None:
-    """Issue 23.10: the messages of audio.py/session.py name Limits fields for the Python API; each
+    """The messages of audio.py/session.py name Limits fields for the Python API; each
     command names its flag instead (fun-asr-serve --max-audio-seconds), or nothing when it has none."""
     from fun_asr.asr.messages import cli_words
     from fun_asr.audio.decode import Limits
@@ -492,7 +492,7 @@ def test_several_inputs_to_stdout_are_jsonl(model_path: str) -> None:
 
 
 def test_json_to_stdout_is_one_line_per_input_for_any_count(model_path: str, tmp_path: Path) -> None:
-    """Issue 23.9: `*.wav -f json > all.jsonl` stays JSONL when the glob matches one file (was pretty
+    """`*.wav -f json > all.jsonl` stays JSONL when the glob matches one file (was pretty
     JSON for one input); a failed input is a line too. Files under -o may be pretty."""
     r = _run(str(CLIP), "-m", model_path, *CLI_TOKENS, "-f", "json")
     assert r.returncode == 0, r.stderr_text
@@ -527,7 +527,7 @@ def test_serve_help_and_bind_error(tmp_path: Path) -> None:
         assert flag in flat
     for default in ("(default: 127.0.0.1)", "(default: 8000)", "(default: 8)", "(default: 100.0)", "(default: 512)"):
         assert default in flat, default
-    # each default once (issue 23.10: '(default funasr/fsmn-vad) (default: None)'), none for on/off flags
+    # each default once (never '(default funasr/fsmn-vad) (default: None)'), none for on/off flags
     import re
 
     blocks = re.split(r"\n  (?=-)", r.stdout_text)

@@ -589,7 +589,7 @@ def main() -> None:
         enc = med(p, ten, "encode_ms")
         lines.append(f"| {p} | {enc:.0f} | {bounds[p]:.0f} | {enc / bounds[p]:.2f} |")
         console.append(f"{p:12s} encoder {enc:.0f} ms vs matmul bound {bounds[p]:.0f} ms: ratio {enc / bounds[p]:.2f}")
-    targets = {"q8_0": 5.6, "q4_k_m": 7.0}  # speed round 3 (1.5x the best peer measured beside us)
+    targets = {"q8_0": 5.6, "q4_k_m": 7.0}  # 1.5x the best peer measured beside us
     lines += [
         "",
         f"## Targets ({ten:g} s clip, {args.tokens} tokens)",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA check, in one run on a GPU machine that has no network (issue 29):
+# The CUDA check, in one run on a GPU machine that has no network:
 #   1. builds fun_asr._core (+ _spin) for the machine's Python against the CUDA ggml that
 #      `tools/build_cuda.sh 90 --ggml-only` packed into build/gpu-carry/ (the long nvcc part is done
 #      elsewhere; here only fun-asr's own C++ is compiled, with all cores);

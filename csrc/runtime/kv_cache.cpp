@@ -66,7 +66,7 @@ void KvCache::reserve(const DecoderHParams & d, ggml_backend_buffer_type_t buft,
     if (!buffer_) throw std::runtime_error("cannot allocate the KV cache for " + std::to_string(cap) + " positions");
     // Huge pages: a decode step reads every cached position's K and V rows of every layer (4 KiB each at the
     // released widths, a page each with 4 KiB pages); the attention of one sequence at 150 positions took 1.18
-    // instead of 1.28 ms per step on Zen 5 (docs/performance.md, session 20).
+    // instead of 1.28 ms per step on Zen 5 (docs/performance.md).
     advise_huge_pages(buffer_);
     ggml_backend_buffer_clear(buffer_, 0);
     capacity_ = cap;

@@ -1,4 +1,4 @@
-"""The module paths of the flat layout before round 3 (``fun_asr.session``, ``fun_asr.vad``'s one file, ...),
+"""The module paths of the earlier flat layout (``fun_asr.session``, ``fun_asr.vad``'s one file, ...),
 still importable: each old name loads its new module (with a DeprecationWarning naming it), so code written
 against them keeps working. New code imports the names from ``fun_asr`` or from the new modules."""
 
