@@ -8,12 +8,7 @@ from typing import Any
 
 import gguf
 
-
-def _value(field: gguf.ReaderField) -> Any:
-    try:
-        return field.contents()
-    except Exception:  # noqa: BLE001 - unusual field types are shown by type only
-        return f"<{field.types}>"
+from fun_asr.model.gguf_file import field_value, open_gguf
 
 
 def inspect_gguf(path: str | Path) -> dict[str, Any]:
@@ -29,16 +24,13 @@ def inspect_gguf(path: str | Path) -> dict[str, Any]:
         _core.check_gguf(str(p))  # header + every tensor inside the file: names truncation precisely
     except RuntimeError as exc:
         raise ValueError(str(exc)) from None
-    try:
-        reader = gguf.GGUFReader(p)
-    except Exception as exc:  # gguf-py raises ValueError/struct.error/IndexError on bad files
-        raise ValueError(f"{p}: not a readable GGUF file ({exc})") from None
+    reader = open_gguf(p)
     types: Counter[str] = Counter()
     type_bytes: Counter[str] = Counter()
     for t in reader.tensors:
         types[t.tensor_type.name] += 1
         type_bytes[t.tensor_type.name] += int(t.n_bytes)
-    meta = {k: _value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    meta = {k: field_value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     return {
         "path": str(p),
         "file_bytes": p.stat().st_size,

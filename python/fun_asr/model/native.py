@@ -44,18 +44,9 @@ def model_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
             return gguf_metadata(ckpt, ckpt.hparams)
         finally:
             ckpt.close()
-    import gguf
+    from fun_asr.model.gguf_file import metadata_fields, open_gguf
 
-    reader = gguf.GGUFReader(p)
-    out: dict[str, Any] = {}
-    for key, f in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        try:
-            out[key] = f.contents()
-        except Exception:  # noqa: BLE001 - an unusual field type is left out
-            continue
-    return out
+    return metadata_fields(open_gguf(p))
 
 
 def _load_checkpoint(path: Path, device: str, threads: int) -> _core.Model:

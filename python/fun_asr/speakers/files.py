@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from fun_asr.model.funasr_checkpoint import is_campplus_folder  # noqa: F401 - re-exported
-from fun_asr.model.spec import load_spec, spec_text
+from fun_asr.model.gguf_file import metadata_fields, open_gguf, submodel_metadata
+from fun_asr.model.spec import load_spec
 
 ARCH = "campplus"
 PREFIX = "spk."  # tensor names
@@ -352,37 +353,14 @@ def read_campplus_folder(path: str | os.PathLike[str]) -> tuple[dict[str, Any], 
 
 def metadata(conf: dict[str, Any], hp: dict[str, Any], repo_id: str | None = None,
              revision: str | None = None) -> dict[str, Any]:
-    spec = load_spec(ARCH)
-    meta: dict[str, Any] = {
-        "general.architecture": ARCH,
-        "general.type": "model",
-        "general.name": spec["name"],
-        "general.license": spec["license"]["name"],
-        "general.license.link": spec["license"]["url"],
-        "general.file_type": 0,
-    }
-    if repo_id:
-        meta["general.source.huggingface.repository"] = repo_id
-    if revision:
-        meta["general.source.revision"] = revision
-    for k, v in hp.items():
-        meta[f"{ARCH}.{k}"] = v
-    meta[f"{ARCH}.config_json"] = json.dumps(conf, ensure_ascii=False)
-    meta[f"{ARCH}.model_spec"] = spec_text(ARCH)
-    return meta
+    """A campplus GGUF's metadata (``fun_asr.model.gguf_file.submodel_metadata``)."""
+    return submodel_metadata(ARCH, conf, hp, repo_id, revision)
 
 
 # -- reading a GGUF --------------------------------------------------------------------------------------
 
 def _fields(reader: Any) -> dict[str, Any]:
-    out = {}
-    for k, f in reader.fields.items():
-        if k.startswith(f"{ARCH}.") or k.startswith("general."):
-            try:
-                out[k] = f.contents()
-            except Exception:  # noqa: BLE001 - odd field types are not ours
-                continue
-    return out
+    return metadata_fields(reader, (f"{ARCH}.", "general."))
 
 
 def hparams_from_fields(fields: dict[str, Any], where: str) -> dict[str, Any]:
@@ -407,14 +385,10 @@ def read_speaker_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dic
                                                             list[tuple[str, np.ndarray]]]:
     """(metadata fields, hparams, [(gguf name, float32 array)]) of the CAM++ in a GGUF (a campplus file or a
     package that embeds one). Tensors are checked against the table of the file's hyperparameters."""
-    import gguf
 
     p = Path(path)
-    try:
-        reader = gguf.GGUFReader(p)
-        fields = _fields(reader)
-    except Exception as exc:  # noqa: BLE001 - gguf-py raises several types on bad files
-        raise SpeakerModelError(f"{p}: not a readable GGUF file ({exc})") from None
+    reader = open_gguf(p, SpeakerModelError)
+    fields = _fields(reader)
     if f"{ARCH}.embedding_length" not in fields:
         raise SpeakerModelError(f"{p}: holds no CAM++ speaker model (no {ARCH}.* metadata: give a campplus GGUF, a "
                                 "package that embeds one, or a FunASR CAM++ folder)")
@@ -485,5 +459,5 @@ def _stored_f16(path: Path) -> bool:
     """Whether a GGUF stores its CAM++ conv/matrix tensors in F16."""
     import gguf
 
-    reader = gguf.GGUFReader(path)
+    reader = open_gguf(path, SpeakerModelError)
     return any(t.name.startswith(PREFIX) and t.tensor_type == gguf.GGMLQuantizationType.F16 for t in reader.tensors)

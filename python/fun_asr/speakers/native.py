@@ -22,25 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from fun_asr.model.gguf_file import metadata_fields, open_gguf
 from fun_asr.speakers.files import ARCH, SpeakerModelError, read_campplus_folder
 from fun_asr.speakers.frontend import SpeakerFrontendConfig, num_frames, speaker_features
 
 
 def _gguf_fields(path: Path) -> dict[str, Any]:
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as exc:  # noqa: BLE001 - gguf-py raises several types on bad files
-        raise SpeakerModelError(f"{path}: not a readable GGUF file ({exc})") from None
-    out: dict[str, Any] = {}
-    for k, f in reader.fields.items():
-        if k.startswith(f"{ARCH}.") or k.startswith("general."):
-            try:
-                out[k] = f.contents()
-            except Exception:  # noqa: BLE001 - odd field types are not ours
-                continue
-    return out
+    return metadata_fields(open_gguf(path, SpeakerModelError), (f"{ARCH}.", "general."))
 
 
 class SpeakerModel:

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from fun_asr.model.funasr_checkpoint import REQUIRED_FILES, is_vad_folder  # noqa: F401 - re-exported
-from fun_asr.model.spec import load_spec, spec_text
+from fun_asr.model.gguf_file import metadata_fields, open_gguf, submodel_metadata
+from fun_asr.model.spec import load_spec
 
 ARCH = "fsmn_vad"
 
@@ -124,24 +125,8 @@ def read_vad_folder(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[
 
 def metadata(conf: dict[str, Any], hp: dict[str, int], repo_id: str | None = None,
              revision: str | None = None) -> dict[str, Any]:
-    spec = load_spec(ARCH)
-    meta: dict[str, Any] = {
-        "general.architecture": ARCH,
-        "general.type": "model",
-        "general.name": spec["name"],
-        "general.license": spec["license"]["name"],
-        "general.license.link": spec["license"]["url"],
-        "general.file_type": 0,
-    }
-    if repo_id:
-        meta["general.source.huggingface.repository"] = repo_id
-    if revision:
-        meta["general.source.revision"] = revision
-    for k, v in hp.items():
-        meta[f"{ARCH}.{k}"] = v
-    meta[f"{ARCH}.config_json"] = json.dumps(conf, ensure_ascii=False)
-    meta[f"{ARCH}.model_spec"] = spec_text(ARCH)
-    return meta
+    """An fsmn_vad GGUF's metadata (``fun_asr.model.gguf_file.submodel_metadata``)."""
+    return submodel_metadata(ARCH, conf, hp, repo_id, revision)
 
 
 
@@ -156,12 +141,9 @@ def vad_for_embedding(path: str | os.PathLike[str]) -> tuple[dict[str, Any], lis
     elif p.is_file():
         import gguf
 
-        try:
-            reader = gguf.GGUFReader(p)
-            fields = {k: f.contents() for k, f in reader.fields.items() if k.startswith(f"{ARCH}.")}
-        except Exception as exc:  # noqa: BLE001 - gguf-py raises several types on bad files
-            raise VadModelError(f"{p}: not a readable GGUF file ({exc})") from None
-        text = fields.get(f"{ARCH}.config_json")
+        reader = open_gguf(p, VadModelError)
+        found = metadata_fields(reader, (f"{ARCH}.", "general.source."))
+        text = found.get(f"{ARCH}.config_json")
         if not isinstance(text, str):
             raise VadModelError(f"{p}: holds no FSMN-VAD (no {ARCH}.config_json: give an fsmn_vad GGUF, a package "
                                 "that embeds one, or a FunASR fsmn-vad folder)")
@@ -179,10 +161,10 @@ def vad_for_embedding(path: str | os.PathLike[str]) -> tuple[dict[str, Any], lis
         missing = sorted(set(expected) - {n for n, _ in tensors})
         if missing:
             raise VadModelError(f"{p}: VAD tensor {missing[0]} is missing")
-        source = reader.fields.get("general.source.huggingface.repository")
-        origin = str(source.contents()) if source is not None else str(p.resolve())
-        if isinstance(fields.get(f"{ARCH}.source"), str):
-            origin = fields[f"{ARCH}.source"]
+        source = found.get("general.source.huggingface.repository")
+        origin = str(source) if source is not None else str(p.resolve())
+        if isinstance(found.get(f"{ARCH}.source"), str):
+            origin = found[f"{ARCH}.source"]
     else:
         raise FileNotFoundError(f"{p}: no such VAD model (a .gguf file or a FunASR fsmn-vad folder)")
     keys = {k: v for k, v in meta.items() if k.startswith(f"{ARCH}.")}
@@ -202,15 +184,15 @@ def load_native(path: str | os.PathLike[str], threads: int = 1):  # noqa: ANN201
         return _core.load_vad_tensors(meta, rows, threads=threads, origin=str(p)), conf
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no such VAD model (a .gguf file or a FunASR fsmn-vad folder)")
-    import gguf
-
     try:
         model = _core.load_vad_gguf(str(p), threads=threads)
-        field = gguf.GGUFReader(p).fields.get(f"{ARCH}.config_json")
-        text = field.contents() if field is not None else None
-        conf = json.loads(text) if isinstance(text, str) else None
-    except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
+    except (RuntimeError, ValueError) as exc:
         raise VadModelError(f"{p}: not a usable fsmn_vad GGUF ({exc})") from None
+    text = metadata_fields(open_gguf(p, VadModelError), (f"{ARCH}.config_json",)).get(f"{ARCH}.config_json")
+    try:
+        conf = json.loads(text) if isinstance(text, str) else None
+    except ValueError as exc:
+        raise VadModelError(f"{p}: not a usable fsmn_vad GGUF ({ARCH}.config_json: {exc})") from None
     if not isinstance(conf, dict):
         raise VadModelError(f"{p}: not a usable fsmn_vad GGUF (no {ARCH}.config_json object: the model's config.yaml)")
     return model, conf
