@@ -8,6 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fun_asr.audio.fbank import FbankOptions
+from fun_asr.audio.fbank import FbankStream as KaldiFbankStream
+from fun_asr.audio.fbank import fbank as kaldi_fbank
+
 
 @dataclass(frozen=True)
 class FrontendConfig:
@@ -39,64 +43,25 @@ class FrontendConfig:
         return int(round(self.sample_rate * self.frame_length_ms / 1000.0))
 
 
-def _fbank_options(cfg: FrontendConfig):  # noqa: ANN202 - knf.FbankOptions
-    import kaldi_native_fbank as knf
-
-    opts = knf.FbankOptions()
-    opts.frame_opts.samp_freq = cfg.sample_rate
-    opts.frame_opts.dither = 0.0
-    opts.frame_opts.window_type = cfg.window
-    opts.frame_opts.frame_length_ms = cfg.frame_length_ms
-    opts.frame_opts.frame_shift_ms = cfg.frame_shift_ms
-    opts.frame_opts.preemph_coeff = cfg.preemphasis
-    opts.frame_opts.remove_dc_offset = True
-    opts.frame_opts.snip_edges = True
-    opts.mel_opts.num_bins = cfg.num_mel_bins
-    opts.energy_floor = 0.0
-    opts.use_power = True
-    opts.use_log_fbank = True
-    return opts
+def fbank_options(cfg: FrontendConfig) -> FbankOptions:
+    """The encoder frontend's Kaldi fbank options (FunASR's WavFrontend: no dither, power spectrum, log mel)."""
+    return FbankOptions(sample_rate=cfg.sample_rate, num_mel_bins=cfg.num_mel_bins,
+                        frame_length_ms=cfg.frame_length_ms, frame_shift_ms=cfg.frame_shift_ms, window=cfg.window,
+                        preemphasis=cfg.preemphasis, input_scale=cfg.input_scale)
 
 
 def fbank(samples: np.ndarray, cfg: FrontendConfig) -> np.ndarray:
     """Kaldi fbank of 16 kHz float samples in [-1, 1] -> float32[frames, num_mel_bins]."""
-    import kaldi_native_fbank as knf
-
-    fb = knf.OnlineFbank(_fbank_options(cfg))
-    fb.accept_waveform(cfg.sample_rate, np.ascontiguousarray(samples * cfg.input_scale, dtype=np.float32))
-    fb.input_finished()
-    n = fb.num_frames_ready
-    if n == 0:
-        return np.zeros((0, cfg.num_mel_bins), np.float32)
-    return np.stack([fb.get_frame(i) for i in range(n)]).astype(np.float32, copy=False)
+    return kaldi_fbank(samples, fbank_options(cfg))
 
 
-class FbankStream:
-    """:func:`fbank` over audio given in pieces: :meth:`accept` returns the frames each piece completes
-    (a frame is complete once its 25 ms window has arrived); together they are exactly ``fbank`` of the
-    whole audio (Kaldi frames are computed from their own window alone). Nothing is kept but the
-    samples of the next frame's window."""
+class FbankStream(KaldiFbankStream):
+    """:func:`fbank` over audio given in pieces (:class:`fun_asr.audio.fbank.FbankStream` with the encoder
+    frontend's options): together the pieces' frames are exactly ``fbank`` of the whole audio."""
 
     def __init__(self, cfg: FrontendConfig) -> None:
-        import kaldi_native_fbank as knf
-
+        super().__init__(fbank_options(cfg))
         self.cfg = cfg
-        self._fb = knf.OnlineFbank(_fbank_options(cfg))
-        self.frames = 0  # frames returned so far
-
-    def accept(self, samples: np.ndarray) -> np.ndarray:
-        """The next 16 kHz samples in [-1, 1] -> the frames they complete, float32[k, num_mel_bins]."""
-        cfg = self.cfg
-        if len(samples):
-            self._fb.accept_waveform(cfg.sample_rate, np.ascontiguousarray(samples * cfg.input_scale,
-                                                                          dtype=np.float32))
-        n = self._fb.num_frames_ready
-        if n == self.frames:
-            return np.zeros((0, cfg.num_mel_bins), np.float32)
-        out = np.stack([self._fb.get_frame(i) for i in range(self.frames, n)]).astype(np.float32)  # copies
-        self._fb.pop(n - self.frames)  # knf keeps every frame otherwise
-        self.frames = n
-        return out
 
 
 def lfr(frames: np.ndarray, m: int, n: int) -> np.ndarray:

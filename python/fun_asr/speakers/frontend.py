@@ -16,6 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from fun_asr.audio.fbank import FbankOptions
+from fun_asr.audio.fbank import fbank as kaldi_fbank
+
 
 @dataclass(frozen=True)
 class SpeakerFrontendConfig:
@@ -70,46 +73,22 @@ def num_frames(n_samples: int, cfg: SpeakerFrontendConfig = DEFAULT_FRONTEND) ->
     return (n_samples - cfg.frame_samples) // cfg.shift_samples + 1
 
 
-def _options(cfg: SpeakerFrontendConfig):  # noqa: ANN202 - knf.FbankOptions
-    import kaldi_native_fbank as knf
-
-    opts = knf.FbankOptions()
-    fo = opts.frame_opts
-    fo.samp_freq = float(cfg.sample_rate)
-    fo.frame_length_ms = float(cfg.frame_length_ms)
-    fo.frame_shift_ms = float(cfg.frame_shift_ms)
-    fo.dither = float(cfg.dither)
-    fo.snip_edges = bool(cfg.snip_edges)
-    fo.window_type = str(cfg.window)
-    fo.preemph_coeff = float(cfg.preemphasis)
-    fo.remove_dc_offset = bool(cfg.remove_dc_offset)
-    fo.round_to_power_of_two = bool(cfg.round_to_power_of_two)
-    opts.mel_opts.num_bins = int(cfg.num_mel_bins)
-    opts.mel_opts.low_freq = float(cfg.low_freq)
-    opts.mel_opts.high_freq = float(cfg.high_freq)
-    opts.energy_floor = float(cfg.energy_floor)
-    opts.raw_energy = bool(cfg.raw_energy)
-    opts.use_energy = bool(cfg.use_energy)
-    opts.use_log_fbank = bool(cfg.use_log_fbank)
-    opts.use_power = bool(cfg.use_power)
-    opts.htk_compat = bool(cfg.htk_compat)
-    return opts
+def fbank_options(cfg: SpeakerFrontendConfig) -> FbankOptions:
+    """CAM++'s Kaldi fbank options: every field of its frontend config."""
+    return FbankOptions(
+        sample_rate=float(cfg.sample_rate), num_mel_bins=int(cfg.num_mel_bins),
+        frame_length_ms=float(cfg.frame_length_ms), frame_shift_ms=float(cfg.frame_shift_ms),
+        window=str(cfg.window), dither=float(cfg.dither), preemphasis=float(cfg.preemphasis),
+        remove_dc_offset=bool(cfg.remove_dc_offset), snip_edges=bool(cfg.snip_edges),
+        round_to_power_of_two=bool(cfg.round_to_power_of_two), low_freq=float(cfg.low_freq),
+        high_freq=float(cfg.high_freq), energy_floor=float(cfg.energy_floor), raw_energy=bool(cfg.raw_energy),
+        use_energy=bool(cfg.use_energy), use_log_fbank=bool(cfg.use_log_fbank), use_power=bool(cfg.use_power),
+        htk_compat=bool(cfg.htk_compat), input_scale=float(cfg.input_scale))
 
 
 def fbank(samples: np.ndarray, cfg: SpeakerFrontendConfig = DEFAULT_FRONTEND) -> np.ndarray:
     """Kaldi fbank of float samples (``cfg.sample_rate``) -> float32[frames, num_mel_bins] (no mean removal)."""
-    import kaldi_native_fbank as knf
-
-    x = np.asarray(samples, dtype=np.float32).reshape(-1)
-    if cfg.input_scale != 1.0:
-        x = x * np.float32(cfg.input_scale)
-    fb = knf.OnlineFbank(_options(cfg))
-    fb.accept_waveform(float(cfg.sample_rate), np.ascontiguousarray(x))
-    fb.input_finished()
-    n = fb.num_frames_ready
-    if n == 0:
-        return np.zeros((0, cfg.num_mel_bins), np.float32)
-    return np.stack([fb.get_frame(i) for i in range(n)]).astype(np.float32, copy=False)
+    return kaldi_fbank(samples, fbank_options(cfg))
 
 
 def speaker_features(samples: np.ndarray, cfg: SpeakerFrontendConfig = DEFAULT_FRONTEND) -> np.ndarray:

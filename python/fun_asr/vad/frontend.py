@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fun_asr.audio.fbank import FbankOptions
+from fun_asr.audio.fbank import fbank as kaldi_fbank
 from fun_asr.vad.config import VadFrontendConfig
 
 
@@ -43,35 +45,15 @@ def num_fbank_frames(n_samples: int, fe: VadFrontendConfig = VadFrontendConfig()
     return (n_samples - fe.frame_samples) // fe.shift_samples + 1
 
 
-def _fbank_opts(fe: VadFrontendConfig):  # noqa: ANN202
-    import kaldi_native_fbank as knf
-
-    opts = knf.FbankOptions()
-    opts.frame_opts.samp_freq = fe.fs
-    opts.frame_opts.dither = float(fe.dither)
-    opts.frame_opts.window_type = fe.window
-    opts.frame_opts.frame_length_ms = float(fe.frame_length)
-    opts.frame_opts.frame_shift_ms = float(fe.frame_shift)
-    opts.frame_opts.preemph_coeff = 0.97
-    opts.frame_opts.remove_dc_offset = True
-    opts.frame_opts.snip_edges = True
-    opts.mel_opts.num_bins = fe.n_mels
-    opts.energy_floor = 0.0
-    opts.use_power = True
-    opts.use_log_fbank = True
-    return opts
+def fbank_options(fe: VadFrontendConfig) -> FbankOptions:
+    """The FSMN-VAD frontend's Kaldi fbank options (FunASR's WavFrontend with the VAD's config.yaml)."""
+    return FbankOptions(sample_rate=fe.fs, num_mel_bins=fe.n_mels, frame_length_ms=float(fe.frame_length),
+                        frame_shift_ms=float(fe.frame_shift), window=fe.window, dither=float(fe.dither),
+                        preemphasis=0.97, input_scale=32768.0)
 
 
 def _fbank(samples: np.ndarray, fe: VadFrontendConfig) -> np.ndarray:
-    import kaldi_native_fbank as knf
-
-    fb = knf.OnlineFbank(_fbank_opts(fe))
-    fb.accept_waveform(fe.fs, np.ascontiguousarray(samples * np.float32(32768), dtype=np.float32))
-    fb.input_finished()
-    n = fb.num_frames_ready
-    if n == 0:
-        return np.zeros((0, fe.n_mels), np.float32)
-    return np.stack([fb.get_frame(i) for i in range(n)]).astype(np.float32, copy=False)
+    return kaldi_fbank(samples, fbank_options(fe))
 
 
 def _lfr_rows(fb: np.ndarray, first: int, count: int, total: int, m: int, base: int = 0) -> np.ndarray:

@@ -13,12 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from fun_asr.audio.fbank import FbankStream
 from fun_asr.vad.config import STREAMING_SILENCE_SCHEDULE, VadConfig
 from fun_asr.vad.detector import _new_detector, _OfflineChunks, _Schedule, _ServerSchedule, _silence_column
 from fun_asr.vad.frontend import (
     _fbank,
-    _fbank_opts,
     _lfr_rows,
+    fbank_options,
     frame_decibels,
     num_fbank_frames,
     read_am_mvn,
@@ -195,16 +196,8 @@ class OfflineVad:
         samples = np.asarray(samples, dtype=np.float32).reshape(-1)
         if fbank is None:
             if self._knf is None:
-                import kaldi_native_fbank as knf
-
-                self._knf = knf.OnlineFbank(_fbank_opts(fe))
-            if samples.size:
-                self._knf.accept_waveform(fe.fs, samples * np.float32(32768))
-            have, ready = self._fb_base + self._fb.shape[0], self._knf.num_frames_ready
-            fbank = (np.stack([self._knf.get_frame(i) for i in range(have, ready)]).astype(np.float32)
-                     if ready > have else np.zeros((0, fe.n_mels), np.float32))
-            if ready > have:
-                self._knf.pop(ready - have)
+                self._knf = FbankStream(fbank_options(fe))
+            fbank = self._knf.accept(samples)
         self.n_samples += samples.size
         if self._fb_base + self._fb.shape[0] + fbank.shape[0] != num_fbank_frames(self.n_samples, fe):
             raise ValueError(f"{self.n_samples} samples make {num_fbank_frames(self.n_samples, fe)} fbank frames; "
@@ -277,12 +270,10 @@ class VadStream:
         self.reset()
 
     def reset(self) -> None:
-        import kaldi_native_fbank as knf
-
         fe = self.cfg.frontend
         self._stride = int(self.chunk_ms * fe.fs / 1000)
         self._pending = np.zeros(0, np.float32)  # samples not yet cut into a chunk
-        self._fbank = knf.OnlineFbank(_fbank_opts(fe))
+        self._fbank = FbankStream(fbank_options(fe))
         self._samples = np.zeros(0, np.float32)  # waveform from absolute sample self._sample_base on
         self._sample_base = 0
         self._n_samples = 0  # samples given to the frontend
@@ -301,15 +292,12 @@ class VadStream:
 
     def _frontend(self, piece: np.ndarray, final: bool) -> tuple[np.ndarray, np.ndarray]:
         fe = self.cfg.frontend
+        new = self._fbank.accept(piece)
         if piece.size:
-            self._fbank.accept_waveform(fe.fs, piece * np.float32(32768))
             self._samples = np.concatenate([self._samples, piece])
             self._n_samples += piece.size
         total = num_fbank_frames(self._n_samples, fe)
-        have = self._fb_base + self._fb.shape[0]
-        if total > have:
-            new = np.stack([self._fbank.get_frame(i) for i in range(have, total)]).astype(np.float32, copy=False)
-            self._fbank.pop(total - have)  # knf keeps every frame otherwise
+        if new.shape[0]:
             self._fb = np.concatenate([self._fb, new]) if self._fb.size else new
         right = (fe.lfr_m - 1) - (fe.lfr_m - 1) // 2
         upto = total if final else max(total - right, 0)

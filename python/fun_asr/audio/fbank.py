@@ -1,0 +1,103 @@
+"""Kaldi fbank on kaldi-native-fbank, one wrapper for every model's frontend (the ASR encoder's, the FSMN-VAD's,
+CAM++'s): :class:`FbankOptions` (the options a FunASR frontend config sets; the rest at Kaldi's defaults),
+:func:`fbank` of a whole signal and :class:`FbankStream` of one given in pieces. Each frontend module turns its
+own config into FbankOptions and adds what is its own (LFR stacking, CMVN, mean removal)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class FbankOptions:
+    """kaldi-native-fbank's ``FbankOptions`` as a value (defaults: Kaldi's, except ``dither`` 0). Samples are
+    multiplied by ``input_scale`` first (FunASR's frontends take 16-bit-scaled audio: 32768)."""
+
+    sample_rate: float
+    num_mel_bins: int
+    frame_length_ms: float = 25.0
+    frame_shift_ms: float = 10.0
+    window: str = "povey"
+    dither: float = 0.0
+    preemphasis: float = 0.97
+    remove_dc_offset: bool = True
+    snip_edges: bool = True
+    round_to_power_of_two: bool = True
+    low_freq: float = 20.0
+    high_freq: float = 0.0
+    energy_floor: float = 0.0
+    raw_energy: bool = True
+    use_energy: bool = False
+    use_log_fbank: bool = True
+    use_power: bool = True
+    htk_compat: bool = False
+    input_scale: float = 1.0
+
+    def knf(self) -> Any:
+        """These options as a ``kaldi_native_fbank.FbankOptions``."""
+        import kaldi_native_fbank as knf
+
+        opts = knf.FbankOptions()
+        fo = opts.frame_opts
+        fo.samp_freq = float(self.sample_rate)
+        fo.frame_length_ms = float(self.frame_length_ms)
+        fo.frame_shift_ms = float(self.frame_shift_ms)
+        fo.dither = float(self.dither)
+        fo.snip_edges = bool(self.snip_edges)
+        fo.window_type = str(self.window)
+        fo.preemph_coeff = float(self.preemphasis)
+        fo.remove_dc_offset = bool(self.remove_dc_offset)
+        fo.round_to_power_of_two = bool(self.round_to_power_of_two)
+        opts.mel_opts.num_bins = int(self.num_mel_bins)
+        opts.mel_opts.low_freq = float(self.low_freq)
+        opts.mel_opts.high_freq = float(self.high_freq)
+        opts.energy_floor = float(self.energy_floor)
+        opts.raw_energy = bool(self.raw_energy)
+        opts.use_energy = bool(self.use_energy)
+        opts.use_log_fbank = bool(self.use_log_fbank)
+        opts.use_power = bool(self.use_power)
+        opts.htk_compat = bool(self.htk_compat)
+        return opts
+
+    def scaled(self, samples: np.ndarray) -> np.ndarray:
+        x = np.asarray(samples, dtype=np.float32).reshape(-1)
+        if self.input_scale != 1.0:
+            x = x * np.float32(self.input_scale)
+        return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def fbank(samples: np.ndarray, opts: FbankOptions) -> np.ndarray:
+    """Kaldi fbank of float samples at ``opts.sample_rate`` -> float32[frames, num_mel_bins]."""
+    return FbankStream(opts).accept(samples, final=True)
+
+
+class FbankStream:
+    """:func:`fbank` over audio given in pieces: :meth:`accept` returns the frames each piece completes (a frame
+    is complete once its window has arrived); together they are exactly ``fbank`` of the whole audio (Kaldi
+    frames are computed from their own window alone). Nothing is kept but the samples of the next window."""
+
+    def __init__(self, opts: FbankOptions) -> None:
+        import kaldi_native_fbank as knf
+
+        self.opts = opts
+        self._fb = knf.OnlineFbank(opts.knf())
+        self.frames = 0  # frames returned so far
+
+    def accept(self, samples: np.ndarray, final: bool = False) -> np.ndarray:
+        """The next samples -> the frames they complete, float32[k, num_mel_bins]; ``final``: no more audio
+        follows (frames that need no more samples are completed)."""
+        o = self.opts
+        if len(samples):
+            self._fb.accept_waveform(float(o.sample_rate), o.scaled(samples))
+        if final:
+            self._fb.input_finished()
+        n = self._fb.num_frames_ready
+        if n == self.frames:
+            return np.zeros((0, o.num_mel_bins), np.float32)
+        out = np.stack([self._fb.get_frame(i) for i in range(self.frames, n)]).astype(np.float32)  # copies
+        self._fb.pop(n - self.frames)  # knf keeps every frame otherwise
+        self.frames = n
+        return out
