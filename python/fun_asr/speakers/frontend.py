@@ -21,26 +21,13 @@ from fun_asr.audio.fbank import fbank as kaldi_fbank
 
 
 @dataclass(frozen=True)
-class SpeakerFrontendConfig:
-    sample_rate: int = 16000
-    input_scale: float = 1.0
+class SpeakerFrontendConfig(FbankOptions):
+    """CAM++'s frontend: Kaldi fbank (every :class:`~fun_asr.audio.fbank.FbankOptions` field, with FunASR's
+    CAM++ defaults: 16 kHz, 80 mel bins, energy floor 1) minus its mean over time."""
+
+    sample_rate: float = 16000
     num_mel_bins: int = 80
-    frame_length_ms: float = 25.0
-    frame_shift_ms: float = 10.0
-    window: str = "povey"
-    dither: float = 0.0
-    preemphasis: float = 0.97
-    remove_dc_offset: bool = True
-    round_to_power_of_two: bool = True
-    snip_edges: bool = True
-    low_freq: float = 20.0
-    high_freq: float = 0.0
     energy_floor: float = 1.0
-    raw_energy: bool = True
-    use_energy: bool = False
-    use_log_fbank: bool = True
-    use_power: bool = True
-    htk_compat: bool = False
     subtract_mean: bool = True
 
     @classmethod
@@ -73,22 +60,9 @@ def num_frames(n_samples: int, cfg: SpeakerFrontendConfig = DEFAULT_FRONTEND) ->
     return (n_samples - cfg.frame_samples) // cfg.shift_samples + 1
 
 
-def fbank_options(cfg: SpeakerFrontendConfig) -> FbankOptions:
-    """CAM++'s Kaldi fbank options: every field of its frontend config."""
-    return FbankOptions(
-        sample_rate=float(cfg.sample_rate), num_mel_bins=int(cfg.num_mel_bins),
-        frame_length_ms=float(cfg.frame_length_ms), frame_shift_ms=float(cfg.frame_shift_ms),
-        window=str(cfg.window), dither=float(cfg.dither), preemphasis=float(cfg.preemphasis),
-        remove_dc_offset=bool(cfg.remove_dc_offset), snip_edges=bool(cfg.snip_edges),
-        round_to_power_of_two=bool(cfg.round_to_power_of_two), low_freq=float(cfg.low_freq),
-        high_freq=float(cfg.high_freq), energy_floor=float(cfg.energy_floor), raw_energy=bool(cfg.raw_energy),
-        use_energy=bool(cfg.use_energy), use_log_fbank=bool(cfg.use_log_fbank), use_power=bool(cfg.use_power),
-        htk_compat=bool(cfg.htk_compat), input_scale=float(cfg.input_scale))
-
-
 def fbank(samples: np.ndarray, cfg: SpeakerFrontendConfig = DEFAULT_FRONTEND) -> np.ndarray:
     """Kaldi fbank of float samples (``cfg.sample_rate``) -> float32[frames, num_mel_bins] (no mean removal)."""
-    return kaldi_fbank(samples, fbank_options(cfg))
+    return kaldi_fbank(samples, cfg)
 
 
 def speaker_features(samples: np.ndarray, cfg: SpeakerFrontendConfig = DEFAULT_FRONTEND) -> np.ndarray:
