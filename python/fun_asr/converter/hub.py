@@ -10,7 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fun_asr.model.spec import load_spec
 
@@ -234,54 +237,93 @@ DEFAULT_VAD_REPO = _VAD_SPEC["upstream"]["repo_id"]
 VAD_FILES = list(_VAD_SPEC["upstream"]["files"])
 
 
-def _vad_cache_path(repo: str, commit: str) -> Path:
-    return cache_dir() / "models" / f"{repo.replace('/', '--')}--{commit[:12]}-fsmn_vad.gguf"
+@dataclass(frozen=True)
+class SubModel:
+    """A model family a package can carry beside the ASR model (the FSMN-VAD, CAM++): how a hub repo of it is
+    found, fetched and converted into the fun-asr cache. A new family is one more record."""
+
+    arch: str  # the GGUF architecture, also the cache file's suffix
+    what: str  # "VAD model", "speaker model": for messages
+    folder: str  # its FunASR folder, for messages
+    default_repo: str
+    files: tuple[str, ...]  # what a snapshot fetches
+    hint: str  # how to give one without the hub
+    convert: Callable[..., Any]  # (snapshot, out, *, overwrite, repo_id[, revision])
+
+    def cache_path(self, repo: str, tag: str, modelscope: bool = False) -> Path:
+        prefix = "modelscope--" if modelscope else ""
+        return cache_dir() / "models" / f"{prefix}{repo.replace('/', '--')}--{tag[:12]}-{self.arch}.gguf"
+
+    def cached(self, repo: str, modelscope: bool = False) -> Path | None:
+        """The newest converted GGUF of ``repo`` in the fun-asr cache."""
+        prefix = "modelscope--" if modelscope else ""
+        done = sorted((cache_dir() / "models").glob(f"{prefix}{repo.replace('/', '--')}--*-{self.arch}.gguf"),
+                      key=lambda p: p.stat().st_mtime)
+        return done[-1] if done else None
+
+
+def resolve_submodel(kind: SubModel, model: str | os.PathLike[str] | None = None, *, download: bool = True,
+                     progress: bool = False) -> Path | None:
+    """A ``kind`` model to load: ``model`` itself when it is a path (a .gguf or a FunASR folder), else the
+    converted GGUF of a hub repo (default ``kind.default_repo``; ``modelscope:owner/name`` from ModelScope),
+    converted once into the fun-asr cache. ``download=False`` looks only at what is already on this machine
+    (fun-asr's cache, then the local hub cache) and returns None when it is not there."""
+    del progress  # sub-models are small: converted without a progress bar
+    if model is not None and Path(model).expanduser().exists():
+        return Path(model).expanduser()
+    name = str(model or kind.default_repo)
+    files = list(kind.files)
+    if name.startswith(MODELSCOPE):
+        repo = name[len(MODELSCOPE):]
+        if not download:
+            return kind.cached(repo, modelscope=True)
+        snapshot = _modelscope_snapshot(repo, None, files)
+        out = kind.cache_path(repo, _snapshot_tag(snapshot, None), modelscope=True)
+        if not out.is_file():
+            kind.convert(snapshot, out, overwrite=True, repo_id=name)
+        return out
+    if not _REPO_ID.match(name):
+        raise FileNotFoundError(f"{name}: no such {kind.what} (a .gguf file, a {kind.folder}, or a hub repo id such "
+                                f"as {kind.default_repo})")
+    if not download:
+        done = kind.cached(name)
+        if done is not None:
+            return done
+        from huggingface_hub import snapshot_download
+
+        try:
+            snapshot = Path(snapshot_download(name, allow_patterns=files, local_files_only=True)).resolve()
+        except Exception:  # noqa: BLE001 - not in the local hub cache
+            return None
+    else:
+        snapshot = _snapshot(name, None, files, hint=kind.hint)
+    out = kind.cache_path(name, snapshot.name)
+    if not out.is_file():
+        log.info("converting %s@%s to %s, once", name, snapshot.name[:12], out)
+        kind.convert(snapshot, out, overwrite=True, repo_id=name, revision=snapshot.name)
+    return out
+
+
+def _convert_vad(*args: Any, **kwargs: Any) -> Any:
+    from fun_asr.converter.vad import convert_vad
+
+    return convert_vad(*args, **kwargs)
+
+
+def _convert_speaker(*args: Any, **kwargs: Any) -> Any:
+    from fun_asr.converter.speaker import convert_speaker
+
+    return convert_speaker(*args, **kwargs)
+
+
+VAD = SubModel("fsmn_vad", "VAD model", "FunASR fsmn-vad folder", DEFAULT_VAD_REPO, tuple(VAD_FILES), VAD_HINT,
+               _convert_vad)
 
 
 def resolve_vad(model: str | os.PathLike[str] | None = None, *, download: bool = True,
                 progress: bool = False) -> Path | None:
-    """A VAD model to load: ``model`` itself when it is a path (a .gguf or a FunASR fsmn-vad folder),
-    else the converted GGUF of a hub repo (default ``funasr/fsmn-vad``), converted once into the
-    fun-asr cache. ``download=False`` looks only at what is already on this machine (fun-asr's cache,
-    then the local hub cache) and returns None when the model is not there."""
-    if model is not None and Path(model).expanduser().exists():
-        return Path(model).expanduser()
-    name = str(model or DEFAULT_VAD_REPO)
-    if name.startswith(MODELSCOPE):
-        if not download:
-            return None
-        repo = name[len(MODELSCOPE):]
-        snapshot = _modelscope_snapshot(repo, None, VAD_FILES)
-        out = cache_dir() / "models" / f"modelscope--{repo.replace('/', '--')}--{_snapshot_tag(snapshot, None)}" \
-                                       "-fsmn_vad.gguf"
-        if not out.is_file():
-            from fun_asr.converter.vad import convert_vad
-
-            convert_vad(snapshot, out, overwrite=True, repo_id=name)
-        return out
-    if not _REPO_ID.match(name):
-        raise FileNotFoundError(f"{name}: no such VAD model (a .gguf file, a FunASR fsmn-vad folder, or a hub repo "
-                                f"id such as {DEFAULT_VAD_REPO})")
-    if not download:
-        done = sorted((cache_dir() / "models").glob(f"{name.replace('/', '--')}--*-fsmn_vad.gguf"),
-                      key=lambda p: p.stat().st_mtime)
-        if done:
-            return done[-1]
-        from huggingface_hub import snapshot_download
-
-        try:
-            snapshot = Path(snapshot_download(name, allow_patterns=VAD_FILES, local_files_only=True)).resolve()
-        except Exception:  # noqa: BLE001 - not in the local hub cache
-            return None
-    else:
-        snapshot = _snapshot(name, None, VAD_FILES, hint=VAD_HINT)
-    out = _vad_cache_path(name, snapshot.name)
-    if not out.is_file():
-        from fun_asr.converter.vad import convert_vad
-
-        log.info("converting %s@%s to %s, once", name, snapshot.name[:12], out)
-        convert_vad(snapshot, out, overwrite=True, repo_id=name, revision=snapshot.name)
-    return out
+    """:func:`resolve_submodel` for the FSMN-VAD (default ``funasr/fsmn-vad``)."""
+    return resolve_submodel(VAD, model, download=download, progress=progress)
 
 
 # FunASR's cam++ (name_maps_from_hub: "cam++" -> funasr/campplus on the Hugging Face hub,
@@ -293,49 +335,11 @@ SPEAKER_HINT = ("give --speaker-model (speaker_model=) a local CAM++ folder or .
                 "embeds one (fun-asr-convert SRC --speaker-model DIR)")
 
 
+SPEAKER = SubModel("campplus", "speaker model", "FunASR CAM++ folder", DEFAULT_SPEAKER_REPO, tuple(SPEAKER_FILES),
+                   SPEAKER_HINT, _convert_speaker)
+
+
 def resolve_speaker_model(model: str | os.PathLike[str] | None = None, *, download: bool = True,
                           progress: bool = False) -> Path | None:
-    """A CAM++ speaker model to load: ``model`` itself when it is a path (a .gguf or a FunASR CAM++ folder), else
-    the converted GGUF of a hub repo (default ``funasr/campplus``; ``modelscope:owner/name`` from ModelScope),
-    converted once into the fun-asr cache. ``download=False`` looks only at what is already on this machine
-    (fun-asr's cache, then the local hub cache) and returns None when it is not there."""
-    if model is not None and Path(model).expanduser().exists():
-        return Path(model).expanduser()
-    name = str(model or DEFAULT_SPEAKER_REPO)
-    if name.startswith(MODELSCOPE):
-        repo = name[len(MODELSCOPE):]
-        if not download:
-            done = sorted((cache_dir() / "models").glob(f"modelscope--{repo.replace('/', '--')}--*-campplus.gguf"),
-                          key=lambda p: p.stat().st_mtime)
-            return done[-1] if done else None
-        snapshot = _modelscope_snapshot(repo, None, SPEAKER_FILES)
-        out = cache_dir() / "models" / f"modelscope--{repo.replace('/', '--')}--{_snapshot_tag(snapshot, None)}" \
-                                       "-campplus.gguf"
-        if not out.is_file():
-            from fun_asr.converter.speaker import convert_speaker
-
-            convert_speaker(snapshot, out, overwrite=True, repo_id=name)
-        return out
-    if not _REPO_ID.match(name):
-        raise FileNotFoundError(f"{name}: no such speaker model (a .gguf file, a FunASR CAM++ folder, or a hub repo "
-                                f"id such as {DEFAULT_SPEAKER_REPO})")
-    if not download:
-        done = sorted((cache_dir() / "models").glob(f"{name.replace('/', '--')}--*-campplus.gguf"),
-                      key=lambda p: p.stat().st_mtime)
-        if done:
-            return done[-1]
-        from huggingface_hub import snapshot_download
-
-        try:
-            snapshot = Path(snapshot_download(name, allow_patterns=SPEAKER_FILES, local_files_only=True)).resolve()
-        except Exception:  # noqa: BLE001 - not in the local hub cache
-            return None
-    else:
-        snapshot = _snapshot(name, None, SPEAKER_FILES, hint=SPEAKER_HINT)
-    out = cache_dir() / "models" / f"{name.replace('/', '--')}--{snapshot.name[:12]}-campplus.gguf"
-    if not out.is_file():
-        from fun_asr.converter.speaker import convert_speaker
-
-        log.info("converting %s@%s to %s, once", name, snapshot.name[:12], out)
-        convert_speaker(snapshot, out, overwrite=True, repo_id=name, revision=snapshot.name)
-    return out
+    """:func:`resolve_submodel` for CAM++ (default ``funasr/campplus``)."""
+    return resolve_submodel(SPEAKER, model, download=download, progress=progress)
