@@ -1,5 +1,5 @@
 """The project's text says what is: no file names a work session, a planning round or a tracker's issue by
-number ("session 20", "round 3", "issue 23.10"). History is what git log keeps; docs give today's figures with
+number (the word, a space, a digit: see DIARY). History is what git log keeps; docs give today's figures with
 the command that reproduces them and the date."""
 
 from __future__ import annotations
