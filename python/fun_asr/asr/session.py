@@ -212,31 +212,25 @@ class Session:
         ``$FUN_ASR_VAD_MODEL``; for a hub model, the hub's VAD (downloaded); else one already in fun-asr's or
         the hub's cache (``mode="fsmn"`` downloads ``funasr/fsmn-vad`` instead). A VAD that was asked for
         (``vad_model``, the variable, ``"fsmn"``) and cannot be loaded raises; ``"auto"`` otherwise goes on."""
-        from fun_asr.converter.hub import MODELSCOPE, MODELSCOPE_VAD_REPO, resolve_vad
+        from fun_asr.asr.components import find_component
+        from fun_asr.converter.hub import MODELSCOPE, MODELSCOPE_VAD_REPO, VAD
 
-        if vad_model is not None:
-            return FsmnVad.load(resolve_vad(vad_model, download=True, progress=progress), threads=1), str(vad_model)
-        if "fsmn_vad.block_count" in meta and self.path.is_file():
-            return FsmnVad.load(self.path, threads=1), "embedded"
-        env = os.environ.get(VAD_ENV, "").strip()
-        if env:
-            try:
-                path = resolve_vad(env, download=True, progress=progress)
-                return FsmnVad.load(path, threads=1), f"{VAD_ENV}={env}"
-            except (OSError, ValueError) as exc:
-                raise type(exc)(f"{VAD_ENV}={env}: {exc}") from None
+        def embedded() -> FsmnVad | None:
+            return FsmnVad.load(self.path, threads=1) \
+                if "fsmn_vad.block_count" in meta and self.path.is_file() else None
+
+        def missing(exc: Exception | None) -> tuple[None, None]:
+            if exc is not None:
+                if mode == "fsmn":
+                    raise exc
+                log.warning("FSMN-VAD unavailable (%s); long audio is cut at pauses instead", exc)
+            return None, None
+
         hub_vad = MODELSCOPE + MODELSCOPE_VAD_REPO if from_hub and str(self._model_arg).startswith(MODELSCOPE) \
             else None  # a ModelScope model brings ModelScope's VAD
-        try:
-            path = resolve_vad(hub_vad, download=mode == "fsmn" or from_hub, progress=progress)
-            if path is None:
-                return None, None
-            return FsmnVad.load(path, threads=1), str(path)
-        except (OSError, ValueError) as exc:
-            if mode == "fsmn":
-                raise
-            log.warning("FSMN-VAD unavailable (%s); long audio is cut at pauses instead", exc)
-            return None, None
+        return find_component(VAD, vad_model, embedded=embedded, env=VAD_ENV, hub_repo=hub_vad,
+                              download=mode == "fsmn" or from_hub, progress=progress,
+                              load=lambda path: FsmnVad.load(path, threads=1), missing=missing)
 
     def __repr__(self) -> str:
         return f"Session({str(self.path)!r}, backend={self.model.info()['backend']}, vad={self.vad_source!r})"

@@ -9,7 +9,6 @@ downloaded and converted once; one already in fun-asr's cache. Nothing found: a 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,8 @@ NO_SPEAKER_MODEL = (
 def find_speaker_model(arg: Any, package: Path, model_arg: Any, from_hub: bool,
                        progress: bool) -> tuple[Any, str]:
     """The speaker model and its source (``"embedded"``, a path, a repo id, ``$FUN_ASR_SPEAKER_MODEL=...``)."""
-    from fun_asr.converter.hub import MODELSCOPE, MODELSCOPE_SPEAKER_REPO, resolve_speaker_model
+    from fun_asr.asr.components import find_component
+    from fun_asr.converter.hub import MODELSCOPE, MODELSCOPE_SPEAKER_REPO, SPEAKER
     from fun_asr.speakers.native import SpeakerModel
 
     if arg is None:
@@ -34,30 +34,19 @@ def find_speaker_model(arg: Any, package: Path, model_arg: Any, from_hub: bool,
                          "leave speaker_model out (auto) or give one")
     if isinstance(arg, SpeakerModel):
         return arg, "given"
-    if arg != "auto":
-        return SpeakerModel.load(resolve_speaker_model(arg, download=True, progress=progress)), str(arg)
-    if package.is_file():
-        embedded = SpeakerModel.from_package(package)
-        if embedded is not None:
-            return embedded, "embedded"
-    env = os.environ.get(SPEAKER_ENV, "").strip()
-    if env:
-        try:
-            return SpeakerModel.load(resolve_speaker_model(env, download=True, progress=progress)), \
-                f"{SPEAKER_ENV}={env}"
-        except (OSError, ValueError) as exc:
-            raise type(exc)(f"{SPEAKER_ENV}={env}: {exc}") from None
-    hub_repo = MODELSCOPE + MODELSCOPE_SPEAKER_REPO if from_hub and str(model_arg).startswith(MODELSCOPE) else None
-    try:
-        path = resolve_speaker_model(hub_repo, download=from_hub, progress=progress)
-    except (OSError, ValueError) as exc:
+
+    def missing(exc: Exception | None) -> tuple[None, None]:
+        if exc is None:
+            raise ValueError(NO_SPEAKER_MODEL.format(model=package))
         raise ValueError(f"{NO_SPEAKER_MODEL.format(model=package)}; the hub's CAM++ could not be had: {exc}"
                          ) from None
-    if path is None:
-        raise ValueError(NO_SPEAKER_MODEL.format(model=package))
-    return SpeakerModel.load(path), str(path)
 
-
+    hub_repo = MODELSCOPE + MODELSCOPE_SPEAKER_REPO if from_hub and str(model_arg).startswith(MODELSCOPE) else None
+    found, source = find_component(
+        SPEAKER, None if arg == "auto" else arg, env=SPEAKER_ENV, hub_repo=hub_repo, download=from_hub,
+        progress=progress, embedded=lambda: SpeakerModel.from_package(package) if package.is_file() else None,
+        load=SpeakerModel.load, missing=missing)
+    return found, str(source)
 
 
 MIN_PIECE_S = 1.0  # a speaker's part of a segment shorter than this stays with its neighbour (no split)
