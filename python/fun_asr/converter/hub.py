@@ -251,14 +251,15 @@ class SubModel:
     convert: Callable[..., Any]  # (snapshot, out, *, overwrite, repo_id[, revision])
 
     def cache_path(self, repo: str, tag: str, modelscope: bool = False) -> Path:
+        """Where the conversion of ``repo`` at ``tag`` (a commit or a snapshot digest) lives in the fun-asr cache;
+        ``tag`` ``*``: the glob of every conversion of it."""
         prefix = "modelscope--" if modelscope else ""
         return cache_dir() / "models" / f"{prefix}{repo.replace('/', '--')}--{tag[:12]}-{self.arch}.gguf"
 
     def cached(self, repo: str, modelscope: bool = False) -> Path | None:
         """The newest converted GGUF of ``repo`` in the fun-asr cache."""
-        prefix = "modelscope--" if modelscope else ""
-        done = sorted((cache_dir() / "models").glob(f"{prefix}{repo.replace('/', '--')}--*-{self.arch}.gguf"),
-                      key=lambda p: p.stat().st_mtime)
+        pattern = self.cache_path(repo, "*", modelscope)
+        done = sorted(pattern.parent.glob(pattern.name), key=lambda p: p.stat().st_mtime)
         return done[-1] if done else None
 
 

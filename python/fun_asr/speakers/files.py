@@ -359,8 +359,9 @@ def metadata(conf: dict[str, Any], hp: dict[str, Any], repo_id: str | None = Non
 
 # -- reading a GGUF --------------------------------------------------------------------------------------
 
-def _fields(reader: Any) -> dict[str, Any]:
-    return metadata_fields(reader, (f"{ARCH}.", "general."))
+def gguf_fields(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``campplus.*`` and ``general.*`` metadata of a GGUF file (SpeakerModelError when it cannot be read)."""
+    return metadata_fields(open_gguf(path, SpeakerModelError), (f"{ARCH}.", "general."))
 
 
 def hparams_from_fields(fields: dict[str, Any], where: str) -> dict[str, Any]:
@@ -388,7 +389,7 @@ def read_speaker_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dic
 
     p = Path(path)
     reader = open_gguf(p, SpeakerModelError)
-    fields = _fields(reader)
+    fields = metadata_fields(reader, (f"{ARCH}.", "general."))
     if f"{ARCH}.embedding_length" not in fields:
         raise SpeakerModelError(f"{p}: holds no CAM++ speaker model (no {ARCH}.* metadata: give a campplus GGUF, a "
                                 "package that embeds one, or a FunASR CAM++ folder)")

@@ -22,13 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from fun_asr.model.gguf_file import metadata_fields, open_gguf
-from fun_asr.speakers.files import ARCH, SpeakerModelError, read_campplus_folder
+from fun_asr.speakers.files import ARCH, SpeakerModelError, gguf_fields, read_campplus_folder
 from fun_asr.speakers.frontend import SpeakerFrontendConfig, num_frames, speaker_features
-
-
-def _gguf_fields(path: Path) -> dict[str, Any]:
-    return metadata_fields(open_gguf(path, SpeakerModelError), (f"{ARCH}.", "general."))
 
 
 class SpeakerModel:
@@ -70,7 +65,7 @@ class SpeakerModel:
         if not p.is_file():
             raise FileNotFoundError(f"{p}: no such speaker model (a .gguf file or a FunASR CAM++ folder with "
                                     "config.yaml + campplus_cn_common.bin)")
-        fields = _gguf_fields(p)
+        fields = gguf_fields(p)
         if f"{ARCH}.embedding_length" not in fields:
             arch = fields.get("general.architecture")
             raise SpeakerModelError(f"{p}: holds no CAM++ speaker model (architecture {arch!r}, no {ARCH}.* metadata: "
@@ -97,7 +92,7 @@ class SpeakerModel:
         p = Path(gguf_path).expanduser()
         if not p.is_file():
             raise FileNotFoundError(f"{p}: no such GGUF file")
-        if f"{ARCH}.embedding_length" not in _gguf_fields(p):
+        if f"{ARCH}.embedding_length" not in gguf_fields(p):
             return None
         return cls.load(p, threads=threads)
 
