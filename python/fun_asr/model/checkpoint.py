@@ -95,13 +95,15 @@ def _read_json(path: Path) -> Any:
 
 
 @dataclass
-class Checkpoint:
-    """An opened checkpoint directory: configs, tokenizer text and a lazy tensor index."""
+class CheckpointFiles:
+    """What both checkpoint layouts (this Hugging Face one, and FunASR's: :mod:`fun_asr.model.funasr_checkpoint`)
+    give the converter and the loader: configs, tokenizer text, where the model came from, and a tensor index
+    (name -> a reference with the stored ``dtype`` and ``shape``) read through :meth:`raw`."""
 
     path: Path
     config: dict[str, Any]
     hparams: HParams
-    tensors: dict[str, _TensorRef]
+    tensors: dict[str, Any]
     tokenizer_json: str
     tokenizer_config: dict[str, Any] | None = None
     chat_template: str | None = None
@@ -109,6 +111,27 @@ class Checkpoint:
     generation_config: dict[str, Any] | None = None
     repo_id: str | None = None
     revision: str | None = None
+
+    def raw(self, name: str) -> np.ndarray:
+        """The stored array (float32, float16, or BF16 as uint16)."""
+        raise NotImplementedError
+
+    def dtype(self, name: str) -> str:
+        return self.tensors[name].dtype
+
+    def float32(self, name: str) -> np.ndarray:
+        """The tensor as a new C-contiguous float32 array (BF16/F16 widened exactly)."""
+        return to_float32(self.raw(name), self.tensors[name].dtype == "BF16")
+
+    def names(self) -> Iterator[str]:
+        return iter(self.tensors)
+
+
+@dataclass
+class Checkpoint(CheckpointFiles):
+    """An opened checkpoint directory: configs, tokenizer text and a lazy tensor index."""
+
+    tensors: dict[str, _TensorRef]
     _maps: dict[Path, np.memmap] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -177,7 +200,7 @@ class Checkpoint:
         tok_cfg = optional("tokenizer_config.json")
         if chat_template is None and tok_cfg and isinstance(tok_cfg.get("chat_template"), str):
             chat_template = tok_cfg["chat_template"]
-        repo_id, revision = _hub_origin(root)
+        repo_id, revision = hub_origin(root)
         return cls(
             path=root,
             config=config,
@@ -218,16 +241,6 @@ class Checkpoint:
         dtype = _DTYPES[ref.dtype][0]
         return mm[ref.start : ref.end].view(dtype).reshape(ref.shape)
 
-    def dtype(self, name: str) -> str:
-        return self.tensors[name].dtype
-
-    def float32(self, name: str) -> np.ndarray:
-        """The tensor as a new C-contiguous float32 array (BF16/F16 widened exactly)."""
-        return to_float32(self.raw(name), self.tensors[name].dtype == "BF16")
-
-    def names(self) -> Iterator[str]:
-        return iter(self.tensors)
-
     def close(self) -> None:
         self._maps.clear()
 
@@ -239,7 +252,7 @@ def to_float32(raw: np.ndarray, bf16: bool) -> np.ndarray:
     return np.ascontiguousarray(raw, dtype=np.float32)
 
 
-def _hub_origin(root: Path) -> tuple[str | None, str | None]:
+def hub_origin(root: Path) -> tuple[str | None, str | None]:
     """repo id and revision when the folder is a huggingface_hub cache snapshot."""
     parts = root.resolve().parts
     for i in range(len(parts) - 2):
