@@ -222,11 +222,7 @@ class Checkpoint(CheckpointFiles):
             if ids is not None:
                 if not isinstance(ids, int | list):
                     raise CheckpointError(f"{self.path}: eos_token_id must be an integer or a list, got {ids!r:.60}")
-                ids = [ids] if isinstance(ids, int) else list(ids)
-                bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < self.hparams.decoder.vocab]
-                if bad:
-                    raise CheckpointError(f"{self.path}: eos_token_id {bad} outside the vocabulary")
-                return ids
+                return checked_eos_ids(ids, self.hparams.decoder.vocab, self.path)
         raise CheckpointError(
             f"{self.path}: no eos_token_id in generation_config.json or config.json; the decoder "
             "needs its stop tokens"
@@ -243,6 +239,16 @@ class Checkpoint(CheckpointFiles):
 
     def close(self) -> None:
         self._maps.clear()
+
+
+def checked_eos_ids(ids: int | list[Any], vocab: int, where: object) -> list[int]:
+    """eos_token_id (one id or a list) as a list, every id inside the vocabulary (CheckpointError naming ``where``
+    otherwise)."""
+    ids = [ids] if isinstance(ids, int) else list(ids)
+    bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < vocab]
+    if bad:
+        raise CheckpointError(f"{where}: eos_token_id {bad} outside the vocabulary")
+    return ids
 
 
 def to_float32(raw: np.ndarray, bf16: bool) -> np.ndarray:

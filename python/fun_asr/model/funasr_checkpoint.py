@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from fun_asr.model.checkpoint import Checkpoint, CheckpointError, CheckpointFiles, hub_origin
+from fun_asr.model.checkpoint import Checkpoint, CheckpointError, CheckpointFiles, checked_eos_ids, hub_origin
 from fun_asr.model.funasr_config import (
     ctc_params,
     file_metas,
@@ -299,11 +299,7 @@ class FunasrCheckpoint(CheckpointFiles):
         ids = self.llm_config.get("eos_token_id")
         if ids is None:
             raise CheckpointError(f"{self.llm_dir / 'config.json'}: no eos_token_id; the decoder needs its stop tokens")
-        ids = [ids] if isinstance(ids, int) else list(ids)
-        bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < self.hparams.decoder.vocab]
-        if bad:
-            raise CheckpointError(f"{self.llm_dir / 'config.json'}: eos_token_id {bad} outside the vocabulary")
-        return ids
+        return checked_eos_ids(ids, self.hparams.decoder.vocab, self.llm_dir / "config.json")
 
     def raw(self, name: str) -> np.ndarray:
         """The stored array (float32, float16, or BF16 as uint16): a C-contiguous copy (model.pt tensors

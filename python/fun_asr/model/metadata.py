@@ -18,6 +18,34 @@ ARCH = FAMILY
 FILE_TYPE = {"f32": 0, "f16": 1, "q8_0": 7, "q4_k_m": 15}  # general.file_type of each package type
 
 
+# each part of HParams: (GGUF key after "fun_asr_nano.<part>.", its field), in the files' key order
+_HPARAM_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
+    "encoder": (("input_size", "input_size"), ("num_mel_bins", "num_mel_bins"),
+                ("num_stacked_frames", "num_stacked_frames"), ("embedding_length", "d_model"),
+                ("block_count", "n_layers"), ("tp_block_count", "n_tp_layers"), ("attention.head_count", "n_heads"),
+                ("feed_forward_length", "ffn"), ("fsmn_kernel_size", "fsmn_kernel"),
+                ("context_length", "max_positions"), ("attention.layer_norm_epsilon", "eps")),
+    "adaptor": (("embedding_length", "d_model"), ("projector_length", "proj"), ("block_count", "n_layers"),
+                ("attention.head_count", "n_heads"), ("feed_forward_length", "ffn"),
+                ("attention.layer_norm_epsilon", "eps")),
+    "decoder": (("embedding_length", "d_model"), ("block_count", "n_layers"), ("attention.head_count", "n_heads"),
+                ("attention.head_count_kv", "n_kv_heads"), ("attention.key_length", "head_dim"),
+                ("feed_forward_length", "ffn"), ("vocab_size", "vocab"), ("context_length", "max_positions"),
+                ("attention.layer_norm_rms_epsilon", "rms_eps"), ("rope.freq_base", "rope_theta"),
+                ("tie_word_embeddings", "tie_embeddings")),
+    "ctc": (("embedding_length", "d_model"), ("projector_length", "proj"), ("attention.head_count", "n_heads"),
+            ("feed_forward_length", "ffn"), ("block_count", "n_layers"), ("vocab_size", "vocab"),
+            ("blank_id", "blank_id"), ("attention.layer_norm_epsilon", "eps"), ("frame_ms", "frame_ms")),
+}
+_FLOAT_FIELDS = {"eps", "rms_eps", "rope_theta"}  # stored as float32 whatever the config wrote
+
+
+def _hparam_keys(prefix: str, params: object, fields: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """One part's GGUF keys: ``prefix + key`` -> the field's value."""
+    return {prefix + key: float(getattr(params, name)) if name in _FLOAT_FIELDS else getattr(params, name)
+            for key, name in fields}
+
+
 def check_tensors(ckpt: Checkpoint | FunasrCheckpoint, entries: list[TensorEntry]) -> None:
     """Every table entry present with its shape, and nothing else; errors name the tensor."""
     expected = {e.hf: e for e in entries}
@@ -77,35 +105,9 @@ def gguf_metadata(ckpt: Checkpoint | FunasrCheckpoint, hp: HParams, package: str
         meta["general.source.url"] = f"https://huggingface.co/{repo_id}"
     if revision:
         meta["general.source.revision"] = revision
+    for part, params in (("encoder", e), ("adaptor", a), ("decoder", d)):
+        meta.update(_hparam_keys(f"{k}{part}.", params, _HPARAM_KEYS[part]))
     meta.update({
-        k + "encoder.input_size": e.input_size,
-        k + "encoder.num_mel_bins": e.num_mel_bins,
-        k + "encoder.num_stacked_frames": e.num_stacked_frames,
-        k + "encoder.embedding_length": e.d_model,
-        k + "encoder.block_count": e.n_layers,
-        k + "encoder.tp_block_count": e.n_tp_layers,
-        k + "encoder.attention.head_count": e.n_heads,
-        k + "encoder.feed_forward_length": e.ffn,
-        k + "encoder.fsmn_kernel_size": e.fsmn_kernel,
-        k + "encoder.context_length": e.max_positions,
-        k + "encoder.attention.layer_norm_epsilon": float(e.eps),
-        k + "adaptor.embedding_length": a.d_model,
-        k + "adaptor.projector_length": a.proj,
-        k + "adaptor.block_count": a.n_layers,
-        k + "adaptor.attention.head_count": a.n_heads,
-        k + "adaptor.feed_forward_length": a.ffn,
-        k + "adaptor.attention.layer_norm_epsilon": float(a.eps),
-        k + "decoder.embedding_length": d.d_model,
-        k + "decoder.block_count": d.n_layers,
-        k + "decoder.attention.head_count": d.n_heads,
-        k + "decoder.attention.head_count_kv": d.n_kv_heads,
-        k + "decoder.attention.key_length": d.head_dim,
-        k + "decoder.feed_forward_length": d.ffn,
-        k + "decoder.vocab_size": d.vocab,
-        k + "decoder.context_length": d.max_positions,
-        k + "decoder.attention.layer_norm_rms_epsilon": float(d.rms_eps),
-        k + "decoder.rope.freq_base": float(d.rope_theta),
-        k + "decoder.tie_word_embeddings": d.tie_embeddings,
         k + "decoder.eos_token_ids": ckpt.eos_token_ids(),
         k + "prompt": json.dumps(getattr(ckpt, "prompt", None) or spec["prompt"], ensure_ascii=False),
         k + "model_spec": spec_text(),
@@ -115,18 +117,7 @@ def gguf_metadata(ckpt: Checkpoint | FunasrCheckpoint, hp: HParams, package: str
         or language_table(spec, [repo_id or "", str(ckpt.path)], ckpt.config),
     })
     if hp.ctc is not None:
-        c = hp.ctc
-        meta.update({
-            k + "ctc.embedding_length": c.d_model,
-            k + "ctc.projector_length": c.proj,
-            k + "ctc.attention.head_count": c.n_heads,
-            k + "ctc.feed_forward_length": c.ffn,
-            k + "ctc.block_count": c.n_layers,
-            k + "ctc.vocab_size": c.vocab,
-            k + "ctc.blank_id": c.blank_id,
-            k + "ctc.attention.layer_norm_epsilon": float(c.eps),
-            k + "ctc.frame_ms": c.frame_ms,
-        })
+        meta.update(_hparam_keys(f"{k}ctc.", hp.ctc, _HPARAM_KEYS["ctc"]))
     else:
         meta[k + "ctc.unavailable"] = getattr(ckpt, "ctc_unavailable", None) or HF_NO_CTC
     extra = getattr(ckpt, "extra_metadata", None)

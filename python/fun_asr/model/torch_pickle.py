@@ -91,9 +91,10 @@ class _Sealed:
     def __setattr__(self, name: str, value: Any) -> None:
         raise ModelFileError(f"data.pkl tries to set {name!r} on {type(self).__name__.lstrip('_')}; refused")
 
-    def _init(self, **kw: Any) -> None:
-        for k, v in kw.items():
-            object.__setattr__(self, k, v)
+    def __init__(self, *values: Any) -> None:
+        """Sets the fields, given in ``__slots__`` order (the only way they are ever set)."""
+        for name, value in zip(self.__slots__, values, strict=True):
+            object.__setattr__(self, name, value)
 
     def __reduce__(self):  # pragma: no cover - not meant to be pickled again
         raise TypeError(f"{type(self).__name__} cannot be pickled")
@@ -102,10 +103,7 @@ class _Sealed:
 class _StorageTag(_Sealed):
     """What ``torch.FloatStorage`` (and friends) unpickle to: a dtype, nothing callable."""
 
-    __slots__ = ("torch_name", "dtype", "np_dtype")
-
-    def __init__(self, torch_name: str, dtype: str, np_dtype: str) -> None:
-        self._init(torch_name=torch_name, dtype=dtype, np_dtype=np_dtype)
+    __slots__ = ("torch_name", "dtype", "np_dtype")  # str each
 
     def __repr__(self) -> str:
         return f"torch.{self.torch_name}"
@@ -114,10 +112,7 @@ class _StorageTag(_Sealed):
 class _DtypeTag(_Sealed):
     """What ``torch.uint16`` (and friends) unpickle to, for _rebuild_tensor_v3."""
 
-    __slots__ = ("dtype", "np_dtype")
-
-    def __init__(self, dtype: str, np_dtype: str) -> None:
-        self._init(dtype=dtype, np_dtype=np_dtype)
+    __slots__ = ("dtype", "np_dtype")  # str each
 
     def __repr__(self) -> str:
         return f"torch.{self.dtype}"
@@ -126,10 +121,7 @@ class _DtypeTag(_Sealed):
 class _Func(_Sealed):
     """An allowed global's stand-in: calls one function of this module."""
 
-    __slots__ = ("name", "fn")
-
-    def __init__(self, name: str, fn: Any) -> None:
-        self._init(name=name, fn=fn)
+    __slots__ = ("name", "fn")  # the global's name, the function it calls
 
     def __call__(self, *args: Any) -> Any:
         return self.fn(*args)
@@ -224,10 +216,9 @@ class _Archive:
 
 
 class _Storage(_Sealed):
-    __slots__ = ("archive", "key", "tag", "numel")
+    """A storage of the checkpoint: its archive, its key under data/, its _StorageTag and its element count."""
 
-    def __init__(self, archive: _Archive, key: str, tag: _StorageTag, numel: int) -> None:
-        self._init(archive=archive, key=key, tag=tag, numel=numel)
+    __slots__ = ("archive", "key", "tag", "numel")
 
     def array(self, np_dtype: str | None = None) -> np.ndarray:
         if np_dtype is None or np.dtype(np_dtype) == np.dtype(self.tag.np_dtype):
@@ -246,8 +237,7 @@ class TorchTensor(_Sealed):
 
     def __init__(self, storage: _Storage, np_dtype: str, dtype: str, offset: int, shape: tuple[int, ...],
                  stride: tuple[int, ...], requires_grad: bool = False) -> None:
-        self._init(_storage=storage, _np_dtype=np_dtype, dtype=dtype, offset=offset, shape=shape, stride=stride,
-                   requires_grad=requires_grad)
+        super().__init__(storage, np_dtype, dtype, offset, shape, stride, requires_grad)
 
     def __repr__(self) -> str:
         return f"TorchTensor(dtype={self.dtype}, shape={self.shape}, stride={self.stride}, offset={self.offset})"
