@@ -15,7 +15,7 @@ import pytest
 import soundfile as sf
 
 import fun_asr
-import fun_asr.asr.session as session_mod
+import fun_asr.asr.pipeline as pipeline_mod
 from fun_asr.audio.decode import AudioError, AudioReader, decode_audio
 from fun_asr.audio.frontend import FbankStream, FrontendConfig, fbank
 from fun_asr.audio.pauses import PauseSplitter, split_points
@@ -141,7 +141,7 @@ def test_session_streams_to_the_whole_clip_results(session: fun_asr.Session, vad
     assert r.segmentation == "vad" and r.duration == x.size / SR
     assert [[round(s.start * 1000), round(s.end * 1000)] for s in r.segments] == _whole_clip_segments(vad, x, cfg)
     # the in-memory array, and decoding after every segment (waves), give the same tokens
-    monkeypatch.setattr(session_mod, "_WAVE_BYTES", 1)
+    monkeypatch.setattr(pipeline_mod, "_WAVE_BYTES", 1)
     again = session.transcribe(x, sample_rate=SR, max_new_tokens=4)
     assert [s.tokens for s in again.segments] == [s.tokens for s in r.segments]
     nv = session.transcribe(path, vad=False, segment_seconds=20, max_new_tokens=4)

@@ -109,11 +109,11 @@ def test_segments_are_the_vads_and_texts_those_of_the_cut_audio(sessions: dict[s
 def test_shared_fbank_gives_the_slices_features(sessions: dict[str, fun_asr.Session],
                                                 silence_speech_silence: np.ndarray) -> None:
     s = sessions["vad"]
-    from fun_asr.asr.session import _Item
+    from fun_asr.asr.cutting import _Cutter, _Item
 
     item = _Item(0)
-    item.samples = silence_speech_silence
-    s._segment(item, s.options())
+    cutter = _Cutter(s.frontend, s.vad, item, s.options())  # the recording at once: every sample and frame kept
+    item.spans = cutter.feed(np.asarray(silence_speech_silence, np.float32)) + cutter.finish()
     assert item.fbank is not None and len(item.spans) == 2
     for a, b in item.spans + [(160 * 7, 160 * 7 + 16000), (0, 401)]:
         np.testing.assert_array_equal(s._features(item, a, b), features(item.samples[a:b], s.frontend))

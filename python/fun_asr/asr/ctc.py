@@ -28,14 +28,17 @@ from __future__ import annotations
 import base64
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
 
 import numpy as np
 
-__all__ = ["CtcAligner", "CtcTokenizer", "TokenTime", "align", "align_ids", "draft_text", "forced_align",
-           "funasr_text", "greedy_ids", "merge_labels"]
+from fun_asr.notices import Notice
+
+__all__ = ["CtcAligner", "CtcTokenizer", "TokenTime", "align", "align_ids", "align_segments", "draft_text",
+           "forced_align", "funasr_text", "greedy_ids", "merge_labels"]
 
 
 @dataclass(frozen=True)
@@ -324,3 +327,23 @@ def draft_text(labels: np.ndarray, blank: int, tokenizer: CtcTokenizer) -> str:
     repeats merged, blanks dropped, decoded, special tokens (``<|nospeech|>``, ``<|en|>``, ...) removed and
     white space collapsed. Speculative decoding's draft: it is only ever verified, never trusted."""
     return re.sub(r"\s+", " ", _SPECIAL.sub(" ", tokenizer.decode(merge_labels(labels, blank)))).strip()
+
+
+def align_segments(aligner: CtcAligner, logprobs: Callable[[np.ndarray], np.ndarray], item: Any,
+                   text_of: Callable[[list[int]], str]) -> None:
+    """Word (CTC token) timestamps of a recording's decoded segments: FunASR 1.4.16's forced alignment of the
+    LLM's text (``text_of(segment.tokens)``, not stripped) on the CTC head's posteriors (``logprobs`` of each
+    segment's encoder output, kept in ``item.enc_out`` since it was encoded: no second encoder pass), into
+    ``segment.words``. A segment with text whose alignment fails (FunASR then has no times either) keeps
+    ``words == []`` and the recording gets ``word_timestamps_failed``; its subtitle is one segment-level cue.
+    The kept encoder outputs are released."""
+    for si, enc in item.enc_out.items():
+        seg = item.segments[si]
+        times = aligner.align_text(logprobs(enc), text_of(seg.tokens), offset_ms=int(round(seg.start * 1000)))
+        seg.words = [{"word": t.text, "start": t.start, "end": t.end, "score": t.score} for t in times]
+        if seg.text.strip() and not any(w["word"].strip() for w in seg.words):
+            item.warnings.append(Notice(
+                "word_timestamps_failed",
+                f"{item.source}: segment {seg.start:.2f}-{seg.end:.2f} s: the forced alignment of its text "
+                "on the CTC head failed, so it has segment-level times only (one subtitle cue)"))
+    item.enc_out.clear()

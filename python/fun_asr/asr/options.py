@@ -7,7 +7,9 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
+
+import numpy as np
 
 from fun_asr.asr.prompt import check_hotword, split_hotwords
 from fun_asr.audio.decode import Limits
@@ -87,6 +89,54 @@ class TranscribeOptions:
         ``max_single_segment_time``), then the per-call :class:`VadOptions`."""
         cfg = dataclasses.replace(base, max_single_segment_ms=int(round(self.segment_seconds * 1000)))
         return self.vad_options.apply(cfg)
+
+
+class OptionArgs(TypedDict, total=False):
+    """The transcription options as keyword arguments: those of :meth:`fun_asr.Session.options` (which checks
+    them and documents each), taken as they are by ``Session.transcribe`` and ``Session.transcribe_batch``."""
+
+    language: str | None
+    itn: bool
+    hotwords: list[str] | str | None
+    max_new_tokens: int
+    segment_seconds: float
+    repetition_guard: bool
+    ignore_eos: bool
+    vad: bool | None
+    word_timestamps: bool
+    silence_schedule: Any
+    dynamic_silence: bool | None
+    max_end_silence_time: int | None
+    diarize: bool
+    num_speakers: int | None
+    min_speakers: int | None
+    max_speakers: int | None
+
+
+def check_option_names(given: dict[str, Any], where: str) -> None:
+    """TypeError naming an unknown keyword argument of ``where`` and the options accepted."""
+    unknown = sorted(set(given) - set(OptionArgs.__annotations__))
+    if unknown:
+        raise TypeError(f"{where}() got an unexpected keyword argument {unknown[0]!r}; the transcription options "
+                        f"are {', '.join(OptionArgs.__annotations__)}")
+
+
+def check_batch_size(batch_size: object) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+
+
+def check_draft(draft: Any, what: str, vocab: int) -> list[int]:
+    """A draft as a list of token ids, each in [0, vocab) (checked before anything is decoded)."""
+    if isinstance(draft, str | bytes) or not hasattr(draft, "__iter__"):
+        raise TypeError(f"{what} must be a list of token ids (ints), got {type(draft).__name__}")
+    ids = list(draft)
+    if not all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in ids):
+        raise TypeError(f"{what} must be a list of token ids (ints)")
+    bad = [int(t) for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"{what}: token id {bad[0]} is outside the vocabulary [0, {vocab})")
+    return [int(t) for t in ids]
 
 
 def check_hotwords(hotwords: list[str] | tuple[str, ...] | str | None, limits: Limits) -> tuple[str, ...]:

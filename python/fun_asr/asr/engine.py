@@ -1,0 +1,301 @@
+"""The model behind a Session: the loaded GGUF and its prompt, and the two ways audio reaches the decoder.
+
+- a recording's segments (:meth:`Engine._encode` each as it is cut, then :meth:`Engine._decode` all of them,
+  ``batch_size`` at a time, longest first), and their word timestamps (:meth:`Engine._align`);
+- one segment decoded alone, with a forced answer start (:meth:`Engine._decode_audio`: the streams').
+
+Both share the prompt prefix's K/V (the prefix cache) and, where a segment is decoded alone, the CTC head's
+greedy transcript as the draft of lossless speculative decoding.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import numpy as np
+
+from fun_asr.asr.ctc import CtcAligner, align_segments, draft_text
+from fun_asr.asr.cutting import _Item
+from fun_asr.asr.interrupts import RunningCalls
+from fun_asr.asr.language import language_prompt_name
+from fun_asr.asr.options import TranscribeOptions
+from fun_asr.asr.progress import _bar
+from fun_asr.asr.prompt import PromptSpec, prompt_runs
+from fun_asr.asr.tokenizer import TextTokenizer
+from fun_asr.audio.frontend import FrontendConfig, fake_token_len, features, lfr
+from fun_asr.model.native import load_model, model_metadata
+from fun_asr.vad.frontend import num_fbank_frames
+
+log = logging.getLogger("fun_asr")
+
+
+class Engine:
+    """A loaded model (``path``, on ``device`` with ``threads``) with its tokenizer, prompt, spec and
+    frontend. One engine can be used from several threads; its model runs one call at a time (``_lock``)."""
+
+    def __init__(self, path: Path, device: str, threads: int) -> None:
+        self.path = path
+        self.model = load_model(path, device=device, threads=threads)
+        self.threads = threads
+        meta = model_metadata(path)
+        missing = [k for k in ("tokenizer.huggingface.json", "fun_asr_nano.prompt", "fun_asr_nano.model_spec")
+                   if k not in meta]
+        if missing:
+            raise ValueError(f"{path}: model has no {', '.join(missing)}; re-convert it with fun-asr-convert")
+        self.metadata = meta
+        self.tokenizer = TextTokenizer(meta["tokenizer.huggingface.json"])
+        self.prompt = PromptSpec.from_dict(json.loads(meta["fun_asr_nano.prompt"]))
+        self.spec = json.loads(meta["fun_asr_nano.model_spec"])
+        from fun_asr.model.funasr_checkpoint import languages_for
+
+        # Fun-ASR-Nano or Fun-ASR-MLT-Nano (31 languages): the checkpoint says which table applies
+        self.language_table = str(meta.get("fun_asr_nano.language_table") or "nano")
+        self.spec["languages"] = languages_for(self.spec, self.language_table)
+        self.frontend = FrontendConfig.from_spec(self.spec)
+        info = self.model.info()
+        self.stop_ids: list[int] = list(info["decoder"]["eos_token_ids"])
+        self.max_segment_seconds = info["encoder"]["max_frames"] * self.frontend.seconds_per_lfr_frame
+        self.context_length = int(info["decoder"]["max_positions"])
+        self.vocab_size = int(info["decoder"]["vocab"])
+        self._lock = threading.Lock()
+        self._calls = RunningCalls(self.model.interrupt, self.model.clear_interrupt)  # for interrupt()
+        self.prefix_cache = True  # reuse the prompt prefix's K/V across segments (token for token the same)
+        self._prefix_ids: tuple[int, ...] = ()
+        self.aligner = CtcAligner.from_model(self.model, meta)  # None: no CTC head, no word timestamps
+        self.ctc_reason = None if self.aligner else str(info["ctc"].get("reason") or "no CTC head")
+        # A segment decoded alone takes its CTC greedy transcript (re-tokenized) as the draft of lossless
+        # speculative decoding: the same tokens as without it, fewer decoder passes where the two agree. The CTC
+        # head runs on the kept encoder output only when the segment is decoded alone. False: never.
+        self.ctc_drafts = self.aligner is not None
+        if self.aligner is not None:  # its transcript has no punctuation: greedy's commas must not misalign it
+            self.model.draft_skip = self.tokenizer.punctuation_ids(self.vocab_size)  # ~0.2 s, once
+        self._told_no_ctc = False
+
+    def prompt_ids(self, opts: TranscribeOptions) -> tuple[list[int], list[int]]:
+        lang_name = language_prompt_name(self.spec, opts.language)  # a name the model lacks: as written (FunASR)
+        before, after = prompt_runs(self.prompt, lang_name, opts.itn, list(opts.hotwords))
+        return self.tokenizer.encode_runs(before), self.tokenizer.encode_runs(after)
+
+
+    def _decode_audio(self, samples: np.ndarray, opts: TranscribeOptions, forced: list[int],
+                      max_new_tokens: int, draft: list[int] | None = None) -> tuple[list[int], str, dict[str, float]]:
+        """16 kHz samples as one segment (no VAD, no cutting): features -> encoder -> greedy decoding with the
+        prompt of ``opts``, the answer forced to start with the token ids ``forced`` (FunASR's ``prev_text``).
+        Returns the new tokens (stop ids removed), the stop reason and timings (``encode_ms``,
+        ``decode_ms``; with a draft also ``decode_passes``, ``draft_proposed``, ``draft_accepted``). With
+        ``forced`` empty the tokens are those ``transcribe(samples, vad=False)`` gives a recording of at most
+        ``segment_seconds``. ``draft``: tokens the answer probably continues with (a stream's previous decode):
+        lossless speculative decoding, the same tokens as without it (Model.generate_batch)."""
+        with self.interruptible():
+            return self._decode_one(samples, opts, forced, max_new_tokens, draft)
+
+    def _decode_one(self, samples: np.ndarray, opts: TranscribeOptions, forced: list[int],
+                    max_new_tokens: int, draft: list[int] | None) -> tuple[list[int], str, dict[str, float]]:
+        t0 = time.perf_counter()
+        feats = features(np.ascontiguousarray(samples, np.float32), self.frontend)
+        if feats.shape[0] == 0:  # shorter than one 25 ms frame: nothing to hear
+            return [], "empty", {"encode_ms": 0.0, "decode_ms": 0.0}
+        before, after = self.prompt_ids(opts)
+        stop = [] if opts.ignore_eos else self.stop_ids
+        with self._lock:
+            if not draft and self._ctc_drafting():  # no draft given: the segment's CTC greedy transcript
+                out, enc = self.model.encode_keep_encoder(feats)
+                draft = self._ctc_draft(enc)
+                del enc
+            else:
+                out = self.model.encode(feats)
+            rows = out[: fake_token_len(feats.shape[0], self.prompt.fake_token_halvings)]
+            prefix = self.model.embed(before)
+            parts = [prefix, rows, self.model.embed(after)]
+            if forced:
+                parts.append(self.model.embed(list(forced)))
+            t1 = time.perf_counter()
+            self._use_prefix(before, prefix)
+            (tokens, reason), = self.model.generate_batch([np.ascontiguousarray(np.concatenate(parts))],
+                                                          max_new_tokens, stop, repetition_guard=opts.repetition_guard,
+                                                          draft=list(draft) if draft else None)
+            gen = self.model.last_generation()
+        t2 = time.perf_counter()
+        timings = {"encode_ms": (t1 - t0) * 1e3, "decode_ms": (t2 - t1) * 1e3}
+        for key in ("decode_passes", "draft_proposed", "draft_accepted"):
+            timings[key] = float(gen[key])
+        return [t for t in tokens if t not in self.stop_ids], reason, timings
+
+
+    def interrupt(self) -> bool:
+        """From another thread: stops the transcriptions running on this session (``transcribe``,
+        ``transcribe_batch``, a stream's decodes) at the model's next graph node or decoding step; each of
+        those calls raises :class:`fun_asr.Interrupted` and the session stays usable. Calls that start before
+        the interrupted ones have ended stop too; once none runs, later calls run normally. Returns whether
+        a transcription was running (with none, nothing happens: the next call is not affected). The VAD's and
+        the speaker model's passes are not interrupted (they run between the model's, briefly)."""
+        return self._calls.interrupt()
+
+
+    def interruptible(self) -> AbstractContextManager[None]:
+        """A block that counts as one running transcription for :meth:`interrupt` (every transcription is one):
+        an interrupt while it is open, also between the calls it makes, stops them (the calls raise
+        :class:`fun_asr.Interrupted`) until it ends — for a caller that decides to run a transcription and
+        must not lose an interrupt that comes before the call starts."""
+        return self._calls.running()
+
+
+    def _encode(self, item: _Item, a: int, b: int, opts: TranscribeOptions,
+                jobs: list[tuple[_Item, int, np.ndarray]], waiting: list[int]) -> None:
+        """The features of samples [a, b) of the recording (its last segment) through the encoder: its
+        adaptor rows join ``jobs`` (``waiting`` counts the bytes held for decoding)."""
+        si = len(item.segments) - 1
+        t0 = time.perf_counter()
+        feats = self._features(item, a, b)
+        item.timings["frontend_ms"] += (time.perf_counter() - t0) * 1e3
+        if feats.shape[0] == 0:  # a tail shorter than one 25 ms frame has nothing to hear
+            return
+        t0 = time.perf_counter()
+        # the encoder output stays for the CTC head: word timestamps, and the CTC draft in case the segment is
+        # decoded alone (the head runs later, only if needed, without a second encoder pass)
+        stamps = opts.word_timestamps and self.aligner is not None
+        keep = stamps or (item.draft is None and self._ctc_drafting())
+        with self._lock:
+            if keep:
+                out, item.enc_out[si] = self.model.encode_keep_encoder(feats)
+                waiting[0] += item.enc_out[si].nbytes
+            else:
+                out = self.model.encode(feats)
+        rows = out[: fake_token_len(feats.shape[0], self.prompt.fake_token_halvings)].copy()  # not a view of out
+        item.timings["encode_ms"] += (time.perf_counter() - t0) * 1e3
+        jobs.append((item, si, rows))
+        waiting[0] += rows.nbytes
+
+    def _ctc_drafting(self) -> bool:
+        """Whether a segment without a draft of its own gets its CTC greedy transcript as one: a CTC head,
+        ``ctc_drafts`` on, and the model taking drafts (``draft_max`` > 0, flash attention)."""
+        return (self.ctc_drafts and self.aligner is not None and self.model.draft_max > 0
+                and bool(self.model.flash_attn))
+
+    def _ctc_draft(self, encoder_output: np.ndarray) -> list[int]:
+        """The CTC head's greedy transcript of a segment (from its encoder output), as decoder token ids: the
+        draft that the decoder verifies (never trusted: a wrong one costs a pass)."""
+        assert self.aligner is not None
+        try:
+            labels = self.model.ctc_greedy(encoder_output)
+        except (ValueError, RuntimeError, MemoryError) as exc:  # no draft is only slower: decode without one
+            log.debug("no CTC draft: %s", exc)
+            return []
+        return self.tokenizer.encode_plain(draft_text(labels, self.aligner.blank_id, self.aligner.tokenizer))
+
+    def _use_prefix(self, before: list[int], prefix: np.ndarray) -> None:
+        """The system prompt + instruction's K/V, computed once and reused by every segment's prefill
+        (under the lock: another transcription may have set its own since)."""
+        if self.prefix_cache and tuple(before) != self._prefix_ids:
+            self._prefix_ids = ()  # until set: an interrupted set_prefix leaves none
+            self.model.set_prefix(prefix)
+            self._prefix_ids = tuple(before)
+        elif not self.prefix_cache and self._prefix_ids:
+            self.model.clear_prefix()
+            self._prefix_ids = ()
+
+
+    def _features(self, item: _Item, a: int, b: int) -> np.ndarray:
+        """LFR features of samples [a, b): sliced from the recording's fbank when the segment starts on a
+        frame boundary (identical to computing them on the slice: Kaldi frames are independent), else
+        computed on the slice (FunASR cuts the audio at the segment and runs the frontend on it)."""
+        shift = int(round(self.frontend.sample_rate * self.frontend.frame_shift_ms / 1000))
+        if item.fbank is not None and a % shift == 0:
+            k = a // shift
+            count = num_fbank_frames(b - a)
+            if k + count <= len(item.fbank):
+                return lfr(item.fbank[k : k + count], self.frontend.lfr_m, self.frontend.lfr_n)
+        return features(item.samples[a:b], self.frontend)
+
+
+    def _decode(self, jobs: list[tuple[_Item, int, np.ndarray]], opts: TranscribeOptions, batch_size: int,
+                progress: bool, raise_errors: bool, prefix: np.ndarray | None = None,
+                suffix: np.ndarray | None = None) -> None:
+        """Greedy decoding of every segment, `batch_size` at a time; fills the Segments in place.
+        A chunk that fails is retried one segment at a time so that only the bad one fails.
+        Segments are taken longest first (FunASR sorts VAD segments by length before batching them),
+        so each batch holds similar lengths; results land in their own Segment, so order is kept.
+        With ``prefix``/``suffix`` (the prompt's embeddings) the jobs hold only the audio rows, and each
+        chunk's decoder inputs are put together when it is decoded."""
+        stop = [] if opts.ignore_eos else self.stop_ids
+        if batch_size > 1:
+            jobs = sorted(jobs, key=lambda j: -j[2].shape[0])  # the prompt's length is the same for all
+        bar = _bar(progress, None, "decoding", "tok")
+        for k in range(0, len(jobs), batch_size):
+            chunk = jobs[k : k + batch_size]
+            done = [0]
+
+            def on_step(produced: int, active: int, done: list[int] = done) -> None:
+                bar.update(produced - done[0])
+                done[0] = produced
+
+            inputs = [j[2] if prefix is None else np.ascontiguousarray(np.concatenate([prefix, j[2], suffix]))
+                      for j in chunk]
+            # A segment decoded alone verifies its recording's draft, else its CTC greedy transcript (the model
+            # takes drafts for one sequence: in a batch, the batch already shares each step's weight reads).
+            lone = chunk[0][0].draft if len(chunk) == 1 else None
+            ctc_ms = 0.0
+            kept = chunk[0][0].enc_out.get(chunk[0][1]) if len(chunk) == 1 and lone is None else None
+            if kept is not None and self._ctc_drafting():
+                t0 = time.perf_counter()
+                lone = self._ctc_draft(kept)  # the caller holds the lock
+                ctc_ms = (time.perf_counter() - t0) * 1e3
+            del kept
+            if not opts.word_timestamps:  # nothing else needs the kept encoder outputs
+                for j in chunk:
+                    j[0].enc_out.pop(j[1], None)
+            draft = [t for t in lone if t not in self.stop_ids] or None if lone else None
+            try:
+                results = self.model.generate_batch(inputs, opts.max_new_tokens, stop,
+                                                    repetition_guard=opts.repetition_guard, on_step=on_step,
+                                                    draft=draft)
+            except (ValueError, RuntimeError, MemoryError):
+                if raise_errors or len(chunk) == 1:
+                    if len(chunk) == 1 and not raise_errors:
+                        chunk[0][0].fail(sys.exc_info()[1])
+                        continue
+                    raise
+                for job in chunk:  # find the bad one; the others decode as they would have
+                    self._decode([job], opts, 1, False, False, prefix, suffix)
+                continue
+            del inputs
+            stats = self.model.last_generation()
+            for (item, si, _), (tokens, reason) in zip(chunk, results, strict=True):
+                seg = item.segments[si]
+                seg.tokens, seg.stop_reason = tokens, reason
+                seg.text = self.tokenizer.decode([t for t in tokens if t not in self.stop_ids]).strip()
+                seg.truncated, seg.repetition = reason == "max_new_tokens", reason == "repetition"
+                item.timings["prefill_ms"] += stats["prefill_ms"] / len(chunk)
+                item.timings["decode_ms"] += stats["decode_ms"] / len(chunk)
+                if ctc_ms:
+                    item.timings["ctc_draft_ms"] = item.timings.get("ctc_draft_ms", 0.0) + ctc_ms
+                if draft:
+                    for key in ("decode_passes", "draft_proposed", "draft_accepted"):
+                        item.draft_stats[key] = item.draft_stats.get(key, 0) + int(stats[key])
+        bar.close()
+
+
+
+    def _align(self, items: list[_Item]) -> None:
+        """Word (CTC token) timestamps of every decoded segment (:func:`fun_asr.asr.ctc.align_segments`, the
+        head on each segment's encoder output, kept since it was encoded). Without a CTC head: segment times
+        only, logged once per engine (every result carries the ``word_timestamps_unavailable`` warning)."""
+        if self.aligner is None:
+            if not self._told_no_ctc:
+                self._told_no_ctc = True
+                log.warning("word timestamps unavailable: %s; segment-level times only", self.ctc_reason)
+            return
+        for item in items:
+            t0 = time.perf_counter()
+            align_segments(self.aligner, self.model.ctc_logprobs_encoded, item, self._text_of)
+            item.timings["align_ms"] = item.timings.get("align_ms", 0.0) + (time.perf_counter() - t0) * 1e3
+
+    def _text_of(self, tokens: list[int]) -> str:
+        """Decoded token ids, stop ids left out, not stripped (what FunASR aligns)."""
+        return self.tokenizer.decode([t for t in tokens if t not in self.stop_ids])
