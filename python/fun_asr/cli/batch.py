@@ -4,24 +4,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import signal
 import sys
 import threading
 import warnings
 
-from fun_asr.asr.messages import CliWordsFilter, cli_words
-from fun_asr.cli.transcribe import (
-    UsageError,
-    add_speaker_arguments,
-    add_vad_arguments,
-    check_model_free_options,
-    check_speaker_arguments,
-    speaker_kwargs,
-    vad_kwargs,
-)
-from fun_asr.converter.hub import DEFAULT_REPO
+from fun_asr.asr.messages import cli_words
+from fun_asr.cli import common
+from fun_asr.cli.common import UsageError
 
 PROG = "fun-asr-batch"
 PROGRESS_INTERVAL_ENV = "FUN_ASR_PROGRESS_INTERVAL"  # seconds between progress lines off a terminal (default 10)
@@ -38,14 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
                "paths or fsspec URLs (s3://, gs://, https://, ...).")
     ap.add_argument("inputs", nargs="+", metavar="INPUT", help="what to transcribe (see below)")
     ap.add_argument("-o", "--output-dir", required=True, help="result folder (created if missing; a rerun resumes)")
-    ap.add_argument("-m", "--model", default=DEFAULT_REPO,
-                    help=f"GGUF file, checkpoint folder or hub repo id (default {DEFAULT_REPO}, fetched and "
-                         "converted once); with --ray it must exist at this path on every node, or be a hub id")
-    ap.add_argument("--language", help="zh, en, ja (or chinese/english/japanese, 中文/英文/日文, FunASR's aliases; any "
-                                       "other name reaches the prompt as written); leave it out for automatic; a "
-                                       "manifest's per-item 'language' overrides it")
-    ap.add_argument("--no-itn", action="store_true", help="no inverse text normalization")
-    ap.add_argument("--hotwords", help="comma-separated words to favour; a manifest's per-item 'hotwords' override")
+    common.add_recognizer_arguments(
+        ap, model_help="; with --ray it must exist at this path on every node, or be a hub id",
+        language_help="zh, en, ja (or chinese/english/japanese, 中文/英文/日文, FunASR's aliases; any other name "
+                      "reaches the prompt as written); leave it out for automatic; a manifest's per-item 'language' "
+                      "overrides it",
+        hotwords_help="comma-separated words to favour; a manifest's per-item 'hotwords' override")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
     ap.add_argument("--threads", type=int, default=0,
                     help="CPU threads of the local engine (default 0: auto, up to all cores)")
@@ -55,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--vad", default="auto", choices=["auto", "fsmn", "none"],
                     help="FunASR's FSMN-VAD in front of the recognizer (default auto: when available)")
     ap.add_argument("--vad-model", help="FSMN-VAD model: a .gguf, a FunASR fsmn-vad folder, or a hub repo id")
-    add_vad_arguments(ap)
-    add_speaker_arguments(ap)
+    common.add_vad_arguments(ap)
+    common.add_speaker_arguments(ap)
     ap.add_argument("--no-repetition-guard", action="store_true", help="do not stop n-gram loops early")
     ap.add_argument("--batch-size", type=int, default=8,
                     help="recordings per batch, and segments decoded together (default 8)")
@@ -122,9 +111,9 @@ def _check(args: argparse.Namespace) -> str | None:
         except ValueError as exc:
             return f"--language {args.language}: {exc}"
     try:
-        args.vad_kwargs = vad_kwargs(args)
-        check_model_free_options(args, device=args.ray is None)  # Ray: the device is on the nodes
-        check_speaker_arguments(args)
+        args.vad_kwargs = common.vad_kwargs(args)
+        common.check_model_free_options(args, device=args.ray is None)  # Ray: the device is on the nodes
+        common.check_speaker_arguments(args)
     except UsageError as exc:
         return str(exc)
     return None
@@ -132,10 +121,7 @@ def _check(args: argparse.Namespace) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    level = logging.INFO if args.verbose else logging.ERROR if args.quiet else logging.WARNING
-    logging.basicConfig(level=level, format=f"{PROG}: %(message)s")  # --quiet: the JSON still has warning_codes
-    for handler in logging.getLogger().handlers:  # the Session's notices in this command's flags
-        handler.addFilter(CliWordsFilter())
+    common.setup_logging(PROG, args)
     problem = _check(args)
     if problem:
         _error(problem)
@@ -173,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                       batch_size=args.batch_size, reference=args.reference, input_format=args.input_format,
                       workers=args.workers, shard_size=args.shard_size, retry_failed=args.retry_failed, ray=ray,
                       actors=args.actors, threads_per_actor=args.threads_per_actor, progress=progress,
-                      stop=stop, progress_interval=interval, **args.vad_kwargs, **speaker_kwargs(args),
+                      stop=stop, progress_interval=interval, **args.vad_kwargs, **common.speaker_kwargs(args),
                       speaker_model=args.speaker_model, overwrite=args.overwrite)
     except KeyboardInterrupt:
         code = 128 + (received[0] if received else signal.SIGINT)
