@@ -10,6 +10,20 @@ from typing import Any
 
 import numpy as np
 
+# kaldi_native_fbank.FbankOptions, part by part ("": its own fields): (its field, FbankOptions' field, type)
+_KNF_FIELDS: dict[str, tuple[tuple[str, str, type], ...]] = {
+    "frame_opts": (("samp_freq", "sample_rate", float), ("frame_length_ms", "frame_length_ms", float),
+                   ("frame_shift_ms", "frame_shift_ms", float), ("dither", "dither", float),
+                   ("snip_edges", "snip_edges", bool), ("window_type", "window", str),
+                   ("preemph_coeff", "preemphasis", float), ("remove_dc_offset", "remove_dc_offset", bool),
+                   ("round_to_power_of_two", "round_to_power_of_two", bool)),
+    "mel_opts": (("num_bins", "num_mel_bins", int), ("low_freq", "low_freq", float),
+                 ("high_freq", "high_freq", float)),
+    "": (("energy_floor", "energy_floor", float), ("raw_energy", "raw_energy", bool),
+         ("use_energy", "use_energy", bool), ("use_log_fbank", "use_log_fbank", bool),
+         ("use_power", "use_power", bool), ("htk_compat", "htk_compat", bool)),
+}
+
 
 @dataclass(frozen=True)
 class FbankOptions:
@@ -41,25 +55,10 @@ class FbankOptions:
         import kaldi_native_fbank as knf
 
         opts = knf.FbankOptions()
-        fo = opts.frame_opts
-        fo.samp_freq = float(self.sample_rate)
-        fo.frame_length_ms = float(self.frame_length_ms)
-        fo.frame_shift_ms = float(self.frame_shift_ms)
-        fo.dither = float(self.dither)
-        fo.snip_edges = bool(self.snip_edges)
-        fo.window_type = str(self.window)
-        fo.preemph_coeff = float(self.preemphasis)
-        fo.remove_dc_offset = bool(self.remove_dc_offset)
-        fo.round_to_power_of_two = bool(self.round_to_power_of_two)
-        opts.mel_opts.num_bins = int(self.num_mel_bins)
-        opts.mel_opts.low_freq = float(self.low_freq)
-        opts.mel_opts.high_freq = float(self.high_freq)
-        opts.energy_floor = float(self.energy_floor)
-        opts.raw_energy = bool(self.raw_energy)
-        opts.use_energy = bool(self.use_energy)
-        opts.use_log_fbank = bool(self.use_log_fbank)
-        opts.use_power = bool(self.use_power)
-        opts.htk_compat = bool(self.htk_compat)
+        for part, fields in _KNF_FIELDS.items():
+            target = getattr(opts, part) if part else opts
+            for theirs, ours, kind in fields:
+                setattr(target, theirs, kind(getattr(self, ours)))
         return opts
 
     def scaled(self, samples: np.ndarray) -> np.ndarray:

@@ -47,35 +47,18 @@ _ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, Ru
                zlib.error, OSError)  # OSError: a seek to a negative offset that a corrupt header gives
 
 
-# torch storage class name -> (dtype name, numpy dtype of one stored element, little-endian)
-_STORAGE_TYPES: dict[str, tuple[str, str]] = {
-    "FloatStorage": ("float32", "<f4"),
-    "DoubleStorage": ("float64", "<f8"),
-    "HalfStorage": ("float16", "<f2"),
-    "BFloat16Storage": ("bfloat16", "<u2"),
-    "LongStorage": ("int64", "<i8"),
-    "IntStorage": ("int32", "<i4"),
-    "ShortStorage": ("int16", "<i2"),
-    "CharStorage": ("int8", "i1"),
-    "ByteStorage": ("uint8", "u1"),
-    "BoolStorage": ("bool", "?"),
-    "UntypedStorage": ("uint8", "u1"),  # element = byte; _rebuild_tensor_v3 gives the dtype
+# torch dtype name (also the torch.<dtype> attribute _rebuild_tensor_v3 pickles) -> numpy dtype of one stored
+# element, little-endian (bfloat16: its bits as uint16)
+_NP_DTYPES: dict[str, str] = {
+    "float32": "<f4", "float64": "<f8", "float16": "<f2", "bfloat16": "<u2", "int64": "<i8", "int32": "<i4",
+    "int16": "<i2", "int8": "i1", "uint8": "u1", "bool": "?", "uint16": "<u2", "uint32": "<u4", "uint64": "<u8",
 }
-# torch dtype attribute name (as pickled for _rebuild_tensor_v3) -> (dtype name, numpy dtype)
-_V3_DTYPES: dict[str, tuple[str, str]] = {
-    "uint16": ("uint16", "<u2"),
-    "uint32": ("uint32", "<u4"),
-    "uint64": ("uint64", "<u8"),
-    "float32": ("float32", "<f4"),
-    "float64": ("float64", "<f8"),
-    "float16": ("float16", "<f2"),
-    "bfloat16": ("bfloat16", "<u2"),
-    "int64": ("int64", "<i8"),
-    "int32": ("int32", "<i4"),
-    "int16": ("int16", "<i2"),
-    "int8": ("int8", "i1"),
-    "uint8": ("uint8", "u1"),
-    "bool": ("bool", "?"),
+# torch storage class name -> the dtype name of its elements
+_STORAGE_TYPES: dict[str, str] = {
+    "FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage": "float16", "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16", "CharStorage": "int8",
+    "ByteStorage": "uint8", "BoolStorage": "bool",
+    "UntypedStorage": "uint8",  # element = byte; _rebuild_tensor_v3 gives the dtype
 }
 
 
@@ -352,9 +335,9 @@ _ALLOWED: dict[tuple[str, str], Any] = {
     ("torch._utils", "_rebuild_tensor_v2"): _Func("torch._utils._rebuild_tensor_v2", _rebuild_tensor_v2),
     ("torch._utils", "_rebuild_tensor_v3"): _Func("torch._utils._rebuild_tensor_v3", _rebuild_tensor_v3),
     ("torch._utils", "_rebuild_parameter"): _Func("torch._utils._rebuild_parameter", _rebuild_parameter),
-    **{("torch", name): _StorageTag(name, dt, npdt) for name, (dt, npdt) in _STORAGE_TYPES.items()},
-    ("torch.storage", "UntypedStorage"): _StorageTag("UntypedStorage", *_STORAGE_TYPES["UntypedStorage"]),
-    **{("torch", name): _DtypeTag(dt, npdt) for name, (dt, npdt) in _V3_DTYPES.items()},
+    **{("torch", name): _StorageTag(name, dt, _NP_DTYPES[dt]) for name, dt in _STORAGE_TYPES.items()},
+    ("torch.storage", "UntypedStorage"): _StorageTag("UntypedStorage", "uint8", _NP_DTYPES["uint8"]),
+    **{("torch", dt): _DtypeTag(dt, npdt) for dt, npdt in _NP_DTYPES.items()},
 }
 
 

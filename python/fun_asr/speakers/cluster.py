@@ -87,12 +87,10 @@ def _count(name: str, value: Any) -> int | None:
     return int(value)
 
 
-def check_options(num_speakers: Any = None, min_speakers: Any = None, max_speakers: Any = None,
-                  merge_threshold: Any = 0.78) -> tuple[int | None, int | None, int | None, float]:
-    """Validate the clustering options; returns them as ``(num, min, max, merge_threshold)``.
-
-    Raises ValueError: a count that is not a positive integer, ``min_speakers > max_speakers``,
-    ``num_speakers`` outside ``min_speakers..max_speakers``, ``merge_threshold`` outside (0, 1]."""
+def check_counts(num_speakers: Any = None, min_speakers: Any = None,
+                 max_speakers: Any = None) -> tuple[int | None, int | None, int | None]:
+    """The speaker counts checked: each a positive integer or None, ``min_speakers <= max_speakers`` and
+    ``num_speakers`` between them (ValueError otherwise); returns ``(num, min, max)``."""
     n, lo, hi = _count("num_speakers", num_speakers), _count("min_speakers", min_speakers), _count(
         "max_speakers", max_speakers)
     if lo is not None and hi is not None and lo > hi:
@@ -100,6 +98,16 @@ def check_options(num_speakers: Any = None, min_speakers: Any = None, max_speake
     if n is not None and ((lo is not None and n < lo) or (hi is not None and n > hi)):
         raise ValueError(f"num_speakers={n} is outside min_speakers..max_speakers "
                          f"({lo if lo is not None else 1}..{hi if hi is not None else 'any'})")
+    return n, lo, hi
+
+
+def check_options(num_speakers: Any = None, min_speakers: Any = None, max_speakers: Any = None,
+                  merge_threshold: Any = 0.78) -> tuple[int | None, int | None, int | None, float]:
+    """Validate the clustering options; returns them as ``(num, min, max, merge_threshold)``.
+
+    Raises ValueError: a count that is not a positive integer, ``min_speakers > max_speakers``,
+    ``num_speakers`` outside ``min_speakers..max_speakers``, ``merge_threshold`` outside (0, 1]."""
+    n, lo, hi = check_counts(num_speakers, min_speakers, max_speakers)
     if isinstance(merge_threshold, bool) or not isinstance(merge_threshold, int | float | np.floating):
         raise ValueError(f"merge_threshold must be a number in (0, 1], got {merge_threshold!r}")
     thr = float(merge_threshold)

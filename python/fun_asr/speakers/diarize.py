@@ -17,15 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from fun_asr.speakers.cluster import check_counts
+
 EMBED_BATCH = 32  # windows per native call (one graph): 32 x 1.5 s
-
-
-def _count(name: str, value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -39,13 +33,8 @@ class SpeakerOptions:
 
     @classmethod
     def check(cls, num_speakers: Any = None, min_speakers: Any = None, max_speakers: Any = None) -> SpeakerOptions:
-        n, lo, hi = (_count("num_speakers", num_speakers), _count("min_speakers", min_speakers),
-                     _count("max_speakers", max_speakers))
-        if lo is not None and hi is not None and lo > hi:
-            raise ValueError(f"min_speakers ({lo}) is more than max_speakers ({hi})")
-        if n is not None and ((lo is not None and n < lo) or (hi is not None and n > hi)):
-            raise ValueError(f"num_speakers={n} is outside min_speakers..max_speakers ({lo or 1}..{hi or 'any'})")
-        return cls(n, lo, hi)
+        """The counts checked (:func:`~fun_asr.speakers.cluster.check_counts`: ValueError naming the option)."""
+        return cls(*check_counts(num_speakers, min_speakers, max_speakers))
 
     def to_dict(self) -> dict[str, int]:
         return {k: v for k, v in (("num_speakers", self.num_speakers), ("min_speakers", self.min_speakers),

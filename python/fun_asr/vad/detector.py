@@ -179,6 +179,14 @@ class VadDetector:
         self._on_voice_end(frame, False)
         self._state = _END_DETECTED
 
+    def _speech_frame(self, frame: int, ends: bool) -> None:
+        """A speech frame inside a segment: it joins the segment, or ends it (``ends``: the segment is too long, or
+        this is the input's last frame)."""
+        if ends:
+            self._end_segment(frame)
+        else:
+            self._on_voice_detected(frame)
+
     def _detect_one_frame(self, speech: bool, cur: int, is_final: bool) -> None:
         cfg = self.cfg
         if speech and not (1.0 > cfg.fe_prior_thres):
@@ -197,21 +205,11 @@ class VadDetector:
             elif state == _IN_SPEECH:
                 for t in range(self._latest_speech + 1, cur):
                     self._on_voice_detected(t)
-                if too_long:
-                    self._end_segment(cur)
-                elif not is_final:
-                    self._on_voice_detected(cur)
-                else:
-                    self._end_segment(cur)
+                self._speech_frame(cur, ends=too_long or is_final)
         elif change == _SPEECH2SIL or change == _SPEECH2SPEECH:
             self._sil_count = 0
             if state == _IN_SPEECH:
-                if too_long:
-                    self._end_segment(cur)
-                elif not is_final:
-                    self._on_voice_detected(cur)
-                else:
-                    self._end_segment(cur)
+                self._speech_frame(cur, ends=too_long or is_final)
         else:  # _SIL2SIL
             self._sil_count += 1
             if state == _START_NOT_DETECTED:
