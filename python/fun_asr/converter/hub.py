@@ -10,11 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from fun_asr.converter.cache import cache_dir
+from fun_asr.converter.submodel import SPEAKER, VAD, SubModel
 from fun_asr.model.spec import load_spec
 
 log = logging.getLogger("fun_asr")
@@ -60,8 +59,7 @@ def _reachable(url: str, timeout: float = 5.0) -> str | None:
 
 MODEL_HINT = ("give -m (model=) a local .gguf file or checkpoint folder, or try -m demo (a 20-word demo model "
               "shipped with the package: digits, yes/no, up/down/left/right, stop/go, on/off)")
-VAD_HINT = ("give --vad-model (vad_model=) a local fsmn-vad folder or .gguf, or use a model package that embeds "
-            "its VAD (fun-asr-convert SRC --vad-model DIR)")
+VAD_HINT, SPEAKER_HINT = VAD.hint, SPEAKER.hint
 
 
 def _snapshot(name: str, revision: str | None, files: list[str] | None = None, hint: str = MODEL_HINT) -> Path:
@@ -100,14 +98,6 @@ def _snapshot(name: str, revision: str | None, files: list[str] | None = None, h
         raise FileNotFoundError(f"cannot fetch {where}: {first}") from None
     finally:
         hub_log.setLevel(level)
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("FUN_ASR_CACHE_DIR")
-    if root:
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "fun-asr"
 
 
 DEMO = "demo"
@@ -173,7 +163,7 @@ def _vad_to_embed(repo: str | None, progress: bool) -> Path | None:
     try:
         return resolve_vad(repo, download=True, progress=progress)
     except (OSError, ValueError) as exc:
-        log.warning("FSMN-VAD %s unavailable (%s): converting without it", repo or DEFAULT_VAD_REPO, exc)
+        log.warning("FSMN-VAD %s unavailable (%s): converting without it", repo or VAD.default_repo, exc)
         return None
 
 
@@ -232,37 +222,6 @@ def _resolve_modelscope(repo: str, package_type: str, revision: str | None, prog
     return out
 
 
-_VAD_SPEC = load_spec("fsmn_vad")
-DEFAULT_VAD_REPO = _VAD_SPEC["upstream"]["repo_id"]
-VAD_FILES = list(_VAD_SPEC["upstream"]["files"])
-
-
-@dataclass(frozen=True)
-class SubModel:
-    """A model family a package can carry beside the ASR model (the FSMN-VAD, CAM++): how a hub repo of it is
-    found, fetched and converted into the fun-asr cache. A new family is one more record."""
-
-    arch: str  # the GGUF architecture, also the cache file's suffix
-    what: str  # "VAD model", "speaker model": for messages
-    folder: str  # its FunASR folder, for messages
-    default_repo: str
-    files: tuple[str, ...]  # what a snapshot fetches
-    hint: str  # how to give one without the hub
-    convert: Callable[..., Any]  # (snapshot, out, *, overwrite, repo_id[, revision])
-
-    def cache_path(self, repo: str, tag: str, modelscope: bool = False) -> Path:
-        """Where the conversion of ``repo`` at ``tag`` (a commit or a snapshot digest) lives in the fun-asr cache;
-        ``tag`` ``*``: the glob of every conversion of it."""
-        prefix = "modelscope--" if modelscope else ""
-        return cache_dir() / "models" / f"{prefix}{repo.replace('/', '--')}--{tag[:12]}-{self.arch}.gguf"
-
-    def cached(self, repo: str, modelscope: bool = False) -> Path | None:
-        """The newest converted GGUF of ``repo`` in the fun-asr cache."""
-        pattern = self.cache_path(repo, "*", modelscope)
-        done = sorted(pattern.parent.glob(pattern.name), key=lambda p: p.stat().st_mtime)
-        return done[-1] if done else None
-
-
 def resolve_submodel(kind: SubModel, model: str | os.PathLike[str] | None = None, *, download: bool = True,
                      progress: bool = False) -> Path | None:
     """A ``kind`` model to load: ``model`` itself when it is a path (a .gguf or a FunASR folder), else the
@@ -305,39 +264,13 @@ def resolve_submodel(kind: SubModel, model: str | os.PathLike[str] | None = None
     return out
 
 
-def _convert_vad(*args: Any, **kwargs: Any) -> Any:
-    from fun_asr.converter.vad import convert_vad
-
-    return convert_vad(*args, **kwargs)
-
-
-def _convert_speaker(*args: Any, **kwargs: Any) -> Any:
-    from fun_asr.converter.speaker import convert_speaker
-
-    return convert_speaker(*args, **kwargs)
-
-
-VAD = SubModel("fsmn_vad", "VAD model", "FunASR fsmn-vad folder", DEFAULT_VAD_REPO, tuple(VAD_FILES), VAD_HINT,
-               _convert_vad)
-
-
 def resolve_vad(model: str | os.PathLike[str] | None = None, *, download: bool = True,
                 progress: bool = False) -> Path | None:
     """:func:`resolve_submodel` for the FSMN-VAD (default ``funasr/fsmn-vad``)."""
     return resolve_submodel(VAD, model, download=download, progress=progress)
 
 
-# FunASR's cam++ (name_maps_from_hub: "cam++" -> funasr/campplus on the Hugging Face hub,
-# iic/speech_campplus_sv_zh-cn_16k-common on ModelScope)
-DEFAULT_SPEAKER_REPO = "funasr/campplus"
-MODELSCOPE_SPEAKER_REPO = "iic/speech_campplus_sv_zh-cn_16k-common"
-SPEAKER_FILES = ["campplus_cn_common.bin", "model.pt", "config.yaml", "configuration.json"]
-SPEAKER_HINT = ("give --speaker-model (speaker_model=) a local CAM++ folder or .gguf, or use a model package that "
-                "embeds one (fun-asr-convert SRC --speaker-model DIR)")
-
-
-SPEAKER = SubModel("campplus", "speaker model", "FunASR CAM++ folder", DEFAULT_SPEAKER_REPO, tuple(SPEAKER_FILES),
-                   SPEAKER_HINT, _convert_speaker)
+MODELSCOPE_SPEAKER_REPO = "iic/speech_campplus_sv_zh-cn_16k-common"  # FunASR's "cam++" on ModelScope
 
 
 def resolve_speaker_model(model: str | os.PathLike[str] | None = None, *, download: bool = True,

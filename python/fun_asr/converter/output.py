@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,14 +123,11 @@ def _umask() -> int:
     return mask
 
 
-def write_gguf_file(out: Path, src: Path, arch: str, meta: dict[str, Any], tensors: list[tuple[str, Any]],
-                    overwrite: bool) -> None:
-    """A small GGUF (metadata + whole numpy tensors: the VAD, the speaker model) written to a temporary file
-    beside ``out``, then moved into place: without ``overwrite`` never over a file that appeared meanwhile
-    (a hard link fails on an existing name), and the output rules (check_output) checked again just before
-    the move. A failure leaves no partial file."""
-    import tempfile
-
+@contextmanager
+def atomic_output(out: Path, src: Path, overwrite: bool) -> Iterator[Path]:
+    """A temporary file beside ``out`` to write the GGUF into, moved into place when the block ends: without
+    ``overwrite`` never over a file that appeared meanwhile (a hard link fails on an existing name), and the
+    output rules (check_output) checked again just before the move. A failure leaves no partial file."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
@@ -136,6 +136,30 @@ def write_gguf_file(out: Path, src: Path, arch: str, meta: dict[str, Any], tenso
     os.close(fd)
     tmp = Path(tmp_name)
     try:
+        yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600
+        check_output(out, src, overwrite)  # again: the path may have appeared meanwhile
+        if overwrite:
+            os.replace(tmp, out)
+        else:
+            try:
+                os.link(tmp, out)  # fails if out exists: never replaces a file that appeared meanwhile
+                tmp.unlink()
+            except FileExistsError:
+                raise OutputError(f"{out}: appeared while converting; pass --force (overwrite=True) to replace "
+                                  "it") from None
+            except OSError:  # no hard links on this file system: the check just above stands
+                os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_gguf_file(out: Path, src: Path, arch: str, meta: dict[str, Any], tensors: list[tuple[str, Any]],
+                    overwrite: bool) -> None:
+    """A small GGUF (metadata + whole numpy tensors: the VAD, the speaker model) written whole
+    (:func:`atomic_output`)."""
+    with atomic_output(out, src, overwrite) as tmp:
         w = gguf.GGUFWriter(tmp, arch)
         _write_metadata(w, meta)
         for name, arr in tensors:
@@ -144,18 +168,3 @@ def write_gguf_file(out: Path, src: Path, arch: str, meta: dict[str, Any], tenso
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
-        os.chmod(tmp, 0o666 & ~_umask())
-        check_output(out, src, overwrite)  # again: the path may have appeared meanwhile
-        if overwrite:
-            os.replace(tmp, out)
-        else:
-            try:
-                os.link(tmp, out)
-                tmp.unlink()
-            except FileExistsError:
-                raise OutputError(f"{out}: appeared while converting; pass --force (overwrite=True)") from None
-            except OSError:  # no hard links here (some file systems): the check just above stands
-                os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

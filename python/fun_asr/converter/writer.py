@@ -8,17 +8,23 @@ renamed into place at the end; on any error the temporary file is removed.
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import gguf
 import numpy as np
 
 from fun_asr import _core
-from fun_asr.converter.output import ConversionReport, OutputError, _umask, _write_metadata, check_output  # noqa: F401 - re-exported
+from fun_asr.converter.output import (  # noqa: F401 - re-exported
+    ConversionReport,
+    OutputError,
+    _umask,
+    _write_metadata,
+    atomic_output,
+    check_output,
+)
 from fun_asr.converter.plan import Placement, check_package_type, place
+from fun_asr.converter.submodel import SPEAKER, SUBMODELS, VAD
 from fun_asr.model.checkpoint import Checkpoint
 from fun_asr.model.funasr_checkpoint import HF_NO_CTC, detect_layout, open_checkpoint
 from fun_asr.model.metadata import ARCH, check_tensors, gguf_metadata  # noqa: F401 - re-exported
@@ -54,8 +60,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
     and ``ConversionReport.layout`` records it. Identical weights give identical tensors in both
     layouts; a FunASR folder with its complete CTC head also stores the CTC tensors and tokenizer
     (``ConversionReport.ctc``). A FunASR FSMN-VAD folder is converted by
-    :func:`fun_asr.converter.vad.convert_vad` (``type`` does not apply: it stays F32); a FunASR CAM++ folder by
-    :func:`fun_asr.converter.speaker.convert_speaker` (``type`` f16 gives F16 convolutions, any other F32).
+    its record (:mod:`fun_asr.converter.submodel`: ``type`` does not apply: it stays F32); a FunASR CAM++ folder
+    the same way (``type`` f16 gives F16 convolutions, any other F32).
 
     ``type`` is the package type: ``f32``, ``f16``, ``q8_0`` or ``q4_k_m``. ``repo_id`` and
     ``revision`` are recorded in the metadata (guessed from a huggingface_hub cache path if not
@@ -77,112 +83,70 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
     start = time.perf_counter()
     out = Path(dst)
     check_output(out, Path(src), overwrite)
-    for what, extra in (("VAD", vad_model), ("speaker", speaker_model)):
+    given = {VAD: vad_model, SPEAKER: speaker_model}
+    for kind, extra in given.items():
         if extra is not None:
             extra_path = Path(extra).expanduser()
             if extra_path.is_file() and out.exists() and os.path.samefile(extra_path, out):
-                raise OutputError(f"{out}: is the same file as the {what} model being embedded; write the GGUF "
+                raise OutputError(f"{out}: is the same file as the {kind.what} being embedded; write the GGUF "
                                   "elsewhere")
     layout = detect_layout(src)
-    if layout in ("fsmn_vad", "campplus") and speaker_model is not None:
-        raise ValueError(f"{src}: is not a recognizer checkpoint; --speaker-model (speaker_model=) embeds a speaker "
-                         "model in a recognizer package, so give the Fun-ASR-Nano checkpoint as the source")
-    if layout == "campplus" and vad_model is not None:
-        raise ValueError(f"{src}: is a CAM++ speaker-model folder; --vad-model (vad_model=) embeds a VAD in a "
-                         "recognizer package, so give the Fun-ASR-Nano checkpoint as the source")
-    if layout == "campplus":
-        from fun_asr.converter.speaker import convert_speaker, speaker_tensor_type
-
-        report = convert_speaker(src, dst, speaker_tensor_type(package), overwrite=overwrite, repo_id=repo_id,
-                                 revision=revision)
-        report.layout = "campplus"
-        return report
-    if layout == "fsmn_vad" and vad_model is not None:
-        raise ValueError(f"{src}: is an FSMN-VAD folder; --vad-model (vad_model=) embeds a VAD in a recognizer "
-                         "package, so give the Fun-ASR-Nano checkpoint as the source")
-    if layout == "fsmn_vad":
-        from fun_asr.converter.vad import convert_vad
-
-        report = convert_vad(src, dst, overwrite=overwrite, repo_id=repo_id, revision=revision)
-        report.layout = "fsmn_vad"
-        return report
-    vad_meta: dict[str, Any] = {}
-    vad_tensors: list[tuple[str, np.ndarray]] = []
-    if vad_model is not None:
-        from fun_asr.vad.files import vad_for_embedding
-
-        vad_meta, vad_tensors = vad_for_embedding(vad_model)  # read (and checked) before the long part
-    spk_meta: dict[str, Any] = {}
-    spk_tensors: list[tuple[str, np.ndarray]] = []
-    if speaker_model is not None:
-        from fun_asr.speakers.files import speaker_for_embedding
-
-        spk_meta, spk_tensors = speaker_for_embedding(speaker_model)  # F32, or as stored in a campplus GGUF
+    for kind in SUBMODELS:  # a sub-model's own folder: its own GGUF
+        if layout != kind.arch:
+            continue
+        for other, extra in given.items():
+            if extra is not None:
+                raise ValueError(f"{src}: is a {kind.folder}, not a recognizer checkpoint; {other.flag} "
+                                 f"({other.option}=) embeds a {other.what} in a recognizer package, so give the "
+                                 "Fun-ASR-Nano checkpoint as the source")
+        return kind.convert(src, dst, kind.tensor_type(package), overwrite=overwrite, repo_id=repo_id,
+                            revision=revision)
+    # what the package embeds, read (and checked) before the long part: F32, or as stored in a sub-model GGUF
+    embedded = {kind: kind.for_embedding(extra) for kind, extra in given.items() if extra is not None}
+    sub_meta = {k: v for meta, _ in embedded.values() for k, v in meta.items()}
+    sub_tensors = [t for _, tensors in embedded.values() for t in tensors]
     ckpt = open_checkpoint(src)
     hp = ckpt.hparams
     placements = [place(entry, package, hp, encoder_type) for entry in tensor_table(hp)]
     check_tensors(ckpt, [p.entry for p in placements])
 
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
-    except OSError as exc:
-        ckpt.close()
-        raise OutputError(f"{out}: cannot write there ({exc.strerror or exc})") from None
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        w = gguf.GGUFWriter(tmp, ARCH)
-        _write_metadata(w, {**gguf_metadata(ckpt, hp, package, repo_id, revision), **vad_meta, **spk_meta})
-        for p in placements:
-            row_bytes = _core.quantized_row_bytes(p.type, p.entry.shape[-1])
-            byte_shape = (*p.entry.shape[:-1], row_bytes)
-            w.add_tensor_info(p.entry.gguf, byte_shape, np.dtype(np.uint8),
-                              int(np.prod(byte_shape)), raw_dtype=_ggml_type(p.type))
-        for name, arr in vad_tensors + spk_tensors:
-            w.add_tensor_info(name, arr.shape, arr.dtype, arr.nbytes)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        bar = _progress(placements, progress)
-        for p in placements:
-            data = _pack(ckpt, p, threads)
-            w.write_tensor_data(data)
-            bar.update(p.entry.shape and int(np.prod(p.entry.shape)))
-            del data
-        for _, arr in vad_tensors + spk_tensors:
-            w.write_tensor_data(arr)
-        bar.close()
-        w.close()
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600
-        check_output(out, Path(src), overwrite)  # again: the path may have appeared meanwhile
-        if overwrite:
-            os.replace(tmp, out)
-        else:
-            try:
-                os.link(tmp, out)  # fails if out exists: never replaces a file that appeared meanwhile
-                tmp.unlink()
-            except FileExistsError:
-                raise OutputError(f"{out}: appeared while converting; pass --force (overwrite=True) to replace "
-                                  "it") from None
-            except OSError:  # no hard links on this file system
-                os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        with atomic_output(out, Path(src), overwrite) as tmp:
+            w = gguf.GGUFWriter(tmp, ARCH)
+            _write_metadata(w, {**gguf_metadata(ckpt, hp, package, repo_id, revision), **sub_meta})
+            for p in placements:
+                row_bytes = _core.quantized_row_bytes(p.type, p.entry.shape[-1])
+                byte_shape = (*p.entry.shape[:-1], row_bytes)
+                w.add_tensor_info(p.entry.gguf, byte_shape, np.dtype(np.uint8),
+                                  int(np.prod(byte_shape)), raw_dtype=_ggml_type(p.type))
+            for name, arr in sub_tensors:
+                w.add_tensor_info(name, arr.shape, arr.dtype, arr.nbytes)
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_ti_data_to_file()
+            bar = _progress(placements, progress)
+            for p in placements:
+                data = _pack(ckpt, p, threads)
+                w.write_tensor_data(data)
+                bar.update(p.entry.shape and int(np.prod(p.entry.shape)))
+                del data
+            for _, arr in sub_tensors:
+                w.write_tensor_data(arr)
+            bar.close()
+            w.close()
     finally:
         ckpt.close()
 
     counts: dict[str, int] = {}
     for p in placements:
         counts[p.type] = counts.get(p.type, 0) + 1
-    for _, arr in vad_tensors + spk_tensors:
+    for _, arr in sub_tensors:
         key = "f16" if arr.dtype == np.float16 else "f32"
         counts[key] = counts.get(key, 0) + 1
     return ConversionReport(
         path=out,
         package_type=package,
-        tensor_count=len(placements) + len(vad_tensors) + len(spk_tensors),
+        tensor_count=len(placements) + len(sub_tensors),
         file_bytes=out.stat().st_size,
         seconds=time.perf_counter() - start,
         type_counts=counts,
@@ -190,8 +154,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], type: str 
         layout=layout,
         ctc=hp.ctc is not None,
         ctc_unavailable=None if hp.ctc is not None else (getattr(ckpt, "ctc_unavailable", None) or HF_NO_CTC),
-        vad=vad_meta.get("fsmn_vad.source") if vad_tensors else None,
-        speaker=spk_meta.get("campplus.source") if spk_tensors else None,
+        vad=embedded[VAD][0].get(f"{VAD.arch}.source") if VAD in embedded else None,
+        speaker=embedded[SPEAKER][0].get(f"{SPEAKER.arch}.source") if SPEAKER in embedded else None,
     )
 
 

@@ -426,6 +426,15 @@ def cast(tensors: list[tuple[str, np.ndarray]], hp: dict[str, Any], type: str) -
     return [(n, a.astype(dtype) if kinds[n] in ("conv", "matrix") else a) for n, a in tensors]
 
 
+def for_own_gguf(meta: dict[str, Any], tensors: list[tuple[str, np.ndarray]], hp: dict[str, Any], type: str,
+                 origin: str) -> list[tuple[str, np.ndarray]]:
+    """A campplus GGUF's own last touches: ``general.file_type`` and where it came from in ``meta`` (in place),
+    the conv/matrix tensors in ``type``."""
+    meta["general.file_type"] = 1 if type == "f16" else 0
+    meta[f"{ARCH}.source"] = origin
+    return cast(tensors, hp, type)
+
+
 def speaker_for_embedding(path: str | os.PathLike[str], type: str | None = None) -> tuple[
         dict[str, Any], list[tuple[str, np.ndarray]]]:
     """What an ASR package embeds of a speaker model: its ``campplus.*`` metadata (with where it came from and
