@@ -51,6 +51,23 @@ CASES = {
 
 # --- the options themselves (no model) ------------------------------------------------------------------
 
+def test_one_list_of_transcription_options() -> None:
+    """transcribe() and transcribe_batch() take exactly the options Session.options() checks (OptionArgs), and an
+    unknown one is refused naming the call and the accepted options."""
+    import inspect
+
+    from fun_asr.asr.options import OptionArgs, check_option_names
+
+    checked = [n for n in inspect.signature(fun_asr.Session.options).parameters if n != "self"]
+    assert checked == list(OptionArgs.__annotations__)
+    for method in (fun_asr.Session.transcribe, fun_asr.Session.transcribe_batch):
+        params = inspect.signature(method).parameters
+        assert params["options"].kind is inspect.Parameter.VAR_KEYWORD and not set(params) & set(checked)
+    check_option_names({"language": "en", "diarize": True}, "transcribe")
+    with pytest.raises(TypeError, match=r"transcribe\(\) got an unexpected keyword argument 'langauge'; .*language"):
+        check_option_names({"langauge": "en"}, "transcribe")
+
+
 def test_option_checks_and_formats() -> None:
     sched = ((10000.0, 2000), (20000.0, 1000), (INF, 100))
     assert parse_silence_schedule("10000:2000, 20000:1000, inf:100") == sched
