@@ -40,33 +40,35 @@ def check_inputs(files: list[str]) -> None:
         raise UsageError("\n".join(problems))
 
 
+def _file_id(path: str | Path) -> tuple[int, int] | None:
+    """(device, inode) of an existing file; None when it cannot be stat'ed (not there yet)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def check_outputs_are_not_inputs(out: Path, files: list[str], names: list[str], formats: list[str]) -> None:
     """No file this run writes is one of its inputs: the same path once links are resolved, or the same
     file (inode) under another name (a hard link, a case-insensitive disk)."""
+    inputs = [name for name in files if name != STDIN]
+    if not inputs:
+        return
     real: dict[str, str] = {}
     inodes: dict[tuple[int, int], str] = {}
-    for name in files:
-        if name == STDIN:
-            continue
+    for name in inputs:
         real.setdefault(os.path.realpath(name), name)
-        try:
-            st = os.stat(name)
-        except OSError:
-            continue
-        inodes.setdefault((st.st_dev, st.st_ino), name)
-    if not real:
-        return
+        file_id = _file_id(name)
+        if file_id is not None:
+            inodes.setdefault(file_id, name)
     for base in names:
         for fmt in formats:
             path = out / f"{base}.{fmt}"
-            same = real.get(os.path.realpath(path))
-            how = ""
+            same, how = real.get(os.path.realpath(path)), ""
             if same is None:
-                try:
-                    st = os.stat(path)
-                except OSError:
-                    continue
-                same = inodes.get((st.st_dev, st.st_ino))
+                file_id = _file_id(path)
+                same = None if file_id is None else inodes.get(file_id)
                 how = " (the same file under another name: a link)"
             if same is not None:
                 raise UsageError(f"-o {out}: writing {path} would overwrite the input {same}{how}; nothing was "
