@@ -242,7 +242,7 @@ def _ws_run(url: str, pcm: bytes, commands: list[str]) -> list[dict]:
 
 @pytest.mark.parametrize("how", ["--enable-spk", "SPK:true"])
 def test_realtime_speakers(session: fun_asr.Session, conversations: list, how: str) -> None:
-    from fun_asr.serve.ws_realtime import realtime_limits
+    from fun_asr.serve.protocols.funasr_realtime import realtime_limits
     from test_ws_offline import _server
 
     x, ref = conversations[4]
@@ -266,7 +266,7 @@ def test_realtime_speakers(session: fun_asr.Session, conversations: list, how: s
 
 
 def test_realtime_spk_errors(vad_dir: Path) -> None:
-    from fun_asr.serve.ws_realtime import realtime_limits
+    from fun_asr.serve.protocols.funasr_realtime import realtime_limits
     from test_ws_offline import _server
 
     bare = fun_asr.Session("demo", device="cpu", vad="fsmn", vad_model=vad_dir, progress=False)

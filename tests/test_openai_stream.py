@@ -165,7 +165,7 @@ def test_stream_deltas_add_up_for_any_mix_of_scripts(language: str | None) -> No
     from fun_asr.asr.assemble import join_text
     from fun_asr.asr.results import Segment, Transcription
     from fun_asr.model.spec import load_spec
-    from fun_asr.serve.openai import stream_events
+    from fun_asr.serve.protocols.openai import stream_events
 
     spec = load_spec()
     pieces = ["你好", "世界", "hello", "", "world", "。好的", "ok", "天气"] * 300

@@ -139,8 +139,9 @@ def test_no_server_path_in_any_response(demo: fun_asr.Session, vad_dir: Path, tm
     the model file, the VAD folder, the cache, the home and a temporary file forced into them."""
     from fun_asr.audio.decode import AudioError
     from fun_asr.converter.hub import cache_dir
-    from fun_asr.serve import web, ws_2pass
     from fun_asr.serve.app import create_app
+    from fun_asr.serve.protocols.funasr_runtime import serving as ws_2pass
+    from fun_asr.serve.protocols.web import routes as web
 
     temp = os.path.join(tempfile.gettempdir(), "fun-asr-upload-1234.wav")
     secret = [str(demo.path), str(Path(demo.path).parent), str(vad_dir), str(cache_dir()), temp, str(tmp_path)]

@@ -216,7 +216,7 @@ def test_stream_partials_are_the_draft_of_the_next_decode(demo, three) -> None: 
 def test_batcher_takes_a_draft_only_for_a_lone_request(demo, three) -> None:  # noqa: ANN001
     from concurrent.futures import Future
 
-    from fun_asr.serve.batcher import Batcher
+    from fun_asr.serve.core.batcher import Batcher
 
     x = _three_audio(three)[: 16000 * 3]
     plain = demo.transcribe(x, sample_rate=16000, vad=False)

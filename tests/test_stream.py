@@ -502,7 +502,7 @@ class _FakeWebSocket:
 
 
 def test_unexpected_stream_failure_is_reported_and_stop_still_answers() -> None:
-    from fun_asr.serve.ws_realtime import RealtimeLimits, handle
+    from fun_asr.serve.protocols.funasr_realtime import RealtimeLimits, handle
 
     ws = _FakeWebSocket([{"type": "websocket.receive", "text": "START"},
                          {"type": "websocket.receive", "bytes": b"\x00\x00" * 160},

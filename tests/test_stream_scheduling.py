@@ -1,5 +1,5 @@
 """The server's decoder under load: closed sentences before partials, stale partials skipped, running partials
-interrupted by a closed sentence (serve/batcher.py; the stream's side is
+interrupted by a closed sentence (serve/core/batcher.py; the stream's side is
 tests/test_stream.py::test_skipped_partials_are_asked_again_and_leave_the_sentences_alone, Session.interrupt's
 is tests/test_interrupt.py)."""
 
@@ -14,7 +14,7 @@ import numpy as np
 
 from fun_asr import Interrupted
 from fun_asr.asr.interrupts import RunningCalls
-from fun_asr.serve.batcher import Batcher
+from fun_asr.serve.core.batcher import Batcher
 
 FINAL = (None, True, (), 5, 30.0, False, False)
 PARTIAL = (None, True, (), 3, 30.0, False, False)

@@ -67,7 +67,7 @@ def _server(session: fun_asr.Session, api_key: str | None = None,
     """fun-asr-serve's app under uvicorn in a thread (the CLI's WebSocket settings; TLS with ``cert``); yields
     http(s)://host:port."""
     from fun_asr.serve.app import create_app
-    from fun_asr.serve.ws_realtime import RealtimeLimits, uvicorn_ws_options
+    from fun_asr.serve.protocols.funasr_realtime import RealtimeLimits, uvicorn_ws_options
 
     app = create_app(session, model_id="demo", max_new_tokens=64, max_concurrency=2, realtime=RealtimeLimits(),
                      api_key=api_key)

@@ -1,4 +1,4 @@
-"""FunASR's runtime WebSocket protocol (serve/ws_2pass.py): the message sequences of FunASR's own clients
+"""FunASR's runtime WebSocket protocol (serve/protocols/funasr_runtime): the message sequences of FunASR's own clients
 (runtime/python/websocket/funasr_wss_client.py and the runtime/html5 page), replayed exactly, against a real
 uvicorn server (plain and TLS), the dispatch to the realtime protocol, and the wss flags of fun-asr-serve."""
 
@@ -24,8 +24,10 @@ import soundfile as sf
 
 import fun_asr
 from fun_asr.asr.stream import StreamOptions
-from fun_asr.serve import ws_2pass
-from fun_asr.serve.ws_2pass import parse_hotwords, serve_websocket, stamps
+from fun_asr.serve.app import serve_websocket
+from fun_asr.serve.core import websocket as ws_core
+from fun_asr.serve.protocols.funasr_runtime import parse_hotwords, stamps
+from fun_asr.serve.protocols.funasr_runtime import text as ws_2pass_text
 
 websockets = pytest.importorskip("websockets")
 uvicorn = pytest.importorskip("uvicorn")
@@ -56,8 +58,8 @@ def _serve(session: fun_asr.Session, max_new: int, certfile: Path | None = None,
 
     from fastapi import FastAPI
 
-    from fun_asr.serve.batcher import Batcher
-    from fun_asr.serve.ws_realtime import RealtimeLimits
+    from fun_asr.serve.core.batcher import Batcher
+    from fun_asr.serve.protocols.funasr_realtime import RealtimeLimits
 
     box: dict[str, Batcher] = {}
     live = [0]
@@ -315,7 +317,7 @@ def test_stamps_fit_the_html5_page_and_funasr_runtime_shape() -> None:
 
 
 def test_online_pass_sends_what_two_partials_agree_on() -> None:
-    o = ws_2pass._Online()
+    o = ws_2pass_text._Online()
     assert o.partial("I went", 0) == ("", False)
     assert o.partial("I want to", 0) == ("I", True)
     assert o.partial("I want to the", 0) == (" want to", False)
@@ -741,7 +743,7 @@ class _FakeSession:
 
 
 def _limits(**kw: Any) -> Any:
-    from fun_asr.serve.ws_realtime import RealtimeLimits
+    from fun_asr.serve.protocols.funasr_realtime import RealtimeLimits
 
     return RealtimeLimits(**kw)
 
@@ -856,7 +858,7 @@ def test_replay_reads_only_through_receive() -> None:
     async def run() -> list[Any]:
         ws = _Socket()
         ws.text("START")
-        replay = ws_2pass._Replay(ws, {"type": "websocket.receive", "text": "LANGUAGE:en"})
+        replay = ws_core.Replay(ws, {"type": "websocket.receive", "text": "LANGUAGE:en"})
         got = [await replay.receive(), await replay.receive()]
         for name in ("receive_text", "receive_bytes", "receive_json", "iter_text"):
             with pytest.raises(AttributeError):

@@ -24,7 +24,7 @@ import pytest
 import soundfile as sf
 
 import fun_asr
-from fun_asr.serve.ws_realtime import (
+from fun_asr.serve.protocols.funasr_realtime import (
     RealtimeLimits,
     apply_postprocess_hotwords,
     parse_postprocess_hotwords,
@@ -506,7 +506,7 @@ async def _settle(cond, rounds: int = 2000) -> None:  # noqa: ANN001
 
 def test_outbox_keeps_the_newest_partial_while_the_previous_one_is_sent() -> None:
     """A partial being sent is not the one a newer partial replaces: the newer one is sent after it."""
-    from fun_asr.serve.ws_realtime import _Outbox
+    from fun_asr.serve.core.websocket import Outbox as _Outbox
 
     async def run() -> list[dict]:
         ws = _Gate(iter(()))
@@ -525,7 +525,7 @@ def test_outbox_keeps_the_newest_partial_while_the_previous_one_is_sent() -> Non
 
 
 def _connection(ws: _Gate, limits: RealtimeLimits, session: object = None, submit: object = None):  # noqa: ANN202
-    from fun_asr.serve.ws_realtime import _Connection
+    from fun_asr.serve.protocols.funasr_realtime.serving import _Connection
 
     return _Connection(ws, session, submit, limits, 64, {"status": 1000, "audio_s": 0.0, "bytes_in": 0, "streams": 0})
 
@@ -534,7 +534,8 @@ def test_a_client_that_reads_nothing_stops_being_read() -> None:
     """Unknown commands from a client that reads nothing: past the send queue's bound (256 events) the server
     stops reading (back-pressure), answers everything once the client reads, and names the accepted commands
     in the first unknown-command error only (each later one is short)."""
-    from fun_asr.serve.ws_realtime import COMMANDS, OUTBOX_MAX_EVENTS
+    from fun_asr.serve.core.websocket import OUTBOX_MAX_EVENTS
+    from fun_asr.serve.protocols.funasr_realtime.protocol import COMMANDS
 
     n = 3000
 

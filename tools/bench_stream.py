@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import fun_asr  # noqa: E402
 from fun_asr.asr.stream import StreamOptions  # noqa: E402
-from fun_asr.serve.batcher import Batcher  # noqa: E402
+from fun_asr.serve.core.batcher import Batcher  # noqa: E402
 
 
 def conversation(seconds: float, seed: int) -> np.ndarray:

@@ -28,7 +28,7 @@ MOVED = {
     "fun_asr.formats": "fun_asr.asr.formats",
     "fun_asr.messages": "fun_asr.asr.messages",
     "fun_asr.server": "fun_asr.serve.app",
-    "fun_asr.realtime": "fun_asr.serve.ws_realtime",
+    "fun_asr.realtime": "fun_asr.serve.protocols.funasr_realtime",
     "fun_asr.batch": "fun_asr.jobs.batch",
     "fun_asr.evaluate": "fun_asr.jobs.evaluate",
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Fuzz WebSocket message sequences -> the realtime handler (``fun_asr.serve.ws_realtime.handle``, FunASR's
-protocol) and ``fun_asr.asr.stream.Stream`` underneath, over a real Session (the micro model, FunASR's FSMN-VAD)
-and the server's batching decoder.
+"""Fuzz WebSocket message sequences -> the realtime handler
+(``fun_asr.serve.protocols.funasr_realtime.handle``, FunASR's protocol) and ``fun_asr.asr.stream.Stream``
+underneath, over a real Session (the micro model, FunASR's FSMN-VAD) and the server's batching decoder.
 
 Input: records ``[kind u8][length u16 LE][payload]``; kind % 5: 0 a text message (START, STOP, HOTWORDS:...,
 LANGUAGE:..., anything), 1 a binary frame of the payload's bytes, 2 a binary frame of real speech (payload: start
@@ -30,8 +30,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _fuzzlib  # noqa: E402
 
-MODULES = ["fun_asr", "fun_asr.serve.ws_realtime", "fun_asr.asr.stream", "fun_asr.serve.app", "fun_asr.vad",
-           "fun_asr.asr.session"]
+MODULES = ["fun_asr", "fun_asr.serve.protocols.funasr_realtime", "fun_asr.asr.stream", "fun_asr.serve.app",
+           "fun_asr.vad", "fun_asr.asr.session"]
 MAX_RECORDS = 400
 _state: dict[str, Any] = {}
 
@@ -104,8 +104,8 @@ def setup() -> None:
     import numpy as np
 
     import fun_asr
-    from fun_asr.serve.batcher import Batcher
-    from fun_asr.serve.ws_realtime import RealtimeLimits
+    from fun_asr.serve.core.batcher import Batcher
+    from fun_asr.serve.protocols.funasr_realtime import RealtimeLimits
 
     logging.getLogger("fun_asr").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=fun_asr.FunAsrWarning)
@@ -202,7 +202,7 @@ def custom_mutator(data: bytes, max_size: int, seed: int) -> bytes:
 
 
 def one_input(data: bytes) -> None:
-    from fun_asr.serve.ws_realtime import handle
+    from fun_asr.serve.protocols.funasr_realtime import handle
 
     msgs = parse(data)
     ws = FakeWebSocket(msgs)

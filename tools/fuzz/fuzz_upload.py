@@ -23,7 +23,8 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _fuzzlib  # noqa: E402
 
-MODULES = ["fun_asr", "fun_asr.serve.app", "fun_asr.serve.ws_realtime", "fun_asr.asr.formats", "fun_asr.asr.session"]
+MODULES = ["fun_asr", "fun_asr.serve.app", "fun_asr.serve.protocols.funasr_realtime", "fun_asr.asr.formats",
+           "fun_asr.asr.session"]
 API_KEY = "fuzz-key"
 BOUNDARY = "fuzzboundary7MA4YWxk"
 EXPECTED = {200, 400, 401, 413, 429, 504}

@@ -1,10 +1,10 @@
 """The server (`fun-asr-serve`) put together over one shared Session: the FastAPI app with its lifespan (the
 batcher), the API key (a header, or ``?api_key=`` in the URL: :func:`api_key_ok`), request ids and one access-log
 line per request (never the query string), errors in OpenAI's shape (FastAPI's on FunASR's routes) and, like every
-message a client gets, without server paths (:class:`~fun_asr.serve.words.ClientWords`), and the routes:
-OpenAI's transcription API (:mod:`~fun_asr.serve.openai`), FunASR's offline ``POST /asr``
-(:mod:`~fun_asr.serve.funasr_http`), FunASR's realtime WebSocket on every path (:mod:`~fun_asr.serve.ws_realtime`),
-GET /health.
+message a client gets, without server paths (:class:`~fun_asr.serve.words.ClientWords`), and the protocols
+(:mod:`fun_asr.serve.protocols`): OpenAI's transcription API, FunASR's offline ``POST /asr``, the web page at
+``/``, GET /health, and on every path the WebSocket protocols of :data:`WEBSOCKET_PROTOCOLS` (FunASR runtime's
+online/offline/2pass and FunASR's realtime protocol), told apart by a connection's first message.
 """
 
 from __future__ import annotations
@@ -29,20 +29,29 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fun_asr.asr.session import Session
-from fun_asr.serve.batcher import Batcher
-from fun_asr.serve.errors import ApiError, error_for, is_funasr_path
-from fun_asr.serve.funasr_http import add_funasr_routes
-from fun_asr.serve.openai import RESPONSE_FORMATS, ServerContext, add_openai_routes, verbose_json  # noqa: F401
-from fun_asr.serve.web import add_web_routes, is_page_request
+from fun_asr.serve.core.batcher import Batcher
+from fun_asr.serve.core.context import ServerContext
+from fun_asr.serve.core.errors import ApiError, error_for, is_funasr_path
+from fun_asr.serve.core.limits import RealtimeLimits
+from fun_asr.serve.core.websocket import MAX_FILE_MB, StreamServer, WebSocketProtocol, dispatch
+from fun_asr.serve.protocols import funasr_realtime, funasr_runtime
+from fun_asr.serve.protocols.funasr_http import add_funasr_routes
+from fun_asr.serve.protocols.openai import RESPONSE_FORMATS, add_openai_routes, verbose_json  # noqa: F401
+from fun_asr.serve.protocols.web import add_web_routes, is_page_request
 from fun_asr.serve.words import ClientWords
-from fun_asr.serve.ws_2pass import serve_websocket  # the runtime (2pass) protocol, or hands over to ws_realtime
-from fun_asr.serve.ws_realtime import RealtimeLimits
 
 log = logging.getLogger("fun_asr.server")
 access_log = logging.getLogger("fun_asr.access")
 
 API_KEY_PARAM = "api_key"  # ?api_key=KEY: for clients that cannot set headers (a browser's WebSocket)
 _QUERY_PAIR = re.compile(r"((?:^|[?&;])([^=&#;\s\"?]+)=)([^&#;\s\"]*)")
+
+# The WebSocket protocols on every path, told apart by a connection's first message: the first that recognises
+# it serves the connection; the last is the fallback (any first message). A new protocol is one more record.
+WEBSOCKET_PROTOCOLS: tuple[WebSocketProtocol, ...] = (
+    funasr_runtime.PROTOCOL,  # a JSON object: FunASR runtime's online/offline/2pass
+    funasr_realtime.PROTOCOL,  # anything else (START, LANGUAGE:x, binary audio ...): FunASR's realtime protocol
+)
 
 
 def api_key_ok(api_key: str | None, headers: Mapping[str, str], query: Mapping[str, str] | None = None) -> bool:
@@ -85,6 +94,18 @@ def _redact_uvicorn_logs() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _RedactApiKey) for f in logger.filters):
             logger.addFilter(_RedactApiKey())
+
+
+async def serve_websocket(ws: WebSocket, session: Session, batcher: Batcher | None, limits: RealtimeLimits,
+                          counter: list[int], max_new_tokens: int, *, authorized: bool,
+                          max_file_mb: float = MAX_FILE_MB, words: ClientWords | None = None) -> None:
+    """The WebSocket route's whole body (:func:`~fun_asr.serve.core.websocket.dispatch` over
+    :data:`WEBSOCKET_PROTOCOLS`): ``counter`` holds the connections open now (--max-streams), ``authorized``
+    whether the API key was given, ``max_file_mb`` the largest non-PCM upload (the server's --max-upload-mb),
+    ``words`` the server's :class:`~fun_asr.serve.words.ClientWords` (messages without server paths; None: one
+    for ``session``)."""
+    server = StreamServer(session, batcher, limits, counter, max_new_tokens, max_file_mb, words)
+    await dispatch(ws, server, WEBSOCKET_PROTOCOLS, authorized=authorized)
 
 
 def _routes(app: FastAPI) -> str:
@@ -180,7 +201,7 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
 
     @app.websocket("/{path:path}")
     async def realtime_ws(ws: WebSocket, path: str) -> None:  # noqa: ARG001 - FunASR serves any path
-        """FunASR's realtime protocol on every path (ws://host:port/ as FunASR's clients connect)."""
+        """The WebSocket protocols on every path (ws://host:port/ as FunASR's clients connect)."""
         await serve_websocket(ws, session, ctx.batcher, limits, live, max_new_tokens,
                               authorized=authorized(ws.headers, ws.query_params), max_file_mb=ctx.max_upload_mb,
                               words=words)
@@ -191,6 +212,6 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
 
     add_openai_routes(app, ctx)
     add_funasr_routes(app, ctx)
-    add_web_routes(app)  # GET /: the web page (serve/web.py), no key needed to load it
+    add_web_routes(app)  # GET /: the web page (serve/protocols/web), no key needed to load it
 
     return app

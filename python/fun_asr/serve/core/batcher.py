@@ -13,6 +13,7 @@ import numpy as np
 from fun_asr._core import Interrupted
 from fun_asr.asr.session import Session
 from fun_asr.audio.decode import SAMPLE_RATE, AudioInfo, decode_audio
+from fun_asr.serve.core.requests import DecodeRequest
 
 FINAL, SPECULATIVE, PARTIAL = "final", "speculative", "partial"  # a job's kind (see Batcher)
 
@@ -51,22 +52,23 @@ class Batcher:
         self._state = threading.Lock()
         self._partial_running = False
         self._closed = False
-        # (options, (samples, name, draft), future, kind (FINAL, SPECULATIVE or PARTIAL), time queued)
-        self.jobs: queue.Queue[tuple[tuple, tuple[np.ndarray, str, list[int] | None], Future, str, float]
+        # (request, (samples, name, draft), future, kind (FINAL, SPECULATIVE or PARTIAL), time queued)
+        self.jobs: queue.Queue[tuple[DecodeRequest, tuple[np.ndarray, str, list[int] | None], Future, str, float]
                                | None] = queue.Queue()
         self.thread = threading.Thread(target=self._work, name="fun-asr-batcher", daemon=True)
         self.thread.start()
 
-    def submit(self, samples: np.ndarray, options: tuple, name: str = "upload",
+    def submit(self, samples: np.ndarray, request: DecodeRequest | tuple, name: str = "upload",
                draft: list[int] | None = None, partial: bool = False, speculative: bool = False) -> Future:
         """Future[Transcription]; a ``partial`` request's may be None (skipped: see the class), unless it is
-        ``speculative``."""
+        ``speculative``. ``request``: a :class:`DecodeRequest` (or its positional tuple form)."""
+        request = DecodeRequest.of(request)
         fut: Future = Future()
         kind = SPECULATIVE if speculative else PARTIAL if partial else FINAL
         with self._state:
             if self._closed:  # never behind close()'s end mark, where nothing would answer it
                 raise RuntimeError("server is shutting down: the decoder takes no more requests")
-            self.jobs.put((options, (samples, name, list(draft) if draft else None), fut, kind, time.monotonic()))
+            self.jobs.put((request, (samples, name, list(draft) if draft else None), fut, kind, time.monotonic()))
             if kind != PARTIAL and self.interrupt_partials and self._partial_running:
                 self.session.interrupt()  # a partial batch that runs now gives way (see the class)
         return fut
@@ -124,14 +126,11 @@ class Batcher:
                 return
 
     def _run(self, batch: list) -> None:
-        # options: (language, itn, hotwords, max_new_tokens, segment_seconds, vad, word_timestamps[, vad_kwargs]);
-        # None = the server's setting; vad_kwargs: FunASR's VAD kwargs (and diarize for spk) as (name, value) pairs.
-        # Streams decode their VAD sentences without running the offline VAD again.
+        # the batch's DecodeRequest (its None fields: the server's settings)
         batch = [job for job in batch if job[2].set_running_or_notify_cancel()]  # drop timed-out requests
         if not batch:
             return
-        language, itn, hotwords, max_new, seconds, vad, words, *rest = batch[0][0]
-        vad_kwargs = dict(rest[0]) if rest else {}
+        request = DecodeRequest.of(batch[0][0])
         if batch[0][3] == PARTIAL and self.interrupt_partials:  # interruptible (submit) from before the look for finals
             with self.session.interruptible():
                 with self._state:
@@ -142,22 +141,22 @@ class Batcher:
                     if finals_waiting:
                         self._interrupted(batch)
                     else:
-                        self._transcribe(batch, language, itn, hotwords, max_new, seconds, vad, words, vad_kwargs)
+                        self._transcribe(batch, request)
                 finally:
                     with self._state:
                         self._partial_running = False
             return
-        self._transcribe(batch, language, itn, hotwords, max_new, seconds, vad, words, vad_kwargs)
+        self._transcribe(batch, request)
 
-    def _transcribe(self, batch: list, language: str | None, itn: bool, hotwords: tuple, max_new: int | None,
-                    seconds: float | None, vad: bool | None, words: bool, vad_kwargs: dict) -> None:
+    def _transcribe(self, batch: list, r: DecodeRequest) -> None:
         try:
             results = self.session.transcribe_batch(
-                [job[1][0] for job in batch], sample_rate=SAMPLE_RATE, language=language, itn=itn,
-                hotwords=list(hotwords), max_new_tokens=max_new or self.max_new_tokens, batch_size=len(batch),
-                segment_seconds=seconds or self.segment_seconds, names=[job[1][1] for job in batch], vad=vad,
-                word_timestamps=words, warn=False,  # each route reports its results' warnings itself
-                drafts=[batch[0][1][2]] if len(batch) == 1 and batch[0][1][2] else None, **vad_kwargs)
+                [job[1][0] for job in batch], sample_rate=SAMPLE_RATE, language=r.language, itn=r.itn,
+                hotwords=list(r.hotwords), max_new_tokens=r.max_new_tokens or self.max_new_tokens,
+                batch_size=len(batch), segment_seconds=r.segment_seconds or self.segment_seconds,
+                names=[job[1][1] for job in batch], vad=r.vad, word_timestamps=r.word_timestamps,
+                warn=False,  # each route reports its results' warnings itself
+                drafts=[batch[0][1][2]] if len(batch) == 1 and batch[0][1][2] else None, **dict(r.vad_kwargs))
         except Exception as exc:  # noqa: BLE001 - handed to every waiting request
             if isinstance(exc, Interrupted) and batch[0][3] == PARTIAL:  # given way to a final: skipped
                 self._interrupted(batch)
@@ -179,7 +178,7 @@ class Batcher:
 
 
 def _take(jobs: list, most: int) -> tuple[list, list]:
-    """The oldest job and up to `most` - 1 more with its options (in order); and the rest."""
+    """The oldest job and up to `most` - 1 more with its request (in order); and the rest."""
     batch: list = []
     rest: list = []
     for job in jobs:

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from fun_asr.asr.messages import cli_words
 from fun_asr.serve.words import SPEAKERS_REQUEST, server_words
 
-# The routes that speak FunASR's offline HTTP protocol (serve/funasr_http.py): their errors are FastAPI's.
+# The routes that speak FunASR's offline HTTP protocol (serve/protocols/funasr_http): their errors are FastAPI's.
 FUNASR_PATHS = ("/asr",)
 
 

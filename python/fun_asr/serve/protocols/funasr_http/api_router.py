@@ -13,31 +13,11 @@ from fastapi import FastAPI, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 
-from fun_asr.asr.options import check_vad_options, parse_silence_schedule
 from fun_asr.asr.prompt import split_hotwords
-from fun_asr.asr.session import Transcription
-from fun_asr.serve.errors import ApiError, _bool, _words, speaker_options
-from fun_asr.serve.openai import ServerContext, read_upload, segment_words, transcribe_upload
-
-ASR_PATH = "/asr"
-
-
-def asr_response(result: Transcription, words: bool, seconds: float) -> dict[str, Any]:
-    """FunASR's /asr answer: the text, each segment's text and times in seconds (with ``words``, FunASR's
-    ``{"word", "start", "end"}`` list, when word timestamps were computed), the audio's duration, the
-    processing time and its real-time factor; plus fun-asr's ``warnings`` and ``warning_codes``."""
-    segments = []
-    for s in result.segments:
-        seg: dict[str, Any] = {"text": s.text, "start": round(s.start, 3), "end": round(s.end, 3)}
-        if words:
-            seg["words"] = segment_words(s)
-        if s.speaker is not None:  # spk=true: FunASR's server labels, "SPK0", "SPK1", ...
-            seg["speaker"] = s.speaker_label
-        segments.append(seg)
-    duration = result.duration
-    return {"text": result.text, "segments": segments, "duration": duration,
-            "processing_time": round(seconds, 3), "rtf": round(seconds / duration, 4) if duration > 0 else 0,
-            "warnings": [str(w) for w in result.warnings], "warning_codes": result.warning_codes}
+from fun_asr.serve.core.context import ServerContext, read_upload, transcribe_upload
+from fun_asr.serve.core.errors import ApiError, _bool, _words, speaker_options
+from fun_asr.serve.core.requests import DecodeRequest
+from fun_asr.serve.protocols.funasr_http.protocol import ASR_PATH, asr_response, vad_options
 
 
 def add_funasr_routes(app: FastAPI, ctx: ServerContext) -> None:
@@ -97,26 +77,12 @@ def add_funasr_routes(app: FastAPI, ctx: ServerContext) -> None:
         except (ValueError, TypeError) as exc:
             raise ApiError(400, str(exc), "silence_schedule", "invalid_value") from None
         t0 = time.perf_counter()
-        options = (language, True, tuple(words), None, None, None, want_words)
-        # with VAD kwargs or spk, an 8th element; without, the same options as a /v1 request (batched together)
-        kwargs = vad_kwargs + diarize
-        result = await transcribe_upload(ctx, data, file.filename or "upload",
-                                         options + ((kwargs,) if kwargs else ()))
+        # without VAD kwargs or spk, the same request as a /v1 request's (batched together)
+        request = DecodeRequest(language, True, tuple(words), word_timestamps=want_words,
+                                vad_kwargs=vad_kwargs + diarize)
+        result = await transcribe_upload(ctx, data, file.filename or "upload", request)
         seconds = time.perf_counter() - t0
         return JSONResponse(asr_response(result, want_words and session.aligner is not None, seconds))
 
     app.router.add_api_route(ASR_PATH, asr, methods=["POST"], route_class_override=LimitedRoute,
                              summary="FunASR's offline recognition (serve_vllm.py POST /asr)")
-
-
-def vad_options(session: Any, silence_schedule: str | None, dynamic_silence: bool | None,
-                max_end_silence_time: int | None) -> tuple[tuple[str, Any], ...]:
-    """FunASR's VAD kwargs of a request, checked (ValueError/TypeError naming the field) as the batcher takes
-    them: (name, value) pairs of the given ones."""
-    schedule = None if silence_schedule is None else parse_silence_schedule(silence_schedule)
-    if schedule is None and dynamic_silence is None and max_end_silence_time is None:
-        return ()
-    if session.vad is None:
-        raise ValueError("silence_schedule, dynamic_silence and max_end_silence_time set the FSMN-VAD, and this "
-                         "server has none")
-    return tuple(sorted(check_vad_options(schedule, dynamic_silence, max_end_silence_time).kwargs().items()))

@@ -1,4 +1,4 @@
-"""The web page of ``fun-asr-serve``: ``GET /`` (``static/index.html``) and its files under ``/web/`` (plain
+"""The web page of ``fun-asr-serve``: ``GET /`` (``serve/static/index.html``) and its files under ``/web/`` (plain
 HTML, CSS and JavaScript shipped in the package: no build step, nothing fetched from elsewhere at run time).
 
 The page holds no data, so it loads without the API key (:func:`is_page_request`: the app's key check lets
@@ -6,7 +6,7 @@ these GET requests through); everything it asks the server for needs the key as 
 sends ``Authorization: Bearer KEY`` over HTTP and ``?api_key=KEY`` on the WebSocket). It talks to the
 server's own routes only: ``GET /v1/models`` (whether a key is needed, the model id), ``POST
 /v1/audio/transcriptions`` with ``response_format=verbose_json`` (a file) and the realtime WebSocket on ``/``
-(the microphone, FunASR's realtime protocol: :mod:`fun_asr.serve.ws_realtime`). docs/web.md describes it.
+(the microphone, FunASR's realtime protocol: :mod:`fun_asr.serve.protocols.funasr_realtime`). docs/web.md describes it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 log = logging.getLogger("fun_asr.server")
-STATIC = Path(__file__).with_name("static")
+STATIC = Path(__file__).resolve().parents[2] / "static"  # serve/static: the files shipped in the package
 PAGE = "index.html"
 ASSET_PREFIX = "/web/"
 # the files the page loads, with their media types: nothing else under static/ is served

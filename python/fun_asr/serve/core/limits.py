@@ -1,0 +1,93 @@
+"""The WebSocket streams' limits and server-wide defaults (FunASR's realtime-server flags), shared by every
+WebSocket protocol: :class:`RealtimeLimits`, built and checked by :func:`realtime_limits`; and uvicorn's
+WebSocket settings (:func:`uvicorn_ws_options`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fun_asr.serve.core.hotword_files import read_hotword_file, read_postprocess_hotword_file
+
+log = logging.getLogger("fun_asr.server")
+
+DEFAULT_HOTWORD_FILE = "热词列表"  # FunASR's --hotword-file default: read when it exists in the working folder
+ENDPOINT_MODES = ("server", "client")
+
+
+@dataclass(frozen=True)
+class RealtimeLimits:
+    """Per-connection limits and the server-wide stream defaults (FunASR's realtime-server flags);
+    :func:`realtime_limits` builds one from the flags and checks it against the Session."""
+
+    max_streams: int = 16  # concurrent connections; more are refused with an error event (close 1013)
+    idle_seconds: float = 60.0  # no message for this long (while the server is reading) closes the connection
+    max_seconds: float = 4 * 3600.0  # audio per stream
+    buffer_seconds: float = 30.0  # audio read but not processed yet, per stream; past it reading waits
+    language: str | None = None  # --language (a normalized code); LANGUAGE: replaces it per connection
+    hotwords: tuple[str, ...] = ()  # --hotword-file; HOTWORDS: replaces them per connection
+    postprocess_hotwords: tuple[tuple[str, str], ...] = ()  # --postprocess-hotword-file (wrong, right)
+    endpoint_mode: str = "server"  # --endpoint-mode: "server" (the VAD ends sentences) or "client" (COMMIT)
+    enable_spk: bool = False  # --enable-spk: every stream's sentences carry speakers (SPK:false turns them off)
+
+
+def realtime_limits(session: Any, *, max_new_tokens: int = 512, max_streams: int = 16, idle_seconds: float = 60.0,
+                    max_seconds: float = 4 * 3600.0, buffer_seconds: float = 30.0, language: str | None = None,
+                    hotword_file: str | os.PathLike[str] | None = None,
+                    postprocess_hotword_file: str | os.PathLike[str] | None = None,
+                    endpoint_mode: str = "server", enable_spk: bool = False) -> RealtimeLimits:
+    """The realtime limits and server-wide defaults from FunASR's flags, checked against the Session
+    (ValueError naming the flag). ``hotword_file`` None reads FunASR's default ``热词列表`` when it exists
+    in the working folder (logged)."""
+    if isinstance(max_streams, bool) or not isinstance(max_streams, int) or max_streams < 1:
+        raise ValueError(f"--max-streams must be a positive integer, got {max_streams!r}")
+    for name, value in (("--stream-idle-seconds", idle_seconds), ("--stream-max-seconds", max_seconds),
+                        ("--stream-buffer-seconds", buffer_seconds)):
+        if not value > 0:
+            raise ValueError(f"{name} must be positive, got {value:g}")
+    if endpoint_mode not in ENDPOINT_MODES:
+        raise ValueError(f"--endpoint-mode must be 'server' (the VAD ends sentences) or 'client' (the client sends "
+                         f"COMMIT), got {endpoint_mode!r}")
+    words: list[str] = []
+    if hotword_file is not None:
+        words = read_hotword_file(hotword_file)
+        log.info("loaded %d hotwords from %s", len(words), hotword_file)
+    elif Path(DEFAULT_HOTWORD_FILE).is_file():  # FunASR's default, as FunASR reads it
+        words = read_hotword_file(DEFAULT_HOTWORD_FILE)
+        log.warning("read %d hotwords from ./%s (FunASR's default --hotword-file)", len(words), DEFAULT_HOTWORD_FILE)
+    pairs = read_postprocess_hotword_file(postprocess_hotword_file) if postprocess_hotword_file is not None else {}
+    try:
+        code = session.normalize_language(language)
+        session.options(code, True, words, max_new_tokens, 30.0)  # the Session's hotword and context limits
+    except (ValueError, TypeError) as exc:
+        if "max_new_tokens" in str(exc) and "hotword" not in str(exc):
+            raise ValueError(str(exc)) from None  # (--max-new-tokens: named by the message itself)
+        flag = "--hotword-file" if "hotword" in str(exc) else "--language"
+        raise ValueError(f"{flag}: {exc}") from None
+    if enable_spk:
+        try:
+            session.options(diarize=True)  # the speaker model: loaded now, or the reason there is none
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"--enable-spk: {exc}") from None
+    return RealtimeLimits(max_streams, float(idle_seconds), float(max_seconds), float(buffer_seconds), code,
+                          tuple(words), tuple(pairs.items()), endpoint_mode, bool(enable_spk))
+
+
+def uvicorn_ws_options(max_upload_mb: float, ping_interval: float = 20.0, ping_timeout: float = 0.0) -> dict[str, Any]:
+    """uvicorn.Config's WebSocket settings: the largest message is the upload limit (a recording may come as
+    one frame); uvicorn's legacy ``websockets`` implementation queues at most one received message for the
+    handler (``ws_max_queue`` 1; its default, 32, would let one connection park 32 frames of up to the upload
+    limit each before the server's back-pressure starts; the websockets-sansio implementation, uvicorn's
+    default, and wsproto pause the socket after each message anyway); pings every ``ping_interval`` s; no
+    ping timeout unless asked (``<= 0``: off, FunASR's default), since a stream that falls behind is not
+    read (back-pressure) and cannot answer a ping."""
+    return {"ws_max_size": max(1, int(max_upload_mb * 1024 * 1024)),
+            "ws_max_queue": 1,
+            "ws_ping_interval": ping_interval if ping_interval > 0 else None,
+            "ws_ping_timeout": ping_timeout if ping_timeout > 0 else None}
+
+
+__all__ = ["DEFAULT_HOTWORD_FILE", "ENDPOINT_MODES", "RealtimeLimits", "realtime_limits", "uvicorn_ws_options"]

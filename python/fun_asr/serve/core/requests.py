@@ -1,0 +1,39 @@
+"""What one decode asks of the server's shared decoder: :class:`DecodeRequest`, the options the batcher
+decodes with (``None``: the server's setting). Requests with equal options are decoded together."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    """The decoding options of one request to the batcher; equal requests share a decoding pass.
+
+    ``max_new_tokens``, ``segment_seconds`` and ``vad`` left ``None`` are the server's settings
+    (``--max-new-tokens``, ``--max-segment-seconds``, the Session's VAD); ``vad_kwargs`` are FunASR's VAD kwargs
+    of a request (and ``diarize`` for ``spk``) as (name, value) pairs. Streams decode their VAD sentences with
+    ``vad=False`` (the offline VAD does not run again)."""
+
+    language: str | None = None
+    itn: bool = True
+    hotwords: tuple[str, ...] = ()
+    max_new_tokens: int | None = None
+    segment_seconds: float | None = None
+    vad: bool | None = None
+    word_timestamps: bool = False
+    vad_kwargs: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, options: DecodeRequest | Sequence[Any]) -> DecodeRequest:
+        """A request as given, or built from its positional form ``(language, itn, hotwords, max_new_tokens,
+        segment_seconds, vad, word_timestamps[, vad_kwargs])``."""
+        if isinstance(options, DecodeRequest):
+            return options
+        language, itn, hotwords, max_new, seconds, vad, words, *rest = options
+        return cls(language, itn, tuple(hotwords), max_new, seconds, vad, words, tuple(rest[0]) if rest else ())
+
+
+__all__ = ["DecodeRequest"]

@@ -1,0 +1,96 @@
+"""OpenAI's transcription responses: the formats (json, text, srt, vtt, verbose_json: :func:`verbose_json`),
+the streamed ``transcript.text.delta`` / ``transcript.text.done`` events (:func:`stream_events`) sent as
+server-sent events (:func:`sse_response`), and the model names a request may give."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+from fun_asr.asr.assemble import join_text
+from fun_asr.asr.language import english_name
+from fun_asr.asr.session import Transcription
+from fun_asr.serve.core.context import segment_words
+
+RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+STREAM_FORMATS = ("json", "text")  # as OpenAI: a stream of transcript.text events replaces these two
+MODEL_ALIASES = ("fun-asr", "fun-asr-nano", "whisper-1")
+LANGUAGE_NAMES = {"zh": "chinese", "en": "english", "ja": "japanese", "ko": "korean"}
+
+
+def verbose_json(t: Transcription, words: bool = False, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    """OpenAI's verbose_json, with FunASR's ``words`` inside each segment (``[]`` unless word timestamps were
+    asked for) and fun-asr's extensions (truncation flags, warnings, segmentation, timings)."""
+    lang = t.detected_language  # the requested language, else inferred from the text's script
+    if spec is not None:
+        language = english_name(spec, lang) or "unknown"
+    else:
+        language = LANGUAGE_NAMES.get(lang or "", lang or "unknown")
+    extra: dict[str, Any] = {}
+    if words:  # timestamp_granularities=["word"]: OpenAI's words list (empty without a CTC head)
+        extra["words"] = [w for s in t.segments for w in segment_words(s)]
+    return {
+        "task": "transcribe",
+        "language": language,
+        "duration": round(t.duration, 3),
+        "text": t.text,
+        "truncated": t.truncated,
+        "input_truncated": t.input_truncated,
+        "warnings": [str(w) for w in t.warnings],
+        "warning_codes": t.warning_codes,
+        "segmentation": t.segmentation,
+        "segments": [
+            {"id": i, "seek": int(s.start * 100), "start": s.start, "end": s.end, "text": s.text,
+             "tokens": s.tokens, "temperature": 0.0, "stop_reason": s.stop_reason, "truncated": s.truncated,
+             "repetition": s.repetition, "words": segment_words(s) if words else [],
+             **({} if s.speaker is None else {"speaker": s.speaker_label})}
+            for i, s in enumerate(t.segments)
+        ],
+        **({} if t.speakers is None else {"num_speakers": t.num_speakers, "speakers": [
+            {"start": round(a, 3), "end": round(b, 3), "speaker": f"SPK{k}"} for a, b, k in t.speakers]}),
+        "timings": t.timings,
+        **extra,
+    }
+
+
+def stream_events(t: Transcription, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """OpenAI's streamed transcription: one ``transcript.text.delta`` per decoded segment with text (its text,
+    after the separator the transcript puts before it, so that the deltas add up to the text exactly), then
+    ``transcript.text.done`` with the whole text (and the json format's truncation flags)."""
+    events: list[dict[str, Any]] = []
+    deltas: list[str] = []
+    prev = None
+    for s in t.segments:
+        if not s.text:
+            continue
+        # the separator depends only on the text before it (its last character) and this segment: join the
+        # pair, not everything shown so far (linear in the transcript, also for hours of segments)
+        delta = s.text if prev is None else join_text([prev, s], t.language, spec)[len(prev.text):]
+        events.append({"type": "transcript.text.delta", "delta": delta})
+        deltas.append(delta)
+        prev = s
+    text = "".join(deltas)
+    if text != t.text:  # never expected (join_text builds t.text); the deltas must add up to the text
+        raise RuntimeError(f"streamed deltas {text!r} do not add up to the transcript {t.text!r}")
+    events.append({"type": "transcript.text.done", "text": t.text, "truncated": t.truncated,
+                   "input_truncated": t.input_truncated})
+    return events
+
+
+def sse_response(events: list[dict[str, Any]]) -> StreamingResponse:
+    """Server-sent events as OpenAI sends them: ``data: <json>`` blocks, then ``data: [DONE]``."""
+
+    async def body() -> AsyncIterator[str]:
+        for event in events:
+            yield f"data: {json.dumps(event, ensure_ascii=False, separators=(',', ':'))}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+__all__ = ["LANGUAGE_NAMES", "MODEL_ALIASES", "RESPONSE_FORMATS", "STREAM_FORMATS", "sse_response", "stream_events",
+           "verbose_json"]
