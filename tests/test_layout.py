@@ -16,7 +16,8 @@ reader. Layers, top to bottom::
     _spin (the compiled probe _spinwait times a spin-wait iteration with)
 
 A module may import a module of a lower layer or of its own package; packages that share a layer do not
-import each other.
+import each other. Inside ``serve`` (one layer): ``serve.core`` imports no protocol and not ``serve.app``, a
+protocol (``serve.protocols.<name>``) imports no other protocol, and only ``serve.app`` imports the protocols.
 """
 
 from __future__ import annotations
@@ -124,6 +125,57 @@ def test_imports_only_run_downward() -> None:
 def test_no_import_circles() -> None:
     found = circles(GRAPH)
     assert not found, "import circles:\n" + "\n".join(found)
+
+
+def protocol_of(name: str) -> str | None:
+    """The server protocol a module belongs to (``fun_asr.serve.protocols.openai.api_router`` -> ``openai``), or
+    None (``fun_asr.serve.protocols`` itself names no protocol)."""
+    parts = name.split(".")
+    return parts[3] if parts[:3] == ["fun_asr", "serve", "protocols"] and len(parts) > 3 else None
+
+
+def serve_inside(graph: dict[str, set[str]]) -> list[str]:
+    """The server's inner rule (serve/ is one layer): ``serve.core`` imports no ``serve.protocols`` module and not
+    ``serve.app``; a protocol imports no other protocol; only ``serve.app`` (and ``serve/__init__``) import the
+    protocols, so that a new protocol is its own package plus a line in the app."""
+    wrong = []
+    for name, deps in graph.items():
+        core = name == "fun_asr.serve.core" or name.startswith("fun_asr.serve.core.")
+        own = protocol_of(name)
+        for dep in sorted(deps):
+            theirs = protocol_of(dep)
+            to_protocols = theirs is not None or dep == "fun_asr.serve.protocols"
+            if core and (to_protocols or dep == "fun_asr.serve.app"):
+                wrong.append(f"{name} -> {dep} (serve.core imports no protocol and not the app)")
+            elif own is not None and theirs is not None and theirs != own:
+                wrong.append(f"{name} -> {dep} (a protocol imports no other protocol)")
+            elif own is None and to_protocols and name not in ("fun_asr.serve.app", "fun_asr.serve") \
+                    and not name.startswith("fun_asr.serve.protocols"):
+                wrong.append(f"{name} -> {dep} (only serve.app imports the protocols)")
+    return wrong
+
+
+def test_server_protocols_stay_apart() -> None:
+    wrong = serve_inside(GRAPH)
+    assert not wrong, "imports across the server's parts:\n" + "\n".join(wrong)
+
+
+def test_the_server_check_catches_violations() -> None:
+    """A core module importing a protocol or the app, a protocol importing another, and a module other than the
+    app importing a protocol are each reported."""
+    assert {"fun_asr.serve.core.batcher", "fun_asr.serve.app"} <= set(GRAPH)
+    fake = {k: set(v) for k, v in GRAPH.items()}
+    fake["fun_asr.serve.core.batcher"] |= {"fun_asr.serve.protocols.openai.protocol", "fun_asr.serve.app"}
+    fake["fun_asr.serve.protocols.funasr_runtime.serving"].add("fun_asr.serve.protocols.funasr_realtime.protocol")
+    fake["fun_asr.serve.words"].add("fun_asr.serve.protocols.web.routes")
+    fake["fun_asr.cli.serve"].add("fun_asr.serve.protocols.funasr_realtime")
+    found = set(serve_inside(fake)) - set(serve_inside(GRAPH))
+    assert {w.split(" (")[0] for w in found} == {
+        "fun_asr.serve.core.batcher -> fun_asr.serve.protocols.openai.protocol",
+        "fun_asr.serve.core.batcher -> fun_asr.serve.app",
+        "fun_asr.serve.protocols.funasr_runtime.serving -> fun_asr.serve.protocols.funasr_realtime.protocol",
+        "fun_asr.serve.words -> fun_asr.serve.protocols.web.routes",
+        "fun_asr.cli.serve -> fun_asr.serve.protocols.funasr_realtime"}
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))

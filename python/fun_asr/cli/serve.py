@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"{PROG}: error: cannot load model {args.model}: {_say(str(exc))}", file=sys.stderr)
         return 2  # it cannot start: nothing was served (README: Exit codes)
-    from fun_asr.serve.protocols.funasr_realtime import realtime_limits, uvicorn_ws_options
+    from fun_asr.serve.core.limits import realtime_limits, uvicorn_ws_options
 
     try:
         limits = realtime_limits(session, max_new_tokens=args.max_new_tokens, max_streams=args.max_streams,
