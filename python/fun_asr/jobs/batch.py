@@ -207,8 +207,9 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
                                           speaker_model=_model_arg(speaker_model) if speaker_model else "auto")
                     except (OSError, ValueError, RuntimeError) as exc:  # nothing was done
                         raise BatchError(f"cannot load model {model}: {exc}") from None
-                session.options(language, itn, list(opts.hotwords), max_new_tokens, segment_seconds,
-                                repetition_guard, **vad_options, **speaker_options)
+                session.options(language=language, itn=itn, hotwords=list(opts.hotwords), max_new_tokens=max_new_tokens,
+                                segment_seconds=segment_seconds, repetition_guard=repetition_guard, **vad_options,
+                                **speaker_options)  # as given: JobOptions holds them converted
                 bar.begin()
                 _local_engine(todo, session, opts, emit, workers or min(4, os.cpu_count() or 1), stop)
                 engine_info = {"workers": workers or min(4, os.cpu_count() or 1)}

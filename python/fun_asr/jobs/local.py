@@ -37,6 +37,13 @@ class JobOptions:
         return (self.language if item.language is None else item.language,
                 self.hotwords if item.hotwords is None else item.hotwords)
 
+    def transcription_options(self, language: str | None, hotwords: tuple[str, ...]) -> dict[str, Any]:
+        """The Session's option keywords (``Session.options``, ``transcribe_batch``) for one language and
+        hotword list."""
+        return {"language": language, "itn": self.itn, "hotwords": list(hotwords),
+                "max_new_tokens": self.max_new_tokens, "segment_seconds": self.segment_seconds,
+                "repetition_guard": self.repetition_guard, **self.vad_options, **self.speaker_options}
+
 
 @dataclass
 class Loaded:
@@ -103,10 +110,8 @@ def _call(session: Any, loaded: list[Loaded], language: str | None, hotwords: tu
     with warnings.catch_warnings():  # everything is in the records: no stream of warnings
         warnings.simplefilter("ignore", FunAsrWarning)
         return session.transcribe_batch(
-            [ld.samples for ld in loaded], sample_rate=16000, language=language, itn=opts.itn, hotwords=list(hotwords),
-            max_new_tokens=opts.max_new_tokens, segment_seconds=opts.segment_seconds,
-            repetition_guard=opts.repetition_guard, batch_size=opts.batch_size, names=[ld.item.audio for ld in loaded],
-            **opts.vad_options, **opts.speaker_options)
+            [ld.samples for ld in loaded], sample_rate=16000, batch_size=opts.batch_size,
+            names=[ld.item.audio for ld in loaded], **opts.transcription_options(language, hotwords))
 
 
 def transcribe_loaded(session: Any, loaded: Sequence[Loaded], opts: JobOptions) -> list[dict]:
@@ -127,8 +132,7 @@ def transcribe_loaded(session: Any, loaded: Sequence[Loaded], opts: JobOptions) 
         if not ok:
             continue
         try:
-            session.options(language, opts.itn, list(hotwords), opts.max_new_tokens, opts.segment_seconds,
-                            opts.repetition_guard, **opts.vad_options, **opts.speaker_options)
+            session.options(**opts.transcription_options(language, hotwords))
         except (ValueError, TypeError) as exc:
             for i in ok:
                 records[i] = _failed_record(loaded[i].item, _message(loaded[i].item.audio, exc), base_options,

@@ -52,8 +52,7 @@ class RayTranscriber:
         self.session = Session(model, device=device, threads=threads, progress=False, vad=vad, vad_model=vad_model,
                                speaker_model=speaker_model or "auto")
         o = self.opts  # the job's own options must be valid: fail the job, not every item
-        self.session.options(o.language, o.itn, list(o.hotwords), o.max_new_tokens, o.segment_seconds,
-                             o.repetition_guard, **o.vad_options, **o.speaker_options)
+        self.session.options(**o.transcription_options(o.language, o.hotwords))
 
     def __call__(self, batch: Any) -> Any:
         import pyarrow as pa
