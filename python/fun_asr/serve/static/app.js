@@ -300,6 +300,19 @@
     return b;
   }
 
+  // a segment's times, its speaker (when known) and its text, appended to `el`
+  function appendSegment(el, s) {
+    const t = document.createElement("span");
+    t.className = "time";
+    t.textContent = `${clock(s.start)} – ${clock(s.end)}`;
+    el.append(t);
+    if (s.speaker) el.append(speakerBadge(s.speaker));
+    const x = document.createElement("span");
+    x.className = "seg-text";
+    x.textContent = s.text;
+    el.append(x);
+  }
+
   function showResult(result, seconds) {
     file.result = result;
     file.segments = (result.segments || []).map((s) => ({ start: s.start, end: s.end, text: s.text, speaker: s.speaker }));
@@ -322,15 +335,7 @@
       const b = document.createElement("button");
       b.className = "seg";
       b.dataset.i = String(i);
-      const t = document.createElement("span");
-      t.className = "time";
-      t.textContent = `${clock(s.start)} – ${clock(s.end)}`;
-      b.append(t);
-      if (s.speaker) b.append(speakerBadge(s.speaker));
-      const x = document.createElement("span");
-      x.className = "seg-text";
-      x.textContent = s.text;
-      b.append(x);
+      appendSegment(b, s);
       b.setAttribute("aria-label", `play ${clock(s.start)} to ${clock(s.end)}${s.speaker ? `, ${s.speaker}` : ""}: ${s.text}`);
       b.addEventListener("click", () => play(s.start, s.end, i));
       li.append(b);
@@ -476,15 +481,7 @@
     list.replaceChildren(...liveSegments().map((s) => {
       const li = document.createElement("li");
       li.className = "sentence";
-      const t = document.createElement("span");
-      t.className = "time";
-      t.textContent = `${clock(s.start)} – ${clock(s.end)}`;
-      li.append(t);
-      if (s.speaker) li.append(speakerBadge(s.speaker));
-      const x = document.createElement("span");
-      x.className = "seg-text";
-      x.textContent = s.text;
-      li.append(x);
+      appendSegment(li, s);
       return li;
     }));
     $("live-partial").textContent = live.partial;
