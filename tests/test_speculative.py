@@ -217,13 +217,14 @@ def test_batcher_takes_a_draft_only_for_a_lone_request(demo, three) -> None:  # 
     from concurrent.futures import Future
 
     from fun_asr.serve.core.batcher import Batcher
+    from fun_asr.serve.core.requests import DecodeRequest
 
     x = _three_audio(three)[: 16000 * 3]
     plain = demo.transcribe(x, sample_rate=16000, vad=False)
     tokens = [t for s in plain.segments for t in s.tokens]
     b = Batcher(demo, max_batch=4, max_new_tokens=512)
     try:
-        options = (None, True, (), 512, 30.0, False, False)
+        options = DecodeRequest(None, True, (), 512, 30.0, False, False)
         lone = b.submit(x, options, "stream", draft=tokens).result(timeout=120)
         assert lone.text == plain.text and lone.timings["draft_accepted"] > 0
         jobs = [(options, (x, name, tokens), Future(), "final", 0.0) for name in ("a", "b")]

@@ -15,9 +15,10 @@ import numpy as np
 from fun_asr import Interrupted
 from fun_asr.asr.interrupts import RunningCalls
 from fun_asr.serve.core.batcher import Batcher
+from fun_asr.serve.core.requests import DecodeRequest
 
-FINAL = (None, True, (), 5, 30.0, False, False)
-PARTIAL = (None, True, (), 3, 30.0, False, False)
+FINAL = DecodeRequest(None, True, (), 5, 30.0, False, False)
+PARTIAL = DecodeRequest(None, True, (), 3, 30.0, False, False)
 
 
 class _Recorder:

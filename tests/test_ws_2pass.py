@@ -465,7 +465,7 @@ def test_stream_max_seconds_over_a_real_server(tiny: fun_asr.Session) -> None:
 
 
 def test_realtime_protocol_still_served_on_the_same_route(server: str) -> None:
-    """A first message that is not a JSON object goes to ws_realtime.handle, replayed (its accept is a no-op)."""
+    """A first message that is not a JSON object goes to the realtime protocol (funasr_realtime.handle), replayed (its accept is a no-op)."""
     audio = _pcm(EXAMPLES / "en_hello.wav")
 
     async def run() -> list[dict]:
@@ -774,7 +774,7 @@ def test_text_messages_are_bounded_by_back_pressure_too() -> None:
 
     received, sent = asyncio.run(run())
     assert sent == 0  # (the client read nothing)
-    assert received <= 64 + 3, received  # ws_2pass.MAX_QUEUED_TEXTS, the first message, one in hand
+    assert received <= 64 + 3, received  # the runtime protocol's MAX_QUEUED_TEXTS, the first message, one in hand
 
 
 def test_stream_max_seconds_ends_the_utterance_as_the_realtime_protocol_does() -> None:
@@ -852,7 +852,7 @@ def test_unknown_fields_are_named_once_per_connection() -> None:
 
 
 def test_replay_reads_only_through_receive() -> None:
-    """ws_realtime reads with receive only; any other reader would skip the replayed first message, so the
+    """The realtime protocol reads with receive only; any other reader would skip the replayed first message, so the
     replaying socket has none (and forwards no socket's own)."""
 
     async def run() -> list[Any]:

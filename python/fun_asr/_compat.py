@@ -1,6 +1,7 @@
-"""The module paths of the earlier flat layout (``fun_asr.session``, ``fun_asr.vad``'s one file, ...),
-still importable: each old name loads its new module (with a DeprecationWarning naming it), so code written
-against them keeps working. New code imports the names from ``fun_asr`` or from the new modules."""
+"""The module paths of earlier layouts, still importable: the flat one (``fun_asr.session``, ``fun_asr.vad``'s one
+file, ...) and the server's one module per protocol (``fun_asr.serve.ws_realtime``, ...). Each old name loads its
+new module (with a DeprecationWarning naming it), so code written against them keeps working. New code imports
+the names from ``fun_asr`` or from the new modules."""
 
 from __future__ import annotations
 
@@ -29,6 +30,13 @@ MOVED = {
     "fun_asr.messages": "fun_asr.asr.messages",
     "fun_asr.server": "fun_asr.serve.app",
     "fun_asr.realtime": "fun_asr.serve.protocols.funasr_realtime",
+    "fun_asr.serve.openai": "fun_asr.serve.protocols.openai",
+    "fun_asr.serve.funasr_http": "fun_asr.serve.protocols.funasr_http",
+    "fun_asr.serve.ws_realtime": "fun_asr.serve.protocols.funasr_realtime",
+    "fun_asr.serve.ws_2pass": "fun_asr.serve.protocols.funasr_runtime",
+    "fun_asr.serve.web": "fun_asr.serve.protocols.web",
+    "fun_asr.serve.batcher": "fun_asr.serve.core.batcher",
+    "fun_asr.serve.errors": "fun_asr.serve.core.errors",
     "fun_asr.batch": "fun_asr.jobs.batch",
     "fun_asr.evaluate": "fun_asr.jobs.evaluate",
 }

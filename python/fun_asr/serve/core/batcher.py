@@ -58,11 +58,12 @@ class Batcher:
         self.thread = threading.Thread(target=self._work, name="fun-asr-batcher", daemon=True)
         self.thread.start()
 
-    def submit(self, samples: np.ndarray, request: DecodeRequest | tuple, name: str = "upload",
+    def submit(self, samples: np.ndarray, request: DecodeRequest, name: str = "upload",
                draft: list[int] | None = None, partial: bool = False, speculative: bool = False) -> Future:
         """Future[Transcription]; a ``partial`` request's may be None (skipped: see the class), unless it is
-        ``speculative``. ``request``: a :class:`DecodeRequest` (or its positional tuple form)."""
-        request = DecodeRequest.of(request)
+        ``speculative``. ``request``: the decoding options (:class:`DecodeRequest`)."""
+        if not isinstance(request, DecodeRequest):
+            raise TypeError(f"request must be a DecodeRequest, got {type(request).__name__}")
         fut: Future = Future()
         kind = SPECULATIVE if speculative else PARTIAL if partial else FINAL
         with self._state:
@@ -130,7 +131,7 @@ class Batcher:
         batch = [job for job in batch if job[2].set_running_or_notify_cancel()]  # drop timed-out requests
         if not batch:
             return
-        request = DecodeRequest.of(batch[0][0])
+        request: DecodeRequest = batch[0][0]
         if batch[0][3] == PARTIAL and self.interrupt_partials:  # interruptible (submit) from before the look for finals
             with self.session.interruptible():
                 with self._state:

@@ -3,7 +3,6 @@ decodes with (``None``: the server's setting). Requests with equal options are d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,15 +24,6 @@ class DecodeRequest:
     vad: bool | None = None
     word_timestamps: bool = False
     vad_kwargs: tuple[tuple[str, Any], ...] = ()
-
-    @classmethod
-    def of(cls, options: DecodeRequest | Sequence[Any]) -> DecodeRequest:
-        """A request as given, or built from its positional form ``(language, itn, hotwords, max_new_tokens,
-        segment_seconds, vad, word_timestamps[, vad_kwargs])``."""
-        if isinstance(options, DecodeRequest):
-            return options
-        language, itn, hotwords, max_new, seconds, vad, words, *rest = options
-        return cls(language, itn, tuple(hotwords), max_new, seconds, vad, words, tuple(rest[0]) if rest else ())
 
 
 __all__ = ["DecodeRequest"]
