@@ -241,7 +241,9 @@ class Session(Pipeline):
                    **options: Unpack[OptionArgs]) -> Transcription:
         """Transcribes one recording (path, bytes, binary file object, or array with ``sample_rate``).
 
-        Its segments are decoded up to ``batch_size`` at a time (token for token the same as one by
+        ``options``: the transcription options, as keywords (those of :meth:`options`, which checks them:
+        ``language``, ``itn``, ``hotwords``, ``max_new_tokens``, ``segment_seconds``, ... - the list is
+        :class:`fun_asr.asr.options.OptionArgs`). Its segments are decoded up to ``batch_size`` at a time (token for token the same as one by
         one). ``vad``: False cuts at pauses even when the Session has a VAD (None: the Session's
         choice). ``word_timestamps``: per-token start/end from the checkpoint's CTC head by FunASR's
         forced alignment (the ModelScope checkpoint has it; the Hugging Face one does not: then segment
