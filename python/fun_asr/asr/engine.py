@@ -30,6 +30,7 @@ from fun_asr.asr.prompt import PromptSpec, prompt_runs
 from fun_asr.asr.tokenizer import TextTokenizer
 from fun_asr.audio.frontend import FrontendConfig, fake_token_len, features, lfr
 from fun_asr.model.native import load_model, model_metadata
+from fun_asr.model.vocab import languages_for
 from fun_asr.vad.frontend import num_fbank_frames
 
 log = logging.getLogger("fun_asr")
@@ -52,8 +53,6 @@ class Engine:
         self.tokenizer = TextTokenizer(meta["tokenizer.huggingface.json"])
         self.prompt = PromptSpec.from_dict(json.loads(meta["fun_asr_nano.prompt"]))
         self.spec = json.loads(meta["fun_asr_nano.model_spec"])
-        from fun_asr.model.funasr_checkpoint import languages_for
-
         # Fun-ASR-Nano or Fun-ASR-MLT-Nano (31 languages): the checkpoint says which table applies
         self.language_table = str(meta.get("fun_asr_nano.language_table") or "nano")
         self.spec["languages"] = languages_for(self.spec, self.language_table)
@@ -81,7 +80,6 @@ class Engine:
         lang_name = language_prompt_name(self.spec, opts.language)  # a name the model lacks: as written (FunASR)
         before, after = prompt_runs(self.prompt, lang_name, opts.itn, list(opts.hotwords))
         return self.tokenizer.encode_runs(before), self.tokenizer.encode_runs(after)
-
 
     def _decode_audio(self, samples: np.ndarray, opts: TranscribeOptions, forced: list[int],
                       max_new_tokens: int, draft: list[int] | None = None) -> tuple[list[int], str, dict[str, float]]:
@@ -127,7 +125,6 @@ class Engine:
             timings[key] = float(gen[key])
         return [t for t in tokens if t not in self.stop_ids], reason, timings
 
-
     def interrupt(self) -> bool:
         """From another thread: stops the transcriptions running on this session (``transcribe``,
         ``transcribe_batch``, a stream's decodes) at the model's next graph node or decoding step; each of
@@ -137,14 +134,12 @@ class Engine:
         the speaker model's passes are not interrupted (they run between the model's, briefly)."""
         return self._calls.interrupt()
 
-
     def interruptible(self) -> AbstractContextManager[None]:
         """A block that counts as one running transcription for :meth:`interrupt` (every transcription is one):
         an interrupt while it is open, also between the calls it makes, stops them (the calls raise
         :class:`fun_asr.Interrupted`) until it ends — for a caller that decides to run a transcription and
         must not lose an interrupt that comes before the call starts."""
         return self._calls.running()
-
 
     def _encode(self, item: _Item, a: int, b: int, opts: TranscribeOptions,
                 jobs: list[tuple[_Item, int, np.ndarray]], waiting: list[int]) -> None:
@@ -200,7 +195,6 @@ class Engine:
             self.model.clear_prefix()
             self._prefix_ids = ()
 
-
     def _features(self, item: _Item, a: int, b: int) -> np.ndarray:
         """LFR features of samples [a, b): sliced from the recording's fbank when the segment starts on a
         frame boundary (identical to computing them on the slice: Kaldi frames are independent), else
@@ -212,7 +206,6 @@ class Engine:
             if k + count <= len(item.fbank):
                 return lfr(item.fbank[k : k + count], self.frontend.lfr_m, self.frontend.lfr_n)
         return features(item.samples[a:b], self.frontend)
-
 
     def _decode(self, jobs: list[tuple[_Item, int, np.ndarray]], opts: TranscribeOptions, batch_size: int,
                 progress: bool, raise_errors: bool, prefix: np.ndarray | None = None,
@@ -279,8 +272,6 @@ class Engine:
                     for key in ("decode_passes", "draft_proposed", "draft_accepted"):
                         item.draft_stats[key] = item.draft_stats.get(key, 0) + int(stats[key])
         bar.close()
-
-
 
     def _align(self, items: list[_Item]) -> None:
         """Word (CTC token) timestamps of every decoded segment (:func:`fun_asr.asr.ctc.align_segments`, the

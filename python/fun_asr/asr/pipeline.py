@@ -51,8 +51,9 @@ class Pipeline(Engine):
         self._told_languages: set[str] = set()  # languages the spec lacks, logged once each
 
     def _speaker_windows(self) -> RecordingSpeakers:
-        """A recording's speaker windows, embedded by the speaker model (the Session's)."""
-        raise NotImplementedError
+        """A recording's speaker windows, embedded by the speaker model: the Session gives them (it holds the
+        speaker model); a pipeline without one cannot diarize."""
+        raise NotImplementedError("diarize=True needs a speaker model (fun_asr.Session(speaker_model=...))")
 
     def _run(self, audios: list[AudioInput], sample_rate: int | None, opts: TranscribeOptions, batch_size: int,
              progress: bool, raise_errors: bool, names: list[str] | None = None,
@@ -63,7 +64,6 @@ class Pipeline(Engine):
         they grow past _WAVE_BYTES."""
         with self.interruptible():
             return self._run_all(audios, sample_rate, opts, batch_size, progress, raise_errors, names, warn, drafts)
-
 
     def _run_all(self, audios: list[AudioInput], sample_rate: int | None, opts: TranscribeOptions,
                  batch_size: int, progress: bool, raise_errors: bool, names: list[str] | None,
@@ -147,7 +147,6 @@ class Pipeline(Engine):
             results.append(self._result(item, opts, options, total_ms if len(items) == 1 else None, warn))
         return results
 
-
     def _stream(self, item: _Item, audio: AudioInput, sample_rate: int | None, opts: TranscribeOptions,
                 encode: Callable[[_Item, int, int], None], progress: bool, label: str) -> Iterator[bool]:
         """Reads one recording block by block (AudioReader: the checks and limits of decode_audio as the
@@ -197,7 +196,6 @@ class Pipeline(Engine):
             bar.close()
         yield True
 
-
     def _label_speakers(self, item: _Item, opts: TranscribeOptions) -> None:
         """Each segment's speaker from the recording's windows (FunASR's clustering, vad_segment mode)."""
         if item.error is not None:
@@ -212,8 +210,6 @@ class Pipeline(Engine):
         item.speaker_turns = timeline
         item.timings["speaker_ms"] = speakers.embed_ms + (time.perf_counter() - t0) * 1e3
         item.speakers = None
-
-
 
     def _result(self, item: _Item, opts: TranscribeOptions, options: dict[str, Any],
                 total_ms: float | None, warn: bool = True) -> Transcription:

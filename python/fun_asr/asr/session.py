@@ -243,12 +243,12 @@ class Session(Pipeline):
 
         ``options``: the transcription options, as keywords (those of :meth:`options`, which checks them:
         ``language``, ``itn``, ``hotwords``, ``max_new_tokens``, ``segment_seconds``, ... - the list is
-        :class:`fun_asr.asr.options.OptionArgs`). Its segments are decoded up to ``batch_size`` at a time (token for token the same as one by
-        one). ``vad``: False cuts at pauses even when the Session has a VAD (None: the Session's
-        choice). ``word_timestamps``: per-token start/end from the checkpoint's CTC head by FunASR's
-        forced alignment (the ModelScope checkpoint has it; the Hugging Face one does not: then segment
-        times only, said once). Raises on audio that cannot be read. ``ignore_eos`` is for benchmarks
-        only: decode exactly ``max_new_tokens`` per segment.
+        :class:`fun_asr.asr.options.OptionArgs`). Its segments are decoded up to ``batch_size`` at a time (token for
+        token the same as one by one). ``vad``: False cuts at pauses even when the Session has a VAD (None: the
+        Session's choice). ``word_timestamps``: per-token start/end from the checkpoint's CTC head by FunASR's
+        forced alignment (the ModelScope checkpoint has it; the Hugging Face one does not: then segment times only,
+        said once). Raises on audio that cannot be read. ``ignore_eos`` is for benchmarks only: decode exactly
+        ``max_new_tokens`` per segment.
 
         FunASR 1.4.16's per-call VAD kwargs (``AutoModel.generate(..., silence_schedule=...)``): ``silence_schedule``
         (the dynamic end-silence table, ``[(accumulated_speech_ms, silence_ms), ...]``, or a string
