@@ -7,7 +7,7 @@
 // Layout: channels innermost throughout ([C, T, F, B] in the FCM, [C, T * B] after it): 1x1 convs are plain
 // matrix products, the others im2col (graph/common's im2col_channels_last) and one matrix product in the
 // weights' type (F32 or F16).
-#include "runtime/speaker_model.h"
+#include "graph/campplus.h"
 
 #include <algorithm>
 #include <cmath>

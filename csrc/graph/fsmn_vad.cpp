@@ -1,7 +1,7 @@
 // FSMN-VAD network graph (DESIGN §6): CMVN, affine 400->140, affine 140->250 + ReLU, n x [linear
 // 250->128, causal FSMN memory of lorder taps over the cache + new frames, affine 128->250 + ReLU],
 // affine 250->140, affine 140->248, softmax.
-#include "runtime/vad_model.h"
+#include "graph/fsmn_vad.h"
 
 #include <algorithm>
 

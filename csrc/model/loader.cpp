@@ -1,7 +1,6 @@
 #include "model/loader.h"
 
-#include "kernels/gemm_avx2.h"
-#include "runtime/backend.h"
+#include "model/ggml_support.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -387,7 +386,8 @@ ggml_backend_buffer_t place_weights(ggml_backend_buffer_type_t buft, const Place
 
 }  // namespace
 
-std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HParams & hp, ggml_backend_dev_t dev) {
+std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HParams & hp, ggml_backend_dev_t dev,
+                                            const WeightRelayout * relayout) {
     const std::vector<ExpectedTensor> expected = expected_tensors(hp);
     // A package may carry its FSMN-VAD (tensors "vad.*", keys "fsmn_vad.*": VadModel loads those) and its
     // CAM++ speaker model (tensors "spk.*", keys "campplus.*": SpeakerModel loads those).
@@ -469,10 +469,10 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
                                            });
         out->repacked = repack.size();
     }
-    if (is_cpu && q8_0_quads_wanted()) {
-        // The Q8_0 matrices of the decoder, encoder, adaptor and CTC head in the int8 GEMM's quads layout
-        // (kernels/gemm_avx2.h): re-laid out once here instead of once per product (a decode step unpacked every
-        // matrix it read). The same bytes, in this process's memory instead of the shared page cache. (The
+    if (is_cpu && relayout) {
+        // The matrices of the decoder, encoder, adaptor and CTC head that a CPU kernel takes in its own layout
+        // (the int8 GEMM's Q8_0 quads): re-laid out once here instead of once per product (a decode step unpacked
+        // every matrix it read). The same bytes, in this process's memory instead of the shared page cache. (The
         // encoder's products have 50+ columns, so their unpack was a small share with 256-bit tiles, 168 vs
         // 170 ms per 10 s pass on Zen 4; with the 512-bit ones on Zen 5 a 5 s pass takes 56 instead of 59 ms.)
         // Only graph/common.cpp's products read these names' matrices (never a ggml op: the VAD's and the
@@ -484,14 +484,13 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
             const auto starts = [&](const char * prefix) { return name.rfind(prefix, 0) == 0; };
             const bool matrix = starts("blk.") || starts("enc.blk.") || starts("adp.") || starts("ctc.") ||
                                 name == "output.weight" || (name == "token_embd.weight" && hp.dec.tie_embeddings);
-            (matrix && q8_0_quads_fits(pr.first) ? quads : rest).push_back(pr);
+            (matrix && relayout->fits(pr.first) ? quads : rest).push_back(pr);
         }
         if (!quads.empty()) {
             out->quads_buffer = place_weights(ggml_backend_dev_buffer_type(dev), quads, 0, true,
                                               "cannot allocate the re-laid-out Q8_0 weights", "weight allocation failed",
                                               [&](ggml_tensor * t, const SourceTensor * s) {
-                                                  q8_0_quads_relayout(t, s->data, t->data);
-                                                  mark_q8_0_quads(t);
+                                                  relayout->apply(t, s->data);
                                                   if (src.file) src.file->release(s->data, s->nbytes);
                                               });
             out->quads = quads.size();

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,7 +61,7 @@ struct LoadedWeights {
     ggml_backend_buffer_t buffer = nullptr;        // the mapped file, or the device buffer
     ggml_backend_buffer_t repack_buffer = nullptr;  // CPU: weights re-laid out for faster GEMM (Q4_K ...)
     size_t repacked = 0;                            // how many tensors live in repack_buffer
-    ggml_backend_buffer_t quads_buffer = nullptr;   // CPU: Q8_0 in the int8 GEMM's quads layout (kernels/gemm_avx2.h)
+    ggml_backend_buffer_t quads_buffer = nullptr;   // CPU: matrices in a CPU kernel's own layout (WeightRelayout)
     size_t quads = 0;                               // how many tensors live in quads_buffer
     std::shared_ptr<MappedFile> file;  // kept alive when the buffer maps it
     Weights w;
@@ -75,8 +76,18 @@ struct LoadedWeights {
 // The CPU's extra buffer type (ggml "repack") that accelerates matmuls with weight `w`, or null.
 ggml_backend_buffer_type_t repack_buft_for(ggml_backend_dev_t dev, const ggml_tensor * w);
 
+// A CPU kernel's own layout for some of the recognizer's matrices, applied once at load instead of once per
+// product (the runtime gives it: the int8 GEMM's Q8_0 quads, kernels/gemm_avx2.h). `fits`: whether a matrix
+// takes it; `apply`: the tensor's data (allocated) from the checkpoint's bytes, the tensor marked as laid out.
+struct WeightRelayout {
+    std::function<bool(const ggml_tensor *)> fits;
+    std::function<void(ggml_tensor *, const void *)> apply;
+};
+
 // Checks every table entry (present, shape, allowed type), rejects unknown tensors, and places the
-// data in `dev`'s memory (mapped without a copy on the CPU when possible).
-std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HParams & hp, ggml_backend_dev_t dev);
+// data in `dev`'s memory (mapped without a copy on the CPU when possible). On the CPU, the recognizer's
+// matrices that `relayout` (may be null) fits are copied into its layout.
+std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HParams & hp, ggml_backend_dev_t dev,
+                                            const WeightRelayout * relayout = nullptr);
 
 }  // namespace fun_asr

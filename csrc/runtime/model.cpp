@@ -34,7 +34,12 @@ Model::Model(const ModelSource & src, const std::string & device, int threads) {
     }
     hp_ = parse_hparams(src.meta, src.arch);
     dev_ = pick_device(device);
-    weights_ = load_weights(src, hp_, dev_);
+    // the int8 GEMM's Q8_0 quads layout (FUN_ASR_Q8_QUADS): the loader re-lays those matrices out once
+    WeightRelayout quads{q8_0_quads_fits, [](ggml_tensor * t, const void * data) {
+                             q8_0_quads_relayout(t, data, t->data);
+                             mark_q8_0_quads(t);
+                         }};
+    weights_ = load_weights(src, hp_, dev_, q8_0_quads_wanted() ? &quads : nullptr);
     backend_ = ggml_backend_dev_init(dev_, nullptr);
     if (!backend_) throw std::runtime_error(std::string("cannot initialise backend ") + ggml_backend_dev_name(dev_));
     std::vector<ggml_backend_t> backends{backend_};

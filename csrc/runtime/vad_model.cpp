@@ -46,39 +46,6 @@ std::vector<ExpectedTensor> expected_vad_tensors(const VadHParams & hp) {
 
 }  // namespace
 
-int64_t VadHParams::symbol(const std::string & name) const {
-    if (name == "in_dim") return in_dim;
-    if (name == "in_affine") return in_affine;
-    if (name == "linear_dim") return linear_dim;
-    if (name == "proj_dim") return proj_dim;
-    if (name == "lorder") return lorder;
-    if (name == "out_affine") return out_affine;
-    if (name == "out_dim") return out_dim;
-    throw std::runtime_error("fsmn_vad tensor table: unknown shape symbol '" + name + "'");
-}
-
-VadHParams parse_vad_hparams(const Metadata & m) {
-    const std::string k = "fsmn_vad.";
-    VadHParams hp;
-    hp.in_dim = get_int(m, k + "input_dim");
-    hp.in_affine = get_int(m, k + "input_affine_dim");
-    hp.linear_dim = get_int(m, k + "linear_dim");
-    hp.proj_dim = get_int(m, k + "proj_dim");
-    hp.lorder = get_int(m, k + "lorder", 2);
-    hp.out_affine = get_int(m, k + "output_affine_dim");
-    hp.out_dim = get_int(m, k + "output_dim", 2);
-    hp.n_layers = get_int(m, k + "block_count");
-    if (get_int(m, k + "rorder", 0) != 0) {
-        throw std::runtime_error("fsmn_vad: FSMN blocks with a right context (rorder > 0) are not supported");
-    }
-    const int64_t limit = 1 << 20;
-    for (int64_t v : {hp.in_dim, hp.in_affine, hp.linear_dim, hp.proj_dim, hp.lorder, hp.out_affine, hp.out_dim}) {
-        if (v > limit) throw std::runtime_error("fsmn_vad: a dimension of " + std::to_string(v) + " is implausible");
-    }
-    if (hp.n_layers > 64) throw std::runtime_error("fsmn_vad: " + std::to_string(hp.n_layers) + " layers is implausible");
-    return hp;
-}
-
 VadModel::VadModel(const ModelSource & src, int threads) {
     // An fsmn_vad file, or another package (a fun_asr_nano GGUF) that embeds one: "fsmn_vad.*" keys and
     // "vad.*" tensors beside its own, which are left alone here.

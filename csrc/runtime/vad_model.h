@@ -12,36 +12,10 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml.h"
+#include "graph/fsmn_vad.h"
 #include "model/loader.h"
 
 namespace fun_asr {
-
-struct VadHParams {
-    int64_t in_dim = 0, in_affine = 0, linear_dim = 0, proj_dim = 0, lorder = 0, out_affine = 0, out_dim = 0;
-    int64_t n_layers = 0;
-    int64_t symbol(const std::string & name) const;
-    int64_t cache_floats() const { return n_layers * (lorder - 1) * proj_dim; }
-};
-
-VadHParams parse_vad_hparams(const Metadata & meta);
-
-struct VadLayer {
-    ggml_tensor * linear = nullptr;  // [proj, linear_dim] (ggml [linear_dim, proj])
-    ggml_tensor * taps = nullptr;    // ggml [proj, lorder]: tap j's weights for every channel at row j
-    ggml_tensor * affine_w = nullptr, * affine_b = nullptr;
-};
-
-struct VadWeights {
-    ggml_tensor * shift = nullptr, * scale = nullptr;  // CMVN: (x + shift) * scale
-    ggml_tensor * in1_w = nullptr, * in1_b = nullptr, * in2_w = nullptr, * in2_b = nullptr;
-    std::vector<VadLayer> layers;
-    ggml_tensor * out1_w = nullptr, * out1_b = nullptr, * out2_w = nullptr, * out2_b = nullptr;
-};
-
-// feats [in_dim, T] (LFR, before CMVN), caches: one [proj, lorder-1] per layer. Returns the softmax
-// output [out_dim, T]; new_caches receives each layer's updated cache.
-ggml_tensor * build_fsmn_vad(ggml_context * ctx, const VadHParams & hp, const VadWeights & w, ggml_tensor * feats,
-                             const std::vector<ggml_tensor *> & caches, std::vector<ggml_tensor *> & new_caches);
 
 class VadModel {
 public:
