@@ -465,7 +465,8 @@ def test_stream_max_seconds_over_a_real_server(tiny: fun_asr.Session) -> None:
 
 
 def test_realtime_protocol_still_served_on_the_same_route(server: str) -> None:
-    """A first message that is not a JSON object goes to the realtime protocol (funasr_realtime.handle), replayed (its accept is a no-op)."""
+    """A first message that is not a JSON object goes to the realtime protocol (funasr_realtime.handle), replayed
+    (its accept is a no-op)."""
     audio = _pcm(EXAMPLES / "en_hello.wav")
 
     async def run() -> list[dict]:

@@ -43,6 +43,14 @@ py::dict system_info() {
     py::dict features;
     for (const auto & [k, v] : info.cpu_features) features[py::str(k)] = v;
     d["cpu_features"] = features;
+    py::dict switches;  // FUN_ASR_* environment switches: {name: {"value": as set or None, "what": ...}}
+    for (const auto & sw : info.switches) {
+        py::dict e;
+        e["value"] = sw.value.empty() ? py::object(py::none()) : py::object(py::str(sw.value));
+        e["what"] = sw.what;
+        switches[py::str(sw.name)] = e;
+    }
+    d["switches"] = switches;
     d["tensor_types"] = fun_asr::supported_tensor_types();
     return d;
 }
@@ -51,8 +59,9 @@ py::dict system_info() {
 
 void bind_bench(py::module_ & m) {
     m.def("system_info", &system_info,
-          "ggml version and commit, compiled and registered backends, devices, CPU features and "
-          "the tensor types quantize/dequantize accept.");
+          "ggml version and commit, compiled and registered backends, devices, CPU features, the FUN_ASR_* "
+          "environment switches (value as read, or None, and what each does) and the tensor types "
+          "quantize/dequantize accept.");
 
     m.def(
         "check_device",

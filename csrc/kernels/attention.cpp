@@ -1,5 +1,7 @@
 #include "kernels/attention.h"
 
+#include "base/switches.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -432,11 +434,9 @@ static void rows(const float * q, const float * k, const float * v, float * o, i
 bool wide_ok() {
 #if FUN_ASR_ATTN_X86
     static const bool ok = [] {
-        const char * env = std::getenv("FUN_ASR_ZMM");
-        if (env && std::strcmp(env, "0") == 0) return false;
+        if (switches::is("FUN_ASR_ZMM", "0")) return false;
         // FUN_ASR_MATVEC=avx2 / avxvnni stands in for a CPU without AVX-512: the 256-bit code then, as there
-        const char * mv = std::getenv("FUN_ASR_MATVEC");
-        if (mv && (std::strcmp(mv, "avx2") == 0 || std::strcmp(mv, "avxvnni") == 0)) return false;
+        if (switches::is("FUN_ASR_MATVEC", "avx2") || switches::is("FUN_ASR_MATVEC", "avxvnni")) return false;
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
     }();
@@ -548,8 +548,7 @@ void run_cached(ggml_tensor * dst, int ith, int nth, void * userdata) {
 bool cpu_ok() {
 #if FUN_ASR_ATTN_X86
     static const bool ok = [] {
-        const char * env = std::getenv("FUN_ASR_ATTN");
-        if (env && std::strcmp(env, "ggml") == 0) return false;
+        if (switches::is("FUN_ASR_ATTN", "ggml")) return false;
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     }();

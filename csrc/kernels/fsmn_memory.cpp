@@ -1,5 +1,7 @@
 #include "kernels/fsmn_memory.h"
 
+#include "base/switches.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -21,10 +23,7 @@ namespace fun_asr {
 namespace {
 
 bool enabled() {
-    static const bool on = [] {
-        const char * env = std::getenv("FUN_ASR_FSMN");
-        return !(env && std::strcmp(env, "ggml") == 0);
-    }();
+    static const bool on = !switches::is("FUN_ASR_FSMN", "ggml");
     return on;
 }
 

@@ -1,5 +1,7 @@
 #include "kernels/fused_add.h"
 
+#include "base/switches.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -157,10 +159,7 @@ ggml_tensor * custom(ggml_context * ctx, ggml_tensor * y, ggml_tensor * a, ggml_
 }  // namespace
 
 bool fusion_enabled() {
-    static const bool on = [] {
-        const char * env = std::getenv("FUN_ASR_FUSE");
-        return !(env && std::strcmp(env, "0") == 0);
-    }();
+    static const bool on = !switches::is("FUN_ASR_FUSE", "0");
     return on;
 }
 

@@ -1,5 +1,7 @@
 #include "kernels/gemm_amx.h"
 
+#include "base/switches.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -332,8 +334,7 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
 bool amx_available() {
 #if FUN_ASR_AMX_BUILD
     static const bool ok = [] {
-        const char * env = std::getenv("FUN_ASR_AMX");
-        if (env && std::string(env) == "0") return false;
+        if (switches::is("FUN_ASR_AMX", "0")) return false;
         return request_amx();
     }();
     return ok;

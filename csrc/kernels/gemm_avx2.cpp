@@ -1,5 +1,7 @@
 #include "kernels/gemm_avx2.h"
 
+#include "base/switches.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -197,12 +199,10 @@ const Choice & choice() {
     static const Choice chosen = [] {
         Choice c;
 #if FUN_ASR_GEMM_X86
-        const char * env = std::getenv("FUN_ASR_GEMM");
-        const std::string want = env ? env : "";
+        const std::string & want = switches::value("FUN_ASR_GEMM");
         if (want == "0") return c;
-        const char * mv = std::getenv("FUN_ASR_MATVEC");
-        const bool plain = want == "avx2" || (mv && std::string(mv) == "avx2");
-        const bool vex_vnni = want == "avxvnni" || (mv && std::string(mv) == "avxvnni");
+        const bool plain = want == "avx2" || switches::is("FUN_ASR_MATVEC", "avx2");
+        const bool vex_vnni = want == "avxvnni" || switches::is("FUN_ASR_MATVEC", "avxvnni");
         __builtin_cpu_init();
         const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                               __builtin_cpu_supports("f16c");
@@ -210,8 +210,7 @@ const Choice & choice() {
                               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
         if (has_vnni && !plain && !vex_vnni) {
             // FUN_ASR_ZMM=0: the 256-bit tiles (same bits; for comparisons)
-            const char * zmm = std::getenv("FUN_ASR_ZMM");
-            if (zmm && std::string(zmm) == "0") return Choice{vnni::rows, "avx512vnni", vnni::relayout_q8_0_quads};
+            if (switches::is("FUN_ASR_ZMM", "0")) return Choice{vnni::rows, "avx512vnni", vnni::relayout_q8_0_quads};
             return Choice{vnni512::rows, "avx512vnni", vnni512::relayout_q8_0_quads, 2 * kGroup, 512};
         }
 #if FUN_ASR_AVX_VNNI
@@ -444,9 +443,8 @@ bool int8_gemm_many_supported(const std::vector<ggml_tensor *> & ws, const ggml_
 bool q8_0_quads_wanted() {
     static const bool on = [] {
         // (FUN_ASR_MATVEC=0, ggml's products for the decode steps, keeps the plain layout too)
-        const char * env = std::getenv("FUN_ASR_Q8_QUADS");
         return choice().relayout != nullptr && !amx_available() && matvec_isa()[0] != '\0' &&
-               !(env && std::string(env) == "0");
+               !switches::is("FUN_ASR_Q8_QUADS", "0");
     }();
     return on;
 }

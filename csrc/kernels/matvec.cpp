@@ -1,5 +1,7 @@
 #include "kernels/matvec.h"
 
+#include "base/switches.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -155,8 +157,7 @@ Kernels pick(const std::string &) { return {}; }
 
 const Kernels & kernels() {
     static const Kernels chosen = [] {
-        const char * env = std::getenv("FUN_ASR_MATVEC");
-        const std::string want = env ? env : "";
+        const std::string & want = switches::value("FUN_ASR_MATVEC");
         if (want == "0") return Kernels{};
         return pick(want);
     }();

@@ -1,5 +1,7 @@
 #include "model/ggml_support.h"
 
+#include "base/switches.h"
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -21,12 +23,8 @@ thread_local std::string g_last_error;  // ggml's last error text on this thread
 void quiet_log(enum ggml_log_level level, const char * text, void * /*user*/) {
     // FUN_ASR_GGML_LOG: unset = silent (errors are kept for our exceptions), "warn" = warnings and
     // errors on stderr, "debug" = everything ggml says.
-    static const int verbosity = [] {
-        const char * v = std::getenv("FUN_ASR_GGML_LOG");
-        if (v == nullptr) return 0;
-        if (std::strcmp(v, "debug") == 0) return 2;
-        return std::strcmp(v, "warn") == 0 ? 1 : 0;
-    }();
+    static const int verbosity =
+        switches::is("FUN_ASR_GGML_LOG", "debug") ? 2 : switches::is("FUN_ASR_GGML_LOG", "warn") ? 1 : 0;
     static thread_local enum ggml_log_level last = GGML_LOG_LEVEL_NONE;
     if (level == GGML_LOG_LEVEL_CONT) level = last;  // continuation of the previous message
     last = level;
@@ -55,8 +53,7 @@ std::string take_ggml_error() {
 void advise_huge_pages(ggml_backend_buffer_t buffer) {
 #if defined(__linux__)
     if (!buffer || !ggml_backend_buffer_is_host(buffer)) return;
-    const char * thp = std::getenv("FUN_ASR_THP");
-    if (thp && std::string(thp) == "0") return;
+    if (switches::is("FUN_ASR_THP", "0")) return;
     const uintptr_t huge = uintptr_t(2) << 20;
     const uintptr_t base = reinterpret_cast<uintptr_t>(ggml_backend_buffer_get_base(buffer));
     const uintptr_t begin = (base + huge - 1) / huge * huge;

@@ -1,5 +1,7 @@
 #include "runtime/backend.h"
 
+#include "base/switches.h"
+
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
@@ -88,6 +90,7 @@ SystemInfo system_info() {
             }
         }
     }
+    for (const switches::Switch & sw : switches::all()) info.switches.push_back({sw.name, switches::value(sw.name), sw.what});
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
         ggml_backend_dev_t dev = ggml_backend_dev_get(i);
         DeviceInfo d;

@@ -26,6 +26,9 @@ struct SystemInfo {
     std::vector<std::string> registered_backends;  // what ggml registered at run time
     std::vector<DeviceInfo> devices;
     std::vector<std::pair<std::string, std::string>> cpu_features;
+    // every FUN_ASR_* environment switch (base/switches.h): name, value as read ("" unset), what it does
+    struct Switch { std::string name, value, what; };
+    std::vector<Switch> switches;
 };
 
 SystemInfo system_info();

@@ -1,5 +1,7 @@
 #include "runtime/model.h"
 
+#include "base/switches.h"
+
 #include <cstdlib>
 #include <cstring>
 
@@ -57,8 +59,8 @@ Model::Model(const ModelSource & src, const std::string & device, int threads) {
     sched_ = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()), kGraphSize, false, true);
     if (!sched_) throw std::runtime_error("cannot create the ggml scheduler");
     graph_meta_.resize(ggml_tensor_overhead() * kGraphSize + ggml_graph_overhead_custom(kGraphSize, false));
-    const char * prof = std::getenv("FUN_ASR_PROFILE");
-    if (prof != nullptr && prof[0] != '\0' && std::strcmp(prof, "0") != 0) set_profiling(true);
+    const std::string & prof = switches::value("FUN_ASR_PROFILE");
+    if (!prof.empty() && prof != "0") set_profiling(true);
 }
 
 void Model::set_profiling(bool on) {
@@ -153,10 +155,7 @@ void Model::new_graph(GraphScope & g, std::vector<uint8_t> * meta) {
 }
 
 bool Model::step_graph_reusable() const {
-    static const bool enabled = [] {
-        const char * env = std::getenv("FUN_ASR_GRAPH_REUSE");
-        return !(env && std::strcmp(env, "0") == 0);
-    }();
+    static const bool enabled = !switches::is("FUN_ASR_GRAPH_REUSE", "0");
     return enabled && !step_graph_off_ && backend_ == cpu_backend_ && flash_attn_;
 }
 
