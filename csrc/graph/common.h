@@ -15,9 +15,26 @@ namespace fun_asr {
 // Called for every named stage output ("enc.blk.3.out"); a debug run marks them as outputs.
 using StageCallback = std::function<void(ggml_tensor *, const std::string &)>;
 
+// What the device a graph runs on offers, in one record that the runtime fills from the device
+// (runtime/backend.cpp device_caps): the builders and the runtime read a field here instead of asking whether the
+// device is the CPU, so a new backend is one entry there. The defaults are the CPU's.
+struct DeviceCaps {
+    // The host CPU: fun-asr's CPU ops (kernels/) may run on its tensors (the decoder's attention over its KV cache,
+    // the in-graph greedy choice, the CTC argmax), its thread count is chosen by timing decode steps, a decode
+    // step's graph is computed again with new inputs, and prefills of several sequences go through one pass.
+    bool host = true;
+    // ggml's flash attention keeps K and V in F32 (CUDA's rounds them to F16: relative errors ~1e-3 where the CPU's
+    // F32 attention meets the reference within 1e-4); without it, attention is matmul / softmax / matmul.
+    bool exact_flash_attn = true;
+    // Products must ask for F32 accumulation (ggml's CUDA backend would otherwise run F16 weights through cuBLAS
+    // with F16 accumulation).
+    bool f32_products = false;
+};
+
 struct GraphCtx {
     ggml_context * ctx;
     StageCallback on_stage;  // may be empty
+    DeviceCaps caps{};
     void name(ggml_tensor * t, const std::string & n) const {
         ggml_set_name(t, n.c_str());
         if (on_stage) on_stage(t, n);

@@ -99,7 +99,7 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
             return ggml_view_4d(ctx, cache, hd, d.n_kv_heads, n_kv, seqs, cache->nb[1], cache->nb[2], cache->nb[3],
                                 static_cast<size_t>(slot) * cache->nb[3]);
         };
-        const bool cpu_cache = kc->buffer && ggml_backend_buffer_is_host(kc->buffer);
+        const bool cpu_cache = g.caps.host && kc->buffer;  // fun-asr's attention op reads it
         ggml_tensor * kw = window(kc, in.n_kv, B, in.slot0), * vw = window(vc, in.n_kv, B, in.slot0);
         ggml_tensor * att = nullptr;
         if (fuse && n == 1 && !frames && in.flash_attn && cpu_cache && l.q_norm && l.k_norm &&

@@ -69,6 +69,16 @@ ggml_backend_dev_t pick_device(const std::string & device) {
     throw std::invalid_argument("unknown device '" + device + "': accepted values are auto, cpu, cuda, cuda:N");
 }
 
+DeviceCaps device_caps(ggml_backend_dev_t dev) {
+    DeviceCaps caps;
+    caps.host = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU;
+    // a GPU: ggml's CUDA flash attention rounds K/V to F16, cuBLAS accumulates F16 weights in F16 (both unknown
+    // to be exact elsewhere): the matmul attention and F32 products there
+    caps.exact_flash_attn = caps.host;
+    caps.f32_products = !caps.host;
+    return caps;
+}
+
 SystemInfo system_info() {
     SystemInfo info;
     info.ggml_version = ggml_version();

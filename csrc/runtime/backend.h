@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ggml-backend.h"
+#include "graph/common.h"
 #include "model/ggml_support.h"
 
 namespace fun_asr {
@@ -37,5 +38,9 @@ SystemInfo system_info();
 // first GPU), "cuda:N" / "gpu:N". std::invalid_argument naming what is accepted for an unknown name, a GPU
 // that this build or machine lacks, or an index past the GPUs.
 ggml_backend_dev_t pick_device(const std::string & device);
+
+// What `dev` offers the graphs that run on it (graph/common.h DeviceCaps): the one place that says how a backend
+// differs from the CPU.
+DeviceCaps device_caps(ggml_backend_dev_t dev);
 
 }  // namespace fun_asr

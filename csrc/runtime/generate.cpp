@@ -138,7 +138,7 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
         auto build = [&](GraphScope & g, std::vector<uint8_t> * meta) {
             new_graph(g, meta);
             passes_.graphs_built += 1;
-            GraphCtx gc{g.ctx, {}};
+            GraphCtx gc{g.ctx, {}, caps_};
             ggml_tensor * x;
             if (embeddings) {
                 emb_in = x = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, d.d_model, n * B);
@@ -160,7 +160,7 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
             ggml_set_output(logits);
             ggml_build_forward_expand(g.gf, logits);
             choice = nullptr;
-            if (n == 1 && !verify && backend_ == cpu_backend_ && argmax_columns_supported(logits)) {
+            if (n == 1 && !verify && caps_.host && argmax_columns_supported(logits)) {
                 choice = argmax_columns(g.ctx, logits);  // the greedy choice in the graph: B indices to copy out
                 ggml_set_output(choice);
                 ggml_build_forward_expand(g.gf, choice);
@@ -240,7 +240,7 @@ int64_t Model::step_chunk() const {
     // numbers (no sequence's numbers depend on the others) at the cost of reading the weights again.
     auto per_column = [](ggml_tensor * w) { return weight_is_repacked(w) && !matvec_step_takes(w) ? 1 : 0; };
     // (a KV cache on a GPU attends in one chain for the whole batch: decoder_qwen3.cpp)
-    const bool per_sequence_attention = !flash_attn_ && backend_ == cpu_backend_;
+    const bool per_sequence_attention = !flash_attn_ && caps_.host;
     int64_t per_seq = per_column(weights_->w.output);
     for (const Qwen3Layer & l : weights_->w.dec) {
         per_seq += per_sequence_attention ? 16 : 0;
@@ -372,7 +372,7 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
     // group, so each sequence's bits are its own); above the mat-vec kernels' column count only, where a
     // lone prefill takes the many-column products too; at most kGroupRows positions per pass.
     constexpr int64_t kGroupRows = 2048;
-    const bool grouped = backend_ == cpu_backend_ && flash_attn_;
+    const bool grouped = caps_.host && flash_attn_;
     const int64_t most = grouped ? step_chunk() : 1;
     std::vector<float> joined;
     for (int64_t b = 0; b < B;) {

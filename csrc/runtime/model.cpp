@@ -36,6 +36,7 @@ Model::Model(const ModelSource & src, const std::string & device, int threads) {
     }
     hp_ = parse_hparams(src.meta, src.arch);
     dev_ = pick_device(device);
+    caps_ = device_caps(dev_);
     // the int8 GEMM's Q8_0 quads layout (FUN_ASR_Q8_QUADS): the loader re-lays those matrices out once
     WeightRelayout quads{q8_0_quads_fits, [](ggml_tensor * t, const void * data) {
                              q8_0_quads_relayout(t, data, t->data);
@@ -52,9 +53,7 @@ Model::Model(const ModelSource & src, const std::string & device, int threads) {
         backends.push_back(cpu_backend_);
     }
     set_threads(threads);
-    // ggml's CUDA flash attention rounds K and V to F16 (relative errors ~1e-3 where the CPU's F32
-    // attention meets the reference within 1e-4): on a GPU the matmul / softmax / matmul attention.
-    flash_attn_ = cpu_backend_ == backend_;
+    flash_attn_ = caps_.exact_flash_attn;  // else the matmul / softmax / matmul attention (DeviceCaps)
     ggml_backend_cpu_set_abort_callback(cpu_backend_, &Model::abort_callback, this);  // interrupt()
     sched_ = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()), kGraphSize, false, true);
     if (!sched_) throw std::runtime_error("cannot create the ggml scheduler");
@@ -128,7 +127,7 @@ void Model::set_threads(int threads) {
     std::lock_guard<std::mutex> lock(mutex_);  // not while a graph computes
     threads_ = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     // Auto: the chooser times decode steps, on the CPU only (a GPU backend's CPU fallback keeps them all).
-    auto_threads_ = threads == 0 && cpu_backend_ == backend_;
+    auto_threads_ = threads == 0 && caps_.host;
     chooser_ = ThreadChooser(threads_);
     ggml_backend_cpu_set_n_threads(cpu_backend_, threads_);
 }
@@ -156,7 +155,7 @@ void Model::new_graph(GraphScope & g, std::vector<uint8_t> * meta) {
 
 bool Model::step_graph_reusable() const {
     static const bool enabled = !switches::is("FUN_ASR_GRAPH_REUSE", "0");
-    return enabled && !step_graph_off_ && backend_ == cpu_backend_ && flash_attn_;
+    return enabled && !step_graph_off_ && caps_.host && flash_attn_;
 }
 
 void Model::alloc_graph(ggml_cgraph * gf) {
@@ -171,9 +170,8 @@ void Model::alloc_graph(ggml_cgraph * gf) {
             ggml_backend_sched_set_tensor_backend(sched_, node, cpu_backend_);
         }
     }
-    // On a GPU, products accumulate in F32 as on the CPU (ggml's CUDA backend would otherwise run F16
-    // weights through cuBLAS with F16 accumulation).
-    if (backend_ != cpu_backend_) {
+    // Products accumulate in F32 as on the CPU (DeviceCaps::f32_products).
+    if (caps_.f32_products) {
         for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
             ggml_tensor * node = ggml_graph_node(gf, i);
             if (node->op == GGML_OP_MUL_MAT) ggml_mul_mat_set_prec(node, GGML_PREC_F32);
@@ -221,7 +219,7 @@ std::pair<ggml_tensor *, ggml_tensor *> Model::run_encoder(GraphScope & g, const
     check_features(T);
     stage_ = "encode";
     new_graph(g);
-    GraphCtx gc{g.ctx, on_stage};
+    GraphCtx gc{g.ctx, on_stage, caps_};
     ggml_tensor * feats = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, hp_.enc.input_size, T);
     ggml_tensor * pe = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, hp_.enc.input_size, T);
     ggml_set_input(feats);
@@ -333,12 +331,12 @@ ggml_tensor * Model::run_ctc_head(GraphScope & g, const float * encoder_out, int
     check_features(T);  // one encoder frame per LFR frame: the same bounds
     stage_ = "ctc";
     new_graph(g);
-    GraphCtx gc{g.ctx, {}};
+    GraphCtx gc{g.ctx, {}, caps_};
     ggml_tensor * enc = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, hp_.enc.d_model, T);
     ggml_set_input(enc);
     ggml_tensor * out = build_ctc(gc, hp_, weights_->w, enc, nullptr);
     // [T] int32: our multithreaded argmax on the CPU, ggml's where another backend computes (CUDA has it)
-    if (argmax) out = backend_ == cpu_backend_ ? ctc_argmax(g.ctx, out) : ggml_argmax(g.ctx, out);
+    if (argmax) out = caps_.host ? ctc_argmax(g.ctx, out) : ggml_argmax(g.ctx, out);
     ggml_set_output(out);
     ggml_build_forward_expand(g.gf, out);
     alloc_graph(g.gf);

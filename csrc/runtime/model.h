@@ -276,6 +276,7 @@ private:
     int threads_ = 1;
     bool auto_threads_ = false;
     ThreadChooser chooser_;
+    DeviceCaps caps_;  // what the device offers (device_caps): read instead of comparing backends
     bool flash_attn_ = true;
     bool logit_digests_on_ = false;
     int64_t max_step_seqs_ = 0;
