@@ -99,6 +99,12 @@ def _max_element(x: np.ndarray) -> int:
     return best
 
 
+def _ctc_label(x: np.ndarray) -> int:
+    """A CTC frame's label: the first element equal to the largest non-NaN value (0 when all are NaN)."""
+    finite = x[~np.isnan(x)]
+    return int(np.flatnonzero(x == finite.max())[0]) if finite.size else 0
+
+
 def test_first_argmax_is_the_hosts_greedy_choice() -> None:
     """The argmax a decode step's graph makes (and the host's picks) is std::max_element's: the first of equal
     maxima (-0 and +0 alike), a NaN never chosen unless it is element 0, infinities as numbers; across the
@@ -117,6 +123,9 @@ def test_first_argmax_is_the_hosts_greedy_choice() -> None:
     big = rng.standard_normal(151936).astype(np.float32)
     big[[7, 90000]] = 9.0
     assert fun_asr._core.first_argmax(big) == 7
+    # the CTC head's frames (the same op): a NaN at 0 is passed over too, the first maximum of the rest wins
+    for c in cases:
+        assert fun_asr._core.first_argmax(c, nan_first_wins=False) == _ctc_label(c), c
     with pytest.raises(ValueError, match="non-empty 1-D"):
         fun_asr._core.first_argmax(np.zeros((2, 2), np.float32))
 

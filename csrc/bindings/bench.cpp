@@ -72,15 +72,16 @@ void bind_bench(py::module_ & m) {
 
     m.def(
         "first_argmax",
-        [](py::array_t<float, py::array::c_style | py::array::forcecast> x) {
+        [](py::array_t<float, py::array::c_style | py::array::forcecast> x, bool nan_first_wins) {
             if (x.ndim() != 1 || x.size() == 0) {
                 throw std::invalid_argument("first_argmax takes a non-empty 1-D float array");
             }
-            return fun_asr::first_argmax(x.data(), static_cast<int64_t>(x.size()));
+            return fun_asr::first_argmax(x.data(), static_cast<int64_t>(x.size()), nan_first_wins);
         },
-        py::arg("x"),
-        "The greedy choice of a row of logits as decoding makes it (kernels/decoder_fused): the index of the "
-        "first maximum, as std::max_element (a NaN never wins unless it is element 0).");
+        py::arg("x"), py::arg("nan_first_wins") = true,
+        "The choice of the one argmax op (kernels/decoder_fused) on a row of logits: the index of the first "
+        "maximum, as std::max_element (a NaN never wins unless it is element 0; nan_first_wins=False, as for the "
+        "CTC head's frames: not even there).");
 
     m.def(
         "rope_rotation_forms", [](int64_t n, float base) { return fun_asr::rope_rotation_forms(n, base); },

@@ -5,37 +5,12 @@
 // stably in one pass per frame.
 #include "graph/stages.h"
 
-#include <algorithm>
-#include <limits>
+#include "kernels/decoder_fused.h"
 
 namespace fun_asr {
 
-namespace {
-
-void argmax_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
-    const ggml_tensor * x = dst->src[0];
-    const int64_t V = x->ne[0], T = x->ne[1], per = (T + nth - 1) / nth;
-    const int64_t t0 = std::min(T, per * ith), t1 = std::min(T, t0 + per);
-    for (int64_t t = t0; t < t1; ++t) {
-        const float * row = reinterpret_cast<const float *>(static_cast<const char *>(x->data) + t * x->nb[1]);
-        float mx = row[0] == row[0] ? row[0] : -std::numeric_limits<float>::infinity();
-        for (int64_t v = 1; v < V; ++v) mx = std::max(mx, row[v]);  // NaN compares false: never taken
-        int32_t best = 0;
-        for (int64_t v = 0; v < V; ++v) {
-            if (row[v] == mx) {
-                best = static_cast<int32_t>(v);
-                break;
-            }
-        }
-        static_cast<int32_t *>(dst->data)[t] = best;
-    }
-}
-
-}  // namespace
-
 ggml_tensor * ctc_argmax(ggml_context * ctx, ggml_tensor * logits) {
-    ggml_tensor * args[1] = {logits};
-    return ggml_custom_4d(ctx, GGML_TYPE_I32, logits->ne[1], 1, 1, 1, args, 1, argmax_run, GGML_N_TASKS_MAX, nullptr);
+    return argmax_columns(ctx, logits, /*nan_first_wins=*/false);  // a NaN never wins, in row 0 neither
 }
 
 ggml_tensor * build_ctc(const GraphCtx & g, const HParams & hp, const Weights & w, ggml_tensor * enc,

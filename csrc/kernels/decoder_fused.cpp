@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -376,13 +377,17 @@ void run_store_kv(ggml_tensor * dst, int ith, int nth, void *) {
     }
 }
 
+// argmax_columns' userdata: a NaN in row 0 does not win (the CTC head's frames); any other: it does.
+const bool kNanNeverWins = false;
+
 // src[0] = logits [V, n]; dst I32 [n]: columns split among threads.
-void run_argmax(ggml_tensor * dst, int ith, int nth, void *) {
+void run_argmax(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const ggml_tensor * l = dst->src[0];
+    const bool nan_first_wins = userdata != &kNanNeverWins;
     const auto [c0, c1] = share(l->ne[1], ith, nth);
     for (int64_t c = c0; c < c1; ++c) {
         const auto * x = reinterpret_cast<const float *>(static_cast<const char *>(l->data) + c * l->nb[1]);
-        static_cast<int32_t *>(dst->data)[c] = static_cast<int32_t>(first_argmax(x, l->ne[0]));
+        static_cast<int32_t *>(dst->data)[c] = static_cast<int32_t>(first_argmax(x, l->ne[0], nan_first_wins));
     }
 }
 
@@ -586,12 +591,13 @@ const float * node_input(const ggml_tensor * dst, const void * userdata, float *
     return in.data();
 }
 
-int64_t first_argmax(const float * x, int64_t n) {
+int64_t first_argmax(const float * x, int64_t n, bool nan_first_wins) {
     // std::max_element keeps its first element while nothing compares greater: a NaN there stays; later
     // NaNs never compare greater. Otherwise its answer is the first element equal to the largest non-NaN
-    // value (equal compares -0 and +0 alike, as the sequential scan keeps the first of such ties).
-    if (n <= 0 || std::isnan(x[0])) return 0;
-    float m = x[0];
+    // value (equal compares -0 and +0 alike, as the sequential scan keeps the first of such ties). Without
+    // nan_first_wins a NaN at 0 is passed over like the others (the scan starts from -inf).
+    if (n <= 0 || (nan_first_wins && std::isnan(x[0]))) return 0;
+    float m = std::isnan(x[0]) ? -std::numeric_limits<float>::infinity() : x[0];
     int64_t i = 0;
 #if defined(__SSE2__)
     __m128 vm = _mm_set1_ps(m);
@@ -619,9 +625,10 @@ bool argmax_columns_supported(const ggml_tensor * logits) {
     return fusion_enabled() && host_f32(logits) && logits->ne[2] == 1 && logits->ne[3] == 1 && logits->ne[0] > 0;
 }
 
-ggml_tensor * argmax_columns(ggml_context * ctx, ggml_tensor * logits) {
+ggml_tensor * argmax_columns(ggml_context * ctx, ggml_tensor * logits, bool nan_first_wins) {
     ggml_tensor * args[1] = {logits};
-    return ggml_custom_4d(ctx, GGML_TYPE_I32, logits->ne[1], 1, 1, 1, args, 1, run_argmax, GGML_N_TASKS_MAX, nullptr);
+    return ggml_custom_4d(ctx, GGML_TYPE_I32, logits->ne[1], 1, 1, 1, args, 1, run_argmax, GGML_N_TASKS_MAX,
+                          nan_first_wins ? nullptr : const_cast<bool *>(&kNanNeverWins));
 }
 
 const char * decoder_fused_op(const ggml_tensor * t) {

@@ -129,11 +129,13 @@ const float * node_input(const ggml_tensor * dst, const void * userdata, float *
 bool argmax_columns_supported(const ggml_tensor * logits);
 
 // I32 [n]: per column the index of its first maximum, as std::max_element: a NaN never wins, except in
-// row 0, which then stays the choice (the host's argmax before this op, the same answers).
-ggml_tensor * argmax_columns(ggml_context * ctx, ggml_tensor * logits);
+// row 0, which then stays the choice (the host's argmax before this op, the same answers). The one argmax op:
+// a decode step's greedy choice and the CTC head's frame labels (`nan_first_wins` false: a NaN in row 0 does not
+// win either, the first maximum of the other values does; all NaN: 0). Columns split among the threads.
+ggml_tensor * argmax_columns(ggml_context * ctx, ggml_tensor * logits, bool nan_first_wins = true);
 
-// The index of the first maximum of x[0..n) (std::max_element's answer), vectorized.
-int64_t first_argmax(const float * x, int64_t n);
+// The index of the first maximum of x[0..n) (std::max_element's answer; `nan_first_wins` as above), vectorized.
+int64_t first_argmax(const float * x, int64_t n, bool nan_first_wins = true);
 
 // The profile's name of one of these ops ("ADD_RMS_NORM", "HEADS_RMS_NORM", "HEADS_NORM_ROPE_STORE", "STORE_KV",
 // "ARGMAX"), else null.
