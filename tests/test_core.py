@@ -42,6 +42,24 @@ def test_system_info_names_ggml_and_cpu() -> None:
     assert set(info["tensor_types"]) == set(GGUF_TYPES)
 
 
+def test_devices_are_named_over_the_registered_backends() -> None:
+    """cpu and auto always; gpu[:N] any backend's GPUs; a GPU backend's name (cuda, vulkan, metal, ...) its own;
+    a name this build lacks says so and lists the backends it has; anything else is unknown."""
+    info = _core.system_info()
+    gpus = [d for d in info["devices"] if d["type"] in ("gpu", "igpu")]
+    assert _core.check_device("cpu") == next(d["name"] for d in info["devices"] if d["type"] == "cpu")
+    assert _core.check_device("auto") == (gpus[0]["name"] if gpus else _core.check_device("cpu"))
+    backends = ", ".join(info["registered_backends"])
+    for name in ("vulkan", "metal", "cuda:0", "gpu"):
+        if name.split(":")[0].upper() not in {b.upper() for b in info["registered_backends"]} and not gpus:
+            with pytest.raises(ValueError, match=rf"device '{name}' requested but no GPU is available \(this build's "
+                                                 rf"backends: {backends}\)"):
+                _core.check_device(name)
+    for name in ("tpu", "cpu:0", "gpu:x", "cuda:-1"):
+        with pytest.raises(ValueError, match=rf"unknown device '{name}': accepted values are auto, cpu, gpu, gpu:N"):
+            _core.check_device(name)
+
+
 @pytest.mark.parametrize("type_name", sorted(GGUF_TYPES))
 def test_quantize_matches_gguf_py_and_bounds(type_name: str) -> None:
     rng = np.random.default_rng(1234)

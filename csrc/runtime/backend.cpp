@@ -6,6 +6,8 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -30,14 +32,37 @@ const char * device_type_name(enum ggml_backend_dev_type t) {
 }  // namespace
 
 
+namespace {
+
+std::string lower(std::string s) {
+    for (char & c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+}
+
+bool is_gpu(ggml_backend_dev_t d) {
+    const auto t = ggml_backend_dev_type(d);
+    return t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU;
+}
+
+std::string registered_backends() {
+    std::string out;
+    for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
+        out += (out.empty() ? "" : ", ") + std::string(ggml_backend_reg_name(ggml_backend_reg_get(i)));
+    }
+    return out;
+}
+
+}  // namespace
+
 ggml_backend_dev_t pick_device(const std::string & device) {
+    // Every device ggml registered at run time, by kind: the CPU, the GPUs of any backend, and each backend's
+    // own devices (by its registry's name, lower case: "cuda", "vulkan", "metal", ...).
     std::vector<ggml_backend_dev_t> gpus;
     ggml_backend_dev_t cpu = nullptr;
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
         ggml_backend_dev_t d = ggml_backend_dev_get(i);
-        const auto t = ggml_backend_dev_type(d);
-        if (t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU) gpus.push_back(d);
-        if (t == GGML_BACKEND_DEVICE_TYPE_CPU && !cpu) cpu = d;
+        if (is_gpu(d)) gpus.push_back(d);
+        if (ggml_backend_dev_type(d) == GGML_BACKEND_DEVICE_TYPE_CPU && !cpu) cpu = d;
     }
     if (device == "cpu") return cpu;
     if (device == "auto") return gpus.empty() ? cpu : gpus[0];
@@ -46,27 +71,40 @@ ggml_backend_dev_t pick_device(const std::string & device) {
     const auto colon = device.find(':');
     if (colon != std::string::npos) {
         kind = device.substr(0, colon);
-        try {
-            index = std::stoul(device.substr(colon + 1));
-        } catch (const std::exception &) {
-            kind = "?";
+        const std::string n = device.substr(colon + 1);
+        const bool digits = !n.empty() && n.size() <= 6 &&
+                            std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (digits) {
+            index = std::stoul(n);
+        } else {
+            kind = "?";  // not an index: an unknown device
         }
     }
-    if (kind == "cuda" || kind == "gpu") {
-        if (gpus.empty()) {
-            std::string backends;
-            for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
-                backends += (backends.empty() ? "" : ", ") + std::string(ggml_backend_reg_name(ggml_backend_reg_get(i)));
-            }
-            throw std::invalid_argument("device '" + device + "' requested but no GPU is available (this build's "
-                                        "backends: " + backends + "); use the cpu or auto device");
-        }
-        if (index >= gpus.size()) {
-            throw std::invalid_argument("device '" + device + "': only " + std::to_string(gpus.size()) + " GPU(s)");
-        }
-        return gpus[index];
+    std::vector<ggml_backend_dev_t> named;  // "gpu": every GPU; a backend's name: its GPUs
+    bool known = kind == "gpu";
+    for (ggml_backend_dev_t d : gpus) {
+        const bool mine = lower(ggml_backend_reg_name(ggml_backend_dev_backend_reg(d))) == kind;
+        if (kind == "gpu" || mine) named.push_back(d);
     }
-    throw std::invalid_argument("unknown device '" + device + "': accepted values are auto, cpu, cuda, cuda:N");
+    // ggml's GPU backends, registered in this build or not
+    for (const char * b : {"cuda", "vulkan", "metal", "sycl", "opencl", "cann", "musa", "rocm", "hip"}) known |= kind == b;
+    for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
+        known |= kind != "cpu" && lower(ggml_backend_reg_name(ggml_backend_reg_get(i))) == kind;
+    }
+    if (!known) {
+        throw std::invalid_argument("unknown device '" + device + "': accepted values are auto, cpu, gpu, gpu:N, and a "
+                                    "GPU backend's name with an optional :N (cuda, cuda:N, vulkan, metal, ...; this "
+                                    "build's backends: " + registered_backends() + ")");
+    }
+    if (named.empty()) {
+        throw std::invalid_argument("device '" + device + "' requested but no GPU is available (this build's "
+                                    "backends: " + registered_backends() + "); use the cpu or auto device");
+    }
+    if (index >= named.size()) {
+        throw std::invalid_argument("device '" + device + "': only " + std::to_string(named.size()) + " GPU(s)" +
+                                    (kind == "gpu" ? "" : " of that backend"));
+    }
+    return named[index];
 }
 
 DeviceCaps device_caps(ggml_backend_dev_t dev) {
@@ -83,13 +121,10 @@ SystemInfo system_info() {
     SystemInfo info;
     info.ggml_version = ggml_version();
     info.ggml_commit = ggml_commit();
-    info.compiled_backends.emplace_back("CPU");
-#ifdef FUN_ASR_WITH_CUDA
-    info.compiled_backends.emplace_back("CUDA");
-#endif
     for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
         ggml_backend_reg_t reg = ggml_backend_reg_get(i);
         info.registered_backends.emplace_back(ggml_backend_reg_name(reg));
+        info.compiled_backends.emplace_back(ggml_backend_reg_name(reg));  // linked in: each registers itself
         if (std::string(ggml_backend_reg_name(reg)) == "CPU") {
             auto get_features = reinterpret_cast<ggml_backend_get_features_t>(
                 ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features"));

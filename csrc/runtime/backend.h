@@ -23,7 +23,8 @@ struct DeviceInfo {
 struct SystemInfo {
     std::string ggml_version;
     std::string ggml_commit;
-    std::vector<std::string> compiled_backends;  // fixed at build time: "CPU", "CUDA"
+    std::vector<std::string> compiled_backends;  // the backends linked into this build ("CPU", "CUDA", ...):
+                                                 // each registers itself when ggml starts
     std::vector<std::string> registered_backends;  // what ggml registered at run time
     std::vector<DeviceInfo> devices;
     std::vector<std::pair<std::string, std::string>> cpu_features;
@@ -34,9 +35,11 @@ struct SystemInfo {
 
 SystemInfo system_info();
 
-// The ggml device a device string names: "cpu", "auto" (the first GPU, else the CPU), "cuda" / "gpu" (the
-// first GPU), "cuda:N" / "gpu:N". std::invalid_argument naming what is accepted for an unknown name, a GPU
-// that this build or machine lacks, or an index past the GPUs.
+// The ggml device a device string names, over every device ggml registered at run time: "cpu", "auto" (the
+// first GPU, else the CPU), "gpu" / "gpu:N" (the Nth GPU of any backend), a GPU backend's registry name in lower
+// case with an optional index ("cuda", "cuda:1", "vulkan", "metal": that backend's Nth GPU).
+// std::invalid_argument naming what is accepted for an unknown name, a GPU that this build or machine lacks,
+// or an index past the GPUs.
 ggml_backend_dev_t pick_device(const std::string & device);
 
 // What `dev` offers the graphs that run on it (graph/common.h DeviceCaps): the one place that says how a backend

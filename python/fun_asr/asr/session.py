@@ -43,7 +43,7 @@ log = logging.getLogger("fun_asr")
 
 
 def _default_package(device: str) -> str:
-    if device.startswith(("cuda", "gpu")):
+    if device not in ("auto", "cpu"):  # a GPU (check_device said it exists)
         return "f16"
     if device == "auto" and any(d["type"] in ("gpu", "igpu") for d in _core.system_info()["devices"]):
         return "f16"
@@ -55,9 +55,9 @@ class Session(Pipeline):
 
     ``model``: a GGUF file, an HF checkpoint folder, or a hub repo id (default
     ``FunAudioLLM/Fun-ASR-Nano-2512-hf`` at the pinned revision: downloaded and converted once,
-    Q8_0 on CPU and F16 on CUDA unless ``package_type`` says otherwise).
-    ``device``: ``auto``, ``cpu``, ``cuda``, ``cuda:N``. ``threads``: CPU threads, 0 = auto (up to all cores;
-    fewer when timed decode steps say that is faster, e.g. beside a busy process).
+    Q8_0 on CPU and F16 on a GPU unless ``package_type`` says otherwise).
+    ``device``: ``auto``, ``cpu``, ``gpu[:N]``, ``cuda[:N]``, ``vulkan[:N]``, ``metal``. ``threads``: CPU threads,
+    0 = auto (up to all cores; fewer when timed decode steps say that is faster, e.g. beside a busy process).
 
     ``vad``: FunASR's FSMN-VAD in front of the recognizer (only speech is transcribed, each segment
     timed by the VAD, as FunASR's own pipeline). ``"auto"`` (default) takes the first of: ``vad_model``
@@ -88,7 +88,8 @@ class Session(Pipeline):
         if vad not in ("auto", "fsmn", None, "none"):
             raise ValueError(f"vad must be 'auto', 'fsmn' or None, got {vad!r}")
         if not isinstance(device, str):
-            raise TypeError(f"device must be a string (auto, cpu, cuda, cuda:N), got {type(device).__name__}")
+            raise TypeError(f"device must be a string (auto, cpu, gpu[:N], cuda[:N], vulkan[:N], metal), got "
+                            f"{type(device).__name__}")
         _core.check_device(device)  # before anything is downloaded or converted for it
         from_hub = not Path(model).expanduser().exists() and str(model) != DEMO  # the demo is local, VAD embedded
         self._model_arg = model

@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "reaches the prompt as written); leave it out for automatic; a manifest's per-item 'language' "
                       "overrides it",
         hotwords_help="comma-separated words to favour; a manifest's per-item 'hotwords' override")
-    ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
+    ap.add_argument("--device", default="auto", help="auto, cpu, gpu[:N], cuda[:N], vulkan[:N], metal (default auto)")
     ap.add_argument("--threads", type=int, default=0,
                     help="CPU threads of the local engine (default 0: auto, up to all cores)")
     ap.add_argument("--max-new-tokens", type=int, default=512, help="decoding limit per segment (default 512)")

@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ws-ping-timeout", type=float, default=0.0,
                     help="close a WebSocket whose pong is this late; <= 0: never (a stream that fell behind is not "
                          "read, so it cannot answer; FunASR's default)")
-    ap.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    ap.add_argument("--device", default="auto", help="auto, cpu, gpu[:N], cuda[:N], vulkan[:N] or metal")
     ap.add_argument("--threads", type=int, default=0,
                     help="CPU threads (default 0: auto, up to all cores, fewer on a busy machine when that is faster)")
     ap.add_argument("--max-upload-mb", type=float, default=100.0, help="largest accepted upload, in MB (413 above)")

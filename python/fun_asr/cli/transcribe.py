@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--overwrite", action="store_true",
                     help="with -o: replace output files that already exist (each replaced whole, never half-written); "
                          "without it a run whose outputs exist is refused before anything is transcribed")
-    ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
+    ap.add_argument("--device", default="auto", help="auto, cpu, gpu[:N], cuda[:N], vulkan[:N], metal (default auto)")
     ap.add_argument("--threads", type=int, default=0,
                     help="CPU threads (default 0: auto, up to all cores, fewer on a busy machine when that is faster)")
     ap.add_argument("--max-new-tokens", type=int, default=None,

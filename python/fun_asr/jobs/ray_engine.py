@@ -103,7 +103,7 @@ def _ray_engine(todo: list[Item], model: str, device: str, vad: str | None, vad_
         total = ray.cluster_resources()
         cpus = float(total.get("CPU", 1.0))
         node_cpus = max([float(n["Resources"].get("CPU", 0.0)) for n in ray.nodes() if n.get("Alive")] or [cpus])
-        gpu = device.startswith(("cuda", "gpu"))
+        gpu = device not in ("auto", "cpu")
         tpa = settings.threads_per_actor or max(1, min(4, int(node_cpus) - 1))
         gpus_per_actor = (settings.gpus_per_actor if settings.gpus_per_actor is not None else 1.0) if gpu else 0.0
         read_cpus = settings.read_cpus

@@ -22,8 +22,9 @@ def load_model(path: str | os.PathLike[str], device: str = "cpu", threads: int =
     ``path`` is a GGUF file made by ``fun-asr-convert``, a Hugging Face checkpoint directory
     (config.json + model*.safetensors + tokenizer.json) or a FunASR/ModelScope folder (model.pt +
     config.yaml + Qwen3-0.6B/; its CTC head is loaded when complete: ``info()["ctc"]``).
-    ``device``: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``; ``threads``: CPU threads, 0 = auto (up to all
-    cores; fewer when timed decode steps say that is faster, e.g. beside a busy process).
+    ``device``: ``cpu``, ``auto`` (the first GPU, else the CPU), ``gpu``/``gpu:N`` (any backend's), or a GPU
+    backend's name with an optional index (``cuda``, ``cuda:N``, ``vulkan``, ``metal``); ``threads``: CPU threads,
+    0 = auto (up to all cores; fewer when timed decode steps say that is faster, e.g. beside a busy process).
     """
     p = Path(path)
     if not p.exists():
