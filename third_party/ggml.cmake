@@ -86,6 +86,12 @@ function(fun_asr_fetch_ggml out_dir)
   set(${out_dir} "${dest}/ggml" PARENT_SCOPE)
 endfunction()
 
+# ggml's backend options pass through as given (-DGGML_CUDA=ON, -DGGML_VULKAN=ON, -DGGML_METAL=ON): every backend
+# ggml builds registers itself and is a device at run time. FUN_ASR_CUDA=ON is the older spelling of GGML_CUDA=ON.
+if(FUN_ASR_CUDA)
+  set(GGML_CUDA ON CACHE BOOL "" FORCE)
+endif()
+
 # A ggml already built and installed (`cmake --install`, static libraries) can be linked instead of
 # building one: -DFUN_ASR_GGML_PREBUILT_DIR=PREFIX or the environment variable of that name. Its
 # options are its own (CUDA architectures, CPU flags); tools/build_cuda.sh --ggml-only makes one, so
@@ -98,7 +104,7 @@ if(FUN_ASR_GGML_PREBUILT_DIR)
     message(WARNING "fun-asr: prebuilt ggml ${GGML_VERSION}; fun-asr is tested with ${FUN_ASR_GGML_EXPECTED_VERSION}")
   endif()
   set(_prebuilt ggml ggml-base ggml-cpu)
-  if(FUN_ASR_CUDA)
+  if(GGML_CUDA)
     list(APPEND _prebuilt ggml-cuda)
   endif()
   foreach(_t IN LISTS _prebuilt)
@@ -108,7 +114,7 @@ if(FUN_ASR_GGML_PREBUILT_DIR)
     add_library(${_t} INTERFACE)
     target_link_libraries(${_t} INTERFACE ggml::${_t})
   endforeach()
-  if(FUN_ASR_CUDA)
+  if(GGML_CUDA)
     # ggml's package config adds the CUDA runtime and cuBLAS only to a GGML_STATIC build; ours links
     # them as shared libraries (ggml-cuda's own choice when GGML_STATIC is off).
     find_package(CUDAToolkit REQUIRED)
@@ -137,7 +143,6 @@ set(GGML_BUILD_EXAMPLES OFF CACHE BOOL "" FORCE)
 set(GGML_BACKEND_DL OFF CACHE BOOL "" FORCE)
 set(GGML_CPU ON CACHE BOOL "" FORCE)
 set(GGML_NATIVE ${FUN_ASR_NATIVE} CACHE BOOL "" FORCE)
-set(GGML_CUDA ${FUN_ASR_CUDA} CACHE BOOL "" FORCE)
 set(GGML_ALL_WARNINGS OFF CACHE BOOL "" FORCE)
 # llamafile's tinyBLAS kernels: much faster F32/F16/Q8_0 GEMM on x86 (off by default in standalone ggml)
 set(GGML_LLAMAFILE ON CACHE BOOL "" FORCE)
