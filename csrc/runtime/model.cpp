@@ -15,6 +15,7 @@
 #include "graph/stages.h"
 #include "kernels/attention.h"
 #include "kernels/decoder_fused.h"
+#include "kernels/dispatch.h"
 #include "kernels/gemm_amx.h"
 #include "kernels/gemm_avx2.h"
 #include "kernels/matvec.h"
@@ -77,18 +78,10 @@ bool Model::eval_callback(ggml_tensor * t, bool ask, void * user) {
         return true;
     }
     // key: graph stage (encode / prefill / decode) / op [/ weight kind for matmuls, e.g. attn_q, ffn_up]
-    // fun-asr's kernels show as MATVEC (decode) and GEMM_AMX (encoder): MUL_MATs by another path.
-    const bool amx = is_amx_gemm(t), int8 = is_int8_gemm(t), kernel = is_matvec(t);
-    const bool matmul = t->op == GGML_OP_MUL_MAT || kernel || amx || int8;
-    std::string key = self->stage_ + "/" +
-                      (amx             ? "GEMM_AMX"
-                       : int8          ? "GEMM_INT8"
-                       : kernel        ? "MATVEC"
-                       : is_amx_prepare(t) ? "GEMM_AMX_PREPARE"
-                       : is_int8_gemm_prepare(t) ? "GEMM_INT8_PREPARE"
-                       : is_attention(t)         ? "ATTN"
-                       : decoder_fused_op(t)     ? decoder_fused_op(t)
-                                                 : ggml_op_desc(t));
+    // fun-asr's kernels show under their names (kernels/dispatch: MATVEC, GEMM_AMX, ...): products by another path.
+    const bool matmul = t->op == GGML_OP_MUL_MAT || is_cpu_product(t);
+    const char * kernel = cpu_kernel_name(t);
+    std::string key = self->stage_ + "/" + (kernel ? kernel : ggml_op_desc(t));
     if (matmul && t->src[0] != nullptr) {
         auto kind = [](std::string w) {  // "blk.3.attn_q.weight" -> "attn_q"
             const auto blk = w.find("blk.");
@@ -100,7 +93,7 @@ bool Model::eval_callback(ggml_tensor * t, bool ask, void * user) {
             return w;
         };
         std::string w = kind(ggml_get_name(t->src[0]));
-        if (is_int8_gemm_many(t) || is_matvec_many(t)) {  // several matrices in one node: "attn_q+attn_k+attn_v"
+        if (is_cpu_product_many(t)) {  // several matrices in one node: "attn_q+attn_k+attn_v"
             for (int i = 2; i < GGML_MAX_SRC && t->src[i]; ++i) w += "+" + kind(ggml_get_name(t->src[i]));
         }
         if (!w.empty() && w.rfind("node_", 0) != 0 && w.rfind("leaf_", 0) != 0) key += "/" + w;
@@ -165,8 +158,7 @@ void Model::alloc_graph(ggml_cgraph * gf) {
     // scheduler asks that buffer type, which only knows MUL_MAT, so the node is placed by hand.
     for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
         ggml_tensor * node = ggml_graph_node(gf, i);
-        if (is_matvec(node) || is_amx_gemm(node) || is_amx_prepare(node) || is_int8_gemm(node) ||
-            is_int8_gemm_prepare(node)) {
+        if (pinned_to_cpu(node)) {
             ggml_backend_sched_set_tensor_backend(sched_, node, cpu_backend_);
         }
     }
