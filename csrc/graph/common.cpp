@@ -426,4 +426,8 @@ ggml_tensor * sanm_layer(const GraphCtx & g, ggml_tensor * x, const SanmLayer & 
     return x;
 }
 
+ggml_tensor * ctc_argmax(ggml_context * ctx, ggml_tensor * logits) {
+    return argmax_columns(ctx, logits, /*nan_first_wins=*/false);  // the one argmax op; no NaN wins, in row 0 neither
+}
+
 }  // namespace fun_asr

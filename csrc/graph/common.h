@@ -41,6 +41,10 @@ struct GraphCtx {
     }
 };
 
+// Each frame's most likely label: logits [vocab, T] -> int32 [T] (the first of equal maxima; NaN never wins).
+// ggml's ARGMAX runs on one thread (15.7 ms over 60,515 x 167 logits); this splits the frames over all.
+ggml_tensor * ctc_argmax(ggml_context * ctx, ggml_tensor * logits);
+
 ggml_tensor * layer_norm(ggml_context * ctx, ggml_tensor * x, const Norm & n, float eps);
 ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, float eps);
 // ggml_mul_mat(w, x), or for a few columns (up to matvec_max_cols()) the bandwidth-bound kernels in

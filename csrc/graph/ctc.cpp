@@ -5,13 +5,7 @@
 // stably in one pass per frame.
 #include "graph/stages.h"
 
-#include "kernels/decoder_fused.h"
-
 namespace fun_asr {
-
-ggml_tensor * ctc_argmax(ggml_context * ctx, ggml_tensor * logits) {
-    return argmax_columns(ctx, logits, /*nan_first_wins=*/false);  // a NaN never wins, in row 0 neither
-}
 
 ggml_tensor * build_ctc(const GraphCtx & g, const HParams & hp, const Weights & w, ggml_tensor * enc,
                         ggml_tensor * mask) {

@@ -24,9 +24,6 @@ ggml_tensor * build_adaptor(const GraphCtx & g, const HParams & hp, const Weight
 // CTC head over the encoder output [enc.d_model, T] -> logits [ctc.vocab, T] (FunASR ctc_decoder + ctc_lo).
 ggml_tensor * build_ctc(const GraphCtx & g, const HParams & hp, const Weights & w, ggml_tensor * enc,
                         ggml_tensor * mask);
-// Each frame's most likely label: logits [vocab, T] -> int32 [T] (the first of equal maxima; NaN never wins).
-// ggml's ARGMAX runs on one thread (15.7 ms over 60,515 x 167 logits); this splits the frames over all.
-ggml_tensor * ctc_argmax(ggml_context * ctx, ggml_tensor * logits);
 
 // Qwen3 decoder over n new positions of each of B sequences (x [d, n*B], sequence-major). The K/V
 // of the new positions are written into the cache rows `kv_rows` (row = slot * capacity + position

@@ -1,5 +1,6 @@
 #include "kernels/attention.h"
 
+#include "kernels/dispatch.h"
 #include "base/switches.h"
 
 #include <algorithm>
@@ -437,8 +438,7 @@ bool wide_ok() {
         if (switches::is("FUN_ASR_ZMM", "0")) return false;
         // FUN_ASR_MATVEC=avx2 / avxvnni stands in for a CPU without AVX-512: the 256-bit code then, as there
         if (switches::is("FUN_ASR_MATVEC", "avx2") || switches::is("FUN_ASR_MATVEC", "avxvnni")) return false;
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+        return cpu_features().avx512f && cpu_features().avx512dq;
     }();
     return ok;
 #else
@@ -549,8 +549,7 @@ bool cpu_ok() {
 #if FUN_ASR_ATTN_X86
     static const bool ok = [] {
         if (switches::is("FUN_ASR_ATTN", "ggml")) return false;
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        return cpu_features().avx2 && cpu_features().fma;
     }();
     return ok;
 #else

@@ -1,5 +1,7 @@
 #include "kernels/decoder_fused.h"
 
+#include "kernels/dispatch.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -177,7 +179,7 @@ __attribute__((target("fma"))) void rope_row_fma(const float * x, int64_t n, con
     rope_row_impl<true>(x, n, cs, first, second, out);
 }
 bool cpu_has_fma() {
-    static const bool has = __builtin_cpu_supports("fma");
+    static const bool has = cpu_features().fma;
     return has;
 }
 #else
@@ -208,7 +210,7 @@ __attribute__((target("avx2,fma"))) void rope_row_fma8(const float * x, int64_t 
     }
 }
 bool cpu_has_avx2_fma() {
-    static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    static const bool has = cpu_features().avx2 && cpu_features().fma;
     return has;
 }
 #endif

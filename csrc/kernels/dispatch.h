@@ -8,6 +8,15 @@
 
 namespace fun_asr {
 
+// The CPU features the kernels choose by, probed once for all of them (all false off x86; avxvnni only where the
+// compiler builds the AVX-VNNI copies, kernels/avx_vnni.h).
+struct CpuFeatures {
+    bool avx2 = false, fma = false, f16c = false;
+    bool avx512f = false, avx512vl = false, avx512bw = false, avx512dq = false, avx512vnni = false;
+    bool avxvnni = false;
+};
+const CpuFeatures & cpu_features();
+
 // "GEMM_AMX", "GEMM_INT8", "MATVEC", "GEMM_AMX_PREPARE", "GEMM_INT8_PREPARE", "ATTN", the decoder's fused ops
 // ("ADD_RMS_NORM", ..., "ARGMAX"); null for any other node.
 const char * cpu_kernel_name(const ggml_tensor * node);

@@ -1,5 +1,6 @@
 #include "kernels/fsmn_memory.h"
 
+#include "kernels/dispatch.h"
 #include "base/switches.h"
 
 #include <algorithm>
@@ -75,7 +76,7 @@ int64_t memory_avx2(const Row & r, int64_t t, float * m) {
 
 bool has_avx2_fma() {
 #if FUN_ASR_FSMN_X86 && (defined(__GNUC__) || defined(__clang__))
-    static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    static const bool ok = cpu_features().avx2 && cpu_features().fma;
     return ok;
 #else
     return false;

@@ -1,5 +1,6 @@
 #include "kernels/fused_add.h"
 
+#include "kernels/dispatch.h"
 #include "base/switches.h"
 
 #include <algorithm>
@@ -108,7 +109,7 @@ void row_sums8_avx2(const float * x, int64_t stride, int64_t n, float * out) {
 #endif
 
 bool has_avx2() {
-    static const bool on = __builtin_cpu_supports("avx2");
+    static const bool on = cpu_features().avx2;
     return on;
 }
 #endif

@@ -1,5 +1,6 @@
 #include "kernels/gemm_amx.h"
 
+#include "kernels/dispatch.h"
 #include "base/switches.h"
 
 #include <algorithm>
@@ -93,9 +94,8 @@ struct TileConfig {
 } __attribute__((packed));
 
 bool request_amx() {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
-        !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("f16c") || !__builtin_cpu_supports("fma")) {
+    const CpuFeatures & cpu = cpu_features();
+    if (!cpu.avx512f || !cpu.avx512bw || !cpu.avx512vl || !cpu.f16c || !cpu.fma) {
         return false;
     }
     unsigned a = 0, b = 0, c = 0, d = 0;

@@ -1,5 +1,6 @@
 #include "kernels/gemm_avx2.h"
 
+#include "kernels/dispatch.h"
 #include "base/switches.h"
 
 #include <algorithm>
@@ -203,18 +204,16 @@ const Choice & choice() {
         if (want == "0") return c;
         const bool plain = want == "avx2" || switches::is("FUN_ASR_MATVEC", "avx2");
         const bool vex_vnni = want == "avxvnni" || switches::is("FUN_ASR_MATVEC", "avxvnni");
-        __builtin_cpu_init();
-        const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                              __builtin_cpu_supports("f16c");
-        const bool has_vnni = has_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+        const CpuFeatures & cpu = cpu_features();
+        const bool has_avx2 = cpu.avx2 && cpu.fma && cpu.f16c;
+        const bool has_vnni = has_avx2 && cpu.avx512f && cpu.avx512vl && cpu.avx512bw && cpu.avx512vnni;
         if (has_vnni && !plain && !vex_vnni) {
             // FUN_ASR_ZMM=0: the 256-bit tiles (same bits; for comparisons)
             if (switches::is("FUN_ASR_ZMM", "0")) return Choice{vnni::rows, "avx512vnni", vnni::relayout_q8_0_quads};
             return Choice{vnni512::rows, "avx512vnni", vnni512::relayout_q8_0_quads, 2 * kGroup, 512};
         }
 #if FUN_ASR_AVX_VNNI
-        if (has_avx2 && __builtin_cpu_supports("avxvnni") && !plain) return Choice{avxvnni::rows, "avxvnni", avxvnni::relayout_q8_0_quads};
+        if (has_avx2 && cpu.avxvnni && !plain) return Choice{avxvnni::rows, "avxvnni", avxvnni::relayout_q8_0_quads};
 #endif
         if (has_avx2) c = {avx2::rows, "avx2", avx2::relayout_q8_0_quads};
 #endif
@@ -236,7 +235,7 @@ void prepare_columns(const float * x, int64_t xs, int64_t k, int64_t m, uint8_t 
     thread_local std::vector<uint8_t> q;
     q.resize(static_cast<size_t>(L.nb) * kBlockBytes);
 #if FUN_ASR_GEMM_X86
-    static const bool vector = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    static const bool vector = cpu_features().avx2 && cpu_features().f16c;
 #else
     constexpr bool vector = false;
 #endif

@@ -1,5 +1,6 @@
 #include "kernels/matvec.h"
 
+#include "kernels/dispatch.h"
 #include "base/switches.h"
 
 #include <algorithm>
@@ -125,11 +126,9 @@ namespace avxvnni {
 #endif  // FUN_ASR_AVX_VNNI
 
 Kernels pick(const std::string & want) {
-    __builtin_cpu_init();
-    const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          __builtin_cpu_supports("f16c");
-    const bool has_vnni = has_avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512f");
+    const CpuFeatures & cpu = cpu_features();
+    const bool has_avx2 = cpu.avx2 && cpu.fma && cpu.f16c;
+    const bool has_vnni = has_avx2 && cpu.avx512vnni && cpu.avx512vl && cpu.avx512bw && cpu.avx512f;
     const bool wide = fp_lanes() == 16;
     if (has_vnni && want != "avx2" && want != "avxvnni") {
         return {vnni::q8_0_rows_x_cols, vnni::q6_k_rows_x_cols, vnni::q4_k_x8_rows_x_cols,
@@ -141,7 +140,7 @@ Kernels pick(const std::string & want) {
                   wide ? avx2::f32_rows_x_cols_16 : avx2::f32_rows_x_cols_8,
                   wide ? avx2::f16_rows_x_cols_16 : avx2::f16_rows_x_cols_8, "avx2"};
 #if FUN_ASR_AVX_VNNI
-        if (__builtin_cpu_supports("avxvnni") && want != "avx2") {  // its Q8_0 copy; the rest stay AVX2
+        if (cpu.avxvnni && want != "avx2") {  // its Q8_0 copy; the rest stay AVX2
             k.q8_0 = avxvnni::q8_0_rows_x_cols;
             k.name = "avxvnni";
             k.q8_offset_sums = true;
