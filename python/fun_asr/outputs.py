@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 
@@ -53,6 +53,27 @@ def _umask() -> int:
     return mask
 
 
+def move_into_place(tmp: Path, path: Path, *, overwrite: bool, exists: Callable[[], Exception]) -> None:
+    """A finished temporary file beside ``path`` moved to ``path`` with the usual permissions (umask): with
+    ``overwrite`` by one rename (a reader sees the old file or the new one); without it never over a file that
+    appeared meanwhile (a hard link fails on an existing name), raising ``exists()`` and leaving ``tmp`` for the
+    caller to remove."""
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600
+    if overwrite:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)  # fails if path exists: never replaces what appeared meanwhile
+    except FileExistsError:
+        raise exists() from None
+    except OSError:  # a file system without hard links: check, then rename
+        if os.path.lexists(path):
+            raise exists() from None
+        os.replace(tmp, path)
+    else:
+        os.unlink(tmp)
+
+
 def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, overwrite: bool,
                  flag: str = "--overwrite") -> None:
     """Writes ``data`` (text as UTF-8) to ``path`` whole or not at all: a temporary file in the same folder,
@@ -70,21 +91,11 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, overwrite: 
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)  # fails if path exists: never replaces what appeared meanwhile
-            except FileExistsError:
-                raise ExistingOutputError([path], flag) from None
-            except OSError:  # a file system without hard links: check, then rename
-                if os.path.lexists(path):
-                    raise ExistingOutputError([path], flag) from None
-                os.replace(tmp, path)
+        move_into_place(Path(tmp), path, overwrite=overwrite, exists=lambda: ExistingOutputError([path], flag))
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
 
 
-__all__ = ["ExistingOutputError", "check_new_outputs", "existing_message", "existing_outputs", "write_atomic"]
+__all__ = ["ExistingOutputError", "check_new_outputs", "existing_message", "existing_outputs", "move_into_place",
+           "write_atomic"]

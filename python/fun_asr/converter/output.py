@@ -13,6 +13,8 @@ from typing import Any
 
 import gguf
 
+from fun_asr.outputs import move_into_place
+
 
 @dataclass
 class ConversionReport:
@@ -117,12 +119,6 @@ def check_output(out: Path, src: Path, overwrite: bool) -> None:
             raise OutputError(f"{out}: already exists; pass --force (overwrite=True) to replace it")
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 @contextmanager
 def atomic_output(out: Path, src: Path, overwrite: bool) -> Iterator[Path]:
     """A temporary file beside ``out`` to write the GGUF into, moved into place when the block ends: without
@@ -137,19 +133,9 @@ def atomic_output(out: Path, src: Path, overwrite: bool) -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600
         check_output(out, src, overwrite)  # again: the path may have appeared meanwhile
-        if overwrite:
-            os.replace(tmp, out)
-        else:
-            try:
-                os.link(tmp, out)  # fails if out exists: never replaces a file that appeared meanwhile
-                tmp.unlink()
-            except FileExistsError:
-                raise OutputError(f"{out}: appeared while converting; pass --force (overwrite=True) to replace "
-                                  "it") from None
-            except OSError:  # no hard links on this file system: the check just above stands
-                os.replace(tmp, out)
+        move_into_place(tmp, out, overwrite=overwrite, exists=lambda: OutputError(
+            f"{out}: appeared while converting; pass --force (overwrite=True) to replace it"))
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -18,7 +18,6 @@ from fun_asr import _core
 from fun_asr.converter.output import (  # noqa: F401 - re-exported
     ConversionReport,
     OutputError,
-    _umask,
     _write_metadata,
     atomic_output,
     check_output,
