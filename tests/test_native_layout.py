@@ -79,3 +79,24 @@ def test_every_switch_read_is_listed() -> None:
     listed = _core.system_info()["switches"]
     assert read and read == set(listed), sorted(read ^ set(listed))
     assert all(s["what"] and (s["value"] is None or isinstance(s["value"], str)) for s in listed.values())
+
+
+def kernel_choosers(graph: dict[str, set[str]]) -> list[str]:
+    """Stage files that include a kernel header themselves: the kernel choice is graph/common.cpp's (the builders
+    it offers pick a custom op or ggml's), so a stage file includes only graph/ (and model/) headers."""
+    return sorted(n for n, t in graph.items() if n.startswith("graph/") and n != "graph/common.cpp" and "kernels" in t)
+
+
+BACKEND_QUESTION = re.compile(r"ggml_backend_\w+|ggml-backend\.h|cpu_backend|getenv")
+
+
+def test_stage_files_leave_kernel_and_device_choices_to_common() -> None:
+    assert not kernel_choosers(GRAPH), kernel_choosers(GRAPH)
+    fake = {k: set(v) for k, v in GRAPH.items()}
+    fake["graph/decoder_qwen3.cpp"].add("kernels")
+    assert kernel_choosers(fake) == ["graph/decoder_qwen3.cpp"]
+    # No graph file asks which backend it runs on: it reads GraphCtx::caps (runtime/backend.cpp device_caps).
+    askers = sorted(str(p.relative_to(CSRC)) for p in (CSRC / "graph").iterdir()
+                    if BACKEND_QUESTION.search(p.read_text("utf-8")))
+    assert not askers, askers
+    assert all(BACKEND_QUESTION.search(s) for s in ("if (backend_ == cpu_backend_)", "ggml_backend_is_cpu(b)"))

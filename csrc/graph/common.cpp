@@ -168,6 +168,8 @@ std::vector<ggml_tensor *> products(ggml_context * ctx, const std::vector<ggml_t
     return out;
 }
 
+namespace {
+
 std::vector<ggml_tensor *> products_computing_input(ggml_context * ctx, const std::vector<ggml_tensor *> & ws,
                                                     const ProductInput & input, ggml_tensor ** sum) {
     ggml_tensor * x = input.a;  // (the input's shape)
@@ -195,6 +197,74 @@ std::vector<ggml_tensor *> products_computing_input(ggml_context * ctx, const st
         *sum = ggml_view_2d(ctx, node, x->ne[0], x->ne[1], static_cast<size_t>(x->ne[0]) * sizeof(float), offset);
     }
     return out;
+}
+
+}  // namespace
+
+std::vector<ggml_tensor *> products_after_add_norm(ggml_context * ctx, const std::vector<ggml_tensor *> & ws,
+                                                   ggml_tensor * x, ggml_tensor * y, ggml_tensor * norm, float eps,
+                                                   ggml_tensor ** sum) {
+    const ProductInput input{NodeInput::add_rms_norm, x, y, norm, eps, sum != nullptr};
+    return products_computing_input(ctx, ws, input, sum);
+}
+
+ggml_tensor * product_after_swiglu(ggml_context * ctx, ggml_tensor * w, ggml_tensor * gate, ggml_tensor * up) {
+    const ProductInput input{NodeInput::swiglu, gate, up, nullptr, 0.0f, false};
+    const auto p = products_computing_input(ctx, {w}, input, nullptr);
+    return p.empty() ? nullptr : p[0];
+}
+
+ggml_tensor * add_rms_norm_node(ggml_context * ctx, ggml_tensor * x, ggml_tensor * y, ggml_tensor * norm, float eps,
+                                ggml_tensor ** sum) {
+    if (!add_rms_norm_supported(x, y, norm)) return nullptr;
+    ggml_tensor * f = add_rms_norm(ctx, x, y, norm, eps);
+    *sum = sum_of(ctx, f);
+    return norm_of(ctx, f);
+}
+
+bool swiglu_fusable(const ggml_tensor * w) { return fusion_enabled() && weight_in_cpu_memory(w); }
+
+ggml_tensor * swiglu(ggml_context * ctx, ggml_tensor * gate, ggml_tensor * up, const ggml_tensor * w, bool fuse) {
+    return fuse && swiglu_fusable(w) ? ggml_swiglu_split(ctx, gate, up)  // silu(gate) * up, one node
+                                     : ggml_mul(ctx, ggml_silu(ctx, gate), up);
+}
+
+ggml_tensor * fused_cached_attention(ggml_context * ctx, ggml_cgraph * gf, const CachedAttention & a) {
+    const int64_t hd = a.head_dim, n = a.q->ne[1];
+    if (a.step && cached_attention_heads_supported(a.q, a.k, a.v, a.q_norm, a.k_norm, a.positions, a.k_window,
+                                                   a.v_window, a.mask, a.n_heads, a.n_kv_heads, a.rope_theta)) {
+        // A decode step: the heads' norms, RoPE and the K/V store inside the attention's node (each task makes
+        // the heads it reads), one node fewer per layer.
+        return cached_attention_heads(ctx, a.q, a.k, a.v, a.q_norm, a.k_norm, a.positions, a.k_window, a.v_window,
+                                      a.mask, a.n_heads, a.n_kv_heads, a.scale, a.eps, a.rope_theta);
+    }
+    if (!heads_rms_norm_supported(a.q, a.k, a.q_norm, a.k_norm, hd)) return nullptr;
+    // The query and key heads normed into one [hd, Hq + Hkv, n*B] tensor, one RoPE node for both (each head's row
+    // the same arithmetic as alone), one node to store the K/V rows, then fun-asr's attention (and where ggml's
+    // RoPE arithmetic is known, the norms, RoPE and store in one node).
+    const bool one = heads_norm_rope_store_supported(a.q, a.k, a.q_norm, a.k_norm, hd, a.positions, a.rope_theta, a.v,
+                                                     a.k_rows, a.v_rows, a.kv_rows);
+    ggml_tensor * qk = nullptr;
+    if (one) {
+        qk = heads_norm_rope_store(ctx, a.q, a.k, a.q_norm, a.k_norm, hd, a.eps, a.positions, a.rope_theta, a.v,
+                                   a.k_rows, a.v_rows, a.kv_rows);
+    } else {
+        qk = ggml_rope_ext(ctx, heads_rms_norm(ctx, a.q, a.k, a.q_norm, a.k_norm, hd, a.eps), a.positions, nullptr,
+                           static_cast<int>(hd), GGML_ROPE_TYPE_NEOX, 0, a.rope_theta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+    }
+    ggml_tensor * q = ggml_view_3d(ctx, qk, hd, a.n_heads, n, qk->nb[1], qk->nb[2], 0);
+    ggml_tensor * k = ggml_view_2d(ctx, qk, hd * a.n_kv_heads, n, qk->nb[2], static_cast<size_t>(a.n_heads) * qk->nb[1]);
+    if (!(one || store_kv_supported(k, a.v, a.k_rows, a.v_rows, a.kv_rows)) ||
+        !cached_attention_supported(q, a.k_window, a.v_window, a.mask, a.n_heads, a.n_kv_heads)) {
+        return nullptr;
+    }
+    if (!one) ggml_build_forward_expand(gf, store_kv(ctx, k, a.v, a.k_rows, a.v_rows, a.kv_rows));
+    return cached_attention(ctx, q, a.k_window, a.v_window, a.mask, a.n_heads, a.n_kv_heads, a.scale);
+}
+
+ggml_tensor * host_cached_attention(ggml_context * ctx, ggml_tensor * q, const CachedAttention & a) {
+    if (!cached_attention_supported(q, a.k_window, a.v_window, a.mask, a.n_heads, a.n_kv_heads)) return nullptr;
+    return cached_attention(ctx, q, a.k_window, a.v_window, a.mask, a.n_heads, a.n_kv_heads, a.scale);
 }
 
 namespace {

@@ -80,12 +80,46 @@ ggml_tensor * prepare_frames(ggml_context * ctx, ggml_tensor * w, ggml_tensor * 
 std::vector<ggml_tensor *> products(ggml_context * ctx, const std::vector<ggml_tensor *> & ws, ggml_tensor * x,
                                     ggml_tensor * prepared, bool frames);
 // A decode step's products whose node computes their input itself (kernels/decoder_fused: one node and one
-// thread barrier fewer): rms_norm(x + y) * w (with input.sum, several matrices, and *sum is set to the view of
-// x + y in the node's output) or SwiGLU. The matrices' outputs as products() gives them, the same numbers as the
-// input's own node followed by products(); empty where these products take no such input (then build those two).
-struct ProductInput;
-std::vector<ggml_tensor *> products_computing_input(ggml_context * ctx, const std::vector<ggml_tensor *> & ws,
-                                                    const ProductInput & input, ggml_tensor ** sum);
+// thread barrier fewer), the same numbers as the input's own node followed by products(); empty where these
+// products take no such input (then build those two).
+// rms_norm(x + y) * norm (y may be null: the norm of x), for one matrix or several; with `sum`, *sum is set to
+// the view of x + y in the node's output (several matrices only).
+std::vector<ggml_tensor *> products_after_add_norm(ggml_context * ctx, const std::vector<ggml_tensor *> & ws,
+                                                   ggml_tensor * x, ggml_tensor * y, ggml_tensor * norm, float eps,
+                                                   ggml_tensor ** sum);
+// SwiGLU (silu(gate) * up) inside w's product; null where it does not take it.
+ggml_tensor * product_after_swiglu(ggml_context * ctx, ggml_tensor * w, ggml_tensor * gate, ggml_tensor * up);
+// rms_norm(x + y) * norm in one node (kernels/decoder_fused), the same bits as ggml's add, norm and mul: the norm,
+// with *sum set to x + y; null where that node does not take these tensors.
+ggml_tensor * add_rms_norm_node(ggml_context * ctx, ggml_tensor * x, ggml_tensor * y, ggml_tensor * norm, float eps,
+                                ggml_tensor ** sum);
+// silu(gate) * up: ggml's one SwiGLU node where w (the product after it) is in CPU memory and fusion is on, else
+// ggml's silu and mul (the bits a GPU backend and FUN_ASR_FUSE=0 have).
+ggml_tensor * swiglu(ggml_context * ctx, ggml_tensor * gate, ggml_tensor * up, const ggml_tensor * w, bool fuse);
+// Whether SwiGLU may run inside the next product (as swiglu()'s one node: fusion on, w in CPU memory).
+bool swiglu_fusable(const ggml_tensor * w);
+
+// A decoder layer's attention over its KV cache in fun-asr's CPU op (kernels/attention): each query row over its
+// own visible keys, the same bits alone and in any batch.
+struct CachedAttention {
+    ggml_tensor *q, *k, *v;           // the q / k / v products [hd * heads, n * B]
+    ggml_tensor *q_norm, *k_norm;     // the heads' RMSNorm weights [hd]
+    ggml_tensor * positions;          // I32 [n * B]
+    ggml_tensor * kv_rows;            // I64 [n * B]: where the new K/V rows go in k_rows / v_rows
+    ggml_tensor *k_rows, *v_rows;     // each cache as [hd * kv_heads, rows]
+    ggml_tensor *k_window, *v_window; // each sequence's visible part [hd, kv_heads, n_kv, B]
+    ggml_tensor * mask;               // F16 [n_kv, n, 1, B]
+    int64_t head_dim, n_heads, n_kv_heads;
+    float scale, eps, rope_theta;
+    bool step;                        // one position of each sequence (a decode step)
+};
+// The heads' norms, NeoX RoPE, the K/V store and the attention in as few nodes as the kernels take (one for a
+// decode step, else a norm node, a RoPE node, a store node and the attention); null where they take none of it
+// (then the caller builds the plain graph). Nodes that only store rows are added to gf.
+ggml_tensor * fused_cached_attention(ggml_context * ctx, ggml_cgraph * gf, const CachedAttention & a);
+// fun-asr's attention op over q [hd, Hq, n*B] (already normed, rotated and stored), null where it does not apply.
+ggml_tensor * host_cached_attention(ggml_context * ctx, ggml_tensor * q, const CachedAttention & a);
+
 // x W^T without its bias where a later fused op can add it: y, and the bias still to add (null when the
 // product added it, on AMX, or l has none).
 struct Product {

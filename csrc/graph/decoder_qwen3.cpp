@@ -3,12 +3,7 @@
 #include <cmath>
 #include <vector>
 
-#include "ggml-backend.h"
 #include "graph/stages.h"
-#include "kernels/attention.h"
-#include "kernels/decoder_fused.h"
-#include "kernels/fused_add.h"
-#include "kernels/matvec.h"
 
 namespace fun_asr {
 
@@ -37,10 +32,10 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
     const bool fuse = !g.on_stage;
     // x + y and the RMSNorm of it with weight `norm`: sets x, returns the norm.
     auto residual_norm = [&](ggml_tensor * y, ggml_tensor * norm) {
-        if (fuse && add_rms_norm_supported(x, y, norm)) {
-            ggml_tensor * f = add_rms_norm(ctx, x, y, norm, d.rms_eps);
-            x = sum_of(ctx, f);
-            return norm_of(ctx, f);
+        ggml_tensor * sum = nullptr;
+        if (ggml_tensor * normed = fuse ? add_rms_norm_node(ctx, x, y, norm, d.rms_eps, &sum) : nullptr) {
+            x = sum;
+            return normed;
         }
         x = ggml_add(ctx, x, y);
         return rms_norm(ctx, x, norm, d.rms_eps);
@@ -50,8 +45,7 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
     auto normed_products = [&](ggml_tensor * y, ggml_tensor * norm, const std::vector<ggml_tensor *> & ws) {
         if (fuse && !frames) {
             ggml_tensor * sum = nullptr;
-            const ProductInput input{NodeInput::add_rms_norm, x, y, norm, d.rms_eps, true};
-            auto out = products_computing_input(ctx, ws, input, &sum);
+            auto out = products_after_add_norm(ctx, ws, x, y, norm, d.rms_eps, &sum);
             if (!out.empty()) {
                 x = sum;
                 return out;
@@ -64,8 +58,7 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
     std::vector<ggml_tensor *> qkv0;
     if (fuse && !frames) {
         const Qwen3Layer & l = w.dec.front();
-        const ProductInput input{NodeInput::add_rms_norm, x, nullptr, l.attn_norm, d.rms_eps, false};
-        qkv0 = products_computing_input(ctx, {l.q, l.k, l.v}, input, nullptr);
+        qkv0 = products_after_add_norm(ctx, {l.q, l.k, l.v}, x, nullptr, l.attn_norm, d.rms_eps, nullptr);
     }
     // each later one: the previous layer's end
     ggml_tensor * h = qkv0.empty() ? rms_norm(ctx, x, w.dec.front().attn_norm, d.rms_eps) : nullptr;
@@ -101,34 +94,12 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         };
         const bool cpu_cache = g.caps.host && kc->buffer;  // fun-asr's attention op reads it
         ggml_tensor * kw = window(kc, in.n_kv, B, in.slot0), * vw = window(vc, in.n_kv, B, in.slot0);
-        ggml_tensor * att = nullptr;
-        if (fuse && n == 1 && !frames && in.flash_attn && cpu_cache && l.q_norm && l.k_norm &&
-            cached_attention_heads_supported(qkv[0], qkv[1], qkv[2], l.q_norm, l.k_norm, in.positions, kw, vw, in.mask,
-                                             d.n_heads, d.n_kv_heads, d.rope_theta)) {
-            // A decode step: the heads' norms, RoPE and the K/V store inside the attention's node (each task makes
-            // the heads it reads), one node fewer per layer.
-            att = cached_attention_heads(ctx, qkv[0], qkv[1], qkv[2], l.q_norm, l.k_norm, in.positions, kw, vw, in.mask,
-                                         d.n_heads, d.n_kv_heads, scale, d.rms_eps, d.rope_theta);
-        }
-        if (!att && fuse && in.flash_attn && cpu_cache && l.q_norm && l.k_norm &&
-            heads_rms_norm_supported(qkv[0], qkv[1], l.q_norm, l.k_norm, hd)) {
-            // The query and key heads normed into one [hd, Hq + Hkv, n*B] tensor, one RoPE node for both (each
-            // head's row the same arithmetic as alone), one node to store the K/V rows, then fun-asr's attention.
-            // (and where ggml's RoPE arithmetic is known, the norms, RoPE and store in one node)
-            const bool one = heads_norm_rope_store_supported(qkv[0], qkv[1], l.q_norm, l.k_norm, hd, in.positions,
-                                                             d.rope_theta, qkv[2], rows(kc), rows(vc), in.kv_rows);
-            ggml_tensor * qk = one ? heads_norm_rope_store(ctx, qkv[0], qkv[1], l.q_norm, l.k_norm, hd, d.rms_eps,
-                                                           in.positions, d.rope_theta, qkv[2], rows(kc), rows(vc),
-                                                           in.kv_rows)
-                                   : rope(heads_rms_norm(ctx, qkv[0], qkv[1], l.q_norm, l.k_norm, hd, d.rms_eps));
-            ggml_tensor * q = ggml_view_3d(ctx, qk, hd, d.n_heads, n * B, qk->nb[1], qk->nb[2], 0);
-            ggml_tensor * k = ggml_view_2d(ctx, qk, kv_dim, n * B, qk->nb[2], static_cast<size_t>(d.n_heads) * qk->nb[1]);
-            if ((one || store_kv_supported(k, qkv[2], rows(kc), rows(vc), in.kv_rows)) &&
-                cached_attention_supported(q, kw, vw, in.mask, d.n_heads, d.n_kv_heads)) {
-                if (!one) ggml_build_forward_expand(gf, store_kv(ctx, k, qkv[2], rows(kc), rows(vc), in.kv_rows));
-                att = cached_attention(ctx, q, kw, vw, in.mask, d.n_heads, d.n_kv_heads, scale);
-            }
-        }
+        const CachedAttention cached{qkv[0], qkv[1], qkv[2], l.q_norm, l.k_norm, in.positions, in.kv_rows, rows(kc),
+                                     rows(vc), kw, vw, in.mask, hd, d.n_heads, d.n_kv_heads, scale, d.rms_eps,
+                                     d.rope_theta, n == 1 && !frames};
+        // fun-asr's CPU attention with the heads' norms, RoPE and K/V store in its nodes (graph/common)
+        ggml_tensor * att = fuse && in.flash_attn && cpu_cache && l.q_norm && l.k_norm
+                                ? fused_cached_attention(ctx, gf, cached) : nullptr;
         if (!att) {  // the plain graph (also for GPU caches, ggml's attention, FUN_ASR_FUSE=0 and debug runs)
             ggml_tensor * q = head_proj(qkv[0], d.n_heads, l.q_norm);     // [hd, Hq, n*B]
             ggml_tensor * k = head_proj(qkv[1], d.n_kv_heads, l.k_norm);  // [hd, Hkv, n*B]
@@ -137,10 +108,11 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
             ggml_build_forward_expand(gf, ggml_set_rows(ctx, rows(kc), ggml_reshape_2d(ctx, k, kv_dim, n * B), in.kv_rows));
             ggml_build_forward_expand(gf, ggml_set_rows(ctx, rows(vc), ggml_reshape_2d(ctx, v, kv_dim, n * B), in.kv_rows));
             ggml_tensor * q4 = ggml_reshape_4d(ctx, q, hd, d.n_heads, n, B);
-            if (in.flash_attn && cpu_cache && cached_attention_supported(q, kw, vw, in.mask, d.n_heads, d.n_kv_heads)) {
-                // fun-asr's CPU op (kernels/attention): each query row over its own visible keys, so the same
-                // bits alone, in any batch and in a verification pass; ~4x ggml's flash attention per step.
-                att = cached_attention(ctx, q, kw, vw, in.mask, d.n_heads, d.n_kv_heads, scale);
+            // fun-asr's CPU op (kernels/attention): each query row over its own visible keys, so the same bits
+            // alone, in any batch and in a verification pass; ~4x ggml's flash attention per step.
+            if (in.flash_attn && cpu_cache) att = host_cached_attention(ctx, q, cached);
+            if (att) {
+                // (fun-asr's attention)
             } else if (in.flash_attn) {  // fused: F32 K/V, online softmax in F32, one node instead of six
                 // Keys past a sequence's own length are masked (-inf) and skipped, so every (sequence, head)
                 // row is the same loop over its own keys in any batch. One exception: for a query of one
@@ -198,18 +170,10 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         }
         att = ggml_reshape_2d(ctx, att, hd * d.n_heads, n * B);
         const std::vector<ggml_tensor *> gate_up = normed_products(proj(l.o, att), l.ffn_norm, {l.gate, l.up});
-        const bool swiglu = fuse && fusion_enabled() && weight_in_cpu_memory(l.gate);
-        down = nullptr;
-        if (swiglu && !frames) {  // SwiGLU inside the down projection's node where it takes it
-            const ProductInput in_swiglu{NodeInput::swiglu, gate_up[0], gate_up[1], nullptr, 0.0f, false};
-            const auto p = products_computing_input(ctx, {l.down}, in_swiglu, nullptr);
-            if (!p.empty()) down = p[0];
-        }
-        if (!down) {
-            ggml_tensor * ffn = swiglu ? ggml_swiglu_split(ctx, gate_up[0], gate_up[1])  // silu(gate) * up, one node
-                                       : ggml_mul(ctx, ggml_silu(ctx, gate_up[0]), gate_up[1]);
-            down = proj(l.down, ffn);
-        }
+        // SwiGLU inside the down projection's node where it takes it, else its own node(s)
+        down = fuse && !frames && swiglu_fusable(l.gate) ? product_after_swiglu(ctx, l.down, gate_up[0], gate_up[1])
+                                                         : nullptr;
+        if (!down) down = proj(l.down, swiglu(ctx, gate_up[0], gate_up[1], l.gate, fuse));
         if (!fuse) {  // (a debug run reads each layer's output)
             h = residual_norm(down, il + 1 < d.n_layers ? w.dec[static_cast<size_t>(il + 1)].attn_norm : w.output_norm);
             down = nullptr;
@@ -218,8 +182,7 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
     }
     // A decode step: the last norm inside the output projection, where it takes it.
     if (down && n == 1 && !in.all_logits) {
-        const ProductInput input{NodeInput::add_rms_norm, x, down, w.output_norm, d.rms_eps, false};
-        const auto p = products_computing_input(ctx, {w.output}, input, nullptr);
+        const auto p = products_after_add_norm(ctx, {w.output}, x, down, w.output_norm, d.rms_eps, nullptr);
         if (!p.empty()) {
             g.name(p[0], "dec.logits");
             return p[0];
