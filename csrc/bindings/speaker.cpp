@@ -18,18 +18,20 @@ namespace fun_asr::bindings {
 
 namespace {
 
-std::unique_ptr<fun_asr::SpeakerModel> load_speaker_gguf(const std::string & path, int threads) {
+std::unique_ptr<fun_asr::SpeakerModel> load_speaker_gguf(const std::string & path, int threads,
+                                                         const std::string & device) {
     py::gil_scoped_release release;
     fun_asr::ModelSource src = fun_asr::read_gguf(path);
-    return std::make_unique<fun_asr::SpeakerModel>(src, threads);
+    return std::make_unique<fun_asr::SpeakerModel>(src, threads, device);
 }
 
 std::unique_ptr<fun_asr::SpeakerModel> load_speaker_tensors(const py::dict & meta, const py::list & tensors,
-                                                            int threads, const std::string & origin) {
+                                                            int threads, const std::string & origin,
+        const std::string & device) {
     std::vector<py::buffer_info> keep;
     fun_asr::ModelSource src = source_from_python("campplus", meta, tensors, origin, keep);
     py::gil_scoped_release release;
-    return std::make_unique<fun_asr::SpeakerModel>(src, threads);
+    return std::make_unique<fun_asr::SpeakerModel>(src, threads, device);
 }
 
 py::list ints(const std::vector<int64_t> & v) {
@@ -101,13 +103,15 @@ void bind_speaker(py::module_ & m) {
             d["min_frames"] = hp.min_frames();
             d["weight_type"] = self.weight_type();
             d["threads"] = self.threads();
+            d["backend"] = self.backend_name();
             return d;
         });
 
     m.def("load_speaker_gguf", &load_speaker_gguf, py::arg("path"), py::kw_only(), py::arg("threads") = 1,
+          py::arg("device") = "cpu",
           "Load a campplus GGUF file, or the CAM++ embedded in a package GGUF.");
     m.def("load_speaker_tensors", &load_speaker_tensors, py::arg("metadata"), py::arg("tensors"), py::kw_only(),
-          py::arg("threads") = 1, py::arg("origin") = "<tensors>",
+          py::arg("threads") = 1, py::arg("origin") = "<tensors>", py::arg("device") = "cpu",
           "Load a CAM++ from GGUF-style metadata and (name, type, ne, buffer) tensors (FunASR folders).");
 }
 

@@ -18,18 +18,19 @@ namespace fun_asr::bindings {
 
 namespace {
 
-std::unique_ptr<fun_asr::VadModel> load_vad_gguf(const std::string & path, int threads) {
+std::unique_ptr<fun_asr::VadModel> load_vad_gguf(const std::string & path, int threads,
+                                                 const std::string & device) {
     py::gil_scoped_release release;
     fun_asr::ModelSource src = fun_asr::read_gguf(path);
-    return std::make_unique<fun_asr::VadModel>(src, threads);
+    return std::make_unique<fun_asr::VadModel>(src, threads, device);
 }
 
 std::unique_ptr<fun_asr::VadModel> load_vad_tensors(const py::dict & meta, const py::list & tensors, int threads,
-                                                    const std::string & origin) {
+                                                    const std::string & origin, const std::string & device) {
     std::vector<py::buffer_info> keep;
     fun_asr::ModelSource src = source_from_python("fsmn_vad", meta, tensors, origin, keep);
     py::gil_scoped_release release;
-    return std::make_unique<fun_asr::VadModel>(src, threads);
+    return std::make_unique<fun_asr::VadModel>(src, threads, device);
 }
 
 }  // namespace
@@ -80,13 +81,15 @@ void bind_vad(py::module_ & m) {
             d["output_dim"] = hp.out_dim;
             d["n_layers"] = hp.n_layers;
             d["threads"] = self.threads();
+            d["backend"] = self.backend_name();
             return d;
         });
 
     m.def("load_vad_gguf", &load_vad_gguf, py::arg("path"), py::kw_only(), py::arg("threads") = 1,
+          py::arg("device") = "cpu",
           "Load an fsmn_vad GGUF file.");
     m.def("load_vad_tensors", &load_vad_tensors, py::arg("metadata"), py::arg("tensors"), py::kw_only(),
-          py::arg("threads") = 1, py::arg("origin") = "<tensors>",
+          py::arg("threads") = 1, py::arg("origin") = "<tensors>", py::arg("device") = "cpu",
           "Load an FSMN-VAD from GGUF-style metadata and (name, type, ne, buffer) tensors (FunASR folders).");
 }
 

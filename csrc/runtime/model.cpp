@@ -19,6 +19,7 @@
 #include "kernels/gemm_amx.h"
 #include "kernels/gemm_avx2.h"
 #include "kernels/matvec.h"
+#include "runtime/architectures.h"
 #include "runtime/backend.h"
 
 namespace fun_asr {
@@ -31,34 +32,18 @@ Model::GraphScope::~GraphScope() {
     if (ctx) ggml_free(ctx);
 }
 
-Model::Model(const ModelSource & src, const std::string & device, int threads) {
-    if (src.arch != "fun_asr_nano") {
-        throw std::runtime_error(src.origin + ": architecture '" + src.arch + "' is not supported (expected fun_asr_nano)");
-    }
+Model::Model(const ModelSource & src, const std::string & device, int threads)
+        // (the architecture checked before the device is chosen)
+    : DeviceRuntime((require_architecture(src, Role::recognizer), device), kGraphSize) {
     hp_ = parse_hparams(src.meta, src.arch);
-    dev_ = pick_device(device);
-    caps_ = device_caps(dev_);
     // the int8 GEMM's Q8_0 quads layout (FUN_ASR_Q8_QUADS): the loader re-lays those matrices out once
     WeightRelayout quads{q8_0_quads_fits, [](ggml_tensor * t, const void * data) {
                              q8_0_quads_relayout(t, data, t->data);
                              mark_q8_0_quads(t);
                          }};
     weights_ = load_weights(src, hp_, dev_, q8_0_quads_wanted() ? &quads : nullptr);
-    backend_ = ggml_backend_dev_init(dev_, nullptr);
-    if (!backend_) throw std::runtime_error(std::string("cannot initialise backend ") + ggml_backend_dev_name(dev_));
-    std::vector<ggml_backend_t> backends{backend_};
-    if (ggml_backend_dev_type(dev_) == GGML_BACKEND_DEVICE_TYPE_CPU) {
-        cpu_backend_ = backend_;
-    } else {
-        cpu_backend_ = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
-        backends.push_back(cpu_backend_);
-    }
     set_threads(threads);
     flash_attn_ = caps_.exact_flash_attn;  // else the matmul / softmax / matmul attention (DeviceCaps)
-    ggml_backend_cpu_set_abort_callback(cpu_backend_, &Model::abort_callback, this);  // interrupt()
-    sched_ = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()), kGraphSize, false, true);
-    if (!sched_) throw std::runtime_error("cannot create the ggml scheduler");
-    graph_meta_.resize(ggml_tensor_overhead() * kGraphSize + ggml_graph_overhead_custom(kGraphSize, false));
     const std::string & prof = switches::value("FUN_ASR_PROFILE");
     if (!prof.empty() && prof != "0") set_profiling(true);
 }
@@ -67,8 +52,6 @@ void Model::set_profiling(bool on) {
     profiling_ = on;
     ggml_backend_sched_set_eval_callback(sched_, on ? &Model::eval_callback : nullptr, on ? this : nullptr);
 }
-
-bool Model::abort_callback(void * user) { return static_cast<Model *>(user)->interrupt_requested(); }
 
 bool Model::eval_callback(ggml_tensor * t, bool ask, void * user) {
     auto * self = static_cast<Model *>(user);
@@ -109,25 +92,16 @@ bool Model::eval_callback(ggml_tensor * t, bool ask, void * user) {
     return true;
 }
 
-Model::~Model() {
-    if (sched_) ggml_backend_sched_free(sched_);
-    if (cpu_backend_ && cpu_backend_ != backend_) ggml_backend_free(cpu_backend_);
-    if (backend_) ggml_backend_free(backend_);
-}
+Model::~Model() = default;
 
 void Model::set_threads(int threads) {
     if (threads < 0) throw std::invalid_argument("threads must be >= 0 (0 = all cores)");
     std::lock_guard<std::mutex> lock(mutex_);  // not while a graph computes
-    threads_ = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    apply_threads(threads);
     // Auto: the chooser times decode steps, on the CPU only (a GPU backend's CPU fallback keeps them all).
     auto_threads_ = threads == 0 && caps_.host;
     chooser_ = ThreadChooser(threads_);
-    ggml_backend_cpu_set_n_threads(cpu_backend_, threads_);
 }
-
-std::string Model::backend_name() const { return ggml_backend_name(backend_); }
-
-std::string Model::device_description() const { return ggml_backend_dev_description(dev_); }
 
 std::map<std::string, std::string> Model::tensor_types() const {
     std::map<std::string, std::string> out;
@@ -153,34 +127,15 @@ bool Model::step_graph_reusable() const {
 
 void Model::alloc_graph(ggml_cgraph * gf) {
     if (gf != step_graph_.g.gf) step_graph_.valid = false;  // the scheduler's buffers now hold another graph
-    ggml_backend_sched_reset(sched_);
-    // Our mat-vec kernels are custom ops; when their weight lives in ggml's CPU_REPACK buffer the
-    // scheduler asks that buffer type, which only knows MUL_MAT, so the node is placed by hand.
-    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
-        ggml_tensor * node = ggml_graph_node(gf, i);
-        if (pinned_to_cpu(node)) {
-            ggml_backend_sched_set_tensor_backend(sched_, node, cpu_backend_);
-        }
-    }
-    // Products accumulate in F32 as on the CPU (DeviceCaps::f32_products).
-    if (caps_.f32_products) {
-        for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
-            ggml_tensor * node = ggml_graph_node(gf, i);
-            if (node->op == GGML_OP_MUL_MAT) ggml_mul_mat_set_prec(node, GGML_PREC_F32);
-        }
-    }
-    if (!ggml_backend_sched_alloc_graph(sched_, gf)) throw std::runtime_error("cannot allocate the compute graph");
+    sched_alloc(gf, "the compute graph");
 }
 
 void Model::compute_graph(ggml_cgraph * gf, int64_t step_columns) {
     int n = threads_;
     if (auto_threads_) n = step_columns > 0 ? chooser_.step_threads() : chooser_.bulk_threads();
     ggml_backend_cpu_set_n_threads(cpu_backend_, n);
-    if (interrupt_requested()) throw Interrupted();
     const auto t0 = std::chrono::steady_clock::now();
-    const ggml_status status = ggml_backend_sched_graph_compute(sched_, gf);
-    if (status == GGML_STATUS_ABORTED && interrupt_requested()) throw Interrupted();
-    if (status != GGML_STATUS_SUCCESS) throw std::runtime_error("graph computation failed");
+    sched_compute(gf, "graph");
     if (auto_threads_ && step_columns > 0 && !profiling_) {
         chooser_.record_step(n, step_columns,
                              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());

@@ -20,6 +20,7 @@
 #include "model/hparams.h"
 #include "graph/common.h"
 #include "model/loader.h"
+#include "runtime/device_runtime.h"
 #include "runtime/kv_cache.h"
 #include "runtime/thread_chooser.h"
 
@@ -30,24 +31,17 @@ struct Stage {
     std::vector<float> data;
 };
 
-// Thrown by a computation that Model::interrupt() stopped (the model stays usable).
-struct Interrupted : std::exception {
-    const char * what() const noexcept override { return "interrupted"; }
-};
-
-class Model {
+class Model : public DeviceRuntime {
 public:
     // Nodes of one compute graph (the scheduler's hash set is sized for it at load).
     static constexpr size_t kGraphSize = 16384;
     // device: "cpu", "cuda", "cuda:N", "gpu", or "auto" (a GPU when there is one). threads: 0 = all cores.
     Model(const ModelSource & src, const std::string & device, int threads);
-    ~Model();
+    ~Model() override;
     Model(const Model &) = delete;
     Model & operator=(const Model &) = delete;
 
     const HParams & hparams() const { return hp_; }
-    std::string backend_name() const;
-    std::string device_description() const;
     size_t weight_bytes() const { return weights_->bytes; }
     bool weights_mmapped() const { return weights_->mmapped; }
     size_t repacked_tensors() const { return weights_->repacked; }
@@ -55,7 +49,6 @@ public:
     std::map<std::string, std::string> tensor_types() const;
     // threads = 0 (auto): all cores until decode steps have been timed, then the fastest count
     // (runtime/thread_chooser.h); threads() is then the most it uses, threads_now() the current pick.
-    int threads() const { return threads_; }
     void set_threads(int threads);
     bool threads_auto() const { return auto_threads_; }
     int threads_now() const { return auto_threads_ ? chooser_.bulk_threads() : threads_; }
@@ -125,12 +118,6 @@ public:
                                           int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
                                           bool repetition_guard = false, const StepCallback & on_step = nullptr,
                                           const std::vector<int32_t> * draft = nullptr);
-    // From any thread: the computation running on this model stops at its next graph node (CPU; other
-    // backends: at their next graph) or decoding step and throws Interrupted; the model stays usable.
-    // The request holds (later computations stop at once) until clear_interrupt().
-    void interrupt() { interrupt_.store(true, std::memory_order_relaxed); }
-    void clear_interrupt() { interrupt_.store(false, std::memory_order_relaxed); }
-    bool interrupt_requested() const { return interrupt_.load(std::memory_order_relaxed); }
     // Most draft tokens one verification pass takes (default 4; 0 turns drafts off).
     int64_t draft_max() const { return draft_max_; }
     // Token ids left out when the output so far is matched with a draft (default none).
@@ -256,11 +243,6 @@ private:
 
     HParams hp_;
     std::unique_ptr<LoadedWeights> weights_;
-    ggml_backend_dev_t dev_ = nullptr;
-    ggml_backend_t backend_ = nullptr;      // main backend (CPU or GPU)
-    ggml_backend_t cpu_backend_ = nullptr;  // == backend_ on CPU; extra fallback on GPU
-    ggml_backend_sched_t sched_ = nullptr;
-    std::vector<uint8_t> graph_meta_;
     KvCache kv_;
     int64_t n_past_ = 0;
     GenerationStats last_;
@@ -273,10 +255,8 @@ private:
     std::vector<float> prefix_rows_;                 // the prefix embeddings [n, d]
     std::vector<std::vector<uint8_t>> prefix_k_, prefix_v_;  // per layer: K/V rows of positions 0..n-1
     bool prefix_matches(const float * embeddings, int64_t n) const;
-    int threads_ = 1;
     bool auto_threads_ = false;
     ThreadChooser chooser_;
-    DeviceCaps caps_;  // what the device offers (device_caps): read instead of comparing backends
     bool flash_attn_ = true;
     bool logit_digests_on_ = false;
     int64_t max_step_seqs_ = 0;
@@ -288,8 +268,6 @@ private:
     std::string stage_ = "other";  // the graph being computed, for the profile
     std::chrono::steady_clock::time_point node_t0_;
     static bool eval_callback(ggml_tensor * t, bool ask, void * user);
-    static bool abort_callback(void * user);
-    std::atomic<bool> interrupt_{false};
     std::mutex mutex_;
 };
 

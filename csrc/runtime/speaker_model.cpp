@@ -9,6 +9,7 @@
 
 #include "ggml-cpu.h"
 #include "model/tensors.h"
+#include "runtime/architectures.h"
 
 namespace fun_asr {
 
@@ -18,8 +19,6 @@ const TableEntry kSpeakerTable[] = {
 #include "campplus_tensor_table.inc"
 };
 
-const std::string kKey = "campplus.";
-const std::string kPrefix = "spk.";
 
 std::string fill(const char * pattern, int64_t g, int64_t j) {
     std::string s = pattern;
@@ -81,21 +80,29 @@ std::string shape_str(const std::vector<int64_t> & ne) {
     return s + "]";
 }
 
+// Nodes of one CAM++ graph: a fixed part, and per dense layer and per FCM block (src's architecture checked first).
+size_t graph_size_for(const ModelSource & src) {
+    require_architecture(src, Role::speaker);
+    const SpeakerHParams hp = parse_speaker_hparams(src.meta);
+    int64_t n_layers = 0, n_fcm = 0;
+    for (int64_t n : hp.layers) n_layers += n;
+    for (int64_t n : hp.fcm_blocks) n_fcm += n;
+    return static_cast<size_t>(256 + 40 * n_layers + 32 * n_fcm);
+}
+
 }  // namespace
 
-SpeakerModel::SpeakerModel(const ModelSource & src, int threads) {
+SpeakerModel::SpeakerModel(const ModelSource & src, int threads, const std::string & device)
     // A campplus file, or a package (a fun_asr_nano GGUF) that embeds one: "campplus.*" keys and "spk.*"
-    // tensors beside its own, which are left alone here.
-    const bool embedded = src.arch != "campplus";
-    if (embedded && !src.meta.count(kKey + "embedding_length")) {
-        throw std::runtime_error(src.origin + ": architecture '" + src.arch +
-                                 "' is not a speaker model and embeds none (expected campplus, or campplus.* metadata)");
-    }
+    // tensors beside its own, which are left alone here (the architecture checked before the device).
+    : DeviceRuntime(device, graph_size_for(src)) {
+    const Architecture & arch = require_architecture(src, Role::speaker);
+    const bool embedded = embedded_in(src, arch);
     hp_ = parse_speaker_hparams(src.meta);
     const std::vector<ExpectedTensor> expected = expected_speaker_tensors(hp_);
     std::map<std::string, const SourceTensor *> by_name;
     for (const auto & t : src.tensors) {
-        if (embedded && t.name.rfind(kPrefix, 0) != 0) continue;
+        if (embedded && t.name.rfind(arch.tensor_prefix, 0) != 0) continue;
         if (!by_name.emplace(t.name, &t).second) {
             throw std::runtime_error(src.origin + ": duplicate tensor '" + t.name + "'");
         }
@@ -110,19 +117,15 @@ SpeakerModel::SpeakerModel(const ModelSource & src, int threads) {
             }
         }
     }
-    try {
-        load(src, expected);
-    } catch (...) {
-        release();
-        throw;
-    }
+    load(src, expected);
     set_threads(threads);
 }
 
 void SpeakerModel::load(const ModelSource & src, const std::vector<ExpectedTensor> & expected) {
     std::map<std::string, const SourceTensor *> by_name;
     for (const auto & t : src.tensors) {
-        if (src.arch != "campplus" && t.name.rfind(kPrefix, 0) != 0) continue;
+        const Architecture & arch = require_architecture(src, Role::speaker);
+        if (embedded_in(src, arch) && t.name.rfind(arch.tensor_prefix, 0) != 0) continue;
         by_name.emplace(t.name, &t);
     }
     ggml_init_params ip{ggml_tensor_overhead() * (expected.size() + 1), nullptr, true};
@@ -196,36 +199,11 @@ void SpeakerModel::load(const ModelSource & src, const std::vector<ExpectedTenso
     }
     w_.dense = conv("spk.dense");
 
-    backend_ = ggml_backend_cpu_init();
-    if (!backend_) throw std::runtime_error("cannot initialise the CPU backend");
-    wbuf_ = ggml_backend_alloc_ctx_tensors(wctx_, backend_);
-    if (!wbuf_) throw std::runtime_error("cannot allocate the speaker model's weights");
+    place_weights("the speaker model's weights");
     for (const auto & [t, s] : pairs) ggml_backend_tensor_set(t, s->data, 0, ggml_nbytes(t));
-    allocr_ = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_));
-    int64_t n_layers = 0;
-    for (int64_t n : hp_.layers) n_layers += n;
-    graph_size_ = static_cast<size_t>(256 + 40 * n_layers + 32 * static_cast<int64_t>(w_.fcm.size()));
-    meta_.resize(ggml_tensor_overhead() * graph_size_ + ggml_graph_overhead_custom(graph_size_, false));
 }
 
-void SpeakerModel::release() {
-    if (allocr_) ggml_gallocr_free(allocr_);
-    if (wbuf_) ggml_backend_buffer_free(wbuf_);
-    if (wctx_) ggml_free(wctx_);
-    if (backend_) ggml_backend_free(backend_);
-    allocr_ = nullptr;
-    wbuf_ = nullptr;
-    wctx_ = nullptr;
-    backend_ = nullptr;
-}
-
-SpeakerModel::~SpeakerModel() { release(); }
-
-void SpeakerModel::set_threads(int threads) {
-    if (threads < 0) throw std::invalid_argument("threads must be >= 0 (0 = all cores)");
-    threads_ = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    ggml_backend_cpu_set_n_threads(backend_, threads_);
-}
+SpeakerModel::~SpeakerModel() = default;
 
 void SpeakerModel::set_memory_budget(size_t bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -253,22 +231,15 @@ ggml_cgraph * SpeakerModel::build(ggml_context * ctx, int64_t T, int64_t B, ggml
 }
 
 size_t SpeakerModel::graph_bytes(int64_t T, int64_t B) {
-    std::vector<uint8_t> meta(meta_.size());
+    std::vector<uint8_t> meta(graph_meta_.size());
     ggml_init_params ip{meta.size(), meta.data(), true};
     ggml_context * ctx = ggml_init(ip);
     struct Free {
         ggml_context * c;
-        ggml_gallocr_t a = nullptr;
-        ~Free() {
-            if (a) ggml_gallocr_free(a);
-            ggml_free(c);
-        }
+        ~Free() { ggml_free(c); }
     } guard{ctx};
     ggml_tensor * feats, * rows, * out;
-    ggml_cgraph * gf = build(ctx, T, B, &feats, &rows, &out);
-    guard.a = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_));
-    if (!ggml_gallocr_reserve(guard.a, gf)) throw std::runtime_error("cannot size the speaker model's graph");
-    return ggml_gallocr_get_buffer_size(guard.a, 0);
+    return DeviceRuntime::graph_bytes(build(ctx, T, B, &feats, &rows, &out));
 }
 
 int64_t SpeakerModel::batch_for(int64_t T) {
@@ -307,7 +278,7 @@ std::vector<float> SpeakerModel::embed(const float * feats, int64_t n, int64_t T
     std::vector<int32_t> seg;
     for (int64_t first = 0; first < n; first += batch) {
         const int64_t B = std::min(batch, n - first);
-        ggml_init_params ip{meta_.size(), meta_.data(), true};
+        ggml_init_params ip{graph_meta_.size(), graph_meta_.data(), true};
         ggml_context * ctx = ggml_init(ip);
         struct Free {
             ggml_context * c;
@@ -315,7 +286,7 @@ std::vector<float> SpeakerModel::embed(const float * feats, int64_t n, int64_t T
         } guard{ctx};
         ggml_tensor * x, * rows, * out;
         ggml_cgraph * gf = build(ctx, T, B, &x, &rows, &out);
-        if (!ggml_gallocr_alloc_graph(allocr_, gf)) throw std::runtime_error("cannot allocate the speaker model's graph");
+        sched_alloc(gf, "the speaker model's graph");
         // [B][T][F] row-major -> ggml [1, T, F, B] (one input channel; time, then frequency)
         staged.resize(static_cast<size_t>(B * F * T));
         for (int64_t b = 0; b < B; ++b) {
@@ -335,9 +306,7 @@ std::vector<float> SpeakerModel::embed(const float * feats, int64_t n, int64_t T
             }
             ggml_backend_tensor_set(rows, seg.data(), 0, ggml_nbytes(rows));
         }
-        if (ggml_backend_graph_compute(backend_, gf) != GGML_STATUS_SUCCESS) {
-            throw std::runtime_error("speaker model graph computation failed");
-        }
+        sched_compute(gf, "speaker model graph");
         ggml_backend_tensor_get(out, result.data() + first * hp_.emb, 0, ggml_nbytes(out));
     }
     return result;

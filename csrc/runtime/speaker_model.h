@@ -1,5 +1,5 @@
-// FunASR's CAM++ speaker-embedding network (funasr/models/campplus, FunASR 1.4.16) on the CPU backend:
-// mean-normalized fbank windows in, one embedding per window out. Batch norms are folded at conversion
+// FunASR's CAM++ speaker-embedding network (funasr/models/campplus, FunASR 1.4.16) on a device
+// (runtime/device_runtime; the CPU by default): mean-normalized fbank windows in, one embedding per window out. Batch norms are folded at conversion
 // (fun_asr/speakers/files.py); every number of the architecture comes from the "campplus.*" metadata.
 // A batch of equal-length windows runs in one graph, in chunks whose graph memory stays under a budget.
 // The frontend (Kaldi fbank minus its mean) is fun_asr/speakers/frontend.py.
@@ -12,26 +12,25 @@
 #include <string>
 #include <vector>
 
-#include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml.h"
 #include "graph/campplus.h"
 #include "model/loader.h"
 #include "model/tensors.h"
+#include "runtime/device_runtime.h"
 
 namespace fun_asr {
 
 // One SpeakerModel may be shared by threads: embed() calls are serialized (one graph at a time).
-class SpeakerModel {
+class SpeakerModel : public DeviceRuntime {
 public:
-    SpeakerModel(const ModelSource & src, int threads);
-    ~SpeakerModel();
+    SpeakerModel(const ModelSource & src, int threads, const std::string & device = "cpu");
+    ~SpeakerModel() override;
     SpeakerModel(const SpeakerModel &) = delete;
     SpeakerModel & operator=(const SpeakerModel &) = delete;
 
     const SpeakerHParams & hparams() const { return hp_; }
-    int threads() const { return threads_; }
-    void set_threads(int threads);
+    void set_threads(int threads) { apply_threads(threads); }
     size_t memory_budget() const { return budget_; }
     void set_memory_budget(size_t bytes);
     const std::string & weight_type() const { return weight_type_; }  // f32 | f16 | mixed (conv/matrix tensors)
@@ -47,20 +46,12 @@ private:
     size_t graph_bytes(int64_t T, int64_t B);
     int64_t batch_for_locked(int64_t T);
     void load(const ModelSource & src, const std::vector<ExpectedTensor> & expected);
-    void release();
 
     SpeakerHParams hp_;
     SpeakerWeights w_;
-    ggml_context * wctx_ = nullptr;
-    ggml_backend_buffer_t wbuf_ = nullptr;
-    ggml_backend_t backend_ = nullptr;
-    ggml_gallocr_t allocr_ = nullptr;
-    std::vector<uint8_t> meta_;
-    size_t graph_size_ = 0;
     size_t budget_ = size_t(256) << 20;
     std::map<int64_t, int64_t> batch_cache_;
     std::string weight_type_;
-    int threads_ = 1;
     std::mutex mutex_;
 };
 

@@ -4,10 +4,10 @@
 #include <cstring>
 #include <map>
 #include <stdexcept>
-#include <thread>
 
 #include "ggml-cpu.h"
 #include "model/tensors.h"
+#include "runtime/architectures.h"
 
 namespace fun_asr {
 
@@ -46,19 +46,17 @@ std::vector<ExpectedTensor> expected_vad_tensors(const VadHParams & hp) {
 
 }  // namespace
 
-VadModel::VadModel(const ModelSource & src, int threads) {
+VadModel::VadModel(const ModelSource & src, int threads, const std::string & device)
     // An fsmn_vad file, or another package (a fun_asr_nano GGUF) that embeds one: "fsmn_vad.*" keys and
-    // "vad.*" tensors beside its own, which are left alone here.
-    const bool embedded = src.arch != "fsmn_vad";
-    if (embedded && !src.meta.count("fsmn_vad.block_count")) {
-        throw std::runtime_error(src.origin + ": architecture '" + src.arch +
-                                 "' is not a VAD model and embeds none (expected fsmn_vad, or fsmn_vad.* metadata)");
-    }
+    // "vad.*" tensors beside its own, which are left alone here (the architecture checked before the device).
+    : DeviceRuntime((require_architecture(src, Role::vad), device), kVadGraphSize) {
+    const Architecture & arch = require_architecture(src, Role::vad);
+    const bool embedded = embedded_in(src, arch);
     hp_ = parse_vad_hparams(src.meta);
     const std::vector<ExpectedTensor> expected = expected_vad_tensors(hp_);
     std::map<std::string, const SourceTensor *> by_name;
     for (const auto & t : src.tensors) {
-        if (embedded && t.name.rfind("vad.", 0) != 0) continue;
+        if (embedded && t.name.rfind(arch.tensor_prefix, 0) != 0) continue;
         if (!by_name.emplace(t.name, &t).second) throw std::runtime_error(src.origin + ": duplicate tensor '" + t.name + "'");
     }
     if (by_name.size() != expected.size()) {
@@ -85,8 +83,6 @@ VadModel::VadModel(const ModelSource & src, int threads) {
         if (s.nbytes != ggml_nbytes(t)) throw std::runtime_error(src.origin + ": tensor '" + e.name + "' has the wrong size");
         pairs.emplace_back(t, &s);
     }
-    backend_ = ggml_backend_cpu_init();
-    if (!backend_) throw std::runtime_error("cannot initialise the CPU backend");
     // Hidden widths (140, 250) are padded with zero rows/columns to multiples of 16: ggml's fast F32
     // GEMM (llamafile tinyBLAS) needs the inner dimension in whole vectors, and at 140/250 it falls back
     // to a dot-product loop 4-10x slower. Zero weights and biases add exact zeros (ReLU(0) = 0), so the
@@ -135,8 +131,7 @@ VadModel::VadModel(const ModelSource & src, int threads) {
     w_.out1_b = make("vad.out1.bias", O, 0);
     w_.out2_w = make("vad.out2.weight", hp_.out_dim, O);
     w_.out2_b = make("vad.out2.bias", hp_.out_dim, 0);
-    wbuf_ = ggml_backend_alloc_ctx_tensors(wctx_, backend_);
-    if (!wbuf_) throw std::runtime_error("cannot allocate the VAD weights");
+    place_weights("the VAD weights");
     for (const Placed & pl : placed) {
         std::vector<float> buf(static_cast<size_t>(ggml_nelements(pl.dst)), 0.0f);
         const float * src = static_cast<const float *>(pl.src->data);
@@ -150,23 +145,10 @@ VadModel::VadModel(const ModelSource & src, int threads) {
         }
         ggml_backend_tensor_set(pl.dst, buf.data(), 0, ggml_nbytes(pl.dst));
     }
-    allocr_ = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend_));
-    meta_.resize(ggml_tensor_overhead() * kVadGraphSize + ggml_graph_overhead_custom(kVadGraphSize, false));
     set_threads(threads);
 }
 
-VadModel::~VadModel() {
-    if (allocr_) ggml_gallocr_free(allocr_);
-    if (wbuf_) ggml_backend_buffer_free(wbuf_);
-    if (wctx_) ggml_free(wctx_);
-    if (backend_) ggml_backend_free(backend_);
-}
-
-void VadModel::set_threads(int threads) {
-    if (threads < 0) throw std::invalid_argument("threads must be >= 0 (0 = all cores)");
-    threads_ = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    ggml_backend_cpu_set_n_threads(backend_, threads_);
-}
+VadModel::~VadModel() = default;
 
 std::vector<float> VadModel::forward(const float * feats, int64_t T, float * cache, int64_t column) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -175,7 +157,7 @@ std::vector<float> VadModel::forward(const float * feats, int64_t T, float * cac
         throw std::out_of_range("column " + std::to_string(column) + " is outside the " + std::to_string(hp_.out_dim) +
                                 " output classes");
     }
-    ggml_init_params ip{meta_.size(), meta_.data(), true};
+    ggml_init_params ip{graph_meta_.size(), graph_meta_.data(), true};
     ggml_context * ctx = ggml_init(ip);
     struct Free {
         ggml_context * c;
@@ -198,15 +180,13 @@ std::vector<float> VadModel::forward(const float * feats, int64_t T, float * cac
         ggml_set_output(c);
         ggml_build_forward_expand(gf, c);
     }
-    if (!ggml_gallocr_alloc_graph(allocr_, gf)) throw std::runtime_error("cannot allocate the VAD graph");
+    sched_alloc(gf, "the VAD graph");
     ggml_backend_tensor_set(x, feats, 0, ggml_nbytes(x));
     const size_t per_layer = static_cast<size_t>((hp_.lorder - 1) * hp_.proj_dim);
     for (size_t i = 0; i < caches.size(); ++i) {
         ggml_backend_tensor_set(caches[i], cache + i * per_layer, 0, per_layer * sizeof(float));
     }
-    if (ggml_backend_graph_compute(backend_, gf) != GGML_STATUS_SUCCESS) {
-        throw std::runtime_error("VAD graph computation failed");
-    }
+    sched_compute(gf, "VAD graph");
     std::vector<float> result(static_cast<size_t>(ggml_nelements(out)));
     ggml_backend_tensor_get(out, result.data(), 0, result.size() * sizeof(float));
     for (size_t i = 0; i < new_caches.size(); ++i) {

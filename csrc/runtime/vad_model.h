@@ -1,4 +1,4 @@
-// FunASR's FSMN-VAD network (DESIGN §6) on the CPU backend: CMVN'd LFR features in, per-frame
+// FunASR's FSMN-VAD network (DESIGN §6) on a device (runtime/device_runtime; the CPU by default): CMVN'd LFR features in, per-frame
 // class probabilities out, with the FSMN caches (the last lorder-1 projected frames of each layer)
 // carried between calls so that a clip run in chunks gives the same probabilities as in one call.
 // The decision logic (window detector, end-silence schedule) is fun_asr/vad.py.
@@ -9,24 +9,23 @@
 #include <string>
 #include <vector>
 
-#include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml.h"
 #include "graph/fsmn_vad.h"
 #include "model/loader.h"
+#include "runtime/device_runtime.h"
 
 namespace fun_asr {
 
-class VadModel {
+class VadModel : public DeviceRuntime {
 public:
-    VadModel(const ModelSource & src, int threads);
-    ~VadModel();
+    VadModel(const ModelSource & src, int threads, const std::string & device = "cpu");
+    ~VadModel() override;
     VadModel(const VadModel &) = delete;
     VadModel & operator=(const VadModel &) = delete;
 
     const VadHParams & hparams() const { return hp_; }
-    int threads() const { return threads_; }
-    void set_threads(int threads);
+    void set_threads(int threads) { apply_threads(threads); }
 
     // feats row-major [T, in_dim]; cache row-major [n_layers, lorder-1, proj] (updated in place; zeros
     // = no history). Returns row-major [T, out_dim] probabilities, or only column `column` ([T]) when
@@ -37,12 +36,6 @@ private:
     VadHParams hp_;
     std::vector<int64_t> dims_;  // padded widths: input affine, linear, proj, output affine
     VadWeights w_;
-    ggml_context * wctx_ = nullptr;
-    ggml_backend_buffer_t wbuf_ = nullptr;
-    ggml_backend_t backend_ = nullptr;
-    ggml_gallocr_t allocr_ = nullptr;
-    std::vector<uint8_t> meta_;
-    int threads_ = 1;
     std::mutex mutex_;
 };
 
