@@ -100,3 +100,17 @@ def test_stage_files_leave_kernel_and_device_choices_to_common() -> None:
                     if BACKEND_QUESTION.search(p.read_text("utf-8")))
     assert not askers, askers
     assert all(BACKEND_QUESTION.search(s) for s in ("if (backend_ == cpu_backend_)", "ggml_backend_is_cpu(b)"))
+
+
+def test_every_device_capability_is_reported() -> None:
+    """system_info()'s devices list each DeviceCaps field (graph/common.h) with its value; the CPU's are the
+    record's defaults (the builders' reference behaviour)."""
+    from fun_asr import _core
+
+    text = (CSRC / "graph" / "common.h").read_text("utf-8")
+    body = text[text.index("struct DeviceCaps {"):text.index("};", text.index("struct DeviceCaps {"))]
+    fields = re.findall(r"^\s+bool (\w+) = (true|false);", body, re.M)
+    assert len(fields) >= 7
+    cpu = next(d for d in _core.system_info()["devices"] if d["type"] == "cpu")
+    assert list(cpu["caps"]) == [name for name, _ in fields]
+    assert cpu["caps"] == {name: value == "true" for name, value in fields}

@@ -37,6 +37,9 @@ py::dict system_info() {
         e["type"] = dev.type;
         e["memory_free"] = dev.memory_free;
         e["memory_total"] = dev.memory_total;
+        py::dict caps;  // what fun-asr's graphs use on it (graph/common.h DeviceCaps)
+        for (const auto & [k, v] : dev.caps) caps[py::str(k)] = v;
+        e["caps"] = caps;
         devices.append(e);
     }
     d["devices"] = devices;

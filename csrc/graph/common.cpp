@@ -397,11 +397,11 @@ ggml_tensor * im2col_channels_last(ggml_context * ctx, ggml_tensor * x, int kw, 
 }
 
 ggml_tensor * attention_full(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
-                             int64_t n_heads, ggml_tensor * mask, bool cpu) {
+                             int64_t n_heads, ggml_tensor * mask, const DeviceCaps & caps) {
     const int64_t d = q->ne[0], T = q->ne[1], hd = d / n_heads;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    if (mask == nullptr && cpu && attention_supported(q, k, v, n_heads)) return attention(ctx, q, k, v, n_heads, scale);
-    if (mask == nullptr && cpu) {  // (not on a GPU: ggml's CUDA flash attention rounds K and V to F16)
+    if (mask == nullptr && caps.host && attention_supported(q, k, v, n_heads)) return attention(ctx, q, k, v, n_heads, scale);
+    if (mask == nullptr && caps.exact_flash_attn) {
         // One fused node (F32 K/V, online softmax in F32): the matmul path's second product has the
         // sequence length as its inner dimension, which ggml's fast GEMM only takes in multiples of
         // 16, so it ran at ~13 GFLOP/s and took ~18% of the encoder's time.
@@ -427,13 +427,12 @@ ggml_tensor * attention_full(ggml_context * ctx, ggml_tensor * q, ggml_tensor * 
 namespace {
 
 // Depthwise conv1d over time (zero padding (K-1)/2 | K-1-(K-1)/2, no bias) of v [d, T] with the
-// FSMN kernel [K, 1, d], plus v itself: FunASR's FSMN memory block.
-// On a GPU (kernel not in CPU memory) as K shifted products instead: ggml's CUDA ssm_conv takes only
-// a few kernel sizes (3, 4, 5, 9, 15 in ggml 0.15.3) and aborts the process on others (SAN-M's is 11).
-ggml_tensor * fsmn(ggml_context * ctx, ggml_tensor * v, ggml_tensor * kernel, int64_t K) {
+// FSMN kernel [K, 1, d], plus v itself: FunASR's FSMN memory block. ggml's SSM_CONV where the device takes any
+// kernel width (DeviceCaps::ssm_conv_any_width), else as K shifted products.
+ggml_tensor * fsmn(ggml_context * ctx, ggml_tensor * v, ggml_tensor * kernel, int64_t K, const DeviceCaps & caps) {
     const int64_t d = v->ne[0], T = v->ne[1];
     const int left = static_cast<int>((K - 1) / 2), right = static_cast<int>(K - 1 - left);
-    if (!weight_in_cpu_memory(kernel)) {
+    if (!caps.ssm_conv_any_width) {
         ggml_tensor * vp = ggml_pad_ext(ctx, v, 0, 0, left, right, 0, 0, 0, 0);         // [d, T + K - 1]
         ggml_tensor * taps = ggml_cont(ctx, ggml_transpose(ctx, ggml_reshape_2d(ctx, kernel, K, d)));  // [d, K]
         ggml_tensor * conv = nullptr;
@@ -463,7 +462,7 @@ ggml_tensor * sanm_layer(const GraphCtx & g, ggml_tensor * x, const SanmLayer & 
     ggml_tensor * q = linear(ctx, h, l.q, hp);
     ggml_tensor * k = linear(ctx, h, l.k, hp);
     ggml_tensor * v = linear(ctx, h, l.v, hp);
-    const Product o = product(ctx, attention_full(ctx, q, k, v, n_heads, mask, weight_in_cpu_memory(l.q.w)), l.o);
+    const Product o = product(ctx, attention_full(ctx, q, k, v, n_heads, mask, g.caps), l.o);
     // Layer 0 of the encoder widens 560 -> d: no residual around its attention.
     ggml_tensor * residual = x->ne[0] == o.y->ne[0] ? x : nullptr;
     // Fused tails (kernels/fsmn_memory, kernels/fused_add): the plain graph's float steps in one node each,
@@ -476,7 +475,7 @@ ggml_tensor * sanm_layer(const GraphCtx & g, ggml_tensor * x, const SanmLayer & 
         if (l.fsmn && fsmn_memory_supported(att, v, l.fsmn)) {
             att = fsmn_memory_add(ctx, att, v, l.fsmn);
         } else if (l.fsmn) {
-            att = ggml_add(ctx, att, fsmn(ctx, v, l.fsmn, fsmn_kernel));
+            att = ggml_add(ctx, att, fsmn(ctx, v, l.fsmn, fsmn_kernel, g.caps));
         }
         g.name(att, name + ".attn_out");
         x = residual ? ggml_add(ctx, residual, att) : att;

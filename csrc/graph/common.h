@@ -19,9 +19,9 @@ using StageCallback = std::function<void(ggml_tensor *, const std::string &)>;
 // (runtime/backend.cpp device_caps): the builders and the runtime read a field here instead of asking whether the
 // device is the CPU, so a new backend is one entry there. The defaults are the CPU's.
 struct DeviceCaps {
-    // The host CPU: fun-asr's CPU ops (kernels/) may run on its tensors (the decoder's attention over its KV cache,
-    // the in-graph greedy choice, the CTC argmax), its thread count is chosen by timing decode steps, a decode
-    // step's graph is computed again with new inputs, and prefills of several sequences go through one pass.
+    // fun-asr's CPU ops (kernels/) may run on the device's tensors: the decoder's attention over its KV cache, the
+    // fused element-wise nodes, the CTC argmax, the encoder's attention; and a batch keeps each sequence's numbers
+    // its own (per-sequence attention chains, prefills of several sequences in one pass).
     bool host = true;
     // ggml's flash attention keeps K and V in F32 (CUDA's rounds them to F16: relative errors ~1e-3 where the CPU's
     // F32 attention meets the reference within 1e-4); without it, attention is matmul / softmax / matmul.
@@ -29,6 +29,17 @@ struct DeviceCaps {
     // Products must ask for F32 accumulation (ggml's CUDA backend would otherwise run F16 weights through cuBLAS
     // with F16 accumulation).
     bool f32_products = false;
+    // ggml's SSM_CONV takes the FSMN memory's kernel at any width (CUDA's takes 3, 4, 5, 9 and 15 only, and aborts
+    // the process on others: SAN-M's is 11); without it, the FSMN runs as one shifted product per tap.
+    bool ssm_conv_any_width = true;
+    // A decode step's graph is built once per batch shape and computed again with new inputs (its attention op
+    // reads each sequence's length from an input, so the graph does not depend on it).
+    bool graph_reuse = true;
+    // The greedy choice (the first maximum of each sequence's logits) is a node of the step's graph: only the token
+    // ids come back from the device.
+    bool argmax_in_graph = true;
+    // The thread count may be chosen by timing decode steps (the CPU computes every node).
+    bool timed_threads = true;
 };
 
 struct GraphCtx {
@@ -139,11 +150,11 @@ ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml
 ggml_tensor * im2col_channels_last(ggml_context * ctx, ggml_tensor * x, int kw, int kh, int sw, int sh, int pw, int ph,
                                    int dw, int dh, ggml_type type);
 
-// Bidirectional multi-head attention over [d, T] q/k/v (heads of head_dim); mask may be null. Unmasked,
-// on the CPU (cpu: the layer's weights are in CPU memory) kernels/attention where it applies, else
-// ggml's flash attention.
+// Bidirectional multi-head attention over [d, T] q/k/v (heads of head_dim); mask may be null. Unmasked:
+// kernels/attention where the device takes host kernels and it applies, else ggml's flash attention where it is
+// exact on the device; else (and masked) matmul / softmax / matmul.
 ggml_tensor * attention_full(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
-                             int64_t n_heads, ggml_tensor * mask, bool cpu = false);
+                             int64_t n_heads, ggml_tensor * mask, const DeviceCaps & caps);
 
 // Pre-LN SAN-M / transformer layer: attention (+ FSMN memory when l.fsmn is set), ReLU FFN,
 // residuals (none around attention when the input width differs), optional final LayerNorm.

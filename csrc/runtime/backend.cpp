@@ -114,7 +114,24 @@ DeviceCaps device_caps(ggml_backend_dev_t dev) {
     // to be exact elsewhere): the matmul attention and F32 products there
     caps.exact_flash_attn = caps.host;
     caps.f32_products = !caps.host;
+    // ggml can not say this one (CUDA's supports_op answers yes for every width, then aborts on most)
+    caps.ssm_conv_any_width = caps.host;
+    // Both rest on fun-asr's CPU ops (the attention that reads lengths from an input, the argmax node); elsewhere
+    // each step's graph is built again and the logits come back for the choice.
+    caps.graph_reuse = caps.host;
+    caps.argmax_in_graph = caps.host;
+    caps.timed_threads = caps.host;  // a GPU's CPU fallback keeps every thread
     return caps;
+}
+
+std::vector<std::pair<std::string, bool>> caps_fields(const DeviceCaps & c) {
+    return {{"host", c.host},
+            {"exact_flash_attn", c.exact_flash_attn},
+            {"f32_products", c.f32_products},
+            {"ssm_conv_any_width", c.ssm_conv_any_width},
+            {"graph_reuse", c.graph_reuse},
+            {"argmax_in_graph", c.argmax_in_graph},
+            {"timed_threads", c.timed_threads}};
 }
 
 SystemInfo system_info() {
@@ -143,6 +160,7 @@ SystemInfo system_info() {
         d.description = ggml_backend_dev_description(dev);
         d.type = device_type_name(ggml_backend_dev_type(dev));
         ggml_backend_dev_memory(dev, &d.memory_free, &d.memory_total);
+        d.caps = caps_fields(device_caps(dev));
         info.devices.push_back(std::move(d));
     }
     return info;

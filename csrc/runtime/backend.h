@@ -18,6 +18,7 @@ struct DeviceInfo {
     std::string type;  // "cpu", "gpu", "igpu", "accel"
     size_t memory_free = 0;
     size_t memory_total = 0;
+    std::vector<std::pair<std::string, bool>> caps;  // device_caps(dev), field by field
 };
 
 struct SystemInfo {
@@ -45,5 +46,7 @@ ggml_backend_dev_t pick_device(const std::string & device);
 // What `dev` offers the graphs that run on it (graph/common.h DeviceCaps): the one place that says how a backend
 // differs from the CPU.
 DeviceCaps device_caps(ggml_backend_dev_t dev);
+// Each field of a DeviceCaps by name, in declaration order (system_info()'s devices list them).
+std::vector<std::pair<std::string, bool>> caps_fields(const DeviceCaps & caps);
 
 }  // namespace fun_asr

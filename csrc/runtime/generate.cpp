@@ -160,7 +160,7 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
             ggml_set_output(logits);
             ggml_build_forward_expand(g.gf, logits);
             choice = nullptr;
-            if (n == 1 && !verify && caps_.host && argmax_columns_supported(logits)) {
+            if (n == 1 && !verify && caps_.argmax_in_graph && argmax_columns_supported(logits)) {
                 choice = argmax_columns(g.ctx, logits);  // the greedy choice in the graph: B indices to copy out
                 ggml_set_output(choice);
                 ggml_build_forward_expand(g.gf, choice);

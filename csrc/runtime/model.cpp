@@ -98,8 +98,8 @@ void Model::set_threads(int threads) {
     if (threads < 0) throw std::invalid_argument("threads must be >= 0 (0 = all cores)");
     std::lock_guard<std::mutex> lock(mutex_);  // not while a graph computes
     apply_threads(threads);
-    // Auto: the chooser times decode steps, on the CPU only (a GPU backend's CPU fallback keeps them all).
-    auto_threads_ = threads == 0 && caps_.host;
+    // Auto: the chooser times decode steps where the device lets it (DeviceCaps::timed_threads).
+    auto_threads_ = threads == 0 && caps_.timed_threads;
     chooser_ = ThreadChooser(threads_);
 }
 
@@ -122,7 +122,7 @@ void Model::new_graph(GraphScope & g, std::vector<uint8_t> * meta) {
 
 bool Model::step_graph_reusable() const {
     static const bool enabled = !switches::is("FUN_ASR_GRAPH_REUSE", "0");
-    return enabled && !step_graph_off_ && caps_.host && flash_attn_;
+    return enabled && !step_graph_off_ && caps_.graph_reuse && flash_attn_;
 }
 
 void Model::alloc_graph(ggml_cgraph * gf) {

@@ -223,7 +223,7 @@ ggml_cgraph * SpeakerModel::build(ggml_context * ctx, int64_t T, int64_t B, ggml
         *rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, Tn * B);
         ggml_set_input(*rows);
     }
-    GraphCtx g{ctx, nullptr};
+    GraphCtx g{ctx, nullptr, caps_};
     *out = build_campplus(g, hp_, w_, *feats, *rows);
     ggml_set_output(*out);
     ggml_build_forward_expand(gf, *out);
