@@ -169,3 +169,47 @@ def test_one_kv_head_decodes_past_half_the_cache(tmp_path: Path) -> None:
         model.prefill(prompt)
         steps.append(model.step(int(alone[0][0][0])))
     np.testing.assert_allclose(steps[0], steps[1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("package", ["f16", "q8_0"])
+def test_continuous_batching_gives_each_sequence_its_own_run(package: str, wide_gguf) -> None:  # noqa: ANN001
+    """generate_batch(max_active=3) over 7 prompts that end after different numbers of tokens: as each ends, the
+    last running slot moves into its place and the next prompt's prefill joins the steps. Every sequence's tokens,
+    stop reason and logits (digests of every row a token came from) equal its own one-by-one run, bit for bit."""
+    import numpy as np
+
+    model = _core.load_gguf(str(wide_gguf(package)), device="cpu", threads=2)
+    model.logit_digests = True
+    d = model.info()["decoder"]["d_model"]
+    rng = np.random.default_rng(11)
+    prompts = [np.ascontiguousarray(model.embed(rng.integers(0, 151643, n).tolist())
+                                    + 0.5 * rng.standard_normal((n, d)).astype(np.float32))
+               for n in (5, 37, 12, 3, 64, 20, 9)]
+    free = [model.generate_batch([p], 10, [])[0][0] for p in prompts]
+    # stop ids that end sequences at different steps (each sequence's token at its own position)
+    stops = sorted({free[i][k] for i, k in ((0, 2), (2, 5), (4, 1), (5, 7))})
+    alone = []
+    for p in prompts:
+        (tokens, reason), = model.generate_batch([p], 10, stops)
+        alone.append((tokens, reason, model.last_logit_digests()[0]))
+    assert len({len(t) for t, _, _ in alone}) >= 3  # really mixed lengths
+    out = model.generate_batch(prompts, 10, stops, max_active=3)
+    stats = model.last_generation()
+    digests = model.last_logit_digests()
+    for i, ((tokens, reason), (t1, r1, d1)) in enumerate(zip(out, alone, strict=True)):
+        assert (tokens, reason) == (t1, r1), i
+        assert digests[i] == d1, i
+    assert stats["slot_moves"] > 0 and stats["prefill_passes"] >= len(prompts) - 3
+    # one sequence per slot at most 3 at once: fewer decode passes than one by one, more than the longest alone
+    assert max(len(t) for t, _, _ in alone) <= stats["decode_passes"] + 1 < sum(len(t) for t, _, _ in alone)
+    # each sequence's own token budget (what a real batch has: its clips end at different lengths)
+    limits = [3, 10, 5, 8, 2, 6, 4]
+    own = [model.generate_batch([p], n, [])[0] for p, n in zip(prompts, limits, strict=True)]
+    assert model.generate_batch(prompts, limits, [], max_active=3) == own
+    assert [len(t) for t, _ in own] == limits
+    with pytest.raises(ValueError, match="max_active"):
+        model.generate_batch(prompts, 4, [], max_active=-1)
+    with pytest.raises(ValueError, match="entries for 7 sequences"):
+        model.generate_batch(prompts, [4, 4], [])
+    with pytest.raises(TypeError, match="max_new_tokens"):
+        model.generate_batch(prompts, "4", [])

@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -343,8 +344,24 @@ void bind_model(py::module_ & m) {
             "last_generation() tells which, with timings.")
         .def(
             "generate_batch",
-            [](Model & self, const py::list & embeddings, int64_t max_new_tokens, const std::vector<int64_t> & stop_ids,
-               bool repetition_guard, const py::object & on_step, const std::optional<std::vector<int64_t>> & draft) {
+            [](Model & self, const py::list & embeddings, const py::object & max_new_tokens,
+               const std::vector<int64_t> & stop_ids, bool repetition_guard, const py::object & on_step,
+               const std::optional<std::vector<int64_t>> & draft, int64_t max_active) {
+                // one number for every sequence, or a list with one each
+                std::vector<int64_t> limits;
+                int64_t most = 0;
+                if (py::isinstance<py::int_>(max_new_tokens)) {
+                    most = max_new_tokens.cast<int64_t>();
+                } else if (py::isinstance<py::sequence>(max_new_tokens) && !py::isinstance<py::str>(max_new_tokens)) {
+                    for (auto v : max_new_tokens) {
+                        if (!py::isinstance<py::int_>(v)) throw py::type_error("max_new_tokens must be an int or a list of ints");
+                        limits.push_back(v.cast<int64_t>());
+                    }
+                    if (limits.empty()) throw py::value_error("max_new_tokens is an empty list");
+                    most = *std::max_element(limits.begin(), limits.end());
+                } else {
+                    throw py::type_error("max_new_tokens must be an int or a list of ints (one per sequence)");
+                }
                 std::vector<py::array> keep;
                 std::vector<std::pair<const float *, int64_t>> prompts;
                 for (auto item : embeddings) {
@@ -368,8 +385,8 @@ void bind_model(py::module_ & m) {
                 std::vector<Model::Generated> out;
                 {
                     py::gil_scoped_release release;
-                    out = self.generate_batch(prompts, max_new_tokens, stops, repetition_guard, step,
-                                              draft ? &draft_ids : nullptr);
+                    out = self.generate_batch(prompts, most, stops, repetition_guard, step,
+                                              draft ? &draft_ids : nullptr, max_active, limits.empty() ? nullptr : &limits);
                 }
                 py::list result;
                 for (const auto & g : out) {
@@ -379,13 +396,17 @@ void bind_model(py::module_ & m) {
             },
             py::arg("embeddings"), py::arg("max_new_tokens"), py::arg("stop_ids"), py::kw_only(),
             py::arg("repetition_guard") = false, py::arg("on_step") = py::none(), py::arg("draft") = py::none(),
+            py::arg("max_active") = 0,
             "generate() for several sequences at once (one KV cache slot each; every step reads the weights once "
             "for all). Returns [(tokens, stop_reason)] in input order; tokens equal one-by-one generate(). "
             "on_step(tokens_so_far, active) is called after the prefill and after every step; an exception it "
             "raises (or Ctrl-C) aborts the generation. draft (one sequence only): token ids the output probably "
             "contains (a previous partial, a CTC transcript): lossless speculative decoding, up to draft_max "
             "draft tokens verified per decoder pass; the result is plain greedy's, bit for bit "
-            "(last_generation(): decode_passes, draft_proposed, draft_accepted).")
+            "(last_generation(): decode_passes, draft_proposed, draft_accepted). max_active > 0 (not with a draft): "
+            "continuous batching, at most that many sequences at once, the next prompt's prefill joining the steps "
+            "as soon as one ends (the same tokens; last_generation()['slot_moves']). max_new_tokens: one number, or "
+            "a list with each sequence's own.")
         .def("interrupt", &Model::interrupt,
              "From any thread: the computation running on this model stops at its next graph node (CPU; other "
              "backends: its next graph) or decoding step and raises fun_asr.Interrupted; the model stays usable. "
@@ -461,6 +482,7 @@ void bind_model(py::module_ & m) {
                 d["compute_ms"] = s.compute_ms;
                 d["select_ms"] = s.select_ms;
                 d["graphs_built"] = s.graphs_built;
+                d["slot_moves"] = s.slot_moves;
                 return d;
             },
             "Stop reason (eos, max_new_tokens, repetition) and timings of the last generate(); graph_ms, "

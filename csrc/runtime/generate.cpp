@@ -319,7 +319,8 @@ void Model::set_prefix(const float * embeddings, int64_t n) {
 std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<const float *, int64_t>> & prompts,
                                                     int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
                                                     bool repetition_guard, const StepCallback & on_step,
-                                                    const std::vector<int32_t> * draft) {
+                                                    const std::vector<int32_t> * draft, int64_t max_active,
+                                                    const std::vector<int64_t> * token_limits) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (prompts.empty()) throw std::invalid_argument("no sequences to generate");
     if (draft && prompts.size() != 1) {
@@ -328,6 +329,7 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
     if (draft) {
         for (int32_t id : *draft) check_token(id);
     }
+    if (max_active < 0) throw std::invalid_argument("max_active must be >= 0 (0 = every sequence at once)");
     for (const auto & p : prompts) {
         if (p.second <= 0) throw std::invalid_argument("embeddings are empty: need at least one row");
     }
@@ -335,6 +337,17 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
     for (int32_t id : stop_ids) check_token(id);
     const auto & d = hp_.dec;
     const int64_t B = static_cast<int64_t>(prompts.size());
+    if (token_limits) {
+        if (static_cast<int64_t>(token_limits->size()) != B) {
+            throw std::invalid_argument("max_new_tokens has " + std::to_string(token_limits->size()) +
+                                        " entries for " + std::to_string(B) + " sequences (one each, or one number)");
+        }
+        for (int64_t m : *token_limits) {
+            if (m < 1 || m > max_new_tokens) throw std::invalid_argument("each max_new_tokens must be >= 1");
+        }
+    }
+    // sequence q's most new tokens
+    auto limit = [&](int64_t q) { return token_limits ? (*token_limits)[static_cast<size_t>(q)] : max_new_tokens; };
     int64_t longest = 0;
     for (const auto & p : prompts) longest = std::max(longest, p.second);
     if (longest + max_new_tokens - 1 > d.max_positions) {
@@ -342,100 +355,155 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
                                     std::to_string(max_new_tokens) + " exceeds the decoder's context of " +
                                     std::to_string(d.max_positions));
     }
+    // Continuous batching: at most max_active sequences hold a cache slot at once; when one ends, the last
+    // running slot moves into its place (its K/V rows copied, the same bits) and the next prompt's prefill takes
+    // the free slot at the end. Every sequence's numbers are its own in any batch (batch invariance), so the
+    // tokens and logits are those of the sequence decoded alone.
+    const bool continuous = max_active > 0 && max_active < B && !draft;
+    const int64_t S = continuous ? max_active : B;  // cache slots
     last_ = GenerationStats{};
     passes_ = PassTimes{};
     auto t0 = std::chrono::steady_clock::now();
     n_past_ = 0;  // the single-sequence state does not survive a batch
-    kv_.reserve(d, ggml_backend_get_default_buffer_type(backend_), longest + max_new_tokens, 0, B);
+    kv_.reserve(d, ggml_backend_get_default_buffer_type(backend_), longest + max_new_tokens, 0, S);
     std::vector<Generated> out(static_cast<size_t>(B));
     digests_.assign(logit_digests_on_ ? static_cast<size_t>(B) : 0, {});
-    std::vector<int32_t> next(static_cast<size_t>(B));
-    std::vector<int64_t> past(static_cast<size_t>(B));
+    // per slot: the prompt it decodes, its next token, its cached positions, and whether `next` is still to take
+    std::vector<int64_t> seq(static_cast<size_t>(S), -1);
+    std::vector<int32_t> next(static_cast<size_t>(S));
+    std::vector<int64_t> past(static_cast<size_t>(S));
+    std::vector<char> to_take(static_cast<size_t>(S), 0);
     const int64_t P = prefix_len();
-    std::vector<int64_t> done(static_cast<size_t>(B), 0);
-    for (int64_t b = 0; b < B; ++b) {
-        const auto & p = prompts[static_cast<size_t>(b)];
-        if (P > 0 && prefix_matches(p.first, p.second)) {  // the cached prefix K/V instead of recomputing them
-            for (size_t l = 0; l < kv_.k().size(); ++l) {  // positions 0..P-1 of slot b (nb[3]: slot stride)
-                ggml_backend_tensor_set(kv_.k()[l], prefix_k_[l].data(), static_cast<size_t>(b) * kv_.k()[l]->nb[3],
-                                        prefix_k_[l].size());
-                ggml_backend_tensor_set(kv_.v()[l], prefix_v_[l].data(), static_cast<size_t>(b) * kv_.v()[l]->nb[3],
-                                        prefix_v_[l].size());
-            }
-            done[static_cast<size_t>(b)] = P;
-            last_.prefix_reused += P;
-        }
-    }
-    // Each sequence's prompt into its own slot. On the CPU, neighbouring sequences with the same cached
-    // prefix and the same number of new positions go through one pass (every weight read once for the
-    // group; the products' and the attention op's numbers per column / row are the same alone or in a
-    // group, so each sequence's bits are its own); above the mat-vec kernels' column count only, where a
-    // lone prefill takes the many-column products too; at most kGroupRows positions per pass.
+    // Prompts first .. first+count-1 into slots slot .. slot+count-1. On the CPU, neighbouring sequences with the
+    // same cached prefix and the same number of new positions go through one pass (every weight read once for
+    // the group; the products' and the attention op's numbers per column / row are the same alone or in a group,
+    // so each sequence's bits are its own); above the mat-vec kernels' column count only, where a lone prefill
+    // takes the many-column products too; at most kGroupRows positions per pass.
     constexpr int64_t kGroupRows = 2048;
     const bool grouped = caps_.host && flash_attn_;
     const int64_t most = grouped ? step_chunk() : 1;
     std::vector<float> joined;
-    for (int64_t b = 0; b < B;) {
-        const auto & p = prompts[static_cast<size_t>(b)];
-        const int64_t from = done[static_cast<size_t>(b)], n = p.second - from;
-        int64_t e = b + 1;
-        auto joins = [&](int64_t j) {
-            const auto & q = prompts[static_cast<size_t>(j)];
-            return n > matvec_max_cols() && done[static_cast<size_t>(j)] == from && q.second - from == n &&
-                   j - b < most && (j - b + 1) * n <= kGroupRows;
-        };
-        while (e < B && joins(e)) ++e;
-        const int64_t m = e - b;
-        const float * emb = p.first + from * d.d_model;
-        if (m > 1) {
-            const size_t rows = static_cast<size_t>(n * d.d_model);
-            joined.resize(static_cast<size_t>(m) * rows);
-            for (int64_t j = 0; j < m; ++j) {
-                std::memcpy(joined.data() + static_cast<size_t>(j) * rows, prompts[static_cast<size_t>(b + j)].first + from * d.d_model,
-                            rows * sizeof(float));
+    auto admit = [&](int64_t first, int64_t slot, int64_t count) {
+        const auto t_admit = std::chrono::steady_clock::now();
+        std::vector<int64_t> done(static_cast<size_t>(count), 0);
+        for (int64_t j = 0; j < count; ++j) {
+            const auto & p = prompts[static_cast<size_t>(first + j)];
+            seq[static_cast<size_t>(slot + j)] = first + j;
+            if (P > 0 && prefix_matches(p.first, p.second)) {  // the cached prefix K/V instead of recomputing them
+                for (size_t l = 0; l < kv_.k().size(); ++l) {  // positions 0..P-1 of the slot (nb[3]: slot stride)
+                    const size_t at = static_cast<size_t>(slot + j) * kv_.k()[l]->nb[3];
+                    ggml_backend_tensor_set(kv_.k()[l], prefix_k_[l].data(), at, prefix_k_[l].size());
+                    ggml_backend_tensor_set(kv_.v()[l], prefix_v_[l].data(), at, prefix_v_[l].size());
+                }
+                done[static_cast<size_t>(j)] = P;
+                last_.prefix_reused += P;
             }
-            emb = joined.data();
         }
-        const std::vector<float> logits = run_decoder(emb, nullptr, n, b, std::vector<int64_t>(static_cast<size_t>(m), from));
-        for (int64_t j = 0; j < m; ++j) {
-            const float * row = logits.data() + j * d.vocab;
-            next[static_cast<size_t>(b + j)] = argmax(row, d.vocab);
-            if (logit_digests_on_) digests_[static_cast<size_t>(b + j)].push_back(digest(row, d.vocab));
-            past[static_cast<size_t>(b + j)] = prompts[static_cast<size_t>(b + j)].second;
-            last_.prompt_tokens += prompts[static_cast<size_t>(b + j)].second;
+        for (int64_t b = 0; b < count;) {
+            const auto & p = prompts[static_cast<size_t>(first + b)];
+            const int64_t from = done[static_cast<size_t>(b)], n = p.second - from;
+            int64_t e = b + 1;
+            auto joins = [&](int64_t j) {
+                const auto & q = prompts[static_cast<size_t>(first + j)];
+                return n > matvec_max_cols() && done[static_cast<size_t>(j)] == from && q.second - from == n &&
+                       j - b < most && (j - b + 1) * n <= kGroupRows;
+            };
+            while (e < count && joins(e)) ++e;
+            const int64_t m = e - b;
+            const float * emb = p.first + from * d.d_model;
+            if (m > 1) {
+                const size_t rows = static_cast<size_t>(n * d.d_model);
+                joined.resize(static_cast<size_t>(m) * rows);
+                for (int64_t j = 0; j < m; ++j) {
+                    std::memcpy(joined.data() + static_cast<size_t>(j) * rows,
+                                prompts[static_cast<size_t>(first + b + j)].first + from * d.d_model, rows * sizeof(float));
+                }
+                emb = joined.data();
+            }
+            const std::vector<float> logits =
+                run_decoder(emb, nullptr, n, slot + b, std::vector<int64_t>(static_cast<size_t>(m), from));
+            for (int64_t j = 0; j < m; ++j) {
+                const float * row = logits.data() + j * d.vocab;
+                const size_t s = static_cast<size_t>(slot + b + j), q = static_cast<size_t>(first + b + j);
+                next[s] = argmax(row, d.vocab);
+                if (logit_digests_on_) digests_[q].push_back(digest(row, d.vocab));
+                past[s] = prompts[q].second;
+                to_take[s] = 1;
+                last_.prompt_tokens += prompts[q].second;
+            }
+            last_.prefill_passes += 1;
+            b = e;
         }
-        last_.prefill_passes += 1;
-        b = e;
-    }
-    last_.prefill_ms = ms_since(t0);
+        last_.prefill_ms += ms_since(t_admit);
+    };
+    int64_t active = std::min(S, B), waiting = B - active;  // slots in use; prompts not yet admitted
+    admit(0, 0, active);
     if (on_step) on_step(0, B);
     t0 = std::chrono::steady_clock::now();
+    const double prefill_before_decode = last_.prefill_ms;
     if (draft && !draft->empty() && draft_max_ > 0 && flash_attn_) {
-        decode_with_draft(out[0], next[0], past[0], max_new_tokens, stop_ids, repetition_guard, *draft, on_step);
+        decode_with_draft(out[0], next[0], past[0], limit(0), stop_ids, repetition_guard, *draft, on_step);
     } else {
-        int64_t active = B;
+        int64_t running = B;  // sequences not finished
         int64_t produced = 0;
         const int64_t chunk = max_step_seqs_ > 0 ? std::min(max_step_seqs_, step_chunk()) : step_chunk();
-        for (;;) {
-            for (int64_t b = 0; b < B; ++b) {
-                Generated & g = out[static_cast<size_t>(b)];
-                if (!g.stop_reason.empty()) continue;
-                take_token(g, next[static_cast<size_t>(b)], stop_ids, repetition_guard, max_new_tokens);
-                ++produced;
-                if (!g.stop_reason.empty()) --active;
+        std::vector<uint8_t> moving;
+        // Slot `from`'s cached positions into slot `to` (continuous batching: the last running slot fills a gap).
+        auto move_slot = [&](int64_t from, int64_t to) {
+            for (const auto * caches : {&kv_.k(), &kv_.v()}) {
+                for (ggml_tensor * t : *caches) {
+                    const size_t bytes = static_cast<size_t>(past[static_cast<size_t>(from)]) * t->nb[2];
+                    moving.resize(bytes);
+                    ggml_backend_tensor_get(t, moving.data(), static_cast<size_t>(from) * t->nb[3], bytes);
+                    ggml_backend_tensor_set(t, moving.data(), static_cast<size_t>(to) * t->nb[3], bytes);
+                }
             }
-            if (on_step) on_step(produced, active);
-            if (active == 0) break;
-            // One step for every slot (finished ones just keep going; the weights are read once for all, or
-            // once per chunk of step_chunk() sequences).
+            seq[static_cast<size_t>(to)] = seq[static_cast<size_t>(from)];
+            next[static_cast<size_t>(to)] = next[static_cast<size_t>(from)];
+            past[static_cast<size_t>(to)] = past[static_cast<size_t>(from)];
+            to_take[static_cast<size_t>(to)] = to_take[static_cast<size_t>(from)];
+            last_.slot_moves += 1;
+        };
+        for (;;) {
+            bool admitted = true;
+            while (admitted) {  // (a sequence admitted here may end at its first token: take again)
+                admitted = false;
+                for (int64_t s = 0; s < active; ++s) {
+                    if (!to_take[static_cast<size_t>(s)]) continue;
+                    to_take[static_cast<size_t>(s)] = 0;
+                    Generated & g = out[static_cast<size_t>(seq[static_cast<size_t>(s)])];
+                    if (!g.stop_reason.empty()) continue;
+                    take_token(g, next[static_cast<size_t>(s)], stop_ids, repetition_guard,
+                               limit(seq[static_cast<size_t>(s)]));
+                    ++produced;
+                    if (!g.stop_reason.empty()) --running;
+                }
+                if (!continuous) break;  // (finished slots keep stepping: the batch's shape stays)
+                for (int64_t s = active; s-- > 0;) {  // finished slots leave; the last running one takes each place
+                    if (out[static_cast<size_t>(seq[static_cast<size_t>(s)])].stop_reason.empty()) continue;
+                    if (s != active - 1) move_slot(active - 1, s);
+                    --active;
+                }
+                if (waiting > 0 && active < S) {
+                    const int64_t k = std::min(waiting, S - active);
+                    admit(B - waiting, active, k);
+                    active += k;
+                    waiting -= k;
+                    admitted = true;
+                }
+            }
+            if (on_step) on_step(produced, running);
+            if (running == 0) break;
+            // One step for every slot in use (the weights are read once for all, or once per chunk of
+            // step_chunk() sequences).
             std::vector<float> logits;
             std::vector<int32_t> chosen, part_chosen;  // the graph's greedy choices, where it makes them
             ++last_.decode_passes;
-            for (int64_t b0 = 0; b0 < B; b0 += chunk) {
-                const int64_t m = std::min(chunk, B - b0);
+            for (int64_t b0 = 0; b0 < active; b0 += chunk) {
+                const int64_t m = std::min(chunk, active - b0);
                 const std::vector<int64_t> part(past.begin() + b0, past.begin() + b0 + m);
                 std::vector<float> l = run_decoder(nullptr, next.data() + b0, 1, b0, part, false, &part_chosen);
-                if (b0 == 0 && m == B) {
+                if (b0 == 0 && m == active) {
                     logits.swap(l);
                     chosen.swap(part_chosen);
                 } else {
@@ -443,24 +511,24 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
                     chosen.insert(chosen.end(), part_chosen.begin(), part_chosen.end());
                 }
             }
-            const bool picked = static_cast<int64_t>(chosen.size()) == B;  // every chunk's graph chose
-            if (!picked && static_cast<int64_t>(logits.size()) != B * d.vocab) {
+            const bool picked = static_cast<int64_t>(chosen.size()) == active;  // every chunk's graph chose
+            if (!picked && static_cast<int64_t>(logits.size()) != active * d.vocab) {
                 throw std::logic_error("a decode step's chunks came back with neither choices nor logits for all");
             }
             const auto t_select = std::chrono::steady_clock::now();
-            for (int64_t b = 0; b < B; ++b) {
-                const float * row = logits.empty() ? nullptr : logits.data() + b * d.vocab;
-                next[static_cast<size_t>(b)] = picked ? chosen[static_cast<size_t>(b)] : argmax(row, d.vocab);
-                past[static_cast<size_t>(b)] += 1;
+            for (int64_t s = 0; s < active; ++s) {
+                const float * row = logits.empty() ? nullptr : logits.data() + s * d.vocab;
+                next[static_cast<size_t>(s)] = picked ? chosen[static_cast<size_t>(s)] : argmax(row, d.vocab);
+                past[static_cast<size_t>(s)] += 1;
+                to_take[static_cast<size_t>(s)] = 1;
                 // a running sequence takes this token in the next round: keep the digest of its row
-                if (logit_digests_on_ && out[static_cast<size_t>(b)].stop_reason.empty()) {
-                    digests_[static_cast<size_t>(b)].push_back(digest(row, d.vocab));
-                }
+                const size_t q = static_cast<size_t>(seq[static_cast<size_t>(s)]);
+                if (logit_digests_on_ && out[q].stop_reason.empty()) digests_[q].push_back(digest(row, d.vocab));
             }
             last_.select_ms += ms_since(t_select);
         }
     }
-    last_.decode_ms = ms_since(t0);
+    last_.decode_ms = ms_since(t0) - (last_.prefill_ms - prefill_before_decode);
     for (const auto & g : out) last_.new_tokens += static_cast<int64_t>(g.tokens.size());
     last_.stop_reason = B == 1 ? out[0].stop_reason : "batch";
     last_.graph_ms = passes_.graph_ms;

@@ -114,10 +114,16 @@ public:
     // for the rest of the generation (a wrong draft costs one pass), unless greedy's token there is one to
     // skip (the model put a comma where the draft has none). Tokens, stop reason and every logits row are plain greedy's, bit for bit (tests);
     // with flash_attn off (the matmul attention sums over the pass's longest row) the draft is not used.
+    //
+    // max_active (0 = all; not with a draft): continuous batching. At most that many sequences decode at once;
+    // when one ends, the next prompt's prefill takes its place and joins the following steps. Tokens, stop
+    // reasons and logits are each sequence's alone, bit for bit, on the CPU.
+    // token_limits (null = max_new_tokens for all): each sequence's own most new tokens (each 1..max_new_tokens).
     std::vector<Generated> generate_batch(const std::vector<std::pair<const float *, int64_t>> & prompts,
                                           int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
                                           bool repetition_guard = false, const StepCallback & on_step = nullptr,
-                                          const std::vector<int32_t> * draft = nullptr);
+                                          const std::vector<int32_t> * draft = nullptr, int64_t max_active = 0,
+                                          const std::vector<int64_t> * token_limits = nullptr);
     // Most draft tokens one verification pass takes (default 4; 0 turns drafts off).
     int64_t draft_max() const { return draft_max_; }
     // Token ids left out when the output so far is matched with a draft (default none).
@@ -156,6 +162,7 @@ public:
         // decode steps' token choice on the host (argmax over every sequence's logits).
         double graph_ms = 0, transfer_ms = 0, compute_ms = 0, select_ms = 0;
         int64_t graphs_built = 0;  // decoder graphs built (a decode step reusing the previous one builds none)
+        int64_t slot_moves = 0;    // continuous batching: running sequences moved into a finished one's slot
     };
     GenerationStats last_generation() const { return last_; }
 

@@ -35,6 +35,10 @@ from fun_asr.vad.frontend import num_fbank_frames
 
 log = logging.getLogger("fun_asr")
 
+# Segments per continuous-batching window, in multiples of the batch size: each window's decoder inputs are put
+# together at once (bounded memory), and a window's last steps run with fewer sequences while it drains.
+CONTINUOUS_WINDOW = 16
+
 
 class Engine:
     """A loaded model (``path``, on ``device`` with ``threads``) with its tokenizer, prompt, spec and
@@ -210,18 +214,21 @@ class Engine:
     def _decode(self, jobs: list[tuple[_Item, int, np.ndarray]], opts: TranscribeOptions, batch_size: int,
                 progress: bool, raise_errors: bool, prefix: np.ndarray | None = None,
                 suffix: np.ndarray | None = None) -> None:
-        """Greedy decoding of every segment, `batch_size` at a time; fills the Segments in place.
-        A chunk that fails is retried one segment at a time so that only the bad one fails.
-        Segments are taken longest first (FunASR sorts VAD segments by length before batching them),
-        so each batch holds similar lengths; results land in their own Segment, so order is kept.
+        """Greedy decoding of every segment, at most `batch_size` at a time; fills the Segments in place.
+        With batch_size > 1 the model batches continuously (Model.generate_batch's max_active): when a segment
+        ends, the next one's prefill joins the running steps, over windows of CONTINUOUS_WINDOW x batch_size
+        segments (their decoder inputs are put together per window). A window that fails is retried one segment
+        at a time so that only the bad one fails. Segments are taken longest first (FunASR sorts VAD segments by
+        length before batching them); results land in their own Segment, so order is kept.
         With ``prefix``/``suffix`` (the prompt's embeddings) the jobs hold only the audio rows, and each
         chunk's decoder inputs are put together when it is decoded."""
         stop = [] if opts.ignore_eos else self.stop_ids
         if batch_size > 1:
             jobs = sorted(jobs, key=lambda j: -j[2].shape[0])  # the prompt's length is the same for all
         bar = _bar(progress, None, "decoding", "tok")
-        for k in range(0, len(jobs), batch_size):
-            chunk = jobs[k : k + batch_size]
+        window = batch_size * CONTINUOUS_WINDOW if batch_size > 1 else 1
+        for k in range(0, len(jobs), window):
+            chunk = jobs[k : k + window]
             done = [0]
 
             def on_step(produced: int, active: int, done: list[int] = done) -> None:
@@ -247,7 +254,7 @@ class Engine:
             try:
                 results = self.model.generate_batch(inputs, opts.max_new_tokens, stop,
                                                     repetition_guard=opts.repetition_guard, on_step=on_step,
-                                                    draft=draft)
+                                                    draft=draft, max_active=batch_size if len(chunk) > 1 else 0)
             except (ValueError, RuntimeError, MemoryError):
                 if raise_errors or len(chunk) == 1:
                     if len(chunk) == 1 and not raise_errors:

@@ -1,0 +1,118 @@
+"""Batch throughput with continuous batching, and where a decode step's time goes (`tools/bench.py --batch-split`).
+
+A corpus of clips of 5-29.5 s, each with its own token count (``--tokens-per-second`` x that clip's seconds, as
+real speech ends by EOS at its own length; random weights rarely emit EOS, so each clip's count is its token
+budget): every clip is encoded (fun-asr's encoder and adaptor, one recording at a time), then all of them are
+decoded by ``Model.generate_batch`` with ``max_active`` = the batch size (continuous batching: when a clip ends, the
+next one's prefill joins the running steps). RTFx = audio seconds / (encode + decode seconds).
+
+The decoder inputs are each clip's adaptor output between a fixed prompt of 12 + 8 rows (the model's embeddings of
+ids 1..20), the shape of a transcription's prompt. The split: of the decoder passes (prefills and steps), graph
+building and allocation, host<->device copies, compute, and the host's token choice (where the graph did not
+make it); then one decode step of B sequences alone (a generation of N tokens minus one of 1 token, per step) with
+the host's share: graph + copies + choice over the step.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+import fun_asr
+from fun_asr import _core
+from fun_asr.audio.frontend import FrontendConfig, features
+
+RATE = 16000
+SPLIT_KEYS = ("graph_ms", "transfer_ms", "compute_ms", "select_ms")
+
+
+def corpus(files: int, seed: int = 0) -> tuple[list[float], list[np.ndarray]]:
+    """`files` clips of 5-29.5 s (shortest first): a tone-and-noise signal, each clip its own cut and level."""
+    rng = np.random.default_rng(seed)
+    durations = sorted(float(d) for d in rng.uniform(5.0, 29.5, files))
+    t = np.arange(int(30 * RATE)) / RATE
+    base = (0.3 * np.sin(2 * np.pi * 220 * t) * np.sin(2 * np.pi * 3 * t) + 0.05 * rng.standard_normal(t.size))
+    clips = [np.roll(base, int(rng.integers(1, base.size)))[: int(d * RATE)].astype(np.float32)
+             * float(rng.uniform(0.5, 1)) for d in durations]
+    return durations, clips
+
+
+def decoder_inputs(model: _core.Model, frontend: FrontendConfig,
+                   clips: list[np.ndarray]) -> tuple[list[np.ndarray], float]:
+    """Each clip's decoder input (prompt rows around its adaptor output) and the milliseconds spent encoding."""
+    ids = list(range(1, 21))
+    before, after = model.embed(ids[:12]), model.embed(ids[12:])
+    t0 = time.perf_counter()
+    inputs = [np.ascontiguousarray(np.concatenate([before, model.encode(features(c, frontend)), after]))
+              for c in clips]
+    return inputs, (time.perf_counter() - t0) * 1e3
+
+
+def step_split(model: _core.Model, inputs: list[np.ndarray], batch: int, tokens: int = 16) -> dict[str, float]:
+    """One decode step of `batch` sequences: per key of SPLIT_KEYS, ms per step (a generation of `tokens` tokens
+    minus one of 1 token, over tokens - 1 steps), and `host_share` (all but compute)."""
+    prompts = [inputs[i % len(inputs)] for i in range(batch)]
+    runs = {}
+    for n in (1, tokens):
+        model.generate_batch(prompts, n, [])
+        runs[n] = model.last_generation()
+    out = {k: (runs[tokens][k] - runs[1][k]) / (tokens - 1) for k in SPLIT_KEYS}
+    total = sum(out.values())
+    out["step_ms"] = total
+    out["host_share"] = (total - out["compute_ms"]) / total if total > 0 else 0.0
+    out["graphs_built_per_step"] = (runs[tokens]["graphs_built"] - runs[1]["graphs_built"]) / (tokens - 1)
+    return out
+
+
+def batch_split_bench(gguf: Path, device: str, threads: int, files: int, batch_sizes: list[int],
+                      tokens_per_second: float, label: str) -> list[str]:
+    """The markdown lines of both tables for one model file on `device`."""
+    session = fun_asr.Session(gguf, device=device, threads=threads, progress=False, vad=None)
+    model, frontend = session.model, session.frontend
+    durations, clips = corpus(files)
+    audio_s = sum(durations)
+    limits = [max(1, int(np.ceil(tokens_per_second * d))) for d in durations]
+    inputs, encode_ms = decoder_inputs(model, frontend, clips)
+    model.generate_batch(inputs[:1], 2, [])  # warm-up
+    results = []
+    for bs in batch_sizes:
+        t0 = time.perf_counter()
+        if bs == 1:
+            stats = dict.fromkeys(("prefill_ms", "decode_ms", *SPLIT_KEYS, "decode_passes", "slot_moves"), 0.0)
+            for p, n in zip(inputs, limits, strict=True):
+                model.generate_batch([p], n, [])
+                gen = model.last_generation()
+                for k in stats:
+                    stats[k] += gen[k]
+        else:
+            model.generate_batch(inputs, limits, [], max_active=bs)
+            stats = model.last_generation()
+        results.append((bs, (time.perf_counter() - t0) * 1e3, stats))
+    lines = []
+    for bs, decode_ms, st in results:
+        wall = (encode_ms + decode_ms) / 1e3
+        lines.append(f"| {label} | {bs} | {audio_s / wall:.1f} | {wall:.2f} | {encode_ms / 1e3:.2f} | "
+                     f"{st['prefill_ms'] / 1e3:.2f} | {st['decode_ms'] / 1e3:.2f} | {int(st['decode_passes'])} | "
+                     f"{int(st['slot_moves'])} | " + " | ".join(f"{st[k] / 1e3:.2f}" for k in SPLIT_KEYS) + " |")
+    steps = []
+    for bs in sorted({1, *batch_sizes, 64}):
+        sp = step_split(model, inputs, bs)
+        steps.append(f"| {label} | {bs} | {sp['step_ms']:.2f} | " + " | ".join(f"{sp[k]:.3f}" for k in SPLIT_KEYS)
+                     + f" | {sp['graphs_built_per_step']:.2f} | {100 * sp['host_share']:.1f} % |")
+    return [
+        f"Batch throughput ({files} clips of 5-29.5 s, {audio_s:.0f} s of audio; each clip "
+        f"ceil({tokens_per_second:g} x its seconds) tokens, {sum(limits)} in all; continuous batching):",
+        "",
+        "| model | batch size | RTFx | wall s | encode s | prefill s | decode s | decode passes | slot moves | "
+        "graphs s | copies s | compute s | host choice s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *lines,
+        "",
+        "One decode step of B sequences (ms per step; host share = graphs + copies + choice over the step):",
+        "",
+        "| model | B | step ms | graphs | copies | compute | host choice | graphs built per step | host share |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *steps,
+    ]
