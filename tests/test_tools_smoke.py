@@ -88,3 +88,16 @@ def test_bench_vad_smoke(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     table = out.read_text()
     assert "**VAD alone**" in table and "× real time" in table
+
+
+def test_bench_batch_split_smoke(tmp_path: Path) -> None:
+    """`bench.py --batch-split` (tools/gpu_check.sh runs it on the GPU): continuous batching's throughput per batch
+    size with each clip's own token count, and a decode step's split, here on the tiny model and the CPU."""
+    out = tmp_path / "batch.md"
+    r = subprocess.run([sys.executable, str(TOOLS / "bench.py"), "--smoke", "--batch-split", "--types", "q8_0",
+                        "--work", str(tmp_path / "w"), "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = out.read_text()
+    for needle in ("| q8_0 | 1 |", "| q8_0 | 3 |", "| q8_0 | 64 |", "slot moves", "host share", "6 clips of 5-29.5 s",
+                   "graphs built per step"):
+        assert needle in table, needle

@@ -9,7 +9,8 @@
 #      tolerances (tests/test_model_parity.py), batch invariance on CUDA (tests/test_batch_invariance.py),
 #      CPU tokens = GPU tokens on the trained demo model (tests/test_cuda.py);
 #   4. runs `tools/bench.py --device cuda` on the full-size random model (F16, Q8_0): one 10 s clip,
-#      transcribe_batch over 64 clips of 5-29.5 s (RTFx), GPU memory.
+#      transcribe_batch over 64 clips of 5-29.5 s (RTFx), GPU memory; then `--batch-split`: continuous
+#      batching at batch sizes 1, 8, 16, 64 with each clip's own token count, and a decode step's split.
 # Everything it prints, and the benchmark's table, goes to $OUT (default /tmp/gpu-check).
 #   tools/gpu_check.sh [--skip-build] [--skip-tests] [--skip-bench] [--types f16,q8_0]
 # Before, on the machine with the network (the carry is build/gpu-carry, ~47 MB; with the working tree
@@ -107,6 +108,8 @@ if [ -z "$skip_bench" ]; then
   step "benchmark (full-size random model: $types)"
   "$py" tools/bench.py --gpu --device cuda --types "$types" --tokens 40 --repeats 3 --work /tmp/fun-asr-bench \
     --out "$OUT/benchmarks_cuda.md" || status=1
+  "$py" tools/bench.py --batch-split --device cuda --types "${types%%,*}" --work /tmp/fun-asr-bench \
+    --out "$OUT/benchmarks_batch.md" || status=1
   nvidia-smi --query-gpu=name,memory.used --format=csv
 fi
 step "done (status $status)"
