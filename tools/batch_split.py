@@ -9,8 +9,9 @@ next one's prefill joins the running steps). RTFx = audio seconds / (encode + de
 The decoder inputs are each clip's adaptor output between a fixed prompt of 12 + 8 rows (the model's embeddings of
 ids 1..20), the shape of a transcription's prompt. The split: of the decoder passes (prefills and steps), graph
 building and allocation, host<->device copies, compute, and the host's token choice (where the graph did not
-make it); then one decode step of B sequences alone (a generation of N tokens minus one of 1 token, per step) with
-the host's share: graph + copies + choice over the step.
+make it); each batch size also as static batches (the clips in order, cut into batches that wait for their longest
+clip). Then one decode step of B sequences (the decode steps of a 16-token generation, prefill excluded) with the
+host's share: graph + copies + choice over the step.
 """
 
 from __future__ import annotations
@@ -51,18 +52,18 @@ def decoder_inputs(model: _core.Model, frontend: FrontendConfig,
 
 
 def step_split(model: _core.Model, inputs: list[np.ndarray], batch: int, tokens: int = 16) -> dict[str, float]:
-    """One decode step of `batch` sequences: per key of SPLIT_KEYS, ms per step (a generation of `tokens` tokens
-    minus one of 1 token, over tokens - 1 steps), and `host_share` (all but compute)."""
+    """One decode step of `batch` sequences (the decode steps of a `tokens`-token generation, prefill excluded:
+    last_generation()'s step_* keys): per key of SPLIT_KEYS, ms per step, and `host_share` (all but compute)."""
     prompts = [inputs[i % len(inputs)] for i in range(batch)]
-    runs = {}
-    for n in (1, tokens):
-        model.generate_batch(prompts, n, [])
-        runs[n] = model.last_generation()
-    out = {k: (runs[tokens][k] - runs[1][k]) / (tokens - 1) for k in SPLIT_KEYS}
+    model.generate_batch(prompts, tokens, [])
+    gen = model.last_generation()
+    steps = max(1, gen["decode_passes"])
+    out = {"graph_ms": gen["step_graph_ms"] / steps, "transfer_ms": gen["step_transfer_ms"] / steps,
+           "compute_ms": gen["step_compute_ms"] / steps, "select_ms": gen["select_ms"] / steps}
     total = sum(out.values())
     out["step_ms"] = total
     out["host_share"] = (total - out["compute_ms"]) / total if total > 0 else 0.0
-    out["graphs_built_per_step"] = (runs[tokens]["graphs_built"] - runs[1]["graphs_built"]) / (tokens - 1)
+    out["graphs_built_per_step"] = (gen["graphs_built"] - gen["prefill_passes"]) / steps
     return out
 
 
@@ -77,9 +78,16 @@ def batch_split_bench(gguf: Path, device: str, threads: int, files: int, batch_s
     inputs, encode_ms = decoder_inputs(model, frontend, clips)
     model.generate_batch(inputs[:1], 2, [])  # warm-up
     results = []
-    for bs in batch_sizes:
+    for bs, how in [(b, m) for b in batch_sizes for m in (("continuous", "static") if b > 1 else ("one by one",))]:
         t0 = time.perf_counter()
-        if bs == 1:
+        if how == "static":  # chunks of bs clips in order, each chunk waiting for its longest (no joining)
+            stats = dict.fromkeys(("prefill_ms", "decode_ms", *SPLIT_KEYS, "decode_passes", "slot_moves"), 0.0)
+            for i in range(0, len(inputs), bs):
+                model.generate_batch(inputs[i:i + bs], limits[i:i + bs], [])
+                gen = model.last_generation()
+                for k in stats:
+                    stats[k] += gen[k]
+        elif bs == 1:
             stats = dict.fromkeys(("prefill_ms", "decode_ms", *SPLIT_KEYS, "decode_passes", "slot_moves"), 0.0)
             for p, n in zip(inputs, limits, strict=True):
                 model.generate_batch([p], n, [])
@@ -89,11 +97,11 @@ def batch_split_bench(gguf: Path, device: str, threads: int, files: int, batch_s
         else:
             model.generate_batch(inputs, limits, [], max_active=bs)
             stats = model.last_generation()
-        results.append((bs, (time.perf_counter() - t0) * 1e3, stats))
+        results.append((bs, how, (time.perf_counter() - t0) * 1e3, stats))
     lines = []
-    for bs, decode_ms, st in results:
+    for bs, how, decode_ms, st in results:
         wall = (encode_ms + decode_ms) / 1e3
-        lines.append(f"| {label} | {bs} | {audio_s / wall:.1f} | {wall:.2f} | {encode_ms / 1e3:.2f} | "
+        lines.append(f"| {label} | {bs} | {how} | {audio_s / wall:.1f} | {wall:.2f} | {encode_ms / 1e3:.2f} | "
                      f"{st['prefill_ms'] / 1e3:.2f} | {st['decode_ms'] / 1e3:.2f} | {int(st['decode_passes'])} | "
                      f"{int(st['slot_moves'])} | " + " | ".join(f"{st[k] / 1e3:.2f}" for k in SPLIT_KEYS) + " |")
     steps = []
@@ -103,11 +111,12 @@ def batch_split_bench(gguf: Path, device: str, threads: int, files: int, batch_s
                      + f" | {sp['graphs_built_per_step']:.2f} | {100 * sp['host_share']:.1f} % |")
     return [
         f"Batch throughput ({files} clips of 5-29.5 s, {audio_s:.0f} s of audio; each clip "
-        f"ceil({tokens_per_second:g} x its seconds) tokens, {sum(limits)} in all; continuous batching):",
+        f"ceil({tokens_per_second:g} x its seconds) tokens, {sum(limits)} in all; continuous batching, and static "
+        "batches for comparison):",
         "",
-        "| model | batch size | RTFx | wall s | encode s | prefill s | decode s | decode passes | slot moves | "
-        "graphs s | copies s | compute s | host choice s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | batch size | batching | RTFx | wall s | encode s | prefill s | decode s | decode passes | "
+        "slot moves | graphs s | copies s | compute s | host choice s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *lines,
         "",
         "One decode step of B sequences (ms per step; host share = graphs + copies + choice over the step):",

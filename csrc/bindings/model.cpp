@@ -481,13 +481,17 @@ void bind_model(py::module_ & m) {
                 d["transfer_ms"] = s.transfer_ms;
                 d["compute_ms"] = s.compute_ms;
                 d["select_ms"] = s.select_ms;
+                d["step_graph_ms"] = s.step_graph_ms;
+                d["step_transfer_ms"] = s.step_transfer_ms;
+                d["step_compute_ms"] = s.step_compute_ms;
                 d["graphs_built"] = s.graphs_built;
                 d["slot_moves"] = s.slot_moves;
                 return d;
             },
             "Stop reason (eos, max_new_tokens, repetition) and timings of the last generate(); graph_ms, "
             "transfer_ms, compute_ms: its decoder passes' graph building, host<->backend copies and compute; "
-            "select_ms: choosing the tokens of its decode steps on the host; graphs_built: decoder graphs it built "
+            "select_ms: choosing the tokens of its decode steps on the host; step_graph_ms, step_transfer_ms, "
+            "step_compute_ms: the decode steps' share of those three; graphs_built: decoder graphs it built "
             "(CPU decode steps reuse the previous step's graph: FUN_ASR_GRAPH_REUSE=0 builds one per pass).")
         .def("__repr__", [](const Model & self) {
             const auto & hp = self.hparams();

@@ -35,8 +35,8 @@ struct DeviceCaps {
     // A decode step's graph is built once per batch shape and computed again with new inputs (its attention op
     // reads each sequence's length from an input, so the graph does not depend on it).
     bool graph_reuse = true;
-    // The greedy choice (the first maximum of each sequence's logits) is a node of the step's graph: only the token
-    // ids come back from the device.
+    // The greedy choice (the maximum of each sequence's logits) is a node of the step's graph: only the token ids
+    // come back from the device (the CPU: fun-asr's op, the first maximum; elsewhere ggml's ARGMAX).
     bool argmax_in_graph = true;
     // The thread count may be chosen by timing decode steps (the CPU computes every node).
     bool timed_threads = true;

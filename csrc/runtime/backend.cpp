@@ -107,6 +107,21 @@ ggml_backend_dev_t pick_device(const std::string & device) {
     return named[index];
 }
 
+namespace {
+
+// Whether ggml's ARGMAX over rows of a vocabulary's width runs on dev (ggml_backend_dev_supports_op).
+bool runs_argmax(ggml_backend_dev_t dev) {
+    ggml_init_params ip{ggml_tensor_overhead() * 4, nullptr, /*no_alloc=*/true};
+    ggml_context * ctx = ggml_init(ip);
+    if (!ctx) return false;
+    ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 151936, 8);
+    const bool ok = ggml_backend_dev_supports_op(dev, ggml_argmax(ctx, logits));
+    ggml_free(ctx);
+    return ok;
+}
+
+}  // namespace
+
 DeviceCaps device_caps(ggml_backend_dev_t dev) {
     DeviceCaps caps;
     caps.host = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU;
@@ -116,10 +131,11 @@ DeviceCaps device_caps(ggml_backend_dev_t dev) {
     caps.f32_products = !caps.host;
     // ggml can not say this one (CUDA's supports_op answers yes for every width, then aborts on most)
     caps.ssm_conv_any_width = caps.host;
-    // Both rest on fun-asr's CPU ops (the attention that reads lengths from an input, the argmax node); elsewhere
-    // each step's graph is built again and the logits come back for the choice.
+    // A reused step graph rests on fun-asr's attention op, which reads the sequences' lengths from an input;
+    // elsewhere each step's graph is built again.
     caps.graph_reuse = caps.host;
-    caps.argmax_in_graph = caps.host;
+    // The greedy choice: fun-asr's argmax op on the CPU, ggml's ARGMAX where the device runs it (ggml says).
+    caps.argmax_in_graph = caps.host || runs_argmax(dev);
     caps.timed_threads = caps.host;  // a GPU's CPU fallback keeps every thread
     return caps;
 }

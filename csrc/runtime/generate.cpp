@@ -160,10 +160,18 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
             ggml_set_output(logits);
             ggml_build_forward_expand(g.gf, logits);
             choice = nullptr;
-            if (n == 1 && !verify && caps_.argmax_in_graph && argmax_columns_supported(logits)) {
-                choice = argmax_columns(g.ctx, logits);  // the greedy choice in the graph: B indices to copy out
-                ggml_set_output(choice);
-                ggml_build_forward_expand(g.gf, choice);
+            if (n == 1 && !verify && caps_.argmax_in_graph) {
+                // the greedy choice in the graph: B indices to copy out. fun-asr's op on the CPU (the first
+                // maximum, split over the threads), ggml's ARGMAX on other devices (the logits stay there).
+                if (caps_.host) {
+                    choice = argmax_columns_supported(logits) ? argmax_columns(g.ctx, logits) : nullptr;
+                } else {
+                    choice = ggml_argmax(g.ctx, logits);
+                }
+                if (choice) {
+                    ggml_set_output(choice);
+                    ggml_build_forward_expand(g.gf, choice);
+                }
             }
         };
         if (reuse) {
@@ -190,7 +198,13 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
             sg.valid = true;
         }
     }
-    passes_.graph_ms += ms_since(t_start);
+    // (a decode step's share also apart: last_generation()'s step_* keys)
+    const bool step_pass = n == 1 && !verify && !embeddings;
+    auto account = [&](double PassTimes::*all, double PassTimes::*steps, double ms) {
+        passes_.*all += ms;
+        if (step_pass) passes_.*steps += ms;
+    };
+    account(&PassTimes::graph_ms, &PassTimes::step_graph_ms, ms_since(t_start));
     auto t_io = std::chrono::steady_clock::now();
 
     if (emb_in) ggml_backend_tensor_set(emb_in, embeddings, 0, ggml_nbytes(emb_in));
@@ -212,23 +226,23 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     // (a decode step whose attention stores the new K/V rows itself, at the positions, reads no row ids)
     if (rows->buffer) ggml_backend_tensor_set(rows, row_ids.data(), 0, ggml_nbytes(rows));
     ggml_backend_tensor_set(mask, m.data(), 0, ggml_nbytes(mask));
-    passes_.transfer_ms += ms_since(t_io);
+    account(&PassTimes::transfer_ms, &PassTimes::step_transfer_ms, ms_since(t_io));
     const auto t_compute = std::chrono::steady_clock::now();
     compute_graph(gf, n == 1 ? B : 0);
-    passes_.compute_ms += ms_since(t_compute);
+    account(&PassTimes::compute_ms, &PassTimes::step_compute_ms, ms_since(t_compute));
     t_io = std::chrono::steady_clock::now();
     if (choices) choices->clear();
     if (choices && choice) {
         choices->resize(static_cast<size_t>(B));
         ggml_backend_tensor_get(choice, choices->data(), 0, choices->size() * sizeof(int32_t));
         if (!logit_digests_on_) {
-            passes_.transfer_ms += ms_since(t_io);
+            account(&PassTimes::transfer_ms, &PassTimes::step_transfer_ms, ms_since(t_io));
             return {};
         }
     }
     std::vector<float> out(static_cast<size_t>(d.vocab * B * (verify ? n : 1)));
     ggml_backend_tensor_get(logits, out.data(), 0, out.size() * sizeof(float));
-    passes_.transfer_ms += ms_since(t_io);
+    account(&PassTimes::transfer_ms, &PassTimes::step_transfer_ms, ms_since(t_io));
     return out;
 }
 
@@ -534,6 +548,9 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
     last_.graph_ms = passes_.graph_ms;
     last_.transfer_ms = passes_.transfer_ms;
     last_.compute_ms = passes_.compute_ms;
+    last_.step_graph_ms = passes_.step_graph_ms;
+    last_.step_transfer_ms = passes_.step_transfer_ms;
+    last_.step_compute_ms = passes_.step_compute_ms;
     last_.graphs_built = passes_.graphs_built;
     return out;
 }

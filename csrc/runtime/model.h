@@ -161,6 +161,7 @@ public:
         // and allocating graphs, copying inputs and logits between host and backend, computing; and the
         // decode steps' token choice on the host (argmax over every sequence's logits).
         double graph_ms = 0, transfer_ms = 0, compute_ms = 0, select_ms = 0;
+        double step_graph_ms = 0, step_transfer_ms = 0, step_compute_ms = 0;  // of those, the decode steps' alone
         int64_t graphs_built = 0;  // decoder graphs built (a decode step reusing the previous one builds none)
         int64_t slot_moves = 0;    // continuous batching: running sequences moved into a finished one's slot
     };
@@ -257,6 +258,7 @@ private:
     // copied into last_ at its end (prefill(), step() and set_prefix() outside a generation leave last_ alone).
     struct PassTimes {
         double graph_ms = 0, transfer_ms = 0, compute_ms = 0;
+        double step_graph_ms = 0, step_transfer_ms = 0, step_compute_ms = 0;  // of those, the decode steps'
         int64_t graphs_built = 0;
     } passes_;
     std::vector<float> prefix_rows_;                 // the prefix embeddings [n, d]
