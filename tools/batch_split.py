@@ -78,7 +78,10 @@ def batch_split_bench(gguf: Path, device: str, threads: int, files: int, batch_s
     inputs, encode_ms = decoder_inputs(model, frontend, clips)
     model.generate_batch(inputs[:1], 2, [])  # warm-up
     results = []
-    for bs, how in [(b, m) for b in batch_sizes for m in (("continuous", "static") if b > 1 else ("one by one",))]:
+    def ways(b: int) -> tuple[str, ...]:
+        return ("one by one",) if b == 1 else ("all at once",) if b >= len(inputs) else ("continuous", "static")
+
+    for bs, how in [(b, m) for b in batch_sizes for m in ways(b)]:
         t0 = time.perf_counter()
         if how == "static":  # chunks of bs clips in order, each chunk waiting for its longest (no joining)
             stats = dict.fromkeys(("prefill_ms", "decode_ms", *SPLIT_KEYS, "decode_passes", "slot_moves"), 0.0)
