@@ -425,6 +425,13 @@ void bind_model(py::module_ & m) {
         .def_property("logit_digests", &Model::logit_digests, &Model::set_logit_digests,
                       "Test aid (default False): generate_batch/generate keep a 64-bit digest of every logits row a "
                       "token was taken from; last_logit_digests() returns them.")
+        .def_property("token_logprobs", &Model::token_logprobs, &Model::set_token_logprobs,
+                      "When True, generate/generate_batch keep the log-probability of every token they take (log "
+                      "softmax of its logits row at the token, computed beside the greedy choice); "
+                      "last_token_logprobs() returns them.")
+        .def("last_token_logprobs", &Model::last_token_logprobs,
+             "Per sequence of the last generate_batch/generate (with token_logprobs on): the log-probability of "
+             "each token it returned, in order.")
         .def("last_logit_digests", &Model::last_logit_digests,
              "Per sequence of the last generate_batch/generate (with logit_digests on): one digest (FNV-1a of "
              "the float32 bits) per produced token's logits row, [] when off.")

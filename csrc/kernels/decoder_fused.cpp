@@ -381,15 +381,25 @@ void run_store_kv(ggml_tensor * dst, int ith, int nth, void *) {
 
 // argmax_columns' userdata: a NaN in row 0 does not win (the CTC head's frames); any other: it does.
 const bool kNanNeverWins = false;
+// argmax_logprob_columns' userdata: each choice with its log-probability (dst I32 [2, n]).
+const bool kWithLogprob = true;
 
-// src[0] = logits [V, n]; dst I32 [n]: columns split among threads.
+// src[0] = logits [V, n]; dst I32 [n] (or [2, n] with each choice's log-probability): columns split among threads.
 void run_argmax(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const ggml_tensor * l = dst->src[0];
     const bool nan_first_wins = userdata != &kNanNeverWins;
+    const bool with_logprob = userdata == &kWithLogprob;
     const auto [c0, c1] = share(l->ne[1], ith, nth);
     for (int64_t c = c0; c < c1; ++c) {
         const auto * x = reinterpret_cast<const float *>(static_cast<const char *>(l->data) + c * l->nb[1]);
-        static_cast<int32_t *>(dst->data)[c] = static_cast<int32_t>(first_argmax(x, l->ne[0], nan_first_wins));
+        const int64_t at = first_argmax(x, l->ne[0], nan_first_wins);
+        // column c's slot: element c of [n], or column c of [2, n]
+        auto * out = reinterpret_cast<int32_t *>(static_cast<char *>(dst->data) + c * (with_logprob ? dst->nb[1] : dst->nb[0]));
+        out[0] = static_cast<int32_t>(at);
+        if (with_logprob) {
+            const float lp = chosen_logprob(x, l->ne[0], at);
+            std::memcpy(out + 1, &lp, sizeof(float));
+        }
     }
 }
 
@@ -631,6 +641,20 @@ ggml_tensor * argmax_columns(ggml_context * ctx, ggml_tensor * logits, bool nan_
     ggml_tensor * args[1] = {logits};
     return ggml_custom_4d(ctx, GGML_TYPE_I32, logits->ne[1], 1, 1, 1, args, 1, run_argmax, GGML_N_TASKS_MAX,
                           nan_first_wins ? nullptr : const_cast<bool *>(&kNanNeverWins));
+}
+
+ggml_tensor * argmax_logprob_columns(ggml_context * ctx, ggml_tensor * logits) {
+    ggml_tensor * args[1] = {logits};
+    return ggml_custom_4d(ctx, GGML_TYPE_I32, 2, logits->ne[1], 1, 1, args, 1, run_argmax, GGML_N_TASKS_MAX,
+                          const_cast<bool *>(&kWithLogprob));
+}
+
+float chosen_logprob(const float * x, int64_t n, int64_t at) {
+    const float m = x[at];
+    if (!std::isfinite(m)) return std::numeric_limits<float>::quiet_NaN();
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i]) - static_cast<double>(m));
+    return static_cast<float>(-std::log(sum));  // x[at] - m = 0
 }
 
 const char * decoder_fused_op(const ggml_tensor * t) {

@@ -133,6 +133,14 @@ bool argmax_columns_supported(const ggml_tensor * logits);
 // a decode step's greedy choice and the CTC head's frame labels (`nan_first_wins` false: a NaN in row 0 does not
 // win either, the first maximum of the other values does; all NaN: 0). Columns split among the threads.
 ggml_tensor * argmax_columns(ggml_context * ctx, ggml_tensor * logits, bool nan_first_wins = true);
+// argmax_columns with each choice's log-probability: I32 [2, n], per column the index (row 0) and the bits of the
+// F32 chosen_logprob of that column at it (row 1: read them as floats). nan_first_wins as argmax_columns'.
+ggml_tensor * argmax_logprob_columns(ggml_context * ctx, ggml_tensor * logits);
+
+// log softmax(x)[at] over x[0..n): x[at] - m - log(sum_i exp(x[i] - m)), m = x[at] (the first maximum where `at`
+// is first_argmax's answer), the sum in double in index order: the same bits wherever it runs (the graph's op, the
+// host after a prefill). NaN where x[at] is NaN or infinite.
+float chosen_logprob(const float * x, int64_t n, int64_t at);
 
 // The index of the first maximum of x[0..n) (std::max_element's answer; `nan_first_wins` as above), vectorized.
 int64_t first_argmax(const float * x, int64_t n, bool nan_first_wins = true);

@@ -107,7 +107,8 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * tokens, int64_t n, int64_t slot0,
-                                      const std::vector<int64_t> & past, bool verify, std::vector<int32_t> * choices) {
+                                      const std::vector<int64_t> & past, bool verify, std::vector<int32_t> * choices,
+                                      std::vector<float> * choice_logprobs) {
     const auto & d = hp_.dec;
     const int64_t B = static_cast<int64_t>(past.size());
     const int64_t n_kv = *std::max_element(past.begin(), past.end()) + n;
@@ -123,7 +124,9 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     // (Model::StepGraph): built for the cache's capacity, each row attending over the keys its mask leaves.
     StepGraph & sg = step_graph_;
     bool reuse = n == 1 && !verify && !embeddings && step_graph_reusable();
-    const bool hit = reuse && sg.valid && sg.B == B && sg.slot0 == slot0 && sg.cache_epoch == kv_.epoch();
+    const bool want_logprob = choice_logprobs != nullptr && caps_.host;  // (elsewhere: on the host, from the logits)
+    const bool hit = reuse && sg.valid && sg.B == B && sg.slot0 == slot0 && sg.cache_epoch == kv_.epoch() &&
+                     sg.with_logprob == want_logprob;
     GraphScope local;
     ggml_tensor *emb_in = nullptr, *tok_in = nullptr, *pos = nullptr, *rows = nullptr, *mask = nullptr, *logits = nullptr;
     ggml_tensor * choice = nullptr;
@@ -164,8 +167,10 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
                 // the greedy choice in the graph: B indices to copy out. fun-asr's op on the CPU (the first
                 // maximum, split over the threads), ggml's ARGMAX on other devices (the logits stay there).
                 if (caps_.host) {
-                    choice = argmax_columns_supported(logits) ? argmax_columns(g.ctx, logits) : nullptr;
-                } else {
+                    if (argmax_columns_supported(logits)) {
+                        choice = want_logprob ? argmax_logprob_columns(g.ctx, logits) : argmax_columns(g.ctx, logits);
+                    }
+                } else if (!choice_logprobs) {
                     choice = ggml_argmax(g.ctx, logits);
                 }
                 if (choice) {
@@ -194,6 +199,7 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
         alloc_graph(gf);
         if (reuse) {
             sg.tok = tok_in, sg.pos = pos, sg.rows = rows, sg.mask = mask, sg.logits = logits, sg.choice = choice;
+            sg.with_logprob = want_logprob;
             sg.B = B, sg.slot0 = slot0, sg.cache_epoch = kv_.epoch();
             sg.valid = true;
         }
@@ -232,9 +238,20 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     account(&PassTimes::compute_ms, &PassTimes::step_compute_ms, ms_since(t_compute));
     t_io = std::chrono::steady_clock::now();
     if (choices) choices->clear();
+    if (choice_logprobs) choice_logprobs->clear();
     if (choices && choice) {
         choices->resize(static_cast<size_t>(B));
-        ggml_backend_tensor_get(choice, choices->data(), 0, choices->size() * sizeof(int32_t));
+        if (want_logprob) {  // [index, logprob bits] per sequence (a reused graph was built the same way)
+            std::vector<int32_t> pairs(static_cast<size_t>(2 * B));
+            ggml_backend_tensor_get(choice, pairs.data(), 0, pairs.size() * sizeof(int32_t));
+            choice_logprobs->resize(static_cast<size_t>(B));
+            for (size_t b = 0; b < static_cast<size_t>(B); ++b) {
+                (*choices)[b] = pairs[2 * b];
+                std::memcpy(&(*choice_logprobs)[b], &pairs[2 * b + 1], sizeof(float));
+            }
+        } else {
+            ggml_backend_tensor_get(choice, choices->data(), 0, choices->size() * sizeof(int32_t));
+        }
         if (!logit_digests_on_) {
             account(&PassTimes::transfer_ms, &PassTimes::step_transfer_ms, ms_since(t_io));
             return {};
@@ -382,9 +399,12 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
     kv_.reserve(d, ggml_backend_get_default_buffer_type(backend_), longest + max_new_tokens, 0, S);
     std::vector<Generated> out(static_cast<size_t>(B));
     digests_.assign(logit_digests_on_ ? static_cast<size_t>(B) : 0, {});
-    // per slot: the prompt it decodes, its next token, its cached positions, and whether `next` is still to take
+    logprobs_.assign(token_logprobs_on_ ? static_cast<size_t>(B) : 0, {});
+    // per slot: the prompt it decodes, its next token (and that token's log-probability where asked), its cached
+    // positions, and whether `next` is still to take
     std::vector<int64_t> seq(static_cast<size_t>(S), -1);
     std::vector<int32_t> next(static_cast<size_t>(S));
+    std::vector<float> next_lp(static_cast<size_t>(S), 0.0f);
     std::vector<int64_t> past(static_cast<size_t>(S));
     std::vector<char> to_take(static_cast<size_t>(S), 0);
     const int64_t P = prefix_len();
@@ -440,6 +460,7 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
                 const float * row = logits.data() + j * d.vocab;
                 const size_t s = static_cast<size_t>(slot + b + j), q = static_cast<size_t>(first + b + j);
                 next[s] = argmax(row, d.vocab);
+                if (token_logprobs_on_) next_lp[s] = chosen_logprob(row, d.vocab, next[s]);
                 if (logit_digests_on_) digests_[q].push_back(digest(row, d.vocab));
                 past[s] = prompts[q].second;
                 to_take[s] = 1;
@@ -456,7 +477,7 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
     t0 = std::chrono::steady_clock::now();
     const double prefill_before_decode = last_.prefill_ms;
     if (draft && !draft->empty() && draft_max_ > 0 && flash_attn_) {
-        decode_with_draft(out[0], next[0], past[0], limit(0), stop_ids, repetition_guard, *draft, on_step);
+        decode_with_draft(out[0], next[0], next_lp[0], past[0], limit(0), stop_ids, repetition_guard, *draft, on_step);
     } else {
         int64_t running = B;  // sequences not finished
         int64_t produced = 0;
@@ -474,6 +495,7 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
             }
             seq[static_cast<size_t>(to)] = seq[static_cast<size_t>(from)];
             next[static_cast<size_t>(to)] = next[static_cast<size_t>(from)];
+            next_lp[static_cast<size_t>(to)] = next_lp[static_cast<size_t>(from)];
             past[static_cast<size_t>(to)] = past[static_cast<size_t>(from)];
             to_take[static_cast<size_t>(to)] = to_take[static_cast<size_t>(from)];
             last_.slot_moves += 1;
@@ -489,6 +511,9 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
                     if (!g.stop_reason.empty()) continue;
                     take_token(g, next[static_cast<size_t>(s)], stop_ids, repetition_guard,
                                limit(seq[static_cast<size_t>(s)]));
+                    if (token_logprobs_on_) {
+                        logprobs_[static_cast<size_t>(seq[static_cast<size_t>(s)])].push_back(next_lp[static_cast<size_t>(s)]);
+                    }
                     ++produced;
                     if (!g.stop_reason.empty()) --running;
                 }
@@ -512,17 +537,21 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
             // step_chunk() sequences).
             std::vector<float> logits;
             std::vector<int32_t> chosen, part_chosen;  // the graph's greedy choices, where it makes them
+            std::vector<float> chosen_lp, part_lp;     // and their log-probabilities, where asked and made there
             ++last_.decode_passes;
             for (int64_t b0 = 0; b0 < active; b0 += chunk) {
                 const int64_t m = std::min(chunk, active - b0);
                 const std::vector<int64_t> part(past.begin() + b0, past.begin() + b0 + m);
-                std::vector<float> l = run_decoder(nullptr, next.data() + b0, 1, b0, part, false, &part_chosen);
+                std::vector<float> l = run_decoder(nullptr, next.data() + b0, 1, b0, part, false, &part_chosen,
+                                                   token_logprobs_on_ ? &part_lp : nullptr);
                 if (b0 == 0 && m == active) {
                     logits.swap(l);
                     chosen.swap(part_chosen);
+                    chosen_lp.swap(part_lp);
                 } else {
                     logits.insert(logits.end(), l.begin(), l.end());
                     chosen.insert(chosen.end(), part_chosen.begin(), part_chosen.end());
+                    chosen_lp.insert(chosen_lp.end(), part_lp.begin(), part_lp.end());
                 }
             }
             const bool picked = static_cast<int64_t>(chosen.size()) == active;  // every chunk's graph chose
@@ -533,6 +562,11 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
             for (int64_t s = 0; s < active; ++s) {
                 const float * row = logits.empty() ? nullptr : logits.data() + s * d.vocab;
                 next[static_cast<size_t>(s)] = picked ? chosen[static_cast<size_t>(s)] : argmax(row, d.vocab);
+                if (token_logprobs_on_) {
+                    next_lp[static_cast<size_t>(s)] = static_cast<int64_t>(chosen_lp.size()) == active
+                                                          ? chosen_lp[static_cast<size_t>(s)]
+                                                          : chosen_logprob(row, d.vocab, next[static_cast<size_t>(s)]);
+                }
                 past[static_cast<size_t>(s)] += 1;
                 to_take[static_cast<size_t>(s)] = 1;
                 // a running sequence takes this token in the next round: keep the digest of its row
@@ -555,13 +589,14 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
     return out;
 }
 
-void Model::decode_with_draft(Generated & g, int32_t next, int64_t past, int64_t max_new_tokens,
+void Model::decode_with_draft(Generated & g, int32_t next, float next_logprob, int64_t past, int64_t max_new_tokens,
                               const std::vector<int32_t> & stop_ids, bool repetition_guard,
                               const std::vector<int32_t> & draft, const StepCallback & on_step) {
     const int64_t V = hp_.dec.vocab;
     bool drafting = true;  // a pass that keeps none of its draft tokens ends drafting for this generation
     for (;;) {
         take_token(g, next, stop_ids, repetition_guard, max_new_tokens);
+        if (token_logprobs_on_) logprobs_[0].push_back(next_logprob);
         if (on_step) on_step(static_cast<int64_t>(g.tokens.size()), g.stop_reason.empty() ? 1 : 0);
         if (!g.stop_reason.empty()) return;
         // Draft tokens to verify after `next`: at most as many as may still be generated, less one, so that
@@ -581,11 +616,13 @@ void Model::decode_with_draft(Generated & g, int32_t next, int64_t past, int64_t
         for (;; ++i) {
             const float * row = logits.data() + i * V;
             const int32_t choice = argmax(row, V);
+            const float choice_lp = token_logprobs_on_ ? chosen_logprob(row, V, choice) : 0.0f;
             if (logit_digests_on_) digests_[0].push_back(digest(row, V));
             past += 1;  // in[i] is now in the cache for good
             if (i + 1 < n && choice == in[static_cast<size_t>(i + 1)]) {
                 ++last_.draft_accepted;
                 take_token(g, choice, stop_ids, repetition_guard, max_new_tokens);
+                if (token_logprobs_on_) logprobs_[0].push_back(choice_lp);
                 if (!g.stop_reason.empty()) {
                     if (on_step) on_step(static_cast<int64_t>(g.tokens.size()), 0);
                     return;
@@ -593,6 +630,7 @@ void Model::decode_with_draft(Generated & g, int32_t next, int64_t past, int64_t
                 continue;
             }
             next = choice;  // the first token the draft did not have (or the one after the whole draft)
+            next_logprob = choice_lp;
             break;
         }
         // the draft has stopped helping -- unless greedy put a token to skip where the draft went on

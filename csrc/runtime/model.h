@@ -179,6 +179,12 @@ public:
     }
     bool logit_digests() const { return logit_digests_on_; }
     std::vector<std::vector<uint64_t>> last_logit_digests() const { return digests_; }
+    // With token log-probabilities on, generate_batch keeps, per sequence, the log-probability of every token
+    // it took (log softmax of its logits row at the token: kernels/decoder_fused chosen_logprob; computed in the
+    // step's graph beside the greedy choice on the CPU, on the host from the logits elsewhere).
+    void set_token_logprobs(bool on) { token_logprobs_on_ = on; }
+    bool token_logprobs() const { return token_logprobs_on_; }
+    std::vector<std::vector<float>> last_token_logprobs() const { return logprobs_; }
 
     // Per-node profile (FUN_ASR_PROFILE=1 at load, or set_profiling(true)): every graph node is
     // computed on its own and timed; totals per "stage/op" key (stage = the node name's first part:
@@ -201,12 +207,14 @@ private:
     // choices (a decode step's caller that wants the greedy choice): where the step's graph picks it (CPU,
     // kernels/decoder_fused argmax_columns), filled with each sequence's first argmax, and the logits come
     // back only when the logit digests are on (else empty); elsewhere left empty, with the logits.
+    // choice_logprobs (with choices): each choice's log-probability, where the graph computes it (else empty).
     std::vector<float> run_decoder(const float * embeddings, const int32_t * tokens, int64_t n, int64_t slot0,
                                    const std::vector<int64_t> & past, bool verify = false,
-                                   std::vector<int32_t> * choices = nullptr);
+                                   std::vector<int32_t> * choices = nullptr,
+                                   std::vector<float> * choice_logprobs = nullptr);
     // generate_batch's loop for one sequence with a draft (tokens already holds nothing; next = the
     // prefill's argmax, past = the prompt length).
-    void decode_with_draft(Generated & g, int32_t next, int64_t past, int64_t max_new_tokens,
+    void decode_with_draft(Generated & g, int32_t next, float next_logprob, int64_t past, int64_t max_new_tokens,
                            const std::vector<int32_t> & stop_ids, bool repetition_guard,
                            const std::vector<int32_t> & draft, const StepCallback & on_step);
     // The most sequences one decode-step graph takes (see generate.cpp); larger batches step in chunks.
@@ -242,6 +250,7 @@ private:
         GraphScope g;
         ggml_tensor *tok = nullptr, *pos = nullptr, *rows = nullptr, *mask = nullptr, *logits = nullptr;
         ggml_tensor * choice = nullptr;  // argmax_columns of the logits, or null
+        bool with_logprob = false;       // choice is argmax_logprob_columns
         int64_t B = 0, slot0 = 0;
         uint64_t cache_epoch = 0;  // its K/V views span this allocation's capacity
         bool valid = false;
@@ -272,6 +281,8 @@ private:
     int64_t draft_max_ = 4;
     std::vector<int32_t> draft_skip_;  // sorted
     std::vector<std::vector<uint64_t>> digests_;
+    bool token_logprobs_on_ = false;
+    std::vector<std::vector<float>> logprobs_;
     bool profiling_ = false;
     std::map<std::string, ProfileEntry> profile_;
     std::string stage_ = "other";  // the graph being computed, for the profile
