@@ -83,17 +83,10 @@ def batch_split_bench(gguf: Path, device: str, threads: int, files: int, batch_s
 
     for bs, how in [(b, m) for b in batch_sizes for m in ways(b)]:
         t0 = time.perf_counter()
-        if how == "static":  # chunks of bs clips in order, each chunk waiting for its longest (no joining)
+        if how in ("static", "one by one"):  # chunks of bs clips in order, each waiting for its longest (no joining)
             stats = dict.fromkeys(("prefill_ms", "decode_ms", *SPLIT_KEYS, "decode_passes", "slot_moves"), 0.0)
             for i in range(0, len(inputs), bs):
                 model.generate_batch(inputs[i:i + bs], limits[i:i + bs], [])
-                gen = model.last_generation()
-                for k in stats:
-                    stats[k] += gen[k]
-        elif bs == 1:
-            stats = dict.fromkeys(("prefill_ms", "decode_ms", *SPLIT_KEYS, "decode_passes", "slot_moves"), 0.0)
-            for p, n in zip(inputs, limits, strict=True):
-                model.generate_batch([p], n, [])
                 gen = model.last_generation()
                 for k in stats:
                     stats[k] += gen[k]

@@ -109,12 +109,14 @@ ggml_backend_dev_t pick_device(const std::string & device) {
 
 namespace {
 
-// Whether ggml's ARGMAX over rows of a vocabulary's width runs on dev (ggml_backend_dev_supports_op).
+// Whether ggml's ARGMAX over F32 rows runs on dev (ggml_backend_dev_supports_op; the backends answer by type, the
+// probe's width is no model's).
 bool runs_argmax(ggml_backend_dev_t dev) {
     ggml_init_params ip{ggml_tensor_overhead() * 4, nullptr, /*no_alloc=*/true};
     ggml_context * ctx = ggml_init(ip);
     if (!ctx) return false;
-    ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 151936, 8);
+    constexpr int64_t kProbeWidth = 4096, kProbeRows = 8;
+    ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, kProbeWidth, kProbeRows);
     const bool ok = ggml_backend_dev_supports_op(dev, ggml_argmax(ctx, logits));
     ggml_free(ctx);
     return ok;

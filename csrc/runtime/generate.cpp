@@ -123,7 +123,8 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     // A decode step (one token per sequence) on the CPU reuses the previous step's graph where it can
     // (Model::StepGraph): built for the cache's capacity, each row attending over the keys its mask leaves.
     StepGraph & sg = step_graph_;
-    bool reuse = n == 1 && !verify && !embeddings && step_graph_reusable();
+    const bool step_pass = n == 1 && !verify && !embeddings;  // a decode step
+    bool reuse = step_pass && step_graph_reusable();
     const bool want_logprob = choice_logprobs != nullptr && caps_.host;  // (elsewhere: on the host, from the logits)
     const bool hit = reuse && sg.valid && sg.B == B && sg.slot0 == slot0 && sg.cache_epoch == kv_.epoch() &&
                      sg.with_logprob == want_logprob;
@@ -205,7 +206,6 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
         }
     }
     // (a decode step's share also apart: last_generation()'s step_* keys)
-    const bool step_pass = n == 1 && !verify && !embeddings;
     auto account = [&](double PassTimes::*all, double PassTimes::*steps, double ms) {
         passes_.*all += ms;
         if (step_pass) passes_.*steps += ms;
@@ -374,7 +374,9 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
                                         " entries for " + std::to_string(B) + " sequences (one each, or one number)");
         }
         for (int64_t m : *token_limits) {
-            if (m < 1 || m > max_new_tokens) throw std::invalid_argument("each max_new_tokens must be >= 1");
+            if (m < 1 || m > max_new_tokens) {
+                throw std::invalid_argument("each max_new_tokens must be from 1 to " + std::to_string(max_new_tokens));
+            }
         }
     }
     // sequence q's most new tokens

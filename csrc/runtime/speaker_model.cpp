@@ -117,17 +117,12 @@ SpeakerModel::SpeakerModel(const ModelSource & src, int threads, const std::stri
             }
         }
     }
-    load(src, expected);
+    load(src, expected, by_name);
     set_threads(threads);
 }
 
-void SpeakerModel::load(const ModelSource & src, const std::vector<ExpectedTensor> & expected) {
-    std::map<std::string, const SourceTensor *> by_name;
-    for (const auto & t : src.tensors) {
-        const Architecture & arch = require_architecture(src, Role::speaker);
-        if (embedded_in(src, arch) && t.name.rfind(arch.tensor_prefix, 0) != 0) continue;
-        by_name.emplace(t.name, &t);
-    }
+void SpeakerModel::load(const ModelSource & src, const std::vector<ExpectedTensor> & expected,
+                        const std::map<std::string, const SourceTensor *> & by_name) {
     ggml_init_params ip{ggml_tensor_overhead() * (expected.size() + 1), nullptr, true};
     wctx_ = ggml_init(ip);
     if (!wctx_) throw std::runtime_error("ggml_init failed");

@@ -45,7 +45,9 @@ private:
                         ggml_tensor ** out) const;
     size_t graph_bytes(int64_t T, int64_t B);
     int64_t batch_for_locked(int64_t T);
-    void load(const ModelSource & src, const std::vector<ExpectedTensor> & expected);
+    // The weights from the source tensors the constructor checked (by name: the file's, or the package's "spk.*").
+    void load(const ModelSource & src, const std::vector<ExpectedTensor> & expected,
+              const std::map<std::string, const SourceTensor *> & by_name);
 
     SpeakerHParams hp_;
     SpeakerWeights w_;
