@@ -206,6 +206,8 @@ def test_continuous_batching_gives_each_sequence_its_own_run(package: str, wide_
     limits = [3, 10, 5, 8, 2, 6, 4]
     own = [model.generate_batch([p], n, [])[0] for p, n in zip(prompts, limits, strict=True)]
     assert model.generate_batch(prompts, limits, [], max_active=3) == own
+    assert model.generate_batch(prompts[:1], np.int64(3), []) == own[:1]  # numpy's integers count as ints
+    assert model.generate_batch(prompts[:2], list(np.array(limits[:2])), [], max_active=1) == own[:2]
     assert [len(t) for t, _ in own] == limits
     with pytest.raises(ValueError, match="max_active"):
         model.generate_batch(prompts, 4, [], max_active=-1)

@@ -350,11 +350,13 @@ void bind_model(py::module_ & m) {
                 // one number for every sequence, or a list with one each
                 std::vector<int64_t> limits;
                 int64_t most = 0;
-                if (py::isinstance<py::int_>(max_new_tokens)) {
+                // (anything with __index__ counts as an int, numpy's integers too, as an int64_t argument takes them)
+                auto integer = [](const py::handle & v) { return PyIndex_Check(v.ptr()) != 0; };
+                if (integer(max_new_tokens)) {
                     most = max_new_tokens.cast<int64_t>();
                 } else if (py::isinstance<py::sequence>(max_new_tokens) && !py::isinstance<py::str>(max_new_tokens)) {
                     for (auto v : max_new_tokens) {
-                        if (!py::isinstance<py::int_>(v)) throw py::type_error("max_new_tokens must be an int or a list of ints");
+                        if (!integer(v)) throw py::type_error("max_new_tokens must be an int or a list of ints");
                         limits.push_back(v.cast<int64_t>());
                     }
                     if (limits.empty()) throw py::value_error("max_new_tokens is an empty list");
