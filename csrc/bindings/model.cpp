@@ -15,6 +15,7 @@
 #include "bindings/bind.h"
 #include "bindings/common.h"
 #include "model/loader.h"
+#include "runtime/backend.h"
 #include "runtime/model.h"
 
 namespace fun_asr::bindings {
@@ -109,6 +110,9 @@ py::dict model_info(const Model & m) {
     d["ctc"] = ctc;
     d["tensor_types"] = m.tensor_types();
     d["backend"] = m.backend_name();
+    py::dict caps;
+    for (const auto & [name, value] : fun_asr::caps_fields(m.caps())) caps[py::str(name)] = value;
+    d["caps"] = caps;  // what the device offers (runtime/backend.cpp device_caps)
     d["device"] = m.device_description();
     d["weight_bytes"] = m.weight_bytes();
     d["weights_mmapped"] = m.weights_mmapped();
@@ -229,6 +233,46 @@ void bind_model(py::module_ & m) {
             py::arg("features"),
             "encode() that also returns the encoder output: (adaptor output float32[T, d_llm], encoder output "
             "float32[T, d_enc]) -- the input of ctc_greedy().")
+        .def(
+            "encode_batch",
+            [](Model & self, const py::list & features, bool keep_encoder) {
+                std::vector<py::array> arrays;  // kept alive (and their data pointers valid) for the call
+                std::vector<const float *> ptrs;
+                std::vector<int64_t> lengths;
+                for (size_t i = 0; i < features.size(); ++i) {
+                    py::array a = py::array::ensure(features[i]);
+                    const std::string what = "features[" + std::to_string(i) + "]";
+                    if (!a) throw py::type_error(what + " is not an array");
+                    require_rows(a, self.hparams().enc.input_size, what.c_str());
+                    lengths.push_back(a.shape(0));
+                    ptrs.push_back(static_cast<const float *>(a.data()));
+                    arrays.push_back(std::move(a));
+                }
+                std::vector<std::pair<std::vector<float>, std::vector<float>>> out;
+                if (!ptrs.empty()) {
+                    py::gil_scoped_release release;
+                    out = self.encode_batch(ptrs, lengths, keep_encoder);
+                }
+                py::list result;
+                for (size_t i = 0; i < out.size(); ++i) {
+                    py::array adp = to_numpy(std::move(out[i].first), {lengths[i], self.hparams().adp.d_model});
+                    if (keep_encoder) {
+                        result.append(py::make_tuple(
+                            adp, to_numpy(std::move(out[i].second), {lengths[i], self.hparams().enc.d_model})));
+                    } else {
+                        result.append(adp);
+                    }
+                }
+                return result;
+            },
+            py::arg("features"), py::kw_only(), py::arg("keep_encoder") = false,
+            "encode() (keep_encoder=True: encode_keep_encoder()) of a list of feature matrices float32[T_i, "
+            "input_size] in packed passes: every sequence's frames side by side in one graph, attention and the "
+            "FSMN memory per sequence, so each result is the one it gets alone (bit for bit on the CPU). Returns "
+            "one adaptor output (or (adaptor output, encoder output)) per matrix, in order. Up to "
+            "max_packed_sequences go in one pass.")
+        .def_property_readonly("max_packed_sequences", &Model::max_packed_sequences,
+                               "How many sequences encode_batch packs into one encoder graph at most.")
         .def(
             "ctc_greedy",
             [](Model & self, const py::array & encoder_output) {

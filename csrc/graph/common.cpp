@@ -453,29 +453,74 @@ ggml_tensor * fsmn(ggml_context * ctx, ggml_tensor * v, ggml_tensor * kernel, in
 
 }  // namespace
 
+namespace {
+
+// [rows, T_i] views of x's columns, one per packed sequence (all of x for one sequence).
+std::vector<ggml_tensor *> sequence_views(ggml_context * ctx, ggml_tensor * x, const std::vector<int64_t> & lens) {
+    if (lens.size() <= 1) return {x};
+    std::vector<ggml_tensor *> out;
+    int64_t t0 = 0;
+    for (int64_t T : lens) {
+        out.push_back(ggml_view_2d(ctx, x, x->ne[0], T, x->nb[1], static_cast<size_t>(t0) * x->nb[1]));
+        t0 += T;
+    }
+    return out;
+}
+
+// The sequences' results [rows, T_i] side by side again: [rows, sum T_i] (pairwise, so that each column is
+// copied about log2(n) times rather than up to n).
+ggml_tensor * join_sequences(ggml_context * ctx, std::vector<ggml_tensor *> parts) {
+    while (parts.size() > 1) {
+        std::vector<ggml_tensor *> next;
+        for (size_t i = 0; i + 1 < parts.size(); i += 2) next.push_back(ggml_concat(ctx, parts[i], parts[i + 1], 1));
+        if (parts.size() % 2) next.push_back(parts.back());
+        parts = std::move(next);
+    }
+    return parts[0];
+}
+
+}  // namespace
+
 ggml_tensor * sanm_layer(const GraphCtx & g, ggml_tensor * x, const SanmLayer & l, int64_t n_heads,
                          int64_t fsmn_kernel, float eps, ggml_tensor * mask, const std::string & name) {
     ggml_context * ctx = g.ctx;
+    const std::vector<int64_t> & seqs = g.segments;
     ggml_tensor * h = layer_norm(ctx, x, l.attn_norm, eps);
     // q, k and v read the same input: on AMX it is quantized into tiles once for the three.
     ggml_tensor * hp = prepare_frames(ctx, l.q.w, h, true);
     ggml_tensor * q = linear(ctx, h, l.q, hp);
     ggml_tensor * k = linear(ctx, h, l.k, hp);
     ggml_tensor * v = linear(ctx, h, l.v, hp);
-    const Product o = product(ctx, attention_full(ctx, q, k, v, n_heads, mask, g.caps), l.o);
+    std::vector<ggml_tensor *> heads;
+    {
+        const auto qs = sequence_views(ctx, q, seqs), ks = sequence_views(ctx, k, seqs), vs = sequence_views(ctx, v, seqs);
+        for (size_t i = 0; i < qs.size(); ++i) heads.push_back(attention_full(ctx, qs[i], ks[i], vs[i], n_heads, mask, g.caps));
+    }
+    const Product o = product(ctx, join_sequences(ctx, heads), l.o);
     // Layer 0 of the encoder widens 560 -> d: no residual around its attention.
     ggml_tensor * residual = x->ne[0] == o.y->ne[0] ? x : nullptr;
     // Fused tails (kernels/fsmn_memory, kernels/fused_add): the plain graph's float steps in one node each,
     // except when a debug run wants every stage's output.
-    const bool fuse = !g.on_stage;
+    const bool fuse = !g.every_stage;
+    const auto vs = sequence_views(ctx, v, seqs);
     if (fuse && l.fsmn && fsmn_memory_supported(o.y, v, l.fsmn, o.bias, residual)) {
-        x = fsmn_memory_add(ctx, o.y, v, l.fsmn, o.bias, residual);  // x + ((o + b) + (conv(v) + v))
+        // x + ((o + b) + (conv(v) + v)), per sequence
+        const auto os = sequence_views(ctx, o.y, seqs);
+        const auto rs = residual ? sequence_views(ctx, residual, seqs) : std::vector<ggml_tensor *>(os.size(), nullptr);
+        std::vector<ggml_tensor *> parts;
+        for (size_t i = 0; i < os.size(); ++i) parts.push_back(fsmn_memory_add(ctx, os[i], vs[i], l.fsmn, o.bias, rs[i]));
+        x = join_sequences(ctx, parts);
     } else {
         ggml_tensor * att = o.bias ? ggml_add(ctx, o.y, o.bias) : o.y;
         if (l.fsmn && fsmn_memory_supported(att, v, l.fsmn)) {
-            att = fsmn_memory_add(ctx, att, v, l.fsmn);
+            const auto as = sequence_views(ctx, att, seqs);
+            std::vector<ggml_tensor *> parts;
+            for (size_t i = 0; i < as.size(); ++i) parts.push_back(fsmn_memory_add(ctx, as[i], vs[i], l.fsmn));
+            att = join_sequences(ctx, parts);
         } else if (l.fsmn) {
-            att = ggml_add(ctx, att, fsmn(ctx, v, l.fsmn, fsmn_kernel, g.caps));
+            std::vector<ggml_tensor *> parts;
+            for (ggml_tensor * vi : vs) parts.push_back(fsmn(ctx, vi, l.fsmn, fsmn_kernel, g.caps));
+            att = ggml_add(ctx, att, join_sequences(ctx, parts));
         }
         g.name(att, name + ".attn_out");
         x = residual ? ggml_add(ctx, residual, att) : att;

@@ -40,12 +40,22 @@ struct DeviceCaps {
     bool argmax_in_graph = true;
     // The thread count may be chosen by timing decode steps (the CPU computes every node).
     bool timed_threads = true;
+    // Several segments' encoder passes run faster as one packed graph (Model::encode_batch): a device whose cost
+    // per graph node is mostly its launch. Not the CPU, where a packed pass of the full-size encoder took 1.2-1.3x
+    // the time of the passes one by one (the joins between per-sequence nodes and a larger working set).
+    bool packed_encoding = false;
 };
 
 struct GraphCtx {
     ggml_context * ctx;
     StageCallback on_stage;  // may be empty
     DeviceCaps caps{};
+    // Several sequences packed along the time axis ([d, T_0 + T_1 + ...], each sequence's columns together, in
+    // this order): their lengths. Empty: one sequence. Everything that mixes frames (attention, the FSMN memory)
+    // runs per sequence on views of its columns; everything per frame runs once over all of them.
+    std::vector<int64_t> segments{};
+    // A debug run that reads every stage: the plain graph's nodes, none fused (a fused tail has no ".attn_out").
+    bool every_stage = false;
     void name(ggml_tensor * t, const std::string & n) const {
         ggml_set_name(t, n.c_str());
         if (on_stage) on_stage(t, n);
@@ -157,7 +167,9 @@ ggml_tensor * attention_full(ggml_context * ctx, ggml_tensor * q, ggml_tensor * 
                              int64_t n_heads, ggml_tensor * mask, const DeviceCaps & caps);
 
 // Pre-LN SAN-M / transformer layer: attention (+ FSMN memory when l.fsmn is set), ReLU FFN,
-// residuals (none around attention when the input width differs), optional final LayerNorm.
+// residuals (none around attention when the input width differs), optional final LayerNorm. With packed
+// sequences (g.segments) each one's attention and FSMN memory read only its own frames: every sequence's
+// columns are those it gets alone wherever the products' columns do not depend on the others (kernels/).
 ggml_tensor * sanm_layer(const GraphCtx & g, ggml_tensor * x, const SanmLayer & l, int64_t n_heads,
                          int64_t fsmn_kernel, float eps, ggml_tensor * mask, const std::string & name);
 

@@ -29,7 +29,7 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
     // thread barriers): each residual sum with the RMSNorm after it, the q/k heads' norms in one node and their
     // RoPE in one, the K/V rows stored in one, SwiGLU in one. A debug run that reads every layer's output
     // builds the plain graph, as FUN_ASR_FUSE=0 does.
-    const bool fuse = !g.on_stage;
+    const bool fuse = !g.every_stage;
     // x + y and the RMSNorm of it with weight `norm`: sets x, returns the norm.
     auto residual_norm = [&](ggml_tensor * y, ggml_tensor * norm) {
         ggml_tensor * sum = nullptr;

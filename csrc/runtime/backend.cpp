@@ -139,6 +139,7 @@ DeviceCaps device_caps(ggml_backend_dev_t dev) {
     // The greedy choice: fun-asr's argmax op on the CPU, ggml's ARGMAX where the device runs it (ggml says).
     caps.argmax_in_graph = caps.host || runs_argmax(dev);
     caps.timed_threads = caps.host;  // a GPU's CPU fallback keeps every thread
+    caps.packed_encoding = !caps.host;
     return caps;
 }
 
@@ -149,7 +150,8 @@ std::vector<std::pair<std::string, bool>> caps_fields(const DeviceCaps & c) {
             {"ssm_conv_any_width", c.ssm_conv_any_width},
             {"graph_reuse", c.graph_reuse},
             {"argmax_in_graph", c.argmax_in_graph},
-            {"timed_threads", c.timed_threads}};
+            {"timed_threads", c.timed_threads},
+            {"packed_encoding", c.packed_encoding}};
 }
 
 SystemInfo system_info() {

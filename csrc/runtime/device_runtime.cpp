@@ -57,19 +57,51 @@ int DeviceRuntime::apply_threads(int threads) {
     return threads_;
 }
 
+namespace {
+
+// The graph's shape without its sizes: every node's op and flags and its inputs' (FNV-1a).
+uint64_t graph_shape(ggml_cgraph * gf) {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](uint64_t v) {
+        h ^= v;
+        h *= 1099511628211ull;
+    };
+    mix(static_cast<uint64_t>(ggml_graph_n_nodes(gf)));
+    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
+        const ggml_tensor * node = ggml_graph_node(gf, i);
+        mix(static_cast<uint64_t>(node->op) << 32 | static_cast<uint32_t>(node->flags));
+        for (const ggml_tensor * src : node->src) {
+            if (src) mix(static_cast<uint64_t>(src->op) << 32 | static_cast<uint32_t>(src->flags));
+        }
+    }
+    return h;
+}
+
+}  // namespace
+
 void DeviceRuntime::sched_alloc(ggml_cgraph * gf, const char * what) {
     ggml_backend_sched_reset(sched_);
     // fun-asr's CPU ops are custom ops; when their weight lives in ggml's CPU_REPACK buffer the scheduler asks
     // that buffer type, which only knows MUL_MAT, so the node is placed by hand.
-    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
-        ggml_tensor * node = ggml_graph_node(gf, i);
-        if (pinned_to_cpu(node)) ggml_backend_sched_set_tensor_backend(sched_, node, cpu_backend_);
-    }
+    auto pin = [&] {
+        for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
+            ggml_tensor * node = ggml_graph_node(gf, i);
+            if (pinned_to_cpu(node)) ggml_backend_sched_set_tensor_backend(sched_, node, cpu_backend_);
+        }
+    };
     if (caps_.f32_products) {  // products accumulate in F32 as on the CPU
         for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
             ggml_tensor * node = ggml_graph_node(gf, i);
             if (node->op == GGML_OP_MUL_MAT) ggml_mul_mat_set_prec(node, GGML_PREC_F32);
         }
+    }
+    pin();
+    const uint64_t shape = graph_shape(gf);
+    if (shape != last_plan_) {
+        last_plan_ = 0;  // until planned
+        if (!ggml_backend_sched_reserve(sched_, gf)) throw std::runtime_error(std::string("cannot allocate ") + what);
+        last_plan_ = shape;
+        pin();  // (reserving reset the scheduler)
     }
     if (!ggml_backend_sched_alloc_graph(sched_, gf)) throw std::runtime_error(std::string("cannot allocate ") + what);
 }

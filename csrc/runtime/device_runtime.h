@@ -48,6 +48,9 @@ protected:
     // A fresh scheduler state for the next graph, that graph allocated on the device (and the CPU for the ops the
     // device lacks; fun-asr's CPU ops pinned there, kernels/dispatch pinned_to_cpu; products in F32 where the
     // device asks, DeviceCaps::f32_products); std::runtime_error naming `what` when it does not fit.
+    // A graph whose shape (ops, flags, their inputs' ops) differs from the last one's is planned afresh: ggml's
+    // allocator otherwise keeps the last plan whenever the node counts match and the sizes fit, whatever the
+    // output flags (a kept encoder output after a pass that let its memory be reused came back overwritten).
     void sched_alloc(ggml_cgraph * gf, const char * what);
     // Computes an allocated graph; Interrupted when interrupt() stopped it (or was requested before), else
     // std::runtime_error "<what> computation failed" when it failed.
@@ -64,6 +67,7 @@ protected:
     ggml_backend_sched_t sched_ = nullptr;
     std::vector<uint8_t> graph_meta_;
     size_t graph_size_ = 0;
+    uint64_t last_plan_ = 0;  // sched_alloc: the shape fingerprint of the graph its allocator last planned
     // A runner's weights where it keeps them itself (the VAD's, CAM++'s; the recognizer's are LoadedWeights):
     // freed here, also when the runner's constructor throws.
     ggml_context * wctx_ = nullptr;

@@ -162,11 +162,12 @@ std::vector<float> read_tensor(ggml_tensor * t) {
 }  // namespace
 
 std::pair<ggml_tensor *, ggml_tensor *> Model::run_encoder(GraphScope & g, const StageCallback & on_stage,
-                                                           const float * features, int64_t T, bool adaptor, bool ctc) {
-    check_features(T);
+                                                           const float * features, int64_t T, bool adaptor, bool ctc,
+                                                           const std::vector<int64_t> & segments, bool every_stage) {
+    if (segments.size() <= 1) check_features(T);
     stage_ = "encode";
     new_graph(g);
-    GraphCtx gc{g.ctx, on_stage, caps_};
+    GraphCtx gc{g.ctx, on_stage, caps_, segments.size() > 1 ? segments : std::vector<int64_t>{}, every_stage};
     ggml_tensor * feats = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, hp_.enc.input_size, T);
     ggml_tensor * pe = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, hp_.enc.input_size, T);
     ggml_set_input(feats);
@@ -181,7 +182,15 @@ std::pair<ggml_tensor *, ggml_tensor *> Model::run_encoder(GraphScope & g, const
     }
     alloc_graph(g.gf);
     std::vector<float> pos(static_cast<size_t>(T * hp_.enc.input_size));
-    sinusoid_positions(hp_, T, pos.data());
+    if (segments.size() <= 1) {
+        sinusoid_positions(hp_, T, pos.data());
+    } else {  // every sequence's positions count from 1
+        int64_t t0 = 0;
+        for (int64_t n : segments) {
+            sinusoid_positions(hp_, n, pos.data() + t0 * hp_.enc.input_size);
+            t0 += n;
+        }
+    }
     ggml_backend_tensor_set(feats, features, 0, ggml_nbytes(feats));
     ggml_backend_tensor_set(pe, pos.data(), 0, ggml_nbytes(pe));
     compute_graph(g.gf);
@@ -201,7 +210,7 @@ std::map<std::string, Stage> Model::debug_stages(const float * features, int64_t
     run_encoder(g, [&](ggml_tensor * t, const std::string & name) {
         ggml_set_output(t);  // keep it: the allocator must not reuse its memory
         stages.emplace_back(name, t);
-    }, features, T, true, hp_.ctc.present);
+    }, features, T, true, hp_.ctc.present, {}, /*every_stage=*/true);
     std::map<std::string, Stage> result;
     for (auto & [name, t] : stages) {
         Stage s;
@@ -271,6 +280,61 @@ std::pair<std::vector<float>, std::vector<float>> Model::encode_keep_encoder(con
     }, features, T, true, false);
     if (!enc) throw std::logic_error("the encoder graph has no enc.out stage");
     return {read_tensor(outs.first), read_tensor(enc)};
+}
+
+int64_t Model::max_packed_sequences() const {
+    // Graph nodes: about 40 per layer for the pass itself, up to 20 more per layer for each packed sequence
+    // (its views, attention, FSMN memory and the joins).
+    const int64_t layers = hp_.enc.n_layers + hp_.adp.n_layers;
+    const int64_t room = static_cast<int64_t>(kGraphSize) - 40 * layers - 64;
+    return std::max<int64_t>(1, room / (20 * std::max<int64_t>(1, layers)));
+}
+
+std::vector<std::pair<std::vector<float>, std::vector<float>>> Model::encode_batch(
+    const std::vector<const float *> & features, const std::vector<int64_t> & lengths, bool keep_encoder) {
+    if (features.size() != lengths.size()) throw std::invalid_argument("encode_batch: one length per feature matrix");
+    for (int64_t T : lengths) check_features(T);
+    std::lock_guard<std::mutex> lock(mutex_);
+    const int64_t C = hp_.enc.input_size, D = hp_.adp.d_model, E = hp_.enc.d_model;
+    const size_t per_pass = static_cast<size_t>(max_packed_sequences());
+    std::vector<std::pair<std::vector<float>, std::vector<float>>> out;
+    out.reserve(features.size());
+    for (size_t a = 0; a < features.size(); a += per_pass) {
+        const size_t b = std::min(features.size(), a + per_pass);
+        std::vector<int64_t> lens(lengths.begin() + static_cast<std::ptrdiff_t>(a),
+                                  lengths.begin() + static_cast<std::ptrdiff_t>(b));
+        int64_t T = 0;
+        for (int64_t n : lens) T += n;
+        std::vector<float> packed(static_cast<size_t>(T * C));
+        int64_t t0 = 0;
+        for (size_t i = a; i < b; ++i) {
+            std::copy(features[i], features[i] + lengths[i] * C, packed.begin() + t0 * C);
+            t0 += lengths[i];
+        }
+        GraphScope g;
+        ggml_tensor * enc = nullptr;
+        StageCallback keep;
+        if (keep_encoder) {
+            keep = [&](ggml_tensor * t, const std::string & name) {
+                if (name == "enc.out") {
+                    ggml_set_output(t);  // the allocator must not reuse its memory
+                    enc = t;
+                }
+            };
+        }
+        ggml_tensor * adp = run_encoder(g, keep, packed.data(), T, true, false, lens).first;
+        if (keep_encoder && !enc) throw std::logic_error("the encoder graph has no enc.out stage");
+        const std::vector<float> rows = read_tensor(adp);
+        const std::vector<float> enc_rows = keep_encoder ? read_tensor(enc) : std::vector<float>{};
+        t0 = 0;
+        for (int64_t n : lens) {
+            out.emplace_back(std::vector<float>(rows.begin() + t0 * D, rows.begin() + (t0 + n) * D),
+                             keep_encoder ? std::vector<float>(enc_rows.begin() + t0 * E, enc_rows.begin() + (t0 + n) * E)
+                                          : std::vector<float>{});
+            t0 += n;
+        }
+    }
+    return out;
 }
 
 ggml_tensor * Model::run_ctc_head(GraphScope & g, const float * encoder_out, int64_t T, bool argmax) {

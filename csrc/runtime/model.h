@@ -75,6 +75,14 @@ public:
     // encode() that also returns the encoder's output row-major [T, enc.d_model] (kept so that the CTC head
     // can run on it later, only if needed: ctc_greedy).
     std::pair<std::vector<float>, std::vector<float>> encode_keep_encoder(const float * features, int64_t T);
+    // encode() / encode_keep_encoder() of several feature matrices (features[i]: [lengths[i], input_size]) in
+    // packed passes (GraphCtx::segments: every sequence's frames side by side, attention and FSMN per sequence):
+    // each one's outputs are encode()'s of it alone wherever the products' columns are independent (every
+    // fun-asr kernel; tests/test_batch_invariance.py). Encoder outputs are empty without keep_encoder. At most
+    // max_packed_sequences() sequences go in one graph; more take several passes.
+    std::vector<std::pair<std::vector<float>, std::vector<float>>> encode_batch(
+        const std::vector<const float *> & features, const std::vector<int64_t> & lengths, bool keep_encoder);
+    int64_t max_packed_sequences() const;
     // The CTC head on an encoder output [T, enc.d_model] -> each frame's most likely CTC label (the argmax of
     // its logits, taken in the graph: T ids, not T x ctc.vocab floats). Merged repeats without blanks are the
     // CTC greedy transcript: the draft of speculative decoding (Session). Throws without a CTC head.
@@ -230,8 +238,11 @@ private:
     void new_graph(GraphScope & g, std::vector<uint8_t> * meta = nullptr);  // meta: graph_meta_ if null
     // Builds, allocates and computes the encoder graph with the adaptor and/or the CTC head on top;
     // returns {adaptor output or null, CTC logits or null}.
+    // With `segments` (lengths summing to T) the features hold several sequences packed (GraphCtx::segments).
     std::pair<ggml_tensor *, ggml_tensor *> run_encoder(GraphScope & g, const StageCallback & on_stage,
-                                                        const float * features, int64_t T, bool adaptor, bool ctc);
+                                                        const float * features, int64_t T, bool adaptor, bool ctc,
+                                                        const std::vector<int64_t> & segments = {},
+                                                        bool every_stage = false);
     // The CTC head graph on an encoder output [T, enc.d_model]: logits [vocab, T], or with argmax their
     // per-frame argmax (int32 [T]); computed.
     ggml_tensor * run_ctc_head(GraphScope & g, const float * encoder_out, int64_t T, bool argmax);

@@ -69,6 +69,11 @@ class Engine:
         self._lock = threading.Lock()
         self._calls = RunningCalls(self.model.interrupt, self.model.clear_interrupt)  # for interrupt()
         self.prefix_cache = True  # reuse the prompt prefix's K/V across segments (token for token the same)
+        # Segments encoded in one packed pass when recordings are transcribed in batches (batch_size > 1), at
+        # most this many (and batch_size): where the device gains from it (info()["caps"]["packed_encoding"]: a
+        # GPU), else 1 (the CPU, where one pass per segment is faster). Either way each segment's encoder output
+        # is the same (bit for bit on the CPU).
+        self.encoder_pack = int(self.model.max_packed_sequences) if info["caps"]["packed_encoding"] else 1
         self._prefix_ids: tuple[int, ...] = ()
         self.aligner = CtcAligner.from_model(self.model, meta)  # None: no CTC head, no word timestamps
         self.ctc_reason = None if self.aligner else str(info["ctc"].get("reason") or "no CTC head")
@@ -149,27 +154,47 @@ class Engine:
                 jobs: list[tuple[_Item, int, np.ndarray]], waiting: list[int]) -> None:
         """The features of samples [a, b) of the recording (its last segment) through the encoder: its
         adaptor rows join ``jobs`` (``waiting`` counts the bytes held for decoding)."""
+        segment = self._segment_features(item, a, b)
+        if segment is not None:
+            self._encode_segments([segment], opts, jobs, waiting)
+
+    def _segment_features(self, item: _Item, a: int, b: int) -> tuple[_Item, int, np.ndarray] | None:
+        """(item, segment index, LFR features) of samples [a, b), the recording's last segment; None when the
+        segment is a tail shorter than one 25 ms frame (nothing to hear)."""
         si = len(item.segments) - 1
         t0 = time.perf_counter()
         feats = self._features(item, a, b)
         item.timings["frontend_ms"] += (time.perf_counter() - t0) * 1e3
-        if feats.shape[0] == 0:  # a tail shorter than one 25 ms frame has nothing to hear
-            return
-        t0 = time.perf_counter()
-        # the encoder output stays for the CTC head: word timestamps, and the CTC draft in case the segment is
-        # decoded alone (the head runs later, only if needed, without a second encoder pass)
+        return (item, si, feats) if feats.shape[0] else None
+
+    def _encode_segments(self, segments: list[tuple[_Item, int, np.ndarray]], opts: TranscribeOptions,
+                         jobs: list[tuple[_Item, int, np.ndarray]], waiting: list[int]) -> None:
+        """Segments' features through the encoder: one pass for one, packed passes (Model.encode_batch: each
+        segment's rows are those it gets alone) for several. Their adaptor rows join ``jobs``; the encoder
+        output stays for the CTC head where a segment needs it (word timestamps, or the CTC draft in case it is
+        decoded alone: the head runs later, only if needed, without a second encoder pass). A pass's time is
+        shared among its segments by frames."""
         stamps = opts.word_timestamps and self.aligner is not None
-        keep = stamps or (item.draft is None and self._ctc_drafting())
+        keeps = [stamps or (item.draft is None and self._ctc_drafting()) for item, _, _ in segments]
+        t0 = time.perf_counter()
         with self._lock:
-            if keep:
-                out, item.enc_out[si] = self.model.encode_keep_encoder(feats)
-                waiting[0] += item.enc_out[si].nbytes
+            if len(segments) == 1:
+                feats = segments[0][2]
+                outs = [self.model.encode_keep_encoder(feats) if keeps[0] else self.model.encode(feats)]
             else:
-                out = self.model.encode(feats)
-        rows = out[: fake_token_len(feats.shape[0], self.prompt.fake_token_halvings)].copy()  # not a view of out
-        item.timings["encode_ms"] += (time.perf_counter() - t0) * 1e3
-        jobs.append((item, si, rows))
-        waiting[0] += rows.nbytes
+                outs = self.model.encode_batch([f for _, _, f in segments], keep_encoder=any(keeps))
+        ms = (time.perf_counter() - t0) * 1e3
+        frames = sum(f.shape[0] for _, _, f in segments)
+        for (item, si, feats), out, keep in zip(segments, outs, keeps, strict=True):
+            if isinstance(out, tuple):
+                out, enc = out
+                if keep:
+                    item.enc_out[si] = enc
+                    waiting[0] += enc.nbytes
+            rows = out[: fake_token_len(feats.shape[0], self.prompt.fake_token_halvings)].copy()  # not a view
+            item.timings["encode_ms"] += ms * feats.shape[0] / frames
+            jobs.append((item, si, rows))
+            waiting[0] += rows.nbytes
 
     def _ctc_drafting(self) -> bool:
         """Whether a segment without a draft of its own gets its CTC greedy transcript as one: a CTC head,

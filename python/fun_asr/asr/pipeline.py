@@ -81,6 +81,25 @@ class Pipeline(Engine):
         waiting = [0]  # bytes held for decoding: the jobs' rows, the features kept for word timestamps
         # segments are encoded as the recordings are read: the bar's total is the segments decided so far
         bar: list[Any] = [_NoBar(), 0]  # the encoding bar (from the second segment on), segments decided
+        # segments waiting for a packed encoder pass (Engine.encoder_pack; up to batch_size of them)
+        pack = min(batch_size, self.encoder_pack) if batch_size > 1 else 1
+        pending: list[tuple[_Item, int, np.ndarray]] = []
+
+        def encode_pending() -> None:
+            segments = [s for s in pending if s[0].error is None]
+            pending.clear()
+            if not segments:
+                return
+            try:
+                self._encode_segments(segments, opts, jobs, waiting)
+            except (ValueError, RuntimeError, MemoryError):
+                if raise_errors:
+                    raise
+                for segment in segments:  # find the bad one; the others encode as they would have
+                    try:
+                        self._encode_segments([segment], opts, jobs, waiting)
+                    except (ValueError, RuntimeError, MemoryError) as exc:
+                        segment[0].fail(exc)
 
         def encode(item: _Item, a: int, b: int) -> None:
             item.spans.append((a, b))
@@ -93,7 +112,14 @@ class Pipeline(Engine):
                 bar[0].total = bar[1]
                 bar[0].refresh()
             try:
-                self._encode(item, a, b, opts, jobs, waiting)
+                if pack > 1:
+                    segment = self._segment_features(item, a, b)
+                    if segment is not None:
+                        pending.append(segment)
+                    if len(pending) >= pack:
+                        encode_pending()
+                else:
+                    self._encode(item, a, b, opts, jobs, waiting)
                 if opts.diarize:
                     if item.speakers is None:
                         item.speakers = self._speaker_windows()
@@ -102,6 +128,7 @@ class Pipeline(Engine):
                 bar[0].update(1)
 
         def decode() -> None:
+            encode_pending()
             bar[0].close()
             bar[:] = [_NoBar(), 0]
             wave = [j for j in jobs if j[0].error is None]
