@@ -215,3 +215,52 @@ def test_continuous_batching_gives_each_sequence_its_own_run(package: str, wide_
         model.generate_batch(prompts, [4, 4], [])
     with pytest.raises(TypeError, match="max_new_tokens"):
         model.generate_batch(prompts, "4", [])
+
+
+def test_prompts_joining_a_running_batch_decode_as_alone(wide_gguf) -> None:  # noqa: ANN001
+    """generate_batch(max_active=2, join=...): prompts handed over while the batch runs (as requests arriving at
+    a server) join it as slots free; every sequence's tokens and logits equal its own run, on_done reports each
+    as it ends (before the call returns), and the join callback may encode/embed on the model but not decode."""
+    import numpy as np
+
+    model = _core.load_gguf(str(wide_gguf("q8_0")), device="cpu", threads=2)
+    model.logit_digests = True
+    d = model.info()["decoder"]["d_model"]
+    rng = np.random.default_rng(5)
+    prompts = [np.ascontiguousarray(model.embed(rng.integers(0, 151643, n).tolist())
+                                    + 0.5 * rng.standard_normal((n, d)).astype(np.float32))
+               for n in (6, 30, 11, 4, 18)]
+    alone = []
+    for p in prompts:
+        alone.append((model.generate_batch([p], 9, [])[0], model.last_logit_digests()[0]))
+    free_run = [tokens for (tokens, _), _ in alone]
+    stops = sorted({free_run[0][2], free_run[2][4], free_run[3][1]})  # sequences end at different steps
+    alone = []
+    for p in prompts:
+        alone.append((model.generate_batch([p], 9, stops)[0], model.last_logit_digests()[0]))
+    later = list(range(2, len(prompts)))  # prompts 2.. arrive while 0 and 1 decode, one per call
+    asked: list[tuple[int, int]] = []
+    ended: list[int] = []
+
+    def join(free: int, max_rows: int) -> list:
+        asked.append((free, max_rows))
+        assert model.embed([1, 2]).shape == (2, d)  # a stateless call is fine in here
+        with pytest.raises(RuntimeError, match="inside generate_batch's join or done callback"):
+            model.generate_batch([prompts[0]], 1, [])
+        return [prompts[later.pop(0)]] if later else []
+
+    out = model.generate_batch(prompts[:2], 9, stops, max_active=2, join=join, join_rows=40,
+                               on_done=lambda i, tokens, reason: ended.append(i))
+    assert len(out) == len(prompts) and not later and sorted(ended) == list(range(len(prompts)))
+    assert len({len(t) for t, _ in out}) >= 3  # really mixed lengths
+    digests = model.last_logit_digests()
+    for i, ((tokens, reason), ((t1, r1), d1)) in enumerate(zip(out, alone, strict=True)):
+        assert (tokens, reason) == (t1, r1) and digests[i] == d1, i
+    assert all(free >= 1 and rows >= 40 for free, rows in asked)
+    assert ended.index(0) < len(prompts) - 1  # the first one ended while others ran
+    with pytest.raises(ValueError, match="max_active > 0"):
+        model.generate_batch(prompts[:1], 2, [], join=join)
+    too_long = lambda free, rows: [np.zeros((rows + 1, d), np.float32)]  # noqa: E731
+    with pytest.raises(ValueError, match="whole rows"):
+        model.generate_batch(prompts[:1], 2, [], max_active=2, join=too_long)
+    assert model.generate_batch(prompts[:1], 9, stops)[0] == alone[0][0]  # usable after a failed call

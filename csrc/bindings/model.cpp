@@ -390,7 +390,8 @@ void bind_model(py::module_ & m) {
             "generate_batch",
             [](Model & self, const py::list & embeddings, const py::object & max_new_tokens,
                const std::vector<int64_t> & stop_ids, bool repetition_guard, const py::object & on_step,
-               const std::optional<std::vector<int64_t>> & draft, int64_t max_active) {
+               const std::optional<std::vector<int64_t>> & draft, int64_t max_active, const py::object & join,
+               const py::object & on_done, int64_t join_rows) {
                 // one number for every sequence, or a list with one each
                 std::vector<int64_t> limits;
                 int64_t most = 0;
@@ -428,11 +429,38 @@ void bind_model(py::module_ & m) {
                     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
                     if (has_callback) on_step(produced, active);
                 };
+                // join(free_slots, max_rows) -> a list of embeddings float32[n, d] (n <= max_rows); on_done(index,
+                // tokens, stop_reason). Both run with the GIL; an exception from either aborts the generation.
+                Model::JoinCallback join_cb;
+                if (!join.is_none()) {
+                    join_cb = [&](int64_t free_slots, int64_t max_rows) {
+                        py::gil_scoped_acquire acquire;
+                        py::object got = join(free_slots, max_rows);
+                        std::vector<std::vector<float>> fresh;
+                        if (got.is_none()) return fresh;
+                        for (auto item : got) {
+                            if (!py::isinstance<py::array>(item)) throw py::type_error("join must return a list of numpy arrays");
+                            const auto a = py::reinterpret_borrow<py::array>(item);
+                            require_rows(a, self.hparams().dec.d_model, "a joining prompt's embeddings");
+                            const float * p = static_cast<const float *>(a.data());
+                            fresh.emplace_back(p, p + a.size());
+                        }
+                        return fresh;
+                    };
+                }
+                Model::DoneCallback done_cb;
+                if (!on_done.is_none()) {
+                    done_cb = [&](int64_t index, const Model::Generated & g) {
+                        py::gil_scoped_acquire acquire;
+                        on_done(index, std::vector<int64_t>(g.tokens.begin(), g.tokens.end()), g.stop_reason);
+                    };
+                }
                 std::vector<Model::Generated> out;
                 {
                     py::gil_scoped_release release;
                     out = self.generate_batch(prompts, most, stops, repetition_guard, step,
-                                              draft ? &draft_ids : nullptr, max_active, limits.empty() ? nullptr : &limits);
+                                              draft ? &draft_ids : nullptr, max_active, limits.empty() ? nullptr : &limits,
+                                              join_cb, done_cb, join_rows);
                 }
                 py::list result;
                 for (const auto & g : out) {
@@ -442,7 +470,8 @@ void bind_model(py::module_ & m) {
             },
             py::arg("embeddings"), py::arg("max_new_tokens"), py::arg("stop_ids"), py::kw_only(),
             py::arg("repetition_guard") = false, py::arg("on_step") = py::none(), py::arg("draft") = py::none(),
-            py::arg("max_active") = 0,
+            py::arg("max_active") = 0, py::arg("join") = py::none(), py::arg("on_done") = py::none(),
+            py::arg("join_rows") = 0,
             "generate() for several sequences at once (one KV cache slot each; every step reads the weights once "
             "for all). Returns [(tokens, stop_reason)] in input order; tokens equal one-by-one generate(). "
             "on_step(tokens_so_far, active) is called after the prefill and after every step; an exception it "
@@ -452,7 +481,11 @@ void bind_model(py::module_ & m) {
             "(last_generation(): decode_passes, draft_proposed, draft_accepted). max_active > 0 (not with a draft): "
             "continuous batching, at most that many sequences at once, the next prompt's prefill joining the steps "
             "as soon as one ends (the same tokens; last_generation()['slot_moves']). max_new_tokens: one number, or "
-            "a list with each sequence's own.")
+            "a list with each sequence's own. join(free_slots, max_rows) (with max_active): asked whenever a slot "
+            "is free and no given prompt waits, it returns more prompts (a list of embeddings, each of at most "
+            "max_rows rows: the cache's room, at least join_rows) that join the running steps at once, their "
+            "results following the given ones'. on_done(index, tokens, stop_reason) is called as each sequence "
+            "ends. Inside both, only encode*, embed and the CTC head may be called on this model.")
         .def("interrupt", &Model::interrupt,
              "From any thread: the computation running on this model stops at its next graph node (CPU; other "
              "backends: its next graph) or decoding step and raises fun_asr.Interrupted; the model stays usable. "

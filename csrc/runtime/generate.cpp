@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -297,13 +298,15 @@ std::vector<float> Model::step_locked(int32_t token) {
 }
 
 std::vector<float> Model::prefill(const float * embeddings, int64_t n) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    refuse_in_callback("prefill");
     if (n <= 0) throw std::invalid_argument("embeddings are empty: need at least one row");
     return prefill_locked(embeddings, n);
 }
 
 std::vector<float> Model::step(int32_t token) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    refuse_in_callback("step");
     check_token(token);
     if (n_past_ == 0) throw std::logic_error("step() needs a prefill() first");
     return step_locked(token);
@@ -321,14 +324,16 @@ bool Model::prefix_matches(const float * embeddings, int64_t n) const {
 }
 
 void Model::clear_prefix() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    refuse_in_callback("clear_prefix");
     prefix_rows_.clear();
     prefix_k_.clear();
     prefix_v_.clear();
 }
 
 void Model::set_prefix(const float * embeddings, int64_t n) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    refuse_in_callback("set_prefix");
     if (n <= 0) throw std::invalid_argument("prefix embeddings are empty: need at least one row");
     const auto & d = hp_.dec;
     if (n >= d.max_positions) throw std::invalid_argument("prefix longer than the decoder's context");
@@ -351,8 +356,13 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
                                                     int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
                                                     bool repetition_guard, const StepCallback & on_step,
                                                     const std::vector<int32_t> * draft, int64_t max_active,
-                                                    const std::vector<int64_t> * token_limits) {
-    std::lock_guard<std::mutex> lock(mutex_);
+                                                    const std::vector<int64_t> * token_limits, const JoinCallback & join,
+                                                    const DoneCallback & done, int64_t join_rows) {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    refuse_in_callback("generate_batch");
+    if (join && max_active <= 0) throw std::invalid_argument("joining prompts needs max_active > 0 (continuous batching)");
+    if (join && draft) throw std::invalid_argument("joining prompts is not for a draft's single sequence");
+    if (join_rows < 0) throw std::invalid_argument("join_rows must be >= 0");
     if (prompts.empty()) throw std::invalid_argument("no sequences to generate");
     if (draft && prompts.size() != 1) {
         throw std::invalid_argument("a draft is for one sequence; got " + std::to_string(prompts.size()));
@@ -367,7 +377,8 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
     if (max_new_tokens < 1) throw std::invalid_argument("max_new_tokens must be >= 1");
     for (int32_t id : stop_ids) check_token(id);
     const auto & d = hp_.dec;
-    const int64_t B = static_cast<int64_t>(prompts.size());
+    const int64_t given = static_cast<int64_t>(prompts.size());
+    int64_t B = given;  // sequences so far (the given ones, then those that join)
     if (token_limits) {
         if (static_cast<int64_t>(token_limits->size()) != B) {
             throw std::invalid_argument("max_new_tokens has " + std::to_string(token_limits->size()) +
@@ -380,8 +391,10 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
         }
     }
     // sequence q's most new tokens
-    auto limit = [&](int64_t q) { return token_limits ? (*token_limits)[static_cast<size_t>(q)] : max_new_tokens; };
-    int64_t longest = 0;
+    auto limit = [&](int64_t q) {
+        return token_limits && q < given ? (*token_limits)[static_cast<size_t>(q)] : max_new_tokens;
+    };
+    int64_t longest = join ? std::min(join_rows, d.max_positions - max_new_tokens + 1) : 0;
     for (const auto & p : prompts) longest = std::max(longest, p.second);
     if (longest + max_new_tokens - 1 > d.max_positions) {
         throw std::invalid_argument("prompt of " + std::to_string(longest) + " positions + max_new_tokens " +
@@ -392,8 +405,20 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
     // running slot moves into its place (its K/V rows copied, the same bits) and the next prompt's prefill takes
     // the free slot at the end. Every sequence's numbers are its own in any batch (batch invariance), so the
     // tokens and logits are those of the sequence decoded alone.
-    const bool continuous = max_active > 0 && max_active < B && !draft;
+    const bool continuous = max_active > 0 && (max_active < B || join) && !draft;
     const int64_t S = continuous ? max_active : B;  // cache slots
+    // the prompts (those that join: their rows owned here)
+    std::vector<std::pair<const float *, int64_t>> all(prompts);
+    std::deque<std::vector<float>> joined_rows;
+    // A join/done callback: the decoder's own calls refuse inside it (refuse_in_callback).
+    auto in_callback = [this](const auto & call) {
+        struct Flag {
+            bool & on;
+            explicit Flag(bool & f) : on(f) { on = true; }
+            ~Flag() { on = false; }
+        } flag(in_callback_);
+        call();
+    };
     last_ = GenerationStats{};
     passes_ = PassTimes{};
     auto t0 = std::chrono::steady_clock::now();
@@ -423,7 +448,7 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
         const auto t_admit = std::chrono::steady_clock::now();
         std::vector<int64_t> done(static_cast<size_t>(count), 0);
         for (int64_t j = 0; j < count; ++j) {
-            const auto & p = prompts[static_cast<size_t>(first + j)];
+            const auto & p = all[static_cast<size_t>(first + j)];
             seq[static_cast<size_t>(slot + j)] = first + j;
             if (P > 0 && prefix_matches(p.first, p.second)) {  // the cached prefix K/V instead of recomputing them
                 for (size_t l = 0; l < kv_.k().size(); ++l) {  // positions 0..P-1 of the slot (nb[3]: slot stride)
@@ -436,11 +461,11 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
             }
         }
         for (int64_t b = 0; b < count;) {
-            const auto & p = prompts[static_cast<size_t>(first + b)];
+            const auto & p = all[static_cast<size_t>(first + b)];
             const int64_t from = done[static_cast<size_t>(b)], n = p.second - from;
             int64_t e = b + 1;
             auto joins = [&](int64_t j) {
-                const auto & q = prompts[static_cast<size_t>(first + j)];
+                const auto & q = all[static_cast<size_t>(first + j)];
                 return n > matvec_max_cols() && done[static_cast<size_t>(j)] == from && q.second - from == n &&
                        j - b < most && (j - b + 1) * n <= kGroupRows;
             };
@@ -452,7 +477,7 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
                 joined.resize(static_cast<size_t>(m) * rows);
                 for (int64_t j = 0; j < m; ++j) {
                     std::memcpy(joined.data() + static_cast<size_t>(j) * rows,
-                                prompts[static_cast<size_t>(first + b + j)].first + from * d.d_model, rows * sizeof(float));
+                                all[static_cast<size_t>(first + b + j)].first + from * d.d_model, rows * sizeof(float));
                 }
                 emb = joined.data();
             }
@@ -464,9 +489,9 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
                 next[s] = argmax(row, d.vocab);
                 if (token_logprobs_on_) next_lp[s] = chosen_logprob(row, d.vocab, next[s]);
                 if (logit_digests_on_) digests_[q].push_back(digest(row, d.vocab));
-                past[s] = prompts[q].second;
+                past[s] = all[q].second;
                 to_take[s] = 1;
-                last_.prompt_tokens += prompts[q].second;
+                last_.prompt_tokens += all[q].second;
             }
             last_.prefill_passes += 1;
             b = e;
@@ -517,13 +542,42 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
                         logprobs_[static_cast<size_t>(seq[static_cast<size_t>(s)])].push_back(next_lp[static_cast<size_t>(s)]);
                     }
                     ++produced;
-                    if (!g.stop_reason.empty()) --running;
+                    if (!g.stop_reason.empty()) {
+                        --running;
+                        if (done) in_callback([&] { done(seq[static_cast<size_t>(s)], g); });
+                    }
                 }
                 if (!continuous) break;  // (finished slots keep stepping: the batch's shape stays)
                 for (int64_t s = active; s-- > 0;) {  // finished slots leave; the last running one takes each place
                     if (out[static_cast<size_t>(seq[static_cast<size_t>(s)])].stop_reason.empty()) continue;
                     if (s != active - 1) move_slot(active - 1, s);
                     --active;
+                }
+                if (join && waiting == 0 && active < S) {  // prompts that arrived since: they join now
+                    const int64_t room = std::min(kv_.capacity(), d.max_positions) - max_new_tokens + 1;
+                    std::vector<std::vector<float>> fresh;
+                    in_callback([&] { fresh = join(S - active, room); });
+                    for (auto & rows : fresh) {
+                        const int64_t n = static_cast<int64_t>(rows.size()) / d.d_model;
+                        if (rows.empty() || n * d.d_model != static_cast<int64_t>(rows.size()) || n > room) {
+                            throw std::invalid_argument("a joining prompt must have 1 to " + std::to_string(room) +
+                                                        " whole rows of " + std::to_string(d.d_model) + " values");
+                        }
+                    }
+                    if (static_cast<int64_t>(fresh.size()) > S - active) {
+                        throw std::invalid_argument("join returned " + std::to_string(fresh.size()) + " prompts for " +
+                                                    std::to_string(S - active) + " free slots");
+                    }
+                    for (auto & rows : fresh) {
+                        joined_rows.push_back(std::move(rows));
+                        all.emplace_back(joined_rows.back().data(), static_cast<int64_t>(joined_rows.back().size()) / d.d_model);
+                        out.emplace_back();
+                        if (logit_digests_on_) digests_.emplace_back();
+                        if (token_logprobs_on_) logprobs_.emplace_back();
+                        ++B;
+                        ++waiting;
+                        ++running;
+                    }
                 }
                 if (waiting > 0 && active < S) {
                     const int64_t k = std::min(waiting, S - active);
@@ -589,6 +643,13 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
     last_.step_compute_ms = passes_.step_compute_ms;
     last_.graphs_built = passes_.graphs_built;
     return out;
+}
+
+void Model::refuse_in_callback(const char * what) const {
+    if (in_callback_) {
+        throw std::logic_error(std::string(what) + " cannot run inside generate_batch's join or done callback (the "
+                               "batch holds the decoder); only encode, embed and the CTC head can");
+    }
 }
 
 void Model::decode_with_draft(Generated & g, int32_t next, float next_logprob, int64_t past, int64_t max_new_tokens,

@@ -96,7 +96,7 @@ Model::~Model() = default;
 
 void Model::set_threads(int threads) {
     if (threads < 0) throw std::invalid_argument("threads must be >= 0 (0 = all cores)");
-    std::lock_guard<std::mutex> lock(mutex_);  // not while a graph computes
+    std::lock_guard<std::recursive_mutex> lock(mutex_);  // not while a graph computes
     apply_threads(threads);
     // Auto: the chooser times decode steps where the device lets it (DeviceCaps::timed_threads).
     auto_threads_ = threads == 0 && caps_.timed_threads;
@@ -198,13 +198,13 @@ std::pair<ggml_tensor *, ggml_tensor *> Model::run_encoder(GraphScope & g, const
 }
 
 std::vector<float> Model::encode(const float * features, int64_t T) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
     GraphScope g;
     return read_tensor(run_encoder(g, {}, features, T, true, false).first);
 }
 
 std::map<std::string, Stage> Model::debug_stages(const float * features, int64_t T) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
     GraphScope g;
     std::vector<std::pair<std::string, ggml_tensor *>> stages;
     run_encoder(g, [&](ggml_tensor * t, const std::string & name) {
@@ -250,7 +250,7 @@ void Model::log_softmax_rows(std::vector<float> & x, int64_t T) const {
 }
 
 std::vector<float> Model::ctc_logprobs(const float * features, int64_t T) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
     require_ctc();
     GraphScope g;
     std::vector<float> out = read_tensor(run_encoder(g, {}, features, T, false, true).second);
@@ -259,7 +259,7 @@ std::vector<float> Model::ctc_logprobs(const float * features, int64_t T) {
 }
 
 std::pair<std::vector<float>, std::vector<float>> Model::encode_ctc(const float * features, int64_t T) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
     require_ctc();
     GraphScope g;
     auto [adp, logits] = run_encoder(g, {}, features, T, true, true);
@@ -269,7 +269,7 @@ std::pair<std::vector<float>, std::vector<float>> Model::encode_ctc(const float 
 }
 
 std::pair<std::vector<float>, std::vector<float>> Model::encode_keep_encoder(const float * features, int64_t T) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
     GraphScope g;
     ggml_tensor * enc = nullptr;
     auto outs = run_encoder(g, [&](ggml_tensor * t, const std::string & name) {
@@ -294,7 +294,7 @@ std::vector<std::pair<std::vector<float>, std::vector<float>>> Model::encode_bat
     const std::vector<const float *> & features, const std::vector<int64_t> & lengths, bool keep_encoder) {
     if (features.size() != lengths.size()) throw std::invalid_argument("encode_batch: one length per feature matrix");
     for (int64_t T : lengths) check_features(T);
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
     const int64_t C = hp_.enc.input_size, D = hp_.adp.d_model, E = hp_.enc.d_model;
     const size_t per_pass = static_cast<size_t>(max_packed_sequences());
     std::vector<std::pair<std::vector<float>, std::vector<float>>> out;
@@ -357,7 +357,7 @@ ggml_tensor * Model::run_ctc_head(GraphScope & g, const float * encoder_out, int
 }
 
 std::vector<int32_t> Model::ctc_greedy(const float * encoder_out, int64_t T) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
     GraphScope g;
     ggml_tensor * labels = run_ctc_head(g, encoder_out, T, true);
     std::vector<int32_t> ids(static_cast<size_t>(T));
@@ -366,7 +366,7 @@ std::vector<int32_t> Model::ctc_greedy(const float * encoder_out, int64_t T) {
 }
 
 std::vector<float> Model::ctc_logprobs_encoded(const float * encoder_out, int64_t T) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
     GraphScope g;
     std::vector<float> out = read_tensor(run_ctc_head(g, encoder_out, T, false));
     log_softmax_rows(out, T);
@@ -381,7 +381,7 @@ void Model::check_token(int64_t id) const {
 }
 
 std::vector<float> Model::embed(const std::vector<int32_t> & ids) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
     if (ids.empty()) throw std::invalid_argument("token_ids is empty");
     for (int32_t id : ids) check_token(id);
     GraphScope g;

@@ -127,11 +127,22 @@ public:
     // when one ends, the next prompt's prefill takes its place and joins the following steps. Tokens, stop
     // reasons and logits are each sequence's alone, bit for bit, on the CPU.
     // token_limits (null = max_new_tokens for all): each sequence's own most new tokens (each 1..max_new_tokens).
+    //
+    // Joining (with max_active > 0): join(free_slots, max_rows) is asked whenever a slot is free and no prompt
+    // given waits; the prompts it returns (embeddings row-major, whole rows of d_model, each 1..max_rows rows:
+    // the cache's room, at least join_rows) are admitted at once and decode like the given ones (up to
+    // max_new_tokens each), their indices following the given ones' in the result. done(index, generated) is
+    // called as each sequence ends. Inside both, the model takes only calls that leave the decoder's state
+    // alone (encode*, embed, the CTC head): the decoder's own calls throw std::logic_error there.
+    using JoinCallback = std::function<std::vector<std::vector<float>>(int64_t free_slots, int64_t max_rows)>;
+    using DoneCallback = std::function<void(int64_t index, const Generated &)>;
     std::vector<Generated> generate_batch(const std::vector<std::pair<const float *, int64_t>> & prompts,
                                           int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
                                           bool repetition_guard = false, const StepCallback & on_step = nullptr,
                                           const std::vector<int32_t> * draft = nullptr, int64_t max_active = 0,
-                                          const std::vector<int64_t> * token_limits = nullptr);
+                                          const std::vector<int64_t> * token_limits = nullptr,
+                                          const JoinCallback & join = nullptr, const DoneCallback & done = nullptr,
+                                          int64_t join_rows = 0);
     // Most draft tokens one verification pass takes (default 4; 0 turns drafts off).
     int64_t draft_max() const { return draft_max_; }
     // Token ids left out when the output so far is matched with a draft (default none).
@@ -299,7 +310,11 @@ private:
     std::string stage_ = "other";  // the graph being computed, for the profile
     std::chrono::steady_clock::time_point node_t0_;
     static bool eval_callback(ggml_tensor * t, bool ask, void * user);
-    std::mutex mutex_;
+    // Recursive: generate_batch's join/done callbacks may call the model's stateless methods (encode, embed, the
+    // CTC head) on the generating thread; in_callback_ makes the decoder's own methods refuse there.
+    std::recursive_mutex mutex_;
+    bool in_callback_ = false;
+    void refuse_in_callback(const char * what) const;
 };
 
 }  // namespace fun_asr
