@@ -174,10 +174,14 @@ def test_spk_without_a_speaker_model_is_refused_naming_how_to_give_one(client: T
     assert r.status_code == 200
 
 
+@pytest.mark.parametrize("join_running", [True, False])
 def test_asr_and_openai_requests_share_decoding_passes(client: TestClient, demo: fun_asr.Session,
-                                                       three: Path) -> None:
+                                                       three: Path, join_running: bool) -> None:
     """/asr decodes through the server's batcher: while one request decodes, /asr and /v1 requests with the
-    same options queue up and are decoded together, in one transcribe_batch call."""
+    same options arrive; they join the running batch (one transcribe_batch call), or with join_running off
+    queue up and are decoded together in the next call."""
+    batcher = client.app.state.context.batcher
+    batcher.join_running, joined = join_running, batcher.joined
     gate = threading.Event()
     sizes: list[int] = []
     real = demo.transcribe_batch
@@ -211,7 +215,9 @@ def test_asr_and_openai_requests_share_decoding_passes(client: TestClient, demo:
     finally:
         gate.set()
         del demo.transcribe_batch
-    assert sizes == [1, 4], sizes
+        batcher.join_running = True
+    assert sizes == ([1] if join_running else [1, 4]), sizes
+    assert batcher.joined - joined == (4 if join_running else 0)
     texts = {name: (r.json()["text"]) for name, r in results.items()}
     assert all(r.status_code == 200 for r in results.values())
     assert len(set(texts.values())) == 1  # the same audio: the same text on both routes

@@ -66,7 +66,7 @@ class Engine:
         self.max_segment_seconds = info["encoder"]["max_frames"] * self.frontend.seconds_per_lfr_frame
         self.context_length = int(info["decoder"]["max_positions"])
         self.vocab_size = int(info["decoder"]["vocab"])
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # (re-entered by recordings that join a running batch: Arrivals)
         self._calls = RunningCalls(self.model.interrupt, self.model.clear_interrupt)  # for interrupt()
         self.prefix_cache = True  # reuse the prompt prefix's K/V across segments (token for token the same)
         # Segments encoded in one packed pass when recordings are transcribed in batches (batch_size > 1), at
@@ -292,10 +292,7 @@ class Engine:
             del inputs
             stats = self.model.last_generation()
             for (item, si, _), (tokens, reason) in zip(chunk, results, strict=True):
-                seg = item.segments[si]
-                seg.tokens, seg.stop_reason = tokens, reason
-                seg.text = self.tokenizer.decode([t for t in tokens if t not in self.stop_ids]).strip()
-                seg.truncated, seg.repetition = reason == "max_new_tokens", reason == "repetition"
+                self._fill_segment(item, si, tokens, reason)
                 item.timings["prefill_ms"] += stats["prefill_ms"] / len(chunk)
                 item.timings["decode_ms"] += stats["decode_ms"] / len(chunk)
                 if ctc_ms:
@@ -304,6 +301,13 @@ class Engine:
                     for key in ("decode_passes", "draft_proposed", "draft_accepted"):
                         item.draft_stats[key] = item.draft_stats.get(key, 0) + int(stats[key])
         bar.close()
+
+    def _fill_segment(self, item: _Item, si: int, tokens: list[int], reason: str) -> None:
+        """A decoded segment's tokens, stop reason and text into its Segment."""
+        seg = item.segments[si]
+        seg.tokens, seg.stop_reason = tokens, reason
+        seg.text = self.tokenizer.decode([t for t in tokens if t not in self.stop_ids]).strip()
+        seg.truncated, seg.repetition = reason == "max_new_tokens", reason == "repetition"
 
     def _align(self, items: list[_Item]) -> None:
         """Word (CTC token) timestamps of every decoded segment (:func:`fun_asr.asr.ctc.align_segments`, the

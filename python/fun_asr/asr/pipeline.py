@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from fun_asr.asr.progress import _bar, _NoBar
 from fun_asr.asr.results import Segment, Transcription
 from fun_asr.asr.speakers import split_at_speakers
 from fun_asr.audio.decode import SAMPLE_RATE, AudioError, AudioInput, AudioReader, Limits
+from fun_asr.audio.frontend import fake_token_len
 from fun_asr.notices import Notice
 from fun_asr.speakers.diarize import RecordingSpeakers
 from fun_asr.vad.native import FsmnVad
@@ -38,6 +40,25 @@ NO_VAD_MESSAGE = (
     "come out as made-up words; embed one (fun-asr-convert SRC --vad-model DIR|GGUF), give --vad-model "
     f"(vad_model=), or set {VAD_ENV}; --vad none (vad=None) turns this notice off"
 )
+
+
+def _open_segment(item: _Item, a: int, b: int) -> None:
+    """Samples [a, b) become the recording's next segment (its text comes when it is decoded)."""
+    item.spans.append((a, b))
+    item.segments.append(Segment(a / SAMPLE_RATE, b / SAMPLE_RATE, "", [], "empty", False, False))
+
+
+@dataclass
+class Arrivals:
+    """Recordings that join a running ``transcribe_batch`` (a server's requests that arrive while it decodes).
+
+    ``take(n)``: up to n more recordings ``(audio, name)`` that have arrived, or none yet (asked whenever a decoder
+    slot is free and nothing else waits; it must not block). ``deliver(index, result)``: each recording's
+    :class:`~fun_asr.asr.results.Transcription` as soon as it is ready, the given recordings numbered first, then
+    the arrivals in the order they came."""
+
+    take: Callable[[int], list[tuple[AudioInput, str]]]
+    deliver: Callable[[int, Transcription], None]
 
 
 class Pipeline(Engine):
@@ -102,8 +123,7 @@ class Pipeline(Engine):
                         segment[0].fail(exc)
 
         def encode(item: _Item, a: int, b: int) -> None:
-            item.spans.append((a, b))
-            item.segments.append(Segment(a / SAMPLE_RATE, b / SAMPLE_RATE, "", [], "empty", False, False))
+            _open_segment(item, a, b)
             bar[1] += 1
             if bar[1] == 2 and progress:
                 bar[0] = _bar(True, 2, "encoding", "seg")
@@ -120,10 +140,7 @@ class Pipeline(Engine):
                         encode_pending()
                 else:
                     self._encode(item, a, b, opts, jobs, waiting)
-                if opts.diarize:
-                    if item.speakers is None:
-                        item.speakers = self._speaker_windows()
-                    item.speakers.add(a / SAMPLE_RATE, item.samples[a:b])
+                self._add_speaker_window(item, a, b, opts)
             finally:
                 bar[0].update(1)
 
@@ -157,6 +174,18 @@ class Pipeline(Engine):
                     decode()
         decode()
 
+        options = self._options_record(opts)
+        if opts.diarize:
+            for item in items:
+                self._label_speakers(item, opts)
+        total_ms = (time.perf_counter() - t_start) * 1e3
+        results = []
+        for item in items:  # a loop, not a comprehension: warnings point at the caller (stacklevel)
+            results.append(self._result(item, opts, options, total_ms if len(items) == 1 else None, warn))
+        return results
+
+    def _options_record(self, opts: TranscribeOptions) -> dict[str, Any]:
+        """The options a result records (Transcription.options)."""
         options = {"language": opts.language, "itn": opts.itn, "hotwords": list(opts.hotwords),
                    "max_new_tokens": opts.max_new_tokens, "segment_seconds": opts.segment_seconds,
                    "repetition_guard": opts.repetition_guard}
@@ -166,13 +195,108 @@ class Pipeline(Engine):
         if opts.diarize:
             options["diarize"] = True
             options.update(opts.speakers.to_dict())
-            for item in items:
-                self._label_speakers(item, opts)
-        total_ms = (time.perf_counter() - t_start) * 1e3
-        results = []
-        for item in items:  # a loop, not a comprehension: warnings point at the caller (stacklevel)
-            results.append(self._result(item, opts, options, total_ms if len(items) == 1 else None, warn))
-        return results
+        return options
+
+    def _add_speaker_window(self, item: _Item, a: int, b: int, opts: TranscribeOptions) -> None:
+        """diarize: samples [a, b) (a segment just cut) into the recording's speaker windows."""
+        if opts.diarize:
+            if item.speakers is None:
+                item.speakers = self._speaker_windows()
+            item.speakers.add(a / SAMPLE_RATE, item.samples[a:b])
+
+    def _run_arrivals(self, audios: list[AudioInput], sample_rate: int | None, opts: TranscribeOptions,
+                      batch_size: int, names: list[str] | None, warn: bool, arrivals: Arrivals) -> list[Transcription]:
+        """_run with recordings joining while it decodes (a server's requests arriving mid-batch): every
+        recording is read, cut and encoded as it comes (the given ones first, then each that ``arrivals.take``
+        hands over whenever the decoder has a free slot and nothing else waits); its segments' prefills join the
+        running decoding steps (Model.generate_batch's join: continuous batching over at most ``batch_size``
+        sequences), and its result goes to ``arrivals.deliver`` as soon as its last segment ends. Every
+        segment's tokens are those it gets decoded alone (bit for bit on the CPU). Returns every result, the
+        given recordings' first, then the arrivals' in the order they came."""
+        with self.interruptible():
+            before, after = self.prompt_ids(opts)
+            with self._lock:
+                prefix = self.model.embed(before)
+                suffix = self.model.embed(after)
+                self._use_prefix(before, prefix)
+            options = self._options_record(opts)
+            stop = [] if opts.ignore_eos else self.stop_ids
+            items: list[_Item] = []
+            results: dict[int, Transcription] = {}
+            queued: list[tuple[_Item, int, np.ndarray]] = []  # encoded segments waiting for a decoder slot
+            owners: list[tuple[_Item, int, float]] = []  # per decoder sequence: its item, segment, time handed over
+            left: dict[int, int] = {}  # per item: its segments not decoded yet
+
+            def finish(item: _Item) -> None:
+                if opts.word_timestamps and item.error is None:
+                    self._align([item])
+                if opts.diarize:
+                    self._label_speakers(item, opts)
+                results[item.index] = self._result(item, opts, options, None, warn)
+                arrivals.deliver(item.index, results[item.index])
+
+            def read(audio: AudioInput, name: str) -> None:
+                item = _Item(len(items))
+                items.append(item)
+                item.source = name
+                jobs: list[tuple[_Item, int, np.ndarray]] = []
+
+                def encode(it: _Item, a: int, b: int) -> None:
+                    _open_segment(it, a, b)
+                    self._encode(it, a, b, opts, jobs, [0])
+                    self._add_speaker_window(it, a, b, opts)
+
+                try:
+                    for _ in self._stream(item, audio, sample_rate, opts, encode, False, name):
+                        pass
+                except (AudioError, OSError, ValueError, RuntimeError, MemoryError) as exc:
+                    item.fail(exc)
+                jobs = jobs if item.error is None else []
+                if not opts.word_timestamps:  # (a batch takes no CTC draft: nothing else needs the encoder output)
+                    item.enc_out.clear()
+                left[item.index] = len(jobs)
+                queued.extend(jobs)
+                if not jobs:
+                    finish(item)
+
+            def hand_over(free: int, max_rows: int) -> list[np.ndarray]:
+                if not queued:
+                    for audio, name in arrivals.take(free):
+                        read(audio, name)
+                prompts = []
+                while queued and len(prompts) < free:
+                    item, si, rows = queued[0]
+                    if len(prefix) + len(rows) + len(suffix) > max_rows:  # no room in this batch's cache: the next
+                        break
+                    queued.pop(0)
+                    owners.append((item, si, time.perf_counter()))
+                    prompts.append(np.ascontiguousarray(np.concatenate([prefix, rows, suffix])))
+                return prompts
+
+            def done(index: int, tokens: list[int], reason: str) -> None:
+                item, si, t0 = owners[index]
+                self._fill_segment(item, si, tokens, reason)
+                item.timings["decode_ms"] += (time.perf_counter() - t0) * 1e3  # its prefill and steps, shared
+                left[item.index] -= 1
+                if left[item.index] == 0:
+                    finish(item)
+
+            for i, audio in enumerate(audios):
+                read(audio, names[i] if names else _source_name(audio, i, len(audios)))
+            # room in the cache for a joining segment of up to segment_seconds
+            frames = int(opts.segment_seconds / self.frontend.seconds_per_lfr_frame) + 1
+            join_rows = len(prefix) + fake_token_len(frames, self.prompt.fake_token_halvings) + len(suffix)
+            while True:
+                first = hand_over(batch_size, self.context_length)
+                if not first:
+                    break
+                owners[:] = owners[-len(first):]  # this call's sequences count from 0
+                with self._lock:
+                    self._use_prefix(before, prefix)
+                    self.model.generate_batch(first, opts.max_new_tokens, stop, repetition_guard=opts.repetition_guard,
+                                              max_active=batch_size, join=hand_over, on_done=done,
+                                              join_rows=join_rows)
+            return [results[i] for i in range(len(items))]
 
     def _stream(self, item: _Item, audio: AudioInput, sample_rate: int | None, opts: TranscribeOptions,
                 encode: Callable[[_Item, int, int], None], progress: bool, label: str) -> Iterator[bool]:

@@ -26,7 +26,7 @@ from fun_asr.asr.options import (
     check_option_names,
     check_vad_options,
 )
-from fun_asr.asr.pipeline import NO_VAD_MESSAGE, VAD_ENV, Pipeline
+from fun_asr.asr.pipeline import NO_VAD_MESSAGE, VAD_ENV, Arrivals, Pipeline
 from fun_asr.asr.results import Segment, Transcription
 from fun_asr.asr.streams import open_stream
 from fun_asr.audio.decode import AudioInput, Limits, check_audio_input
@@ -278,7 +278,7 @@ class Session(Pipeline):
 
     def transcribe_batch(self, audios: list[AudioInput], *, sample_rate: int | None = None, batch_size: int = 8,
                          progress: bool = False, names: list[str] | None = None, warn: bool = True,
-                         drafts: list[list[int] | None] | None = None,
+                         drafts: list[list[int] | None] | None = None, arrivals: Arrivals | None = None,
                          **options: Unpack[OptionArgs]) -> list[Transcription]:
         """Transcribes several recordings with the same options, decoding up to ``batch_size``
         segments at once (one KV cache slot each: every decoding step reads the weights once for the
@@ -292,7 +292,13 @@ class Session(Pipeline):
         kwargs, and ``diarize``, ``num_speakers``, ``min_speakers``, ``max_speakers`` (each recording's speakers
         on its own), and ``drafts`` (one token list or None per recording: see ``draft`` there), as in
         :meth:`transcribe`. ``warn=False``: the notices are only in each result's ``warnings``,
-        no Python warnings are issued (a server that reports them itself; warning filters are process-wide)."""
+        no Python warnings are issued (a server that reports them itself; warning filters are process-wide).
+
+        ``arrivals`` (:class:`fun_asr.asr.pipeline.Arrivals`): recordings that join while this call decodes (a
+        server's requests arriving mid-batch): each is read and encoded when a decoder slot is free, its segments
+        join the running steps, and every result (the given recordings' too) is delivered as soon as it is ready;
+        the call returns when nothing is left, with every result (given ones first, then arrivals in order). Not
+        with ``drafts``."""
         one = str | bytes | bytearray | memoryview | os.PathLike | np.ndarray
         if isinstance(audios, one) or hasattr(audios, "read"):
             raise TypeError(f"transcribe_batch takes a list of recordings, got one {type(audios).__name__}; "
@@ -311,6 +317,12 @@ class Session(Pipeline):
             drafts = [None if d is None else check_draft(d, f"drafts[{i}]", self.vocab_size)
                       for i, d in enumerate(drafts)]
         opts = self.options(**options)
+        if arrivals is not None:
+            if drafts is not None:
+                raise ValueError("drafts are for recordings decoded alone; not with arrivals (a running batch)")
+            if not isinstance(arrivals, Arrivals):
+                raise TypeError(f"arrivals must be a fun_asr.asr.pipeline.Arrivals, got {type(arrivals).__name__}")
+            return self._run_arrivals(list(audios), sample_rate, opts, batch_size, names, warn, arrivals)
         return self._run(list(audios), sample_rate, opts, batch_size=batch_size, progress=progress,
                          raise_errors=False, names=names, warn=warn, drafts=drafts)
 

@@ -11,6 +11,8 @@ from concurrent.futures import Future
 import numpy as np
 
 from fun_asr._core import Interrupted
+from fun_asr.asr.pipeline import Arrivals
+from fun_asr.asr.results import Transcription
 from fun_asr.asr.session import Session
 from fun_asr.audio.decode import SAMPLE_RATE, AudioInfo, decode_audio
 from fun_asr.serve.core.requests import DecodeRequest
@@ -37,11 +39,17 @@ class Batcher:
     A stream's speculative closing decode (``submit(partial=True, speculative=True)``: the open sentence as
     the VAD will close it if its pause goes on) is probably a sentence's decode: it comes after closed sentences
     and file requests and before partials, is never skipped or interrupted, and interrupts running partials
-    as a closed sentence does."""
+    as a closed sentence does.
+
+    A closed sentence or file request (or a speculative decode) that arrives while a batch of its kind decodes,
+    with the batch's options, joins it (``join_running``; continuous batching across requests): it is read and
+    encoded when a decoder slot is free, its segments join the running steps, and it is answered as soon as its
+    last segment ends, as is every request of the batch (the same tokens as decoded alone). A running
+    speculative batch takes no more while closed sentences wait (they go first)."""
 
     def __init__(self, session: Session, max_batch: int, max_new_tokens: int, segment_seconds: float = 30.0,
                  partial_batch: int | None = None, partial_wait_s: float = 0.5,
-                 interrupt_partials: bool = True) -> None:
+                 interrupt_partials: bool = True, join_running: bool = True) -> None:
         self.session, self.max_batch, self.max_new_tokens = session, max(1, max_batch), max_new_tokens
         self.segment_seconds = segment_seconds
         self.partial_batch = max(1, min(self.max_batch, partial_batch or self.max_batch))
@@ -49,12 +57,19 @@ class Batcher:
         self.partials_skipped = 0  # partials answered None: stale in the queue, or interrupted
         self.partials_interrupted = 0  # of those, interrupted by a closed sentence or a file request
         self.interrupt_partials = interrupt_partials  # False: a final waits for the running partials (measuring)
+        # requests that arrive while a batch decodes join it (Session.transcribe_batch's arrivals); False: they wait
+        # for the next batch (measuring)
+        self.join_running = join_running
+        self.joined = 0  # requests that joined a running batch
         self._state = threading.Lock()
         self._partial_running = False
         self._closed = False
         # (request, (samples, name, draft), future, kind (FINAL, SPECULATIVE or PARTIAL), time queued)
         self.jobs: queue.Queue[tuple[DecodeRequest, tuple[np.ndarray, str, list[int] | None], Future, str, float]
                                | None] = queue.Queue()
+        # queued jobs taken off the queue, by kind, oldest first (the worker's; _collect fills them)
+        self._lists: dict[str, list] = {FINAL: [], SPECULATIVE: [], PARTIAL: []}
+        self._stopping = False  # close()'s end mark has come
         self.thread = threading.Thread(target=self._work, name="fun-asr-batcher", daemon=True)
         self.thread.start()
 
@@ -83,28 +98,31 @@ class Batcher:
             self.jobs.put(None)
         self.thread.join(timeout=60)
 
-    def _work(self) -> None:
-        finals: list = []  # closed sentences and file requests, oldest first
-        speculative: list = []
-        partials: list = []
-        lists = {FINAL: finals, SPECULATIVE: speculative, PARTIAL: partials}
+    def _collect(self, timeout: float | None = 0.0) -> bool:
+        """Moves queued jobs into their lists: waits up to ``timeout`` s for the first (None: until one comes),
+        then takes what else is queued. Returns False once close()'s end mark has come."""
+        block = timeout is None or timeout > 0
         while True:
-            stop = False
+            try:
+                job = self.jobs.get(timeout=timeout) if block else self.jobs.get_nowait()
+            except queue.Empty:
+                return not self._stopping
+            block = False
+            if job is None:
+                self._stopping = True
+                continue
+            self._lists[job[3]].append(job)
+
+    def _work(self) -> None:
+        finals, speculative, partials = (self._lists[k] for k in (FINAL, SPECULATIVE, PARTIAL))
+        while True:
             if not finals and not speculative and not partials:
-                job = self.jobs.get()
-                if job is None:
+                self._collect(timeout=None)
+                if self._stopping and not (finals or speculative or partials):
                     return
-                lists[job[3]].append(job)
             deadline = time.monotonic() + 0.005  # company that arrives within 5 ms, and all that is queued
-            while True:
-                try:
-                    job = self.jobs.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if job is None:
-                    stop = True
-                    break
-                lists[job[3]].append(job)
+            while not self._stopping and time.monotonic() < deadline:
+                self._collect(timeout=max(0.0, deadline - time.monotonic()))
             if finals:
                 batch, finals[:] = _take(finals, self.max_batch)
             elif speculative:
@@ -120,10 +138,13 @@ class Batcher:
                 batch, partials[:] = _take(waiting, self.partial_batch)
             if batch:
                 self._run(batch)
-            if stop:
+            if self._stopping:
                 for job in finals + speculative + partials:
                     if job[2].set_running_or_notify_cancel():  # (a waiter that gave up cancelled its own)
                         job[2].set_exception(RuntimeError("server is shutting down"))
+                finals.clear()
+                speculative.clear()
+                partials.clear()
                 return
 
     def _run(self, batch: list) -> None:
@@ -150,26 +171,58 @@ class Batcher:
         self._transcribe(batch, request)
 
     def _transcribe(self, batch: list, r: DecodeRequest) -> None:
+        kind = batch[0][3]
+        # Closed sentences and file requests (and speculative decodes) that arrive while this batch decodes join
+        # it (Session.transcribe_batch's arrivals) when their options are the batch's; each is answered as soon
+        # as it is done. A lone request with a draft decodes alone with it instead.
+        joining = self.join_running and kind != PARTIAL and not (len(batch) == 1 and batch[0][1][2])
+        jobs = list(batch)
+        answered: set[int] = set()
+
+        def take(free: int) -> list[tuple[np.ndarray, str]]:
+            self._collect()
+            if self._stopping or (kind == SPECULATIVE and self._lists[FINAL]):  # finals go first: let this drain
+                return []
+            picked, rest = [], []
+            for job in self._lists[kind]:
+                if len(picked) < free and job[0] == r:
+                    if job[2].set_running_or_notify_cancel():  # (a cancelled one is dropped)
+                        picked.append(job)
+                else:
+                    rest.append(job)
+            self._lists[kind][:] = rest
+            jobs.extend(picked)
+            self.joined += len(picked)
+            return [(job[1][0], job[1][1]) for job in picked]
+
+        def deliver(index: int, result: Transcription) -> None:
+            answered.add(index)
+            if result.ok:
+                jobs[index][2].set_result(result)
+            else:
+                jobs[index][2].set_exception(ValueError(result.error))
+
         try:
             results = self.session.transcribe_batch(
                 [job[1][0] for job in batch], sample_rate=SAMPLE_RATE, language=r.language, itn=r.itn,
                 hotwords=list(r.hotwords), max_new_tokens=r.max_new_tokens or self.max_new_tokens,
-                batch_size=len(batch), segment_seconds=r.segment_seconds or self.segment_seconds,
+                batch_size=self.max_batch if joining else len(batch),
+                segment_seconds=r.segment_seconds or self.segment_seconds,
                 names=[job[1][1] for job in batch], vad=r.vad, word_timestamps=r.word_timestamps,
                 warn=False,  # each route reports its results' warnings itself
-                drafts=[batch[0][1][2]] if len(batch) == 1 and batch[0][1][2] else None, **dict(r.vad_kwargs))
+                drafts=None if joining or len(batch) > 1 or not batch[0][1][2] else [batch[0][1][2]],
+                arrivals=Arrivals(take, deliver) if joining else None, **dict(r.vad_kwargs))
         except Exception as exc:  # noqa: BLE001 - handed to every waiting request
-            if isinstance(exc, Interrupted) and batch[0][3] == PARTIAL:  # given way to a final: skipped
+            if isinstance(exc, Interrupted) and kind == PARTIAL:  # given way to a final: skipped
                 self._interrupted(batch)
                 return
-            for job in batch:
-                job[2].set_exception(exc)
+            for i, job in enumerate(jobs):
+                if i not in answered:
+                    job[2].set_exception(exc)
             return
-        for job, result in zip(batch, results, strict=True):
-            if result.ok:
-                job[2].set_result(result)
-            else:
-                job[2].set_exception(ValueError(result.error))
+        for i, result in enumerate(results):
+            if i not in answered:
+                deliver(i, result)
 
     def _interrupted(self, batch: list) -> None:
         for job in batch:
