@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from fun_asr import _core
+from gpu import CUDA_BOUND, GPU
 
 # lengths in LFR frames: one frame, a few, a 30 s segment's worth and odd sizes between
 LENGTHS = [1, 3, 17, 100, 240, 8, 55]
@@ -116,3 +117,17 @@ def test_session_packing_segments_gives_the_same_results(ctc_demo, three: Path) 
         assert [s.tokens for s in a.segments] == [s.tokens for s in b.segments]
         assert [s.words for s in a.segments] == [s.words for s in b.segments] and a.text == b.text
     assert len(packed[0].segments) == 3 and packed[0].text  # three utterances: three segments, heard
+
+
+@GPU
+def test_packed_encoder_pass_on_cuda(tiny_gguf) -> None:  # noqa: ANN001
+    """On a GPU (where the Session packs: caps packed_encoding) a packed pass meets one pass per segment within the
+    GPU's bound (ggml's CUDA products round a different column count differently)."""
+    model = _core.load_gguf(str(tiny_gguf("f16")), device="cuda", threads=2)
+    assert model.info()["caps"]["packed_encoding"] is True
+    rng = np.random.default_rng(0)
+    width = model.info()["encoder"]["input_size"]
+    feats = [rng.standard_normal((n, width)).astype(np.float32) for n in LENGTHS]
+    for f, packed in zip(feats, model.encode_batch(feats), strict=True):
+        alone = model.encode(f)
+        np.testing.assert_allclose(packed, alone, rtol=CUDA_BOUND, atol=CUDA_BOUND * np.abs(alone).max())

@@ -92,12 +92,14 @@ def test_bench_vad_smoke(tmp_path: Path) -> None:
 
 def test_bench_batch_split_smoke(tmp_path: Path) -> None:
     """`bench.py --batch-split` (tools/gpu_check.sh runs it on the GPU): continuous batching's throughput per batch
-    size with each clip's own token count, and a decode step's split, here on the tiny model and the CPU."""
+    size with each clip's own token count, a decode step's split, and packed encoder passes against one pass per
+    clip, here on the tiny model and the CPU."""
     out = tmp_path / "batch.md"
     r = subprocess.run([sys.executable, str(TOOLS / "bench.py"), "--smoke", "--batch-split", "--types", "q8_0",
                         "--work", str(tmp_path / "w"), "--out", str(out)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     table = out.read_text()
     for needle in ("| q8_0 | 1 |", "| q8_0 | 3 |", "| q8_0 | 64 |", "slot moves", "host share", "6 clips of 5-29.5 s",
-                   "graphs built per step"):
+                   "graphs built per step", "packed s"):
         assert needle in table, needle
+    assert "| yes |" in table and "| NO |" not in table  # packed encoder passes: every clip's own bits

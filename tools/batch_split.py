@@ -11,7 +11,9 @@ ids 1..20), the shape of a transcription's prompt. The split: of the decoder pas
 building and allocation, host<->device copies, compute, and the host's token choice (where the graph did not
 make it); each batch size also as static batches (the clips in order, cut into batches that wait for their longest
 clip). Then one decode step of B sequences (the decode steps of a 16-token generation, prefill excluded) with the
-host's share: graph + copies + choice over the step.
+host's share: graph + copies + choice over the step. Last, the encoder: every clip's own pass against packed
+passes of N clips (Model.encode_batch: one graph, attention and FSMN memory per clip), with whether each clip's
+adaptor output came out the same bits.
 """
 
 from __future__ import annotations
@@ -49,6 +51,22 @@ def decoder_inputs(model: _core.Model, frontend: FrontendConfig,
     inputs = [np.ascontiguousarray(np.concatenate([before, model.encode(features(c, frontend)), after]))
               for c in clips]
     return inputs, (time.perf_counter() - t0) * 1e3
+
+
+def packed_encoding(model: _core.Model, frontend: FrontendConfig, clips: list[np.ndarray],
+                    packs: list[int]) -> list[tuple[int, float, float, bool]]:
+    """(N, ms one pass per clip, ms packed N per pass, every clip's rows the same) per N in `packs`."""
+    feats = [features(c, frontend) for c in clips]
+    t0 = time.perf_counter()
+    alone = [model.encode(f) for f in feats]
+    alone_ms = (time.perf_counter() - t0) * 1e3
+    out = []
+    for n in packs:
+        t0 = time.perf_counter()
+        packed = [r for i in range(0, len(feats), n) for r in model.encode_batch(feats[i:i + n])]
+        ms = (time.perf_counter() - t0) * 1e3
+        out.append((n, alone_ms, ms, all(np.array_equal(a, b) for a, b in zip(alone, packed, strict=True))))
+    return out
 
 
 def step_split(model: _core.Model, inputs: list[np.ndarray], batch: int, tokens: int = 16) -> dict[str, float]:
@@ -105,6 +123,9 @@ def batch_split_bench(gguf: Path, device: str, threads: int, files: int, batch_s
         sp = step_split(model, inputs, bs)
         steps.append(f"| {label} | {bs} | {sp['step_ms']:.2f} | " + " | ".join(f"{sp[k]:.3f}" for k in SPLIT_KEYS)
                      + f" | {sp['graphs_built_per_step']:.2f} | {100 * sp['host_share']:.1f} % |")
+    packs = sorted({min(b, int(model.max_packed_sequences)) for b in batch_sizes if b > 1})
+    encoders = [f"| {label} | {n} | {a / 1e3:.2f} | {p / 1e3:.2f} | {a / p:.2f} | {'yes' if same else 'NO'} |"
+                for n, a, p, same in packed_encoding(model, frontend, clips, packs)]
     return [
         f"Batch throughput ({files} clips of 5-29.5 s, {audio_s:.0f} s of audio; each clip "
         f"ceil({tokens_per_second:g} x its seconds) tokens, {sum(limits)} in all; continuous batching, and static "
@@ -120,4 +141,11 @@ def batch_split_bench(gguf: Path, device: str, threads: int, files: int, batch_s
         "| model | B | step ms | graphs | copies | compute | host choice | graphs built per step | host share |",
         "|---|---|---|---|---|---|---|---|---|",
         *steps,
+        "",
+        f"The encoder over the {files} clips: one pass per clip, or N clips packed into each pass (the Session packs "
+        f"where the device says it gains: caps packed_encoding = {model.info()['caps']['packed_encoding']} here):",
+        "",
+        "| model | N | one per clip s | packed s | speed-up | same bits |",
+        "|---|---|---|---|---|---|",
+        *encoders,
     ]

@@ -10,7 +10,9 @@
 #      CPU tokens = GPU tokens on the trained demo model (tests/test_cuda.py);
 #   4. runs `tools/bench.py --device cuda` on the full-size random model (F16, Q8_0): one 10 s clip,
 #      transcribe_batch over 64 clips of 5-29.5 s (RTFx), GPU memory; then `--batch-split`: continuous
-#      batching at batch sizes 1, 8, 16, 64 with each clip's own token count, and a decode step's split.
+#      batching at batch sizes 1, 8, 16, 64 with each clip's own token count, a decode step's split, packed
+#      encoder passes against one per clip; then tools/arrivals_bench.py: the server's decoder with requests
+#      joining a running batch against batch by batch.
 # Everything it prints, and the benchmark's table, goes to $OUT (default /tmp/gpu-check).
 #   tools/gpu_check.sh [--skip-build] [--skip-tests] [--skip-bench] [--types f16,q8_0]
 # Before, on the machine with the network (the carry is build/gpu-carry, ~47 MB; with the working tree
@@ -101,7 +103,8 @@ if [ -z "$skip_tests" ]; then
   step "GPU test cases"
   "$py" -m pytest -q -p no:cacheprovider -rfEs --durations=10 -o tmp_path_retention_policy=none \
     --junitxml="$OUT/junit.xml" -k cuda \
-    tests/test_model_parity.py tests/test_cuda.py tests/test_batch_invariance.py || status=1
+    tests/test_model_parity.py tests/test_cuda.py tests/test_batch_invariance.py tests/test_packed_encoding.py \
+    || status=1
 fi
 
 if [ -z "$skip_bench" ]; then
@@ -110,6 +113,9 @@ if [ -z "$skip_bench" ]; then
     --out "$OUT/benchmarks_cuda.md" || status=1
   "$py" tools/bench.py --batch-split --device cuda --types "${types%%,*}" --work /tmp/fun-asr-bench \
     --out "$OUT/benchmarks_batch.md" || status=1
+  # the server's decoder with and without requests joining a running batch
+  timeout 300 "$py" tools/arrivals_bench.py --model "/tmp/fun-asr-bench/full-${types%%,*}.gguf" --device cuda \
+    --requests 64 --interval-ms 20 --max-new-tokens 40 > "$OUT/arrivals.md" || status=1
   nvidia-smi --query-gpu=name,memory.used --format=csv
 fi
 step "done (status $status)"
