@@ -184,3 +184,47 @@ def test_close_answers_what_waits_even_beside_cancelled_requests() -> None:
     else:
         raise AssertionError("a request after close() was accepted")
     b.close()  # twice is harmless
+
+
+class _Joiner(_Recorder):
+    """A _Recorder whose batches take arrivals once the gate opens (as Session.transcribe_batch does whenever a
+    decoder slot frees): `batches` records each call's names followed by the names that joined it."""
+
+    def transcribe_batch(self, audios: list, names: list[str], arrivals: object = None,  # noqa: ANN401
+                         **kw: object) -> list:
+        out = super().transcribe_batch(audios, names, **kw)
+        if arrivals is not None:
+            joined = arrivals.take(4)  # type: ignore[attr-defined]
+            self.batches[-1] += [name for _, name in joined]
+            for i, (_, name) in enumerate(joined):
+                arrivals.deliver(len(names) + i, SimpleNamespace(ok=True, text=name, segments=[], timings={}))  # type: ignore[attr-defined]
+            out += [SimpleNamespace(ok=True, text=name, segments=[], timings={}) for _, name in joined]
+        return out
+
+
+def test_requests_join_a_running_batch_first_come_first_served() -> None:
+    """Finals with the running batch's options join it; one with other options that waits before them stops the
+    joining (it goes next, then the rest); partials never join."""
+    other = DecodeRequest("en", True, (), 5, 30.0, False, False)
+    rec = _Joiner()
+    b = Batcher(rec, max_batch=4, max_new_tokens=5)  # type: ignore[arg-type]
+    try:
+        x = np.zeros(1600, np.float32)
+        busy = b.submit(x, FINAL, "busy")
+        assert rec.started.wait(10)
+        futures = [b.submit(x, FINAL, "a1"), b.submit(x, FINAL, "a2"), b.submit(x, PARTIAL, "p", partial=True)]
+        time.sleep(0.05)
+        rec.gate.set()
+        assert busy.result(10).text == "busy" and [f.result(10).text for f in futures] == ["a1", "a2", "p"]
+        assert rec.batches[0] == ["busy", "a1", "a2"] and b.joined == 2, rec.batches
+        rec.gate.clear()
+        rec.started.clear()
+        busy = b.submit(x, FINAL, "busy2")
+        assert rec.started.wait(10)
+        futures = [b.submit(x, other, "o1"), b.submit(x, FINAL, "a3")]
+        time.sleep(0.05)
+        rec.gate.set()
+        assert [f.result(10).text for f in [busy, *futures]] == ["busy2", "o1", "a3"]
+        assert rec.batches[-3:] == [["busy2"], ["o1"], ["a3"]], rec.batches
+    finally:
+        b.close()

@@ -44,8 +44,9 @@ class Batcher:
     A closed sentence or file request (or a speculative decode) that arrives while a batch of its kind decodes,
     with the batch's options, joins it (``join_running``; continuous batching across requests): it is read and
     encoded when a decoder slot is free, its segments join the running steps, and it is answered as soon as its
-    last segment ends, as is every request of the batch (the same tokens as decoded alone). A running
-    speculative batch takes no more while closed sentences wait (they go first)."""
+    last segment ends, as is every request of the batch (the same tokens as decoded alone). First come, first
+    served: a request with other options that waits stops the joining (the batch drains and it goes next), and a
+    running speculative batch takes no more while closed sentences wait (they go first)."""
 
     def __init__(self, session: Session, max_batch: int, max_new_tokens: int, segment_seconds: float = 30.0,
                  partial_batch: int | None = None, partial_wait_s: float = 0.5,
@@ -181,16 +182,17 @@ class Batcher:
 
         def take(free: int) -> list[tuple[np.ndarray, str]]:
             self._collect()
-            if self._stopping or (kind == SPECULATIVE and self._lists[FINAL]):  # finals go first: let this drain
+            waiting = self._lists[kind]
+            # First come, first served: only requests with the batch's options that no other request waits
+            # before join (one with other options lets this batch drain and goes next); finals go before a
+            # speculative batch.
+            if self._stopping or (kind == SPECULATIVE and self._lists[FINAL]):
                 return []
-            picked, rest = [], []
-            for job in self._lists[kind]:
-                if len(picked) < free and job[0] == r:
-                    if job[2].set_running_or_notify_cancel():  # (a cancelled one is dropped)
-                        picked.append(job)
-                else:
-                    rest.append(job)
-            self._lists[kind][:] = rest
+            picked = []
+            while waiting and len(picked) < free and waiting[0][0] == r:
+                job = waiting.pop(0)
+                if job[2].set_running_or_notify_cancel():  # (a cancelled one is dropped)
+                    picked.append(job)
             jobs.extend(picked)
             self.joined += len(picked)
             return [(job[1][0], job[1][1]) for job in picked]
