@@ -32,8 +32,9 @@ struct DeviceCaps {
     // ggml's SSM_CONV takes the FSMN memory's kernel at any width (CUDA's takes 3, 4, 5, 9 and 15 only, and aborts
     // the process on others: SAN-M's is 11); without it, the FSMN runs as one shifted product per tap.
     bool ssm_conv_any_width = true;
-    // A decode step's graph is built once per batch shape and computed again with new inputs (its attention op
-    // reads each sequence's length from an input, so the graph does not depend on it).
+    // A decode step's graph is built once per batch shape and computed again with new inputs: it spans the whole
+    // KV cache, and each sequence's length comes in as an input (the CPU's attention op reads it; elsewhere the
+    // mask hides the keys past it), so the graph does not depend on it.
     bool graph_reuse = true;
     // The greedy choice (the maximum of each sequence's logits) is a node of the step's graph: only the token ids
     // come back from the device (the CPU: fun-asr's op, the first maximum; elsewhere ggml's ARGMAX).

@@ -133,9 +133,10 @@ DeviceCaps device_caps(ggml_backend_dev_t dev) {
     caps.f32_products = !caps.host;
     // ggml can not say this one (CUDA's supports_op answers yes for every width, then aborts on most)
     caps.ssm_conv_any_width = caps.host;
-    // A reused step graph rests on fun-asr's attention op, which reads the sequences' lengths from an input;
-    // elsewhere each step's graph is built again.
-    caps.graph_reuse = caps.host;
+    // A decode step's graph built once per batch shape: on the CPU with fun-asr's attention op (it reads the
+    // sequences' lengths from an input); on other devices with ggml's attention over the whole cache under the
+    // mask (the keys past a sequence's length at -inf), so that nothing in the graph depends on the lengths.
+    caps.graph_reuse = true;
     // The greedy choice: fun-asr's argmax op on the CPU, ggml's ARGMAX where the device runs it (ggml says).
     caps.argmax_in_graph = caps.host || runs_argmax(dev);
     caps.timed_threads = caps.host;  // a GPU's CPU fallback keeps every thread

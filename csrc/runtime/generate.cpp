@@ -121,8 +121,8 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     stage_ = verify ? "verify" : n > 1 ? "prefill" : "decode";
     const auto t_start = std::chrono::steady_clock::now();
 
-    // A decode step (one token per sequence) on the CPU reuses the previous step's graph where it can
-    // (Model::StepGraph): built for the cache's capacity, each row attending over the keys its mask leaves.
+    // A decode step (one token per sequence) reuses the previous step's graph where it can (Model::StepGraph):
+    // built for the cache's capacity, each row attending over the keys its mask leaves.
     StepGraph & sg = step_graph_;
     const bool step_pass = n == 1 && !verify && !embeddings;  // a decode step
     bool reuse = step_pass && step_graph_reusable();
@@ -184,7 +184,9 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
         if (reuse) {
             sg.valid = false;
             build(sg.g, &sg.meta);
-            bool op = false;  // the graph is length-independent only with the cached-attention op in it
+            // On the CPU the graph is length-independent (and each row's bits its own) only with the cached-attention
+            // op in it; other devices attend over the whole cache under the mask.
+            bool op = !caps_.host;
             for (int i = 0; i < ggml_graph_n_nodes(sg.g.gf) && !op; ++i) op = is_attention(ggml_graph_node(sg.g.gf, i));
             if (!op) {
                 step_graph_off_ = true;

@@ -122,7 +122,8 @@ void Model::new_graph(GraphScope & g, std::vector<uint8_t> * meta) {
 
 bool Model::step_graph_reusable() const {
     static const bool enabled = !switches::is("FUN_ASR_GRAPH_REUSE", "0");
-    return enabled && !step_graph_off_ && caps_.graph_reuse && flash_attn_;
+    // (on the CPU with fun-asr's attention op, which flash_attn selects; elsewhere ggml's masked attention)
+    return enabled && !step_graph_off_ && caps_.graph_reuse && (flash_attn_ || !caps_.host);
 }
 
 void Model::alloc_graph(ggml_cgraph * gf) {

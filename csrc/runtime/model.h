@@ -263,9 +263,9 @@ private:
     void alloc_graph(ggml_cgraph * gf);
     // step_columns > 0: a decode step for that many sequences (timed for the thread chooser).
     void compute_graph(ggml_cgraph * gf, int64_t step_columns = 0);
-    // A decode step's graph, kept and computed again for the next steps of the same batch (CPU with the
-    // cached-attention op: its graph does not depend on the sequences' lengths, which only the inputs
-    // carry, so it is built once for the cache's capacity). Allocating any other graph on the scheduler
+    // A decode step's graph, kept and computed again for the next steps of the same batch (the CPU with the
+    // cached-attention op, other devices with ggml's attention under the mask: the graph does not depend on the
+    // sequences' lengths, which only the inputs carry, so it is built once for the cache's capacity). Allocating any other graph on the scheduler
     // makes it stale, as does a reallocated KV cache. FUN_ASR_GRAPH_REUSE=0 builds every step's graph.
     struct StepGraph {
         std::vector<uint8_t> meta;  // (before g: g's context lives in it)
