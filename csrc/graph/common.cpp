@@ -6,7 +6,6 @@
 #include <stdexcept>
 #include <tuple>
 
-#include "ggml-cpu.h"
 
 #include "kernels/attention.h"
 #include "kernels/decoder_fused.h"
@@ -370,7 +369,7 @@ void im2col_channels_last_run(ggml_tensor * dst, int ith, int nth, void * userda
                 const float * src = reinterpret_cast<const float *>(static_cast<const char *>(x->data) + iw * x->nb[1] +
                                                                     ih * x->nb[2] + n * x->nb[3]);
                 if (f16) {
-                    ggml_cpu_fp32_to_fp16(src, reinterpret_cast<ggml_fp16_t *>(slot), C);
+                    ggml_fp32_to_fp16_row(src, reinterpret_cast<ggml_fp16_t *>(slot), C);  // (ggml-base's: IEEE rounding)
                 } else {
                     std::memcpy(slot, src, static_cast<size_t>(C) * sizeof(float));
                 }

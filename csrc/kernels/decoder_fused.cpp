@@ -1,5 +1,6 @@
 #include "kernels/decoder_fused.h"
 
+#include "base/cpu_backend.h"
 #include "kernels/dispatch.h"
 
 #include <algorithm>
@@ -23,7 +24,6 @@
 #include "kernels/op_params.h"
 
 // ggml-cpu's SwiGLU row (vec.h; the static library exports it): silu(x) * g as ggml_swiglu_split computes it.
-extern "C" void ggml_vec_swiglu_f32(int n, float * y, const float * x, const float * g);
 
 namespace fun_asr {
 
@@ -580,7 +580,7 @@ const float * node_input(const ggml_tensor * dst, const void * userdata, float *
     };
     if (p.kind == NodeInput::swiglu) {
         for (int64_t t = 0; t < T; ++t) {
-            ggml_vec_swiglu_f32(static_cast<int>(n), in.data() + t * n, column(a, t), column(b, t));
+            cpu_backend::api().vec_swiglu_f32(static_cast<int>(n), in.data() + t * n, column(a, t), column(b, t));
         }
         return in.data();
     }

@@ -1,5 +1,6 @@
 #include "kernels/fused_add.h"
 
+#include "base/cpu_backend.h"
 #include "kernels/dispatch.h"
 #include "base/switches.h"
 
@@ -20,7 +21,6 @@
 
 // ggml-cpu's own row function (exported by the CPU backend, vec.h): y = x - mean, returns the mean of y * y
 // (as a double: ggml_float), in the ISA the backend was built for.
-extern "C" double ggml_vec_cvar_f32(int n, float * y, const float * x, float mean);
 
 namespace fun_asr {
 
@@ -139,7 +139,7 @@ void layer_norm_run(ggml_tensor * dst, int ith, int nth, void * userdata) {
             const float * xr = xd + (t + r) * n;
             float * o = od + (t + r) * n;
             const float mean = sums[r] / static_cast<float>(n);
-            const float variance = static_cast<float>(ggml_vec_cvar_f32(static_cast<int>(n), o, xr, mean));
+            const float variance = static_cast<float>(cpu_backend::api().vec_cvar_f32(static_cast<int>(n), o, xr, mean));
             const float scale = 1.0f / std::sqrt(variance + eps);
             for (int64_t i = 0; i < n; ++i) {
                 const float y = o[i] * scale;  // ggml_vec_scale_f32

@@ -1,5 +1,6 @@
 #include "kernels/gemm_amx.h"
 
+#include "base/cpu_backend.h"
 #include "kernels/dispatch.h"
 #include "base/switches.h"
 
@@ -53,7 +54,7 @@ void prepare_run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     float * dx = reinterpret_cast<float *>(base + L.b_bytes);
     float * sx = reinterpret_cast<float *>(base + L.b_bytes + L.d_bytes);
     const int64_t xs = static_cast<int64_t>(x->nb[1] / sizeof(float));
-    const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
+    const auto from_float = cpu_backend::api().type_traits(GGML_TYPE_Q8_0)->from_float;
     thread_local std::vector<uint8_t> q;
     q.resize(static_cast<size_t>(L.nb) * kBlockBytes);
     // Columns (padding included) split among the threads.

@@ -1,5 +1,6 @@
 #include "kernels/gemm_avx2.h"
 
+#include "base/cpu_backend.h"
 #include "kernels/dispatch.h"
 #include "base/switches.h"
 
@@ -231,7 +232,7 @@ void prepare_columns(const float * x, int64_t xs, int64_t k, int64_t m, uint8_t 
     auto * sx = reinterpret_cast<float *>(out + L.q_bytes + L.d_bytes);
     auto * x8 = reinterpret_cast<int8_t *>(out + L.q_bytes + 2 * L.d_bytes);
     auto * xh = reinterpret_cast<int16_t *>(out + L.q_bytes + 2 * L.d_bytes + L.i8_bytes);
-    const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
+    const auto from_float = cpu_backend::api().type_traits(GGML_TYPE_Q8_0)->from_float;
     thread_local std::vector<uint8_t> q;
     q.resize(static_cast<size_t>(L.nb) * kBlockBytes);
 #if FUN_ASR_GEMM_X86

@@ -1,5 +1,6 @@
 #include "kernels/matvec.h"
 
+#include "base/cpu_backend.h"
 #include "kernels/dispatch.h"
 #include "base/switches.h"
 
@@ -51,7 +52,7 @@ struct Kernels {
 
 // The lane count of ggml's llamafile tinyBLAS for F32/F16 (16 when ggml's CPU backend was built
 // for AVX-512, else 8): the F32/F16 kernels sum in as many lanes so that their results are ggml's.
-int fp_lanes() { return ggml_cpu_has_avx512() ? 16 : 8; }
+int fp_lanes() { return cpu_backend::built_with("AVX512") ? 16 : 8; }
 
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12 reports its own intrinsic headers: _mm256/_mm512_undefined_*() are written as a
@@ -232,7 +233,7 @@ void quantize_cols(ggml_type wtype, const float * x, int64_t xs, int64_t n, int6
                 std::memcpy(dst, x + c * xs, static_cast<size_t>(k) * sizeof(float));
             } else {
                 a.halves.resize(static_cast<size_t>(k));
-                ggml_get_type_traits_cpu(GGML_TYPE_F16)->from_float(x + c * xs, a.halves.data(), k);
+                cpu_backend::api().type_traits(GGML_TYPE_F16)->from_float(x + c * xs, a.halves.data(), k);
                 ggml_fp16_to_fp32_row(a.halves.data(), dst, k);
             }
         }
@@ -243,7 +244,7 @@ void quantize_cols(ggml_type wtype, const float * x, int64_t xs, int64_t n, int6
         a.blocks.resize(static_cast<size_t>(nb) * kQ8Bytes);
         a.quants.resize(static_cast<size_t>(n * k));
         a.scales.resize(static_cast<size_t>(2 * n * nb));
-        const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float;
+        const auto from_float = cpu_backend::api().type_traits(GGML_TYPE_Q8_0)->from_float;
         const bool sums = kernels().q8_offset_sums;  // only the VNNI kernels read them
         for (int64_t c = 0; c < n; ++c) {
             from_float(x + c * xs, a.blocks.data(), k);
@@ -264,7 +265,7 @@ void quantize_cols(ggml_type wtype, const float * x, int64_t xs, int64_t n, int6
         const int64_t nb = k / kSuperBlock;
         a.quants.clear();
         a.blocks.resize(static_cast<size_t>(n * nb) * kQ8KBytes);
-        const auto from_float = ggml_get_type_traits_cpu(GGML_TYPE_Q8_K)->from_float;
+        const auto from_float = cpu_backend::api().type_traits(GGML_TYPE_Q8_K)->from_float;
         for (int64_t c = 0; c < n; ++c) from_float(x + c * xs, a.blocks.data() + static_cast<size_t>(c * nb) * kQ8KBytes, k);
     }
 }
@@ -407,7 +408,7 @@ bool matvec_frames_preferred(const ggml_tensor * w, const ggml_tensor * x) {
     // ggml's AVX2 GEMMs (Q8_0 ~89 vs ~105), so AVX2-only CPUs keep ggml. Same numbers either way.
     if (std::strcmp(kernels().name, "avx512vnni") != 0) return false;
     switch (w->type) {
-        case GGML_TYPE_Q8_0: return !(ggml_cpu_has_avx512_vnni() || ggml_cpu_has_avx_vnni());
+        case GGML_TYPE_Q8_0: return !(cpu_backend::built_with("AVX512_VNNI") || cpu_backend::built_with("AVX_VNNI"));
         case GGML_TYPE_Q6_K: return true;
         default: return false;
     }

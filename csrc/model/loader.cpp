@@ -504,7 +504,9 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
         for (auto & [t, s] : pairs) aligned &= (reinterpret_cast<uintptr_t>(s->data) % align) == 0;
         if (aligned) {
             out->file = src.file;
-            out->buffer = ggml_backend_cpu_buffer_from_ptr(const_cast<uint8_t *>(src.file->data()), src.file->size());
+            out->buffer = ggml_backend_dev_buffer_from_host_ptr(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU),
+                                                                const_cast<uint8_t *>(src.file->data()), src.file->size(),
+                                                                src.file->size());
             for (auto & [t, s] : pairs) {
                 if (ggml_backend_tensor_alloc(out->buffer, t, const_cast<void *>(s->data)) != GGML_STATUS_SUCCESS) {
                     throw std::runtime_error("cannot place tensor '" + std::string(t->name) + "'");

@@ -1,5 +1,6 @@
 #include "runtime/backend.h"
 
+#include "base/cpu_backend.h"
 #include "base/switches.h"
 
 #include "ggml-backend.h"
@@ -55,6 +56,7 @@ std::string registered_backends() {
 }  // namespace
 
 ggml_backend_dev_t pick_device(const std::string & device) {
+    cpu_backend::load_backends();
     // Every device ggml registered at run time, by kind: the CPU, the GPUs of any backend, and each backend's
     // own devices (by its registry's name, lower case: "cuda", "vulkan", "metal", ...).
     std::vector<ggml_backend_dev_t> gpus;
@@ -156,6 +158,7 @@ std::vector<std::pair<std::string, bool>> caps_fields(const DeviceCaps & c) {
 }
 
 SystemInfo system_info() {
+    cpu_backend::load_backends();
     SystemInfo info;
     info.ggml_version = ggml_version();
     info.ggml_commit = ggml_commit();

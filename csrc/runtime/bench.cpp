@@ -10,6 +10,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "base/cpu_backend.h"
 #include "graph/common.h"
 #include "kernels/fused_add.h"
 #include "kernels/gemm_avx2.h"
@@ -36,7 +37,7 @@ public:
                                    : ggml_backend_init_best();
         if (!backend_) throw std::runtime_error("matmul: no backend");
         if (ggml_backend_is_cpu(backend_)) {
-            ggml_backend_cpu_set_n_threads(backend_,
+            cpu_backend::api().set_n_threads(backend_,
                                            threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
         }
         // A decode-path product of m columns may take a few nodes per column (mul_mat_step on ggml's paths).
@@ -170,7 +171,7 @@ double bench_matvec_chunks(const std::string & type_name, int64_t rows, int64_t 
         throw std::invalid_argument("bench_matvec_chunks: rows must be a positive multiple of chunk_rows");
     }
     ggml_backend_t backend = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
-    ggml_backend_cpu_set_n_threads(backend, threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
+    cpu_backend::api().set_n_threads(backend, threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
     const int64_t n_chunks = rows / chunk_rows;
     ggml_init_params ip{ggml_tensor_overhead() * static_cast<size_t>(4 * n_chunks + 8) + ggml_graph_overhead_custom(
                             static_cast<size_t>(4 * n_chunks + 8), false), nullptr, true};
@@ -241,7 +242,7 @@ std::vector<float> eval_layer_norm(const float * x, int64_t T, int64_t n, const 
         if (ctx) ggml_free(ctx);
         throw std::runtime_error("layer_norm: no CPU backend");
     }
-    ggml_backend_cpu_set_n_threads(cpu, threads > 0 ? threads : 1);
+    cpu_backend::api().set_n_threads(cpu, threads > 0 ? threads : 1);
     ggml_tensor * xt = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, T);
     ggml_tensor * wt = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n);
     ggml_tensor * bt = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n);

@@ -5,6 +5,7 @@
 
 #include "ggml-alloc.h"
 #include "ggml-cpu.h"
+#include "base/cpu_backend.h"
 #include "kernels/dispatch.h"
 #include "runtime/backend.h"
 
@@ -26,7 +27,7 @@ DeviceRuntime::DeviceRuntime(const std::string & device, size_t graph_size) : gr
         }
         backends.push_back(cpu_backend_);
     }
-    ggml_backend_cpu_set_abort_callback(cpu_backend_, &DeviceRuntime::abort_callback, this);  // interrupt()
+    cpu_backend::api().set_abort_callback(cpu_backend_, &DeviceRuntime::abort_callback, this);  // interrupt()
     sched_ = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()), graph_size_, false, true);
     if (!sched_) {
         if (cpu_backend_ != backend_) ggml_backend_free(cpu_backend_);
@@ -53,7 +54,7 @@ std::string DeviceRuntime::device_description() const { return ggml_backend_dev_
 int DeviceRuntime::apply_threads(int threads) {
     if (threads < 0) throw std::invalid_argument("threads must be >= 0 (0 = all cores)");
     threads_ = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    ggml_backend_cpu_set_n_threads(cpu_backend_, threads_);
+    cpu_backend::api().set_n_threads(cpu_backend_, threads_);
     return threads_;
 }
 

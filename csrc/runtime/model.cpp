@@ -1,5 +1,6 @@
 #include "runtime/model.h"
 
+#include "base/cpu_backend.h"
 #include "base/switches.h"
 
 #include <cstdlib>
@@ -134,7 +135,7 @@ void Model::alloc_graph(ggml_cgraph * gf) {
 void Model::compute_graph(ggml_cgraph * gf, int64_t step_columns) {
     int n = threads_;
     if (auto_threads_) n = step_columns > 0 ? chooser_.step_threads() : chooser_.bulk_threads();
-    ggml_backend_cpu_set_n_threads(cpu_backend_, n);
+    cpu_backend::api().set_n_threads(cpu_backend_, n);
     const auto t0 = std::chrono::steady_clock::now();
     sched_compute(gf, "graph");
     if (auto_threads_ && step_columns > 0 && !profiling_) {

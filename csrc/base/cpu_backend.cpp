@@ -1,0 +1,121 @@
+#include "base/cpu_backend.h"
+
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+
+#ifdef FUN_ASR_BACKEND_MODULES
+#include <dlfcn.h>
+#include <link.h>
+#endif
+
+// ggml-cpu's row functions (vec.h; the CPU library and each CPU module export them)
+extern "C" double ggml_vec_cvar_f32(int n, float * y, const float * x, float mean);
+extern "C" void ggml_vec_swiglu_f32(int n, float * y, const float * x, const float * g);
+
+namespace fun_asr::cpu_backend {
+
+#ifndef FUN_ASR_BACKEND_MODULES
+
+bool loaded_at_run_time() { return false; }
+
+void load_backends() {}
+
+const Api & api() {
+    static const Api table = [] {
+        Api a;
+        a.type_traits = ggml_get_type_traits_cpu;
+        a.vec_cvar_f32 = ggml_vec_cvar_f32;
+        a.vec_swiglu_f32 = ggml_vec_swiglu_f32;
+        a.set_n_threads = ggml_backend_cpu_set_n_threads;
+        a.set_abort_callback = ggml_backend_cpu_set_abort_callback;
+        return a;
+    }();
+    return table;
+}
+
+#else
+
+bool loaded_at_run_time() { return true; }
+
+namespace {
+
+// The folder of the library this code is in (the extension's): where the portable build puts ggml's modules.
+std::string own_folder() {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void *>(&own_folder), &info) == 0 || info.dli_fname == nullptr) return ".";
+    const std::string path = info.dli_fname;
+    const size_t slash = path.rfind('/');
+    return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+// The path of the loaded CPU module (libggml-cpu*.so), found among the process's loaded objects.
+std::string cpu_module_path() {
+    std::string found;
+    dl_iterate_phdr(
+        [](dl_phdr_info * info, size_t, void * out) {
+            const std::string name = info->dlpi_name ? info->dlpi_name : "";
+            if (name.find("libggml-cpu") != std::string::npos) {
+                *static_cast<std::string *>(out) = name;
+                return 1;
+            }
+            return 0;
+        },
+        &found);
+    return found;
+}
+
+}  // namespace
+
+void load_backends() {
+    static std::once_flag once;
+    std::call_once(once, [] { ggml_backend_load_all_from_path(own_folder().c_str()); });
+}
+
+const Api & api() {
+    static const Api table = [] {
+        load_backends();
+        ggml_backend_reg_t reg = ggml_backend_reg_by_name("CPU");
+        if (!reg) throw std::runtime_error("no CPU backend module could be loaded from " + own_folder());
+        const std::string path = cpu_module_path();
+        void * lib = path.empty() ? nullptr : dlopen(path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+        auto symbol = [&](const char * name) {
+            void * p = ggml_backend_reg_get_proc_address(reg, name);
+            if (!p && lib) p = dlsym(lib, name);
+            if (!p) throw std::runtime_error(std::string("the CPU backend module ") + path + " has no " + name);
+            return p;
+        };
+        Api a;
+        a.type_traits = reinterpret_cast<decltype(a.type_traits)>(symbol("ggml_get_type_traits_cpu"));
+        a.vec_cvar_f32 = reinterpret_cast<decltype(a.vec_cvar_f32)>(symbol("ggml_vec_cvar_f32"));
+        a.vec_swiglu_f32 = reinterpret_cast<decltype(a.vec_swiglu_f32)>(symbol("ggml_vec_swiglu_f32"));
+        a.set_n_threads = reinterpret_cast<decltype(a.set_n_threads)>(symbol("ggml_backend_set_n_threads"));
+        a.set_abort_callback = reinterpret_cast<decltype(a.set_abort_callback)>(symbol("ggml_backend_set_abort_callback"));
+        return a;
+    }();
+    return table;
+}
+
+#endif
+
+bool built_with(const char * feature) {
+    static const std::set<std::string> features = [] {
+        load_backends();
+        std::set<std::string> out;
+        ggml_backend_reg_t reg = ggml_backend_reg_by_name("CPU");
+        auto get = reg ? reinterpret_cast<ggml_backend_get_features_t>(
+                             ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features"))
+                       : nullptr;
+        if (get) {
+            for (const ggml_backend_feature * f = get(reg); f->name != nullptr; ++f) {
+                if (std::strcmp(f->value, "0") != 0) out.insert(f->name);
+            }
+        }
+        return out;
+    }();
+    return features.count(feature) > 0;
+}
+
+}  // namespace fun_asr::cpu_backend
