@@ -137,6 +137,7 @@ def test_no_server_path_in_any_response(demo: fun_asr.Session, vad_dir: Path, tm
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Warnings, error bodies (400, 500, the web page's), and the realtime and 2pass WebSocket messages, with
     the model file, the VAD folder, the cache, the home and a temporary file forced into them."""
+    from fun_asr.asr.pipeline import Arrivals
     from fun_asr.audio.decode import AudioError
     from fun_asr.converter.hub import cache_dir
     from fun_asr.serve.app import create_app
@@ -148,14 +149,21 @@ def test_no_server_path_in_any_response(demo: fun_asr.Session, vad_dir: Path, tm
     real = demo.transcribe_batch
     mode = {"fail": None}
 
+    def add_notices(r: Any) -> None:
+        r.warnings += [Notice("no_vad", NO_VAD_MESSAGE.format(model=demo.path)),
+                       Notice("input_truncated", f"{temp}: file is truncated"),
+                       Notice("word_timestamps_failed", f"alignment failed under {Path.home()}/x and {vad_dir}")]
+
     def noisy(*a: Any, **k: Any) -> Any:
         if mode["fail"] is not None:
             raise mode["fail"]
+        arrivals = k.get("arrivals")
+        if arrivals is not None:  # the server's batcher: each result is delivered as soon as it is ready
+            k["arrivals"] = Arrivals(arrivals.take, lambda i, r: (add_notices(r), arrivals.deliver(i, r)))
+            return real(*a, **k)
         results = real(*a, **k)
         for r in results:
-            r.warnings += [Notice("no_vad", NO_VAD_MESSAGE.format(model=demo.path)),
-                           Notice("input_truncated", f"{temp}: file is truncated"),
-                           Notice("word_timestamps_failed", f"alignment failed under {Path.home()}/x and {vad_dir}")]
+            add_notices(r)
         return results
 
     monkeypatch.setattr(demo, "transcribe_batch", noisy)
