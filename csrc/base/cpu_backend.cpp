@@ -8,7 +8,6 @@
 
 #ifdef FUN_ASR_BACKEND_MODULES
 #include <dlfcn.h>
-#include <link.h>
 #endif
 
 // ggml-cpu's row functions (vec.h; the CPU library and each CPU module export them)
@@ -51,20 +50,13 @@ std::string own_folder() {
     return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
-// The path of the loaded CPU module (libggml-cpu*.so), found among the process's loaded objects.
-std::string cpu_module_path() {
-    std::string found;
-    dl_iterate_phdr(
-        [](dl_phdr_info * info, size_t, void * out) {
-            const std::string name = info->dlpi_name ? info->dlpi_name : "";
-            if (name.find("libggml-cpu") != std::string::npos) {
-                *static_cast<std::string *>(out) = name;
-                return 1;
-            }
-            return 0;
-        },
-        &found);
-    return found;
+// The file of the CPU module the registry holds: the one a function it hands out lives in (ggml tried every variant
+// to score it; one it did not keep may still be mapped, so the process's loaded objects do not tell).
+std::string cpu_module_path(ggml_backend_reg_t reg) {
+    void * fn = ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features");
+    Dl_info info{};
+    if (!fn || dladdr(fn, &info) == 0 || info.dli_fname == nullptr) return "";
+    return info.dli_fname;
 }
 
 }  // namespace
@@ -79,7 +71,7 @@ const Api & api() {
         load_backends();
         ggml_backend_reg_t reg = ggml_backend_reg_by_name("CPU");
         if (!reg) throw std::runtime_error("no CPU backend module could be loaded from " + own_folder());
-        const std::string path = cpu_module_path();
+        const std::string path = cpu_module_path(reg);
         void * lib = path.empty() ? nullptr : dlopen(path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
         auto symbol = [&](const char * name) {
             void * p = ggml_backend_reg_get_proc_address(reg, name);
@@ -99,6 +91,19 @@ const Api & api() {
 }
 
 #endif
+
+bool is_cpu(ggml_backend_t backend) {
+    return backend && ggml_backend_dev_type(ggml_backend_get_device(backend)) == GGML_BACKEND_DEVICE_TYPE_CPU;
+}
+
+ggml_backend_t make(int threads) {
+    load_backends();
+    ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    ggml_backend_t b = dev ? ggml_backend_dev_init(dev, nullptr) : nullptr;
+    if (!b) throw std::runtime_error("cannot start ggml's CPU backend");
+    api().set_n_threads(b, threads);
+    return b;
+}
 
 bool built_with(const char * feature) {
     static const std::set<std::string> features = [] {

@@ -29,6 +29,12 @@ const Api & api();
 // fun-asr's kernels match where they must give ggml's bits.
 bool built_with(const char * feature);
 
+// Whether `backend` is ggml's CPU backend (ggml_backend_is_cpu, which a loaded module does not export).
+bool is_cpu(ggml_backend_t backend);
+
+// A new CPU backend (ggml_backend_free it) with `threads` threads.
+ggml_backend_t make(int threads);
+
 // Whether the CPU backend is a module loaded at run time (the portable build).
 bool loaded_at_run_time();
 

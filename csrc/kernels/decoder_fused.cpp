@@ -297,7 +297,10 @@ RopeForms measure_rope_forms(int64_t n, float base) {
                                     1.0f, 0.0f, 0.0f);
     ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, r);
-    if (ggml_graph_compute_with_ctx(ctx, gf, 1) == GGML_STATUS_SUCCESS) {
+    ggml_backend_t cpu = cpu_backend::make(1);  // (ggml's CPU backend computes tensors of a plain context too)
+    const bool computed = ggml_backend_graph_compute(cpu, gf) == GGML_STATUS_SUCCESS;
+    ggml_backend_free(cpu);
+    if (computed) {
         bool first[3] = {true, true, true}, second[3] = {true, true, true};
         std::vector<float> cs(static_cast<size_t>(n)), out(static_cast<size_t>(n));
         const size_t half = static_cast<size_t>(n / 2) * sizeof(float);

@@ -36,7 +36,7 @@ public:
         backend_ = device == "cpu" ? ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr)
                                    : ggml_backend_init_best();
         if (!backend_) throw std::runtime_error("matmul: no backend");
-        if (ggml_backend_is_cpu(backend_)) {
+        if (cpu_backend::is_cpu(backend_)) {
             cpu_backend::api().set_n_threads(backend_,
                                            threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
         }
@@ -47,7 +47,7 @@ public:
         w_ = ggml_new_tensor_2d(ctx_, type, k, n);
         x_ = ggml_new_tensor_2d(ctx_, GGML_TYPE_F32, k, m);
         // Same placement as the model loader: repackable weights go to the CPU's repack buffer type.
-        ggml_backend_buffer_type_t rb = ggml_backend_is_cpu(backend_)
+        ggml_backend_buffer_type_t rb = cpu_backend::is_cpu(backend_)
                                             ? repack_buft_for(ggml_backend_get_device(backend_), w_) : nullptr;
         if (rb) {
             wbuf_ = ggml_backend_buft_alloc_buffer(rb, ggml_backend_buft_get_alloc_size(rb, w_));
@@ -71,7 +71,7 @@ public:
         // Q8_0 matrices in the int8 GEMM's quads layout where the loader keeps them so (kernels/gemm_avx2.h) on
         // the decode and prefill paths; the encoder path keeps them plain (what a matrix whose rows do not fill
         // the layout's groups takes, e.g. the CTC head's output: unpacked per product).
-        const bool quads = !rb && ggml_backend_is_cpu(backend_) && (path == MatmulPath::decode || path == MatmulPath::frames) &&
+        const bool quads = !rb && cpu_backend::is_cpu(backend_) && (path == MatmulPath::decode || path == MatmulPath::frames) &&
                            q8_0_quads_wanted() && q8_0_quads_fits(w_);
         if (quads) {
             q8_0_quads_relayout(w_, wq.data(), w_->data);
