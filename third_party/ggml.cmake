@@ -169,6 +169,13 @@ if(NOT _ggml_ver STREQUAL FUN_ASR_GGML_EXPECTED_VERSION)
   message(WARNING "fun-asr: building against ggml ${_ggml_ver}; fun-asr is tested with ${FUN_ASR_GGML_EXPECTED_VERSION}")
 endif()
 
+# ggml 0.15.3's Vulkan backend uses VK_EXT_layer_settings' C++ types unconditionally; Vulkan headers older than
+# 1.3.272 (Debian 12's 1.3.239) lack them: cmake/vulkan_compat adds them to that one source file.
+if(TARGET ggml-vulkan)
+  set_source_files_properties("${FUN_ASR_GGML_DIR}/src/ggml-vulkan/ggml-vulkan.cpp" TARGET_DIRECTORY ggml-vulkan
+    PROPERTIES COMPILE_OPTIONS "-include;${CMAKE_CURRENT_LIST_DIR}/../cmake/vulkan_compat/ggml_vulkan_compat.h")
+endif()
+
 # With -march=native on a CPU that has AVX512-FP16 (Sapphire Rapids and later), ggml 0.15.3's F16
 # dot products accumulate in half precision (simd-mappings.h, __AVX512FP16__): F16 logits come out
 # rounded to F16 and miss the reference by 2.6e-3 where F32 accumulation gives < 2e-3. Keep F32

@@ -98,7 +98,9 @@ void DeviceRuntime::sched_alloc(ggml_cgraph * gf, const char * what) {
     }
     pin();
     const uint64_t shape = graph_shape(gf);
-    if (shape != last_plan_) {
+    // (Only with one backend: splitting a graph over several points its nodes' inputs at copies in place, and
+    // reserving would split it a second time.)
+    if (shape != last_plan_ && backend_ == cpu_backend_) {
         last_plan_ = 0;  // until planned
         if (!ggml_backend_sched_reserve(sched_, gf)) throw std::runtime_error(std::string("cannot allocate ") + what);
         last_plan_ = shape;

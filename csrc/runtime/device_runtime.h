@@ -48,9 +48,11 @@ protected:
     // A fresh scheduler state for the next graph, that graph allocated on the device (and the CPU for the ops the
     // device lacks; fun-asr's CPU ops pinned there, kernels/dispatch pinned_to_cpu; products in F32 where the
     // device asks, DeviceCaps::f32_products); std::runtime_error naming `what` when it does not fit.
-    // A graph whose shape (ops, flags, their inputs' ops) differs from the last one's is planned afresh: ggml's
-    // allocator otherwise keeps the last plan whenever the node counts match and the sizes fit, whatever the
-    // output flags (a kept encoder output after a pass that let its memory be reused came back overwritten).
+    // On the CPU alone, a graph whose shape (ops, flags, their inputs' ops) differs from the last one's is planned
+    // afresh: ggml's allocator otherwise keeps the last plan whenever the node counts match and the sizes fit,
+    // whatever the output flags. (Beside another backend the scheduler's split rewrites the graph's inputs in
+    // place, so it cannot be planned and split twice: there the graphs themselves keep equal flags where their
+    // node counts match, as the encoder's output, an output in every encoder pass.)
     void sched_alloc(ggml_cgraph * gf, const char * what);
     // Computes an allocated graph; Interrupted when interrupt() stopped it (or was requested before), else
     // std::runtime_error "<what> computation failed" when it failed.

@@ -175,6 +175,9 @@ std::pair<ggml_tensor *, ggml_tensor *> Model::run_encoder(GraphScope & g, const
     ggml_set_input(feats);
     ggml_set_input(pe);
     ggml_tensor * enc = build_encoder(gc, hp_, weights_->w, feats, pe, nullptr);
+    // An output in every pass, kept or not: passes that read it and passes that do not have the same nodes, and
+    // ggml's allocator keeps its plan between graphs of the same node count (DeviceRuntime::sched_alloc).
+    ggml_set_output(enc);
     ggml_tensor * adp = adaptor ? build_adaptor(gc, hp_, weights_->w, enc, nullptr) : nullptr;
     ggml_tensor * logits = ctc ? build_ctc(gc, hp_, weights_->w, enc, nullptr) : nullptr;
     for (ggml_tensor * out : {adp, logits}) {
