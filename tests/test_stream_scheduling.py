@@ -228,3 +228,22 @@ def test_requests_join_a_running_batch_first_come_first_served() -> None:
         assert rec.batches[-3:] == [["busy2"], ["o1"], ["a3"]], rec.batches
     finally:
         b.close()
+
+
+def test_close_while_a_joining_batch_runs_ends_the_worker() -> None:
+    """close() while a batch that takes arrivals runs: its joining sees the end mark and takes nothing more, the
+    request that waited is decoded as the one more batch, and the worker ends (close returns)."""
+    rec = _Joiner()
+    b = Batcher(rec, max_batch=4, max_new_tokens=5)  # type: ignore[arg-type]
+    x = np.zeros(1600, np.float32)
+    busy = b.submit(x, FINAL, "busy")
+    assert rec.started.wait(10)
+    later = b.submit(x, FINAL, "later")
+    closer = threading.Thread(target=b.close)
+    closer.start()
+    time.sleep(0.05)  # the end mark is queued behind `later`
+    rec.gate.set()
+    closer.join(20)
+    assert not closer.is_alive() and not b.thread.is_alive()
+    assert busy.result(1).text == "busy" and later.result(1).text == "later"
+    assert rec.batches == [["busy"], ["later"]], rec.batches

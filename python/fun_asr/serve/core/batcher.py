@@ -118,9 +118,12 @@ class Batcher:
         finals, speculative, partials = (self._lists[k] for k in (FINAL, SPECULATIVE, PARTIAL))
         while True:
             if not finals and not speculative and not partials:
+                if self._stopping:  # (its end mark already taken, by a running batch's joining)
+                    return
                 self._collect(timeout=None)
                 if self._stopping and not (finals or speculative or partials):
                     return
+            stopping = self._stopping  # the end mark came before this batch: it is the last one
             deadline = time.monotonic() + 0.005  # company that arrives within 5 ms, and all that is queued
             while not self._stopping and time.monotonic() < deadline:
                 self._collect(timeout=max(0.0, deadline - time.monotonic()))
@@ -139,7 +142,7 @@ class Batcher:
                 batch, partials[:] = _take(waiting, self.partial_batch)
             if batch:
                 self._run(batch)
-            if self._stopping:
+            if stopping:
                 for job in finals + speculative + partials:
                     if job[2].set_running_or_notify_cancel():  # (a waiter that gave up cancelled its own)
                         job[2].set_exception(RuntimeError("server is shutting down"))
