@@ -1,8 +1,6 @@
 #include "base/cpu_backend.h"
 
-#include <cstring>
 #include <mutex>
-#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -17,8 +15,6 @@ extern "C" void ggml_vec_swiglu_f32(int n, float * y, const float * x, const flo
 namespace fun_asr::cpu_backend {
 
 #ifndef FUN_ASR_BACKEND_MODULES
-
-bool loaded_at_run_time() { return false; }
 
 void load_backends() {}
 
@@ -36,8 +32,6 @@ const Api & api() {
 }
 
 #else
-
-bool loaded_at_run_time() { return true; }
 
 namespace {
 
@@ -105,22 +99,27 @@ ggml_backend_t make(int threads) {
     return b;
 }
 
-bool built_with(const char * feature) {
-    static const std::set<std::string> features = [] {
+const std::vector<std::pair<std::string, std::string>> & features() {
+    static const std::vector<std::pair<std::string, std::string>> list = [] {
         load_backends();
-        std::set<std::string> out;
+        std::vector<std::pair<std::string, std::string>> out;
         ggml_backend_reg_t reg = ggml_backend_reg_by_name("CPU");
         auto get = reg ? reinterpret_cast<ggml_backend_get_features_t>(
                              ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features"))
                        : nullptr;
         if (get) {
-            for (const ggml_backend_feature * f = get(reg); f->name != nullptr; ++f) {
-                if (std::strcmp(f->value, "0") != 0) out.insert(f->name);
-            }
+            for (const ggml_backend_feature * f = get(reg); f->name != nullptr; ++f) out.emplace_back(f->name, f->value);
         }
         return out;
     }();
-    return features.count(feature) > 0;
+    return list;
+}
+
+bool built_with(const char * feature) {
+    for (const auto & [name, value] : features()) {
+        if (name == feature) return value != "0";
+    }
+    return false;
 }
 
 }  // namespace fun_asr::cpu_backend

@@ -7,6 +7,10 @@
 // ggml's own ops run (the same bits: ggml's Q8_0 quantizer, its norm's variance, its SwiGLU row).
 #pragma once
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 
@@ -14,7 +18,9 @@ namespace fun_asr::cpu_backend {
 
 struct Api {
     const ggml_type_traits_cpu * (*type_traits)(ggml_type) = nullptr;  // ggml_get_type_traits_cpu
+    // y = x - mean; returns the mean of y * y (ggml_float), in the ISA the backend was built for (ggml_norm's)
     double (*vec_cvar_f32)(int n, float * y, const float * x, float mean) = nullptr;
+    // y = silu(x) * g, as ggml_swiglu_split computes it
     void (*vec_swiglu_f32)(int n, float * y, const float * x, const float * g) = nullptr;
     void (*set_n_threads)(ggml_backend_t backend, int n) = nullptr;
     void (*set_abort_callback)(ggml_backend_t backend, ggml_abort_callback cb, void * data) = nullptr;
@@ -24,9 +30,12 @@ struct Api {
 // lacks one: a ggml of another version).
 const Api & api();
 
-// Whether ggml's CPU backend (the variant loaded, in the portable build) was compiled with this feature, by the
-// name its feature list gives ("AVX512", "AVX512_VNNI", "AVX_VNNI", ...): what its own kernels use, which
-// fun-asr's kernels match where they must give ggml's bits.
+// ggml's CPU backend's feature list (the variant loaded, in the portable build): (name, value) pairs as it gives
+// them ("AVX512", "1"), read once; system_info()'s cpu_features.
+const std::vector<std::pair<std::string, std::string>> & features();
+
+// Whether that list says the backend was compiled with `feature` ("AVX512", "AVX512_VNNI", "AVX_VNNI", ...): what
+// its own kernels use, which fun-asr's kernels match where they must give ggml's bits.
 bool built_with(const char * feature);
 
 // Whether `backend` is ggml's CPU backend (ggml_backend_is_cpu, which a loaded module does not export).
@@ -34,9 +43,6 @@ bool is_cpu(ggml_backend_t backend);
 
 // A new CPU backend (ggml_backend_free it) with `threads` threads.
 ggml_backend_t make(int threads);
-
-// Whether the CPU backend is a module loaded at run time (the portable build).
-bool loaded_at_run_time();
 
 // The portable build: ggml's backend modules (CPU variants, GPU backends) loaded from the extension's own
 // folder, once; a no-op in the default build. Every use of ggml's device registry comes after it.

@@ -23,8 +23,6 @@
 #include "kernels/matvec.h"
 #include "kernels/op_params.h"
 
-// ggml-cpu's SwiGLU row (vec.h; the static library exports it): silu(x) * g as ggml_swiglu_split computes it.
-
 namespace fun_asr {
 
 namespace {

@@ -19,9 +19,6 @@
 #define FUN_ASR_NORM_X86 0
 #endif
 
-// ggml-cpu's own row function (exported by the CPU backend, vec.h): y = x - mean, returns the mean of y * y
-// (as a double: ggml_float), in the ISA the backend was built for.
-
 namespace fun_asr {
 
 namespace {

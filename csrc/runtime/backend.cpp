@@ -166,16 +166,8 @@ SystemInfo system_info() {
         ggml_backend_reg_t reg = ggml_backend_reg_get(i);
         info.registered_backends.emplace_back(ggml_backend_reg_name(reg));
         info.compiled_backends.emplace_back(ggml_backend_reg_name(reg));  // linked in: each registers itself
-        if (std::string(ggml_backend_reg_name(reg)) == "CPU") {
-            auto get_features = reinterpret_cast<ggml_backend_get_features_t>(
-                ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features"));
-            if (get_features != nullptr) {
-                for (const ggml_backend_feature * f = get_features(reg); f->name != nullptr; ++f) {
-                    info.cpu_features.emplace_back(f->name, f->value);
-                }
-            }
-        }
     }
+    info.cpu_features = cpu_backend::features();
     for (const switches::Switch & sw : switches::all()) info.switches.push_back({sw.name, switches::value(sw.name), sw.what});
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
         ggml_backend_dev_t dev = ggml_backend_dev_get(i);

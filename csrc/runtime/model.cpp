@@ -163,9 +163,9 @@ std::vector<float> read_tensor(ggml_tensor * t) {
 
 }  // namespace
 
-std::pair<ggml_tensor *, ggml_tensor *> Model::run_encoder(GraphScope & g, const StageCallback & on_stage,
-                                                           const float * features, int64_t T, bool adaptor, bool ctc,
-                                                           const std::vector<int64_t> & segments, bool every_stage) {
+Model::EncoderOutputs Model::run_encoder(GraphScope & g, const StageCallback & on_stage, const float * features,
+                                         int64_t T, bool adaptor, bool ctc, const std::vector<int64_t> & segments,
+                                         bool every_stage) {
     if (segments.size() <= 1) check_features(T);
     stage_ = "encode";
     new_graph(g);
@@ -175,7 +175,7 @@ std::pair<ggml_tensor *, ggml_tensor *> Model::run_encoder(GraphScope & g, const
     ggml_set_input(feats);
     ggml_set_input(pe);
     ggml_tensor * enc = build_encoder(gc, hp_, weights_->w, feats, pe, nullptr);
-    // An output in every pass, kept or not: passes that read it and passes that do not have the same nodes, and
+    // An output in every pass, read or not: passes that read it and passes that do not have the same nodes, and
     // ggml's allocator keeps its plan between graphs of the same node count (DeviceRuntime::sched_alloc).
     ggml_set_output(enc);
     ggml_tensor * adp = adaptor ? build_adaptor(gc, hp_, weights_->w, enc, nullptr) : nullptr;
@@ -187,25 +187,21 @@ std::pair<ggml_tensor *, ggml_tensor *> Model::run_encoder(GraphScope & g, const
     }
     alloc_graph(g.gf);
     std::vector<float> pos(static_cast<size_t>(T * hp_.enc.input_size));
-    if (segments.size() <= 1) {
-        sinusoid_positions(hp_, T, pos.data());
-    } else {  // every sequence's positions count from 1
-        int64_t t0 = 0;
-        for (int64_t n : segments) {
-            sinusoid_positions(hp_, n, pos.data() + t0 * hp_.enc.input_size);
-            t0 += n;
-        }
+    int64_t t0 = 0;
+    for (int64_t n : segments.empty() ? std::vector<int64_t>{T} : segments) {  // each sequence's positions from 1
+        sinusoid_positions(hp_, n, pos.data() + t0 * hp_.enc.input_size);
+        t0 += n;
     }
     ggml_backend_tensor_set(feats, features, 0, ggml_nbytes(feats));
     ggml_backend_tensor_set(pe, pos.data(), 0, ggml_nbytes(pe));
     compute_graph(g.gf);
-    return {adp, logits};
+    return {adp, logits, enc};
 }
 
 std::vector<float> Model::encode(const float * features, int64_t T) {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     GraphScope g;
-    return read_tensor(run_encoder(g, {}, features, T, true, false).first);
+    return read_tensor(run_encoder(g, {}, features, T, true, false).adaptor);
 }
 
 std::map<std::string, Stage> Model::debug_stages(const float * features, int64_t T) {
@@ -258,7 +254,7 @@ std::vector<float> Model::ctc_logprobs(const float * features, int64_t T) {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     require_ctc();
     GraphScope g;
-    std::vector<float> out = read_tensor(run_encoder(g, {}, features, T, false, true).second);
+    std::vector<float> out = read_tensor(run_encoder(g, {}, features, T, false, true).ctc_logits);
     log_softmax_rows(out, T);
     return out;
 }
@@ -267,8 +263,8 @@ std::pair<std::vector<float>, std::vector<float>> Model::encode_ctc(const float 
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     require_ctc();
     GraphScope g;
-    auto [adp, logits] = run_encoder(g, {}, features, T, true, true);
-    std::pair<std::vector<float>, std::vector<float>> out{read_tensor(adp), read_tensor(logits)};
+    const EncoderOutputs outs = run_encoder(g, {}, features, T, true, true);
+    std::pair<std::vector<float>, std::vector<float>> out{read_tensor(outs.adaptor), read_tensor(outs.ctc_logits)};
     log_softmax_rows(out.second, T);
     return out;
 }
@@ -276,15 +272,8 @@ std::pair<std::vector<float>, std::vector<float>> Model::encode_ctc(const float 
 std::pair<std::vector<float>, std::vector<float>> Model::encode_keep_encoder(const float * features, int64_t T) {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     GraphScope g;
-    ggml_tensor * enc = nullptr;
-    auto outs = run_encoder(g, [&](ggml_tensor * t, const std::string & name) {
-        if (name == "enc.out") {
-            ggml_set_output(t);  // the allocator must not reuse its memory
-            enc = t;
-        }
-    }, features, T, true, false);
-    if (!enc) throw std::logic_error("the encoder graph has no enc.out stage");
-    return {read_tensor(outs.first), read_tensor(enc)};
+    const EncoderOutputs outs = run_encoder(g, {}, features, T, true, false);
+    return {read_tensor(outs.adaptor), read_tensor(outs.encoder)};
 }
 
 int64_t Model::max_packed_sequences() const {
@@ -317,20 +306,9 @@ std::vector<std::pair<std::vector<float>, std::vector<float>>> Model::encode_bat
             t0 += lengths[i];
         }
         GraphScope g;
-        ggml_tensor * enc = nullptr;
-        StageCallback keep;
-        if (keep_encoder) {
-            keep = [&](ggml_tensor * t, const std::string & name) {
-                if (name == "enc.out") {
-                    ggml_set_output(t);  // the allocator must not reuse its memory
-                    enc = t;
-                }
-            };
-        }
-        ggml_tensor * adp = run_encoder(g, keep, packed.data(), T, true, false, lens).first;
-        if (keep_encoder && !enc) throw std::logic_error("the encoder graph has no enc.out stage");
-        const std::vector<float> rows = read_tensor(adp);
-        const std::vector<float> enc_rows = keep_encoder ? read_tensor(enc) : std::vector<float>{};
+        const EncoderOutputs outs = run_encoder(g, {}, packed.data(), T, true, false, lens);
+        const std::vector<float> rows = read_tensor(outs.adaptor);
+        const std::vector<float> enc_rows = keep_encoder ? read_tensor(outs.encoder) : std::vector<float>{};
         t0 = 0;
         for (int64_t n : lens) {
             out.emplace_back(std::vector<float>(rows.begin() + t0 * D, rows.begin() + (t0 + n) * D),

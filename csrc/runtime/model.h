@@ -78,7 +78,7 @@ public:
     // encode() / encode_keep_encoder() of several feature matrices (features[i]: [lengths[i], input_size]) in
     // packed passes (GraphCtx::segments: every sequence's frames side by side, attention and FSMN per sequence):
     // each one's outputs are encode()'s of it alone wherever the products' columns are independent (every
-    // fun-asr kernel; tests/test_batch_invariance.py). Encoder outputs are empty without keep_encoder. At most
+    // fun-asr kernel; tests/test_packed_encoding.py). Encoder outputs are empty without keep_encoder. At most
     // max_packed_sequences() sequences go in one graph; more take several passes.
     std::vector<std::pair<std::vector<float>, std::vector<float>>> encode_batch(
         const std::vector<const float *> & features, const std::vector<int64_t> & lengths, bool keep_encoder);
@@ -247,13 +247,16 @@ private:
         ~GraphScope();
     };
     void new_graph(GraphScope & g, std::vector<uint8_t> * meta = nullptr);  // meta: graph_meta_ if null
-    // Builds, allocates and computes the encoder graph with the adaptor and/or the CTC head on top;
-    // returns {adaptor output or null, CTC logits or null}.
-    // With `segments` (lengths summing to T) the features hold several sequences packed (GraphCtx::segments).
-    std::pair<ggml_tensor *, ggml_tensor *> run_encoder(GraphScope & g, const StageCallback & on_stage,
-                                                        const float * features, int64_t T, bool adaptor, bool ctc,
-                                                        const std::vector<int64_t> & segments = {},
-                                                        bool every_stage = false);
+    // Builds, allocates and computes the encoder graph with the adaptor and/or the CTC head on top. With
+    // `segments` (lengths summing to T) the features hold several sequences packed (GraphCtx::segments).
+    struct EncoderOutputs {
+        ggml_tensor * adaptor = nullptr;  // the adaptor output, or null
+        ggml_tensor * ctc_logits = nullptr;  // the CTC logits, or null
+        ggml_tensor * encoder = nullptr;  // the encoder output (an output of every pass)
+    };
+    EncoderOutputs run_encoder(GraphScope & g, const StageCallback & on_stage, const float * features, int64_t T,
+                               bool adaptor, bool ctc, const std::vector<int64_t> & segments = {},
+                               bool every_stage = false);
     // The CTC head graph on an encoder output [T, enc.d_model]: logits [vocab, T], or with argmax their
     // per-frame argmax (int32 [T]); computed.
     ggml_tensor * run_ctc_head(GraphScope & g, const float * encoder_out, int64_t T, bool argmax);
