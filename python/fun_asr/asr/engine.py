@@ -169,20 +169,16 @@ class Engine:
 
     def _encode_segments(self, segments: list[tuple[_Item, int, np.ndarray]], opts: TranscribeOptions,
                          jobs: list[tuple[_Item, int, np.ndarray]], waiting: list[int]) -> None:
-        """Segments' features through the encoder: one pass for one, packed passes (Model.encode_batch: each
-        segment's rows are those it gets alone) for several. Their adaptor rows join ``jobs``; the encoder
+        """Segments' features through the encoder (Model.encode_batch: several in packed passes, each segment's
+        rows those it gets alone). Their adaptor rows join ``jobs``; the encoder
         output stays for the CTC head where a segment needs it (word timestamps, or the CTC draft in case it is
         decoded alone: the head runs later, only if needed, without a second encoder pass). A pass's time is
         shared among its segments by frames."""
         stamps = opts.word_timestamps and self.aligner is not None
         keeps = [stamps or (item.draft is None and self._ctc_drafting()) for item, _, _ in segments]
         t0 = time.perf_counter()
-        with self._lock:
-            if len(segments) == 1:
-                feats = segments[0][2]
-                outs = [self.model.encode_keep_encoder(feats) if keeps[0] else self.model.encode(feats)]
-            else:
-                outs = self.model.encode_batch([f for _, _, f in segments], keep_encoder=any(keeps))
+        with self._lock:  # (one segment: encode()'s own graph)
+            outs = self.model.encode_batch([f for _, _, f in segments], keep_encoder=any(keeps))
         ms = (time.perf_counter() - t0) * 1e3
         frames = sum(f.shape[0] for _, _, f in segments)
         for (item, si, feats), out, keep in zip(segments, outs, keeps, strict=True):
