@@ -25,6 +25,12 @@ os.environ["HF_HUB_CACHE"] = str(_ISOLATED / "hub")
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    from gpu import require_named_devices
+
+    require_named_devices()
+
+
 @pytest.fixture(scope="session")
 def vad_dir() -> Path:
     """The real FSMN-VAD in FunASR's folder layout (tests/vad_fixture.py: fetched once, sha256-pinned)."""

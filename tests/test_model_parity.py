@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fun_asr
-from gpu import CUDA_BOUND, DEVICES
+from gpu import DEVICES, bound_on
 from reference import ReferenceDecoder, load_reference, reference_stages, rel_max_abs
 
 T_LFR = [1, 2, 7, 50, 183]
@@ -38,7 +38,7 @@ def ref_f16(tiny_f32: Path):  # noqa: ANN201
 def test_stages_match_transformers(T: int, package: str, bound: float, device: str, tiny_gguf, ref_f32,  # noqa: ANN001
                                    ref_f16) -> None:  # noqa: ANN001
     model = fun_asr.load_model(tiny_gguf(package), device=device)
-    bound = max(bound, CUDA_BOUND) if device == "cuda" else bound
+    bound = bound_on(device, bound)
     x = features(T, seed=T)
     ref = reference_stages(ref_f32 if package == "f32" else ref_f16, x)
     ours = model.debug_stages(x)
@@ -65,7 +65,7 @@ def test_prefill_and_steps_match_transformers(package: str, bound: float, device
                                               ref_f16) -> None:  # noqa: ANN001
     ref = ReferenceDecoder(ref_f32 if package == "f32" else ref_f16)
     model = fun_asr.load_model(tiny_gguf(package), device=device)
-    bound = max(bound, CUDA_BOUND) if device == "cuda" else bound
+    bound = bound_on(device, bound)
     emb = _decoder_input(ref, model)
     ours, theirs = model.prefill(emb), ref.prefill(emb)
     assert rel_max_abs(ours, theirs) <= bound
@@ -104,8 +104,8 @@ def test_cache_equals_full_recompute(device: str, tiny_gguf) -> None:  # noqa: A
         seq.append(tok)
         logits = model.step(tok)
     full = model.prefill(np.concatenate([emb, model.embed(seq)]))
-    # on a GPU a step (one column) and a prefill (several) take different kernels (gpu.CUDA_BOUND)
-    assert rel_max_abs(logits, full) <= (CUDA_BOUND if device == "cuda" else 1e-5)
+    # on a GPU a step (one column) and a prefill (several) take different kernels (gpu.GPU_BOUNDS)
+    assert rel_max_abs(logits, full) <= bound_on(device, 1e-5)
 
 
 @pytest.mark.parametrize("device", DEVICES)

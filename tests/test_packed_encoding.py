@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from fun_asr import _core
-from gpu import CUDA_BOUND, GPU
+from gpu import CUDA_BOUND, GPU_DEVICES
 
 # lengths in LFR frames: one frame, a few, a 30 s segment's worth and odd sizes between
 LENGTHS = [1, 3, 17, 100, 240, 8, 55]
@@ -119,11 +119,12 @@ def test_session_packing_segments_gives_the_same_results(ctc_demo, three: Path) 
     assert len(packed[0].segments) == 3 and packed[0].text  # three utterances: three segments, heard
 
 
-@GPU
-def test_packed_encoder_pass_on_cuda(tiny_gguf) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("device", GPU_DEVICES)
+def test_packed_encoder_pass_on_a_gpu(device: str, tiny_gguf) -> None:  # noqa: ANN001
     """On a GPU (where the Session packs: caps packed_encoding) a packed pass meets one pass per segment within the
-    GPU's bound (ggml's CUDA products round a different column count differently)."""
-    model = _core.load_gguf(str(tiny_gguf("f16")), device="cuda", threads=2)
+    GPU's bound (ggml's CUDA products round a different column count differently); more segments than one graph
+    holds (ggml's generic nodes: ~50 tensors per layer and segment) take several passes."""
+    model = _core.load_gguf(str(tiny_gguf("f16")), device=device, threads=2)
     assert model.info()["caps"]["packed_encoding"] is True
     rng = np.random.default_rng(0)
     width = model.info()["encoder"]["input_size"]
@@ -131,3 +132,9 @@ def test_packed_encoder_pass_on_cuda(tiny_gguf) -> None:  # noqa: ANN001
     for f, packed in zip(feats, model.encode_batch(feats), strict=True):
         alone = model.encode(f)
         np.testing.assert_allclose(packed, alone, rtol=CUDA_BOUND, atol=CUDA_BOUND * np.abs(alone).max())
+    many = [rng.standard_normal((int(n), width)).astype(np.float32)
+            for n in rng.integers(1, 12, size=2 * model.max_packed_sequences + 1)]
+    out = model.encode_batch(many)
+    for i in (0, model.max_packed_sequences, len(many) - 1):
+        alone = model.encode(many[i])
+        np.testing.assert_allclose(out[i], alone, rtol=CUDA_BOUND, atol=CUDA_BOUND * np.abs(alone).max())

@@ -14,9 +14,32 @@
 #                                        # here, so that a GPU machine without a network (and with another
 #                                        # Python) builds only fun-asr's own sources against it
 #                                        # (FUN_ASR_GGML_PREBUILT_DIR; tools/gpu_check.sh does).
+#
+#   tools/build_cuda.sh 90 --module [--install PYTHON] [--force]
+#                                        # ggml's CUDA backend as one more module of the portable build (the
+#                                        # wheel's layout: libggml-cuda.so beside the extension, ggml-base shared),
+#                                        # built from the same pinned ggml: build/cuda-module-sm90/libggml-cuda.so.
+#                                        # --install copies it into PYTHON's installed fun_asr (a portable wheel),
+#                                        # which then lists the GPU (`--device cuda`); a module already there is
+#                                        # replaced only with --force. The CUDA runtime and cuBLAS come from the
+#                                        # system (or NVIDIA's nvidia-* wheels on LD_LIBRARY_PATH); where they do
+#                                        # not load, fun-asr runs on the CPU and says why.
 set -euo pipefail
-arch="${1:?usage: tools/build_cuda.sh ARCH [--ggml-only]   (e.g. 90 for sm_90)}"
+arch="${1:?usage: tools/build_cuda.sh ARCH [--ggml-only | --module [--install PYTHON] [--force]]   (e.g. 90 for sm_90)}"
 mode="${2:-}"
+install_python=""
+force=""
+shift $(( $# < 2 ? $# : 2 ))
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --install) install_python="${2:?--install takes the python of the environment fun-asr is installed in}"; shift 2 ;;
+    --force) force=1; shift ;;
+    *) echo "build_cuda: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+if [ -n "$install_python$force" ] && [ "$mode" != "--module" ]; then
+  echo "build_cuda: --install and --force go with --module" >&2; exit 2
+fi
 cd "$(dirname "$0")/.."
 python="${PYTHON:-python3}"
 build="build/cuda-sm${arch}"
@@ -55,7 +78,7 @@ fi
 
 # ggml's virtual-memory pool needs the driver library (libcuda.so, or the toolkit's stub) at link
 # time; without one, build with GGML_CUDA_NO_VMM (ggml's legacy memory pool) and say so.
-if [ "$mode" != "--ggml-only" ] && ! ls "$cuda_root"/lib64/stubs/libcuda.so* "$cuda_root"/targets/*/lib/stubs/libcuda.so* \
+if [ "$mode" != "--ggml-only" ] && [ -z "${FUN_ASR_CUDA_CONFIGURE_ONLY:-}" ] && ! ls "$cuda_root"/lib64/stubs/libcuda.so* "$cuda_root"/targets/*/lib/stubs/libcuda.so* \
         /usr/lib/x86_64-linux-gnu/libcuda.so* /usr/lib64/libcuda.so* >/dev/null 2>&1; then
   echo "build_cuda: no libcuda.so (driver or stub) to link; building with GGML_CUDA_NO_VMM=ON"
   extra+=(-DGGML_CUDA_NO_VMM=ON)
@@ -78,6 +101,31 @@ if [ "$mode" = "--ggml-only" ]; then
   mkdir -p build/gpu-carry
   tar -C "$gbuild/install" -cJf "build/gpu-carry/ggml-cuda-sm${arch}.tar.xz" .
   echo "build_cuda: ggml for sm_${arch} built in $(( $(date +%s) - start )) s -> build/gpu-carry/ggml-cuda-sm${arch}.tar.xz"
+  exit 0
+fi
+
+if [ "$mode" = "--module" ]; then
+  # fun-asr's own portable configuration (the wheel's: shared ggml-base without a version in its name, RPATH
+  # $ORIGIN), of which only the CUDA module is compiled.
+  mbuild="build/cuda-module-sm${arch}"
+  cmake -S . -B "$mbuild" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFUN_ASR_PORTABLE=ON -DGGML_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" -DPython_EXECUTABLE="$(command -v "$python")" \
+    -Dpybind11_DIR="$("$python" -m pybind11 --cmakedir)" "${extra[@]}"
+  [ -z "${FUN_ASR_CUDA_CONFIGURE_ONLY:-}" ] || { echo "build_cuda: configured $mbuild"; exit 0; }
+  cmake --build "$mbuild" --target ggml-cuda -j "$(nproc)"
+  module="$(find "$mbuild" -name libggml-cuda.so -type f | head -n1)"
+  cp "$module" "$mbuild/libggml-cuda.so"
+  echo "build_cuda: CUDA module for sm_${arch} built in $(( $(date +%s) - start )) s -> $mbuild/libggml-cuda.so"
+  if [ -n "$install_python" ]; then
+    dest="$("$install_python" -c 'import os, fun_asr._core as c; print(os.path.dirname(c.__file__))')"
+    [ -f "$dest/libggml-base.so" ] || { echo "build_cuda: $dest is not a portable fun-asr (no libggml-base.so): \
+install the portable wheel there first" >&2; exit 1; }
+    if [ -e "$dest/libggml-cuda.so" ] && [ -z "$force" ]; then
+      echo "build_cuda: $dest/libggml-cuda.so exists; --force replaces it" >&2; exit 1
+    fi
+    cp "$mbuild/libggml-cuda.so" "$dest/libggml-cuda.so"
+    echo "build_cuda: installed into $dest (fun_asr.system_info()['devices'] lists the GPU where it loads)"
+  fi
   exit 0
 fi
 

@@ -7,7 +7,7 @@
 #      Transformers 5.23 (pruned to the models used) from build/gpu-carry/transformers-*-slim.tar.xz;
 #   3. runs the GPU cases of the test suite: parity against Transformers on CUDA within the CPU's
 #      tolerances (tests/test_model_parity.py), batch invariance on CUDA (tests/test_batch_invariance.py),
-#      CPU tokens = GPU tokens on the trained demo model (tests/test_cuda.py);
+#      CPU tokens = GPU tokens on the trained demo model (tests/test_gpu.py);
 #   4. runs `tools/bench.py --device cuda` on the full-size random model (F16, Q8_0): one 10 s clip,
 #      transcribe_batch over 64 clips of 5-29.5 s (RTFx), GPU memory; then `--batch-split`: continuous
 #      batching at batch sizes 1, 8, 16, 64 with each clip's own token count, a decode step's split, packed
@@ -103,7 +103,7 @@ if [ -z "$skip_tests" ]; then
   step "GPU test cases"
   "$py" -m pytest -q -p no:cacheprovider -rfEs --durations=10 -o tmp_path_retention_policy=none \
     --junitxml="$OUT/junit.xml" -k cuda \
-    tests/test_model_parity.py tests/test_cuda.py tests/test_batch_invariance.py tests/test_packed_encoding.py \
+    tests/test_model_parity.py tests/test_gpu.py tests/test_batch_invariance.py tests/test_packed_encoding.py \
     || status=1
 fi
 

@@ -1,5 +1,8 @@
 #include "base/cpu_backend.h"
 
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -17,6 +20,11 @@ namespace fun_asr::cpu_backend {
 #ifndef FUN_ASR_BACKEND_MODULES
 
 void load_backends() {}
+
+const std::vector<std::pair<std::string, std::string>> & unavailable_backends() {
+    static const std::vector<std::pair<std::string, std::string>> none;
+    return none;
+}
 
 const Api & api() {
     static const Api table = [] {
@@ -58,6 +66,51 @@ std::string cpu_module_path(ggml_backend_reg_t reg) {
 void load_backends() {
     static std::once_flag once;
     std::call_once(once, [] { ggml_backend_load_all_from_path(own_folder().c_str()); });
+}
+
+const std::vector<std::pair<std::string, std::string>> & unavailable_backends() {
+    static const std::vector<std::pair<std::string, std::string>> list = [] {
+        load_backends();
+        std::vector<std::pair<std::string, std::string>> out;
+        std::error_code ec;
+        std::vector<std::filesystem::path> modules;
+        for (const auto & entry : std::filesystem::directory_iterator(own_folder(), ec)) modules.push_back(entry.path());
+        std::sort(modules.begin(), modules.end());
+        for (const auto & path : modules) {
+            const std::string file = path.filename().string();
+            const std::string prefix = "libggml-", suffix = ".so";
+            if (file.size() <= prefix.size() + suffix.size() || file.rfind(prefix, 0) != 0 ||
+                file.compare(file.size() - suffix.size(), suffix.size(), suffix) != 0) {
+                continue;
+            }
+            const std::string name = file.substr(prefix.size(), file.size() - prefix.size() - suffix.size());
+            if (name == "base" || name.rfind("cpu", 0) == 0) continue;
+            ggml_backend_reg_t reg = nullptr;
+            for (size_t i = 0; i < ggml_backend_reg_count() && !reg; ++i) {
+                std::string reg_name = ggml_backend_reg_name(ggml_backend_reg_get(i));
+                for (char & c : reg_name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+                if (reg_name == name) reg = ggml_backend_reg_get(i);
+            }
+            if (reg && ggml_backend_reg_dev_count(reg) > 0) continue;
+            std::string why;
+            if (!reg) {
+                // ggml's loader says nothing on failure: dlopen it again for the loader's own words
+                void * lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+                const char * err = lib ? nullptr : dlerror();
+                why = err ? std::string(err) : file + " loaded but did not start (no driver, or its driver failed)";
+                if (lib) dlclose(lib);
+            } else {
+                why = file + " loaded but found no device";
+                if (name == "vulkan") {
+                    why += " (no Vulkan driver for a GPU; ggml uses a software driver such as Mesa's llvmpipe only "
+                           "when GGML_VK_VISIBLE_DEVICES names it)";
+                }
+            }
+            out.emplace_back(name, why);
+        }
+        return out;
+    }();
+    return list;
 }
 
 const Api & api() {

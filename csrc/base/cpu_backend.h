@@ -48,4 +48,9 @@ ggml_backend_t make(int threads);
 // folder, once; a no-op in the default build. Every use of ggml's device registry comes after it.
 void load_backends();
 
+// The GPU backend modules shipped beside the extension (the portable build) that give no device here, each with
+// why, in ggml's registry name's lower case: ("vulkan", "libvulkan.so.1: cannot open shared object file ...") when
+// the module did not load, or a sentence saying it loaded but found no device. Empty in the default build.
+const std::vector<std::pair<std::string, std::string>> & unavailable_backends();
+
 }  // namespace fun_asr::cpu_backend

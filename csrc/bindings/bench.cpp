@@ -43,6 +43,9 @@ py::dict system_info() {
         devices.append(e);
     }
     d["devices"] = devices;
+    py::dict unavailable;  // GPU modules of a portable build that give no device here: {name: why}
+    for (const auto & [k, v] : info.unavailable_backends) unavailable[py::str(k)] = v;
+    d["unavailable_backends"] = unavailable;
     py::dict features;
     for (const auto & [k, v] : info.cpu_features) features[py::str(k)] = v;
     d["cpu_features"] = features;
@@ -72,6 +75,10 @@ void bind_bench(py::module_ & m) {
         py::arg("device"),
         "The name of the ggml device that `device` (auto, cpu, cuda, cuda:N) selects in this build on this machine; "
         "ValueError naming what is accepted when there is none (checked before any model is read or converted).");
+
+    m.def("device_fallback", &fun_asr::device_fallback, py::arg("device"),
+          "Why `device` (vulkan, cuda:N, gpu) has no device here although this build ships its backend as a module "
+          "(the module did not load, or found no device: a missing or broken driver); '' otherwise.");
 
     m.def(
         "first_argmax",

@@ -34,7 +34,13 @@ fun_asr::MetaValue to_meta(const py::handle & v, const std::string & key) {
 }  // namespace
 
 void require_float32_c(const py::array & a, int ndim, const char * what) {
-    if (!a.dtype().is(py::dtype::of<float>())) {
+    // float32 in this machine's byte order, whichever dtype object says so (an unpickled array's is not numpy's
+    // canonical one)
+    const uint16_t one = 1;
+    const bool little = *reinterpret_cast<const uint8_t *>(&one) == 1;
+    const char order = a.dtype().byteorder();
+    const bool native = order == '=' || order == '|' || order == (little ? '<' : '>');
+    if (a.dtype().num() != py::dtype::of<float>().num() || !native) {
         throw py::type_error(std::string(what) + " must be a float32 array, got dtype " +
                              py::str(a.dtype()).cast<std::string>() +
                              " (convert with numpy.asarray(x, dtype=numpy.float32))");

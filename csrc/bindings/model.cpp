@@ -118,6 +118,8 @@ py::dict model_info(const Model & m) {
     d["weights_mmapped"] = m.weights_mmapped();
     d["repacked_tensors"] = m.repacked_tensors();
     d["q8_0_quads_tensors"] = m.q8_0_quads_tensors();  // Q8_0 in the int8 GEMM's quads layout
+    d["host_weights"] = m.host_weights();  // a GPU: matrices too large for it, their products on the CPU
+    d["host_token_lookup"] = m.host_token_lookup();  // a GPU: token lookups on the CPU (a type it cannot look up)
     d["kv_cache_bytes"] = m.kv_bytes();
     d["threads"] = m.threads();
     d["threads_auto"] = m.threads_auto();

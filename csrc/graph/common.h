@@ -45,6 +45,11 @@ struct DeviceCaps {
     // per graph node is mostly its launch. Not the CPU, where a packed pass of the full-size encoder took 1.2-1.3x
     // the time of the passes one by one (the joins between per-sequence nodes and a larger working set).
     bool packed_encoding = false;
+    // The decoder's per-head RMSNorm (times its weight) may feed RoPE directly. Not on ggml's Vulkan backend
+    // (0.15.3), which fuses rms_norm, mul and rope into one shader that corrupted memory in decode steps of two or
+    // more sequences (Mesa 22.3's lavapipe: the heap, at every batch's first step; not with
+    // GGML_VK_DISABLE_FUSION=1): there a copy between the two keeps them apart.
+    bool norm_rope_chain = true;
 };
 
 struct GraphCtx {

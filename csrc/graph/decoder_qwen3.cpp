@@ -83,7 +83,9 @@ ggml_tensor * build_decoder(const GraphCtx & g, ggml_cgraph * gf, const HParams 
         };
         auto head_proj = [&](ggml_tensor * product, int64_t n_heads, ggml_tensor * norm) {
             ggml_tensor * t = ggml_reshape_3d(ctx, product, hd, n_heads, n * B);
-            return norm ? rope(rms_norm(ctx, t, norm, d.rms_eps)) : t;
+            if (!norm) return t;
+            ggml_tensor * normed = rms_norm(ctx, t, norm, d.rms_eps);
+            return rope(g.caps.norm_rope_chain ? normed : ggml_cont(ctx, normed));  // (DeviceCaps)
         };
         auto rows = [&](ggml_tensor * cache) {
             return ggml_view_2d(ctx, cache, kv_dim, cache->ne[2] * cache->ne[3], cache->nb[2], 0);

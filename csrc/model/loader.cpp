@@ -299,6 +299,8 @@ ModelSource read_gguf(const std::string & path) {
 }
 
 LoadedWeights::~LoadedWeights() {
+    if (lookup_buffer) ggml_backend_buffer_free(lookup_buffer);
+    if (host_buffer) ggml_backend_buffer_free(host_buffer);
     if (repack_buffer) ggml_backend_buffer_free(repack_buffer);
     if (quads_buffer) ggml_backend_buffer_free(quads_buffer);
     if (buffer) ggml_backend_buffer_free(buffer);
@@ -382,6 +384,19 @@ ggml_backend_buffer_t place_weights(ggml_backend_buffer_type_t buft, const Place
         fill(t, s);
     }
     return buffer;
+}
+
+// Whether `dev` runs ggml's GET_ROWS on the matrix w (ggml's Vulkan backend has no K-quant lookups), or its
+// product with a column (a device refuses a tensor larger than it can bind: Mesa's lavapipe above 128 MiB).
+bool device_runs(ggml_backend_dev_t dev, ggml_tensor * w, bool lookup) {
+    ggml_init_params ip{ggml_tensor_overhead() * 2, nullptr, /*no_alloc=*/true};
+    ggml_context * ctx = ggml_init(ip);
+    if (!ctx) throw std::runtime_error("ggml_init failed");
+    ggml_tensor * op = lookup ? ggml_get_rows(ctx, w, ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1))
+                              : ggml_mul_mat(ctx, w, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 1));
+    const bool ok = ggml_backend_dev_supports_op(dev, op);
+    ggml_free(ctx);
+    return ok;
 }
 
 }  // namespace
@@ -516,6 +531,23 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
             out->mmapped = true;
         }
     }
+    ggml_backend_buffer_type_t host_buft = ggml_backend_dev_buffer_type(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU));
+    auto copy = [](ggml_tensor * t, const SourceTensor * s) { ggml_backend_tensor_set(t, s->data, 0, s->nbytes); };
+    if (!is_cpu) {
+        // Matrices the device cannot multiply (too large for it to bind) stay in host memory: their products run
+        // on the CPU, the rest of the graph on the device.
+        Placed host, rest;
+        for (auto & pr : pairs) {
+            const bool matrix = ggml_n_dims(pr.first) == 2;
+            (matrix && !device_runs(dev, pr.first, false) ? host : rest).push_back(pr);
+        }
+        if (!host.empty()) {
+            out->host_buffer = place_weights(host_buft, host, 0, true, "cannot allocate the host-side weights",
+                                             "weight allocation failed", copy);
+            for (auto & pr : host) out->host_weights.push_back(pr.first);
+            pairs.swap(rest);
+        }
+    }
     if (!out->mmapped) {
         out->buffer = place_weights(ggml_backend_dev_buffer_type(dev), pairs, 1, is_cpu,
                                     "cannot allocate " + std::to_string(out->bytes) + " bytes for the weights",
@@ -524,6 +556,17 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
                                     });
     }
     out->w = bind_weights(out->ctx, hp);
+    const bool embd_on_host = out->host_buffer && ggml_backend_buffer_is_host(out->w.tok_embd->buffer);
+    if (!is_cpu && !embd_on_host && !device_runs(dev, out->w.tok_embd, true)) {
+        // The token ids' lookups run on the CPU, from a host copy (the graph hands the rows over to the device);
+        // the device's copy stays the output projection's matrix when tied.
+        ggml_tensor * host = ggml_dup_tensor(out->ctx, out->w.tok_embd);
+        ggml_set_name(host, "token_embd.weight.lookup");
+        out->lookup_buffer = place_weights(host_buft, {{host, by_name["token_embd.weight"]}}, 0, true,
+                                           "cannot allocate the token embedding's host copy",
+                                           "token embedding allocation failed", copy);
+        out->w.tok_lookup = host;
+    }
     return out;
 }
 

@@ -63,6 +63,9 @@ struct LoadedWeights {
     size_t repacked = 0;                            // how many tensors live in repack_buffer
     ggml_backend_buffer_t quads_buffer = nullptr;   // CPU: matrices in a CPU kernel's own layout (WeightRelayout)
     size_t quads = 0;                               // how many tensors live in quads_buffer
+    ggml_backend_buffer_t lookup_buffer = nullptr;  // a GPU that cannot get_rows the token embedding: its host copy
+    ggml_backend_buffer_t host_buffer = nullptr;    // a GPU: the matrices it cannot multiply (too large to bind)
+    std::vector<ggml_tensor *> host_weights;        // those matrices (their products run on the CPU)
     std::shared_ptr<MappedFile> file;  // kept alive when the buffer maps it
     Weights w;
     size_t bytes = 0;

@@ -87,6 +87,7 @@ Weights bind_weights(ggml_context * ctx, const HParams & hp) {
         w.adp.push_back(bind_sanm(ctx, "adp.blk." + std::to_string(i), false, false));
     }
     w.tok_embd = need(ctx, "token_embd.weight");
+    w.tok_lookup = w.tok_embd;
     w.output = hp.dec.tie_embeddings ? w.tok_embd : need(ctx, "output.weight");
     w.output_norm = need(ctx, "output_norm.weight");
     for (int64_t i = 0; i < hp.dec.n_layers; ++i) {

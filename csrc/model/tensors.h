@@ -62,6 +62,9 @@ struct Weights {
     Linear proj1, proj2;                       // model.multi_modal_projector.linear_{1,2}
     std::vector<SanmLayer> adp;
     ggml_tensor * tok_embd = nullptr;          // model.language_model.embed_tokens
+    // where token ids are looked up (get_rows): tok_embd, or its host copy where the device cannot look rows of
+    // its type up (load_weights)
+    ggml_tensor * tok_lookup = nullptr;
     ggml_tensor * output = nullptr;            // lm_head (== tok_embd when tied)
     ggml_tensor * output_norm = nullptr;       // model.language_model.norm
     std::vector<Qwen3Layer> dec;

@@ -45,6 +45,25 @@ bool is_gpu(ggml_backend_dev_t d) {
     return t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU;
 }
 
+// A GPU that is a CPU underneath: a software Vulkan driver (Mesa's llvmpipe, SwiftShader). ggml lists one only when
+// GGML_VK_VISIBLE_DEVICES names it; "auto" never takes it (ggml's CPU backend is faster), a name does.
+bool software_gpu(ggml_backend_dev_t d) {
+    const std::string desc = lower(ggml_backend_dev_description(d));
+    return desc.find("llvmpipe") != std::string::npos || desc.find("lavapipe") != std::string::npos ||
+           desc.find("swiftshader") != std::string::npos;
+}
+
+// "vulkan:1" -> ("vulkan", 1); an index that is not one -> ("?", 0)
+std::pair<std::string, size_t> split_device(const std::string & device) {
+    const auto colon = device.find(':');
+    if (colon == std::string::npos) return {device, 0};
+    const std::string n = device.substr(colon + 1);
+    const bool digits = !n.empty() && n.size() <= 6 &&
+                        std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits) return {"?", 0};
+    return {device.substr(0, colon), std::stoul(n)};
+}
+
 std::string registered_backends() {
     std::string out;
     for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
@@ -67,21 +86,13 @@ ggml_backend_dev_t pick_device(const std::string & device) {
         if (ggml_backend_dev_type(d) == GGML_BACKEND_DEVICE_TYPE_CPU && !cpu) cpu = d;
     }
     if (device == "cpu") return cpu;
-    if (device == "auto") return gpus.empty() ? cpu : gpus[0];
-    std::string kind = device;
-    size_t index = 0;
-    const auto colon = device.find(':');
-    if (colon != std::string::npos) {
-        kind = device.substr(0, colon);
-        const std::string n = device.substr(colon + 1);
-        const bool digits = !n.empty() && n.size() <= 6 &&
-                            std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; });
-        if (digits) {
-            index = std::stoul(n);
-        } else {
-            kind = "?";  // not an index: an unknown device
+    if (device == "auto") {
+        for (ggml_backend_dev_t d : gpus) {
+            if (!software_gpu(d)) return d;
         }
+        return cpu;
     }
+    const auto [kind, index] = split_device(device);
     std::vector<ggml_backend_dev_t> named;  // "gpu": every GPU; a backend's name: its GPUs
     bool known = kind == "gpu";
     for (ggml_backend_dev_t d : gpus) {
@@ -107,6 +118,23 @@ ggml_backend_dev_t pick_device(const std::string & device) {
                                     (kind == "gpu" ? "" : " of that backend"));
     }
     return named[index];
+}
+
+std::string device_fallback(const std::string & device) {
+    const auto & missing = cpu_backend::unavailable_backends();
+    if (missing.empty() || device == "auto" || device == "cpu") return "";
+    const std::string kind = split_device(device).first;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t d = ggml_backend_dev_get(i);
+        if (is_gpu(d) && (kind == "gpu" || lower(ggml_backend_reg_name(ggml_backend_dev_backend_reg(d))) == kind)) {
+            return "";  // a device of that kind exists: pick_device judges the index
+        }
+    }
+    std::string why;
+    for (const auto & [name, reason] : missing) {
+        if (kind == "gpu" || name == kind) why += (why.empty() ? "" : "; ") + reason;
+    }
+    return why;
 }
 
 namespace {
@@ -143,6 +171,7 @@ DeviceCaps device_caps(ggml_backend_dev_t dev) {
     caps.argmax_in_graph = caps.host || runs_argmax(dev);
     caps.timed_threads = caps.host;  // a GPU's CPU fallback keeps every thread
     caps.packed_encoding = !caps.host;
+    caps.norm_rope_chain = lower(ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev))) != "vulkan";
     return caps;
 }
 
@@ -154,7 +183,8 @@ std::vector<std::pair<std::string, bool>> caps_fields(const DeviceCaps & c) {
             {"graph_reuse", c.graph_reuse},
             {"argmax_in_graph", c.argmax_in_graph},
             {"timed_threads", c.timed_threads},
-            {"packed_encoding", c.packed_encoding}};
+            {"packed_encoding", c.packed_encoding},
+            {"norm_rope_chain", c.norm_rope_chain}};
 }
 
 SystemInfo system_info() {
@@ -167,6 +197,7 @@ SystemInfo system_info() {
         info.registered_backends.emplace_back(ggml_backend_reg_name(reg));
         info.compiled_backends.emplace_back(ggml_backend_reg_name(reg));  // linked in: each registers itself
     }
+    info.unavailable_backends = cpu_backend::unavailable_backends();
     info.cpu_features = cpu_backend::features();
     for (const switches::Switch & sw : switches::all()) info.switches.push_back({sw.name, switches::value(sw.name), sw.what});
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {

@@ -151,7 +151,7 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
             } else {
                 tok_in = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, n * B);
                 ggml_set_input(tok_in);
-                x = get_rows(g.ctx, weights_->w.tok_embd, tok_in);
+                x = get_rows(g.ctx, weights_->w.tok_lookup, tok_in);
             }
             pos = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, n * B);
             rows = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I64, n * B);

@@ -277,11 +277,13 @@ std::pair<std::vector<float>, std::vector<float>> Model::encode_keep_encoder(con
 }
 
 int64_t Model::max_packed_sequences() const {
-    // Graph nodes: about 40 per layer for the pass itself, up to 20 more per layer for each packed sequence
-    // (its views, attention, FSMN memory and the joins).
+    // Tensors of the graph's context (nodes, views and leaves alike): about 40 per layer for the pass itself, and
+    // per layer for each packed sequence its views, attention, FSMN memory and joins: ggml's generic nodes (what a
+    // GPU runs: the FSMN as one shifted product per tap) took ~50 (the demo model on Vulkan: 50 sequences fit, 60
+    // overflowed the context), so 60 with a margin.
     const int64_t layers = hp_.enc.n_layers + hp_.adp.n_layers;
     const int64_t room = static_cast<int64_t>(kGraphSize) - 40 * layers - 64;
-    return std::max<int64_t>(1, room / (20 * std::max<int64_t>(1, layers)));
+    return std::max<int64_t>(1, room / (60 * std::max<int64_t>(1, layers)));
 }
 
 std::vector<std::pair<std::vector<float>, std::vector<float>>> Model::encode_batch(
@@ -371,7 +373,7 @@ std::vector<float> Model::embed(const std::vector<int32_t> & ids) {
     new_graph(g);
     ggml_tensor * idx = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, static_cast<int64_t>(ids.size()));
     ggml_set_input(idx);
-    ggml_tensor * out = get_rows(g.ctx, weights_->w.tok_embd, idx);
+    ggml_tensor * out = get_rows(g.ctx, weights_->w.tok_lookup, idx);
     ggml_set_output(out);
     ggml_build_forward_expand(g.gf, out);
     alloc_graph(g.gf);

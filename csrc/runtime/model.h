@@ -46,6 +46,16 @@ public:
     bool weights_mmapped() const { return weights_->mmapped; }
     size_t repacked_tensors() const { return weights_->repacked; }
     size_t q8_0_quads_tensors() const { return weights_->quads; }
+    // on a GPU: the matrices kept in host memory (their products run on the CPU), and whether the token ids'
+    // lookups run on the CPU (model/loader.cpp)
+    std::vector<std::string> host_weights() const {
+        std::vector<std::string> names;
+        for (const ggml_tensor * t : weights_->host_weights) names.emplace_back(t->name);
+        return names;
+    }
+    bool host_token_lookup() const { return weights_->w.tok_lookup != weights_->w.tok_embd ||
+                                            (weights_->host_buffer && !weights_->host_weights.empty() &&
+                                             weights_->w.tok_embd->buffer == weights_->host_buffer); }
     std::map<std::string, std::string> tensor_types() const;
     // threads = 0 (auto): all cores until decode steps have been timed, then the fastest count
     // (runtime/thread_chooser.h); threads() is then the most it uses, threads_now() the current pick.

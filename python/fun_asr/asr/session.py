@@ -33,6 +33,7 @@ from fun_asr.audio.decode import AudioInput, Limits, check_audio_input
 from fun_asr.audio.frontend import fake_token_len
 from fun_asr.converter.hub import DEFAULT_REPO, DEMO, resolve_model
 from fun_asr.model.demo import WORDS as _DEMO_WORDS
+from fun_asr.model.native import usable_device
 from fun_asr.speakers.diarize import RecordingSpeakers, SpeakerOptions
 from fun_asr.vad.native import FsmnVad
 
@@ -43,11 +44,8 @@ log = logging.getLogger("fun_asr")
 
 
 def _default_package(device: str) -> str:
-    if device not in ("auto", "cpu"):  # a GPU (check_device said it exists)
-        return "f16"
-    if device == "auto" and any(d["type"] in ("gpu", "igpu") for d in _core.system_info()["devices"]):
-        return "f16"
-    return "q8_0"
+    """F16 on a GPU, Q8_0 on the CPU (check_device said the device exists)."""
+    return "q8_0" if _core.check_device(device) == _core.check_device("cpu") else "f16"
 
 
 class Session(Pipeline):
@@ -90,6 +88,7 @@ class Session(Pipeline):
         if not isinstance(device, str):
             raise TypeError(f"device must be a string (auto, cpu, gpu[:N], cuda[:N], vulkan[:N], metal), got "
                             f"{type(device).__name__}")
+        device = usable_device(device)  # the CPU, saying why, where a shipped GPU backend has no driver here
         _core.check_device(device)  # before anything is downloaded or converted for it
         from_hub = not Path(model).expanduser().exists() and str(model) != DEMO  # the demo is local, VAD embedded
         self._model_arg = model

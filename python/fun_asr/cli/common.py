@@ -76,10 +76,11 @@ def check_model_free_options(args: argparse.Namespace, device: bool = True) -> N
     from fun_asr import _core
     from fun_asr.asr.options import check_hotwords
     from fun_asr.audio.decode import Limits
+    from fun_asr.model.native import usable_device
 
     try:
         if device:
-            _core.check_device(args.device)
+            _core.check_device(usable_device(args.device))
     except ValueError as exc:
         raise UsageError(f"--device {args.device}: {cli_words(str(exc))}") from None
     limits = Limits()

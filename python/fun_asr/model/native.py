@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,22 @@ from fun_asr.model.tensor_names import tensor_table
 
 _STORED = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 
+log = logging.getLogger("fun_asr")
+_said_fallback: set[str] = set()
+
+
+def usable_device(device: str) -> str:
+    """``device``, or ``"cpu"`` when it names a GPU backend that this build ships as a module but that gives no
+    device here (no driver, or a broken one: the module did not load or found no GPU); that is logged once, in
+    one line saying why. A device the build lacks altogether is left for ``check_device``'s error."""
+    why = _core.device_fallback(device)
+    if not why:
+        return device
+    if device not in _said_fallback:
+        _said_fallback.add(device)
+        log.warning("device %s is not usable here, running on the CPU: %s", device, why)
+    return "cpu"
+
 
 def load_model(path: str | os.PathLike[str], device: str = "cpu", threads: int = 0) -> _core.Model:
     """Loads a Fun-ASR-Nano model for inference.
@@ -22,13 +39,16 @@ def load_model(path: str | os.PathLike[str], device: str = "cpu", threads: int =
     ``path`` is a GGUF file made by ``fun-asr-convert``, a Hugging Face checkpoint directory
     (config.json + model*.safetensors + tokenizer.json) or a FunASR/ModelScope folder (model.pt +
     config.yaml + Qwen3-0.6B/; its CTC head is loaded when complete: ``info()["ctc"]``).
-    ``device``: ``cpu``, ``auto`` (the first GPU, else the CPU), ``gpu``/``gpu:N`` (any backend's), or a GPU
-    backend's name with an optional index (``cuda``, ``cuda:N``, ``vulkan``, ``metal``); ``threads``: CPU threads,
+    ``device``: ``cpu``, ``auto`` (the first GPU, else the CPU; never a software
+    Vulkan driver such as Mesa's llvmpipe), ``gpu``/``gpu:N`` (any backend's), or a GPU
+    backend's name with an optional index (``cuda``, ``cuda:N``, ``vulkan``, ``metal``: the CPU, with one logged
+    line saying why, where the build ships that backend but the machine has no driver for it); ``threads``: CPU threads,
     0 = auto (up to all cores; fewer when timed decode steps say that is faster, e.g. beside a busy process).
     """
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such file or directory (expected a .gguf file or a checkpoint folder)")
+    device = usable_device(device)
     if p.is_dir():
         return _load_checkpoint(p, device, threads)
     return _core.load_gguf(str(p), device=device, threads=threads)

@@ -1,0 +1,83 @@
+"""ggml's Vulkan backend as a module of the portable build: a machine without a Vulkan driver, or with a broken one,
+runs on the CPU with one line saying why; "auto" never takes a software driver; system_info lists the devices.
+
+Runs where this build ships libggml-vulkan.so (scripts/test.sh builds it where glslc and the Vulkan headers are);
+the device's own numbers and tokens are tests/test_model_parity.py's and tests/test_gpu.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fun_asr
+from fun_asr import _core
+from gpu import REQUIRED, VULKAN
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+SHIPPED = (Path(_core.__file__).parent / "libggml-vulkan.so").is_file()
+
+pytestmark = pytest.mark.skipif(not SHIPPED and "vulkan" not in REQUIRED,
+                                reason="this build has no Vulkan module (libggml-vulkan.so)")
+
+
+def _transcribe(env: dict[str, str], device: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fun_asr.cli.transcribe", "-m", "demo", "--device", device,
+                           str(EXAMPLES / "demo_1.wav")], capture_output=True, text=True,
+                          env={**os.environ, **env}, cwd=tmp_path, timeout=300)
+
+
+def test_module_is_shipped() -> None:
+    assert SHIPPED, f"no libggml-vulkan.so beside {_core.__file__}"
+
+
+@pytest.mark.parametrize("why,env", [
+    ("no driver", {"VK_ICD_FILENAMES": "/nonexistent/icd.json", "VK_DRIVER_FILES": "/nonexistent/icd.json"}),
+    ("a broken driver", {"VK_ICD_FILENAMES": "BROKEN", "VK_DRIVER_FILES": "BROKEN"}),
+])
+def test_vulkan_without_a_working_driver_runs_on_the_cpu(why: str, env: dict[str, str], tmp_path: Path) -> None:
+    """`--device vulkan` where the Vulkan loader finds no driver, or one whose library is not there: the CPU's
+    transcript, and one line on stderr that names the device, the CPU and why."""
+    if env["VK_ICD_FILENAMES"] == "BROKEN":
+        icd = tmp_path / "broken_icd.json"
+        icd.write_text(json.dumps({"file_format_version": "1.0.0",
+                                   "ICD": {"library_path": str(tmp_path / "libvulkan_missing.so"),
+                                           "api_version": "1.3.0"}}))
+        env = {k: str(icd) for k in env}
+    r = _transcribe(env, "vulkan", tmp_path)
+    assert r.returncode == 0, r.stderr
+    expected = dict(line.split(None, 1) for line in (EXAMPLES / "demo.txt").read_text().splitlines())["demo_1"]
+    assert r.stdout.strip() == expected.strip()
+    said = [line for line in r.stderr.splitlines() if "vulkan" in line.lower()]
+    assert len(said) == 1, r.stderr
+    assert "device vulkan is not usable here, running on the CPU: libggml-vulkan.so" in said[0], said
+    cpu = subprocess.run([sys.executable, "-c", "import fun_asr; print(fun_asr.system_info()['unavailable_backends'])"],
+                         capture_output=True, text=True, env={**os.environ, **env})
+    assert "'vulkan'" in cpu.stdout, cpu.stdout + cpu.stderr
+
+
+def test_a_missing_driver_is_not_an_error_for_other_devices(tmp_path: Path) -> None:
+    """auto and cpu say nothing about Vulkan; an index or a backend the build lacks is still an error."""
+    env = {"VK_ICD_FILENAMES": "/nonexistent/icd.json", "VK_DRIVER_FILES": "/nonexistent/icd.json"}
+    r = _transcribe(env, "auto", tmp_path)
+    assert r.returncode == 0 and "vulkan" not in r.stderr.lower(), r.stderr
+    r = _transcribe(env, "metal", tmp_path)
+    assert r.returncode != 0 and "--device metal" in r.stderr, r.stderr
+
+
+@VULKAN
+def test_auto_never_takes_a_software_driver() -> None:
+    """lavapipe is listed (GGML_VK_VISIBLE_DEVICES names it) and `vulkan` takes it; `auto` stays on the CPU."""
+    info = fun_asr.system_info()
+    vulkan = [d for d in info["devices"] if d["name"].lower().startswith("vulkan")]
+    assert vulkan and vulkan[0]["type"] in ("gpu", "igpu")
+    assert _core.check_device("vulkan") == vulkan[0]["name"]
+    if all("llvmpipe" in d["description"].lower() for d in vulkan):
+        assert _core.check_device("auto") == _core.check_device("cpu")
+        assert fun_asr.Session("demo", progress=False, vad=None).model.info()["backend"] == "CPU"
+    assert _core.device_fallback("vulkan") == ""
