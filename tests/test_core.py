@@ -153,3 +153,19 @@ def test_empty_rows_and_buffer_inputs() -> None:
     np.testing.assert_array_equal(x, y)
     y = _core.dequantize(np.frombuffer(_core.quantize(x, "f16"), np.uint8), "f16", (2, 32))
     np.testing.assert_array_equal(x, y)
+
+
+def test_float32_arrays_from_any_dtype_object_are_accepted(tiny_gguf) -> None:  # noqa: ANN001
+    """An unpickled float32 array carries its own dtype object (not numpy's canonical one): still float32, accepted;
+    big-endian float32 is not this machine's float32 and is refused with the conversion to use."""
+    import pickle
+
+    import fun_asr
+
+    model = fun_asr.load_model(tiny_gguf("f32"))
+    x = np.random.default_rng(0).standard_normal((7, 560)).astype(np.float32)
+    y = pickle.loads(pickle.dumps(x))
+    assert y.dtype is not np.dtype(np.float32)  # (the case: another dtype object)
+    np.testing.assert_array_equal(model.encode(y), model.encode(x))
+    with pytest.raises(TypeError, match=r"float32 array, got dtype >f4 \(convert with numpy.asarray"):
+        model.encode(x.astype(">f4"))

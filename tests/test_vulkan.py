@@ -81,3 +81,18 @@ def test_auto_never_takes_a_software_driver() -> None:
         assert _core.check_device("auto") == _core.check_device("cpu")
         assert fun_asr.Session("demo", progress=False, vad=None).model.info()["backend"] == "CPU"
     assert _core.device_fallback("vulkan") == ""
+
+
+@VULKAN
+def test_matrices_a_gpu_cannot_bind_stay_in_host_memory(tiny_gguf) -> None:  # noqa: ANN001
+    """lavapipe binds at most 128 MiB: the tiny model's F32 token embedding (151936 x 256 x 4 bytes) stays in host
+    memory, its products and lookups on the CPU, and the model still decodes (test_model_parity: its numbers); the
+    F16 one (78 MB) lives on the device."""
+    vulkan = [d for d in fun_asr.system_info()["devices"] if d["name"].lower().startswith("vulkan")]
+    if "llvmpipe" not in vulkan[0]["description"].lower():
+        pytest.skip("the 128 MiB binding limit is lavapipe's")
+    f32 = fun_asr.load_model(tiny_gguf("f32"), device="vulkan")
+    assert f32.info()["host_weights"] == ["token_embd.weight"] and f32.info()["host_token_lookup"]
+    f16 = fun_asr.load_model(tiny_gguf("f16"), device="vulkan")
+    assert f16.info()["host_weights"] == [] and not f16.info()["host_token_lookup"]
+    assert fun_asr.load_model(tiny_gguf("f32")).info()["host_weights"] == []  # (the CPU: everything is host memory)
