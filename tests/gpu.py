@@ -17,19 +17,21 @@ import fun_asr
 REQUIRED = {x.strip() for x in os.environ.get("FUN_ASR_TEST_REQUIRE", "").split(",") if x.strip()}
 
 
-def _backend_has_device(backend: str) -> bool:
-    info = fun_asr.system_info()
-    return any(d["type"] in ("gpu", "igpu") and d["name"].lower().startswith(backend) for d in info["devices"])
+def backend_gpus(backend: str) -> list[dict]:
+    """system_info()'s GPU devices of one backend ("cuda", "vulkan"), in ggml's order."""
+    return [d for d in fun_asr.system_info()["devices"]
+            if d["type"] in ("gpu", "igpu") and d["name"].lower().startswith(backend)]
 
 
 def gpu_available() -> bool:
     """This build has ggml's CUDA backend and the machine a GPU it can use."""
-    return "CUDA" in fun_asr.system_info()["compiled_backends"] and _backend_has_device("cuda")
+    return "CUDA" in fun_asr.system_info()["compiled_backends"] and bool(backend_gpus("cuda"))
 
 
 def vulkan_available() -> bool:
-    """This build ships ggml's Vulkan backend and it found a device (a GPU, or lavapipe where conftest names it)."""
-    return _backend_has_device("vulkan")
+    """This build ships ggml's Vulkan backend and it found a device (a GPU, or lavapipe where
+    GGML_VK_VISIBLE_DEVICES names it)."""
+    return bool(backend_gpus("vulkan"))
 
 
 def require_named_devices() -> None:

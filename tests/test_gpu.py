@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import fun_asr
-from gpu import GPU_DEVICES
+from gpu import GPU_DEVICES, backend_gpus
 from trained_model import heldout_audio
 
 BACKEND = {"cuda": "CUDA", "vulkan": "Vulkan"}  # the backend name info() gives for each device
@@ -64,7 +64,6 @@ def test_gpu_device_index_and_info(device: str) -> None:
     s = fun_asr.Session("demo", device=f"{device}:0", progress=False, vad=None)
     info = s.model.info()
     assert info["backend"].startswith(BACKEND[device]) and info["weight_bytes"] > 0
-    n_gpus = sum(d["type"] in ("gpu", "igpu") and d["name"].lower().startswith(device)
-                 for d in fun_asr.system_info()["devices"])
+    n_gpus = len(backend_gpus(device))
     with pytest.raises(ValueError, match=f"only {n_gpus} GPU"):
         fun_asr.Session("demo", device=f"{device}:{n_gpus}", progress=False, vad=None)

@@ -17,7 +17,8 @@ import pytest
 
 import fun_asr
 from fun_asr import _core
-from gpu import REQUIRED, VULKAN
+from gpu import REQUIRED, VULKAN, backend_gpus
+from test_demo import _references
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SHIPPED = (Path(_core.__file__).parent / "libggml-vulkan.so").is_file()
@@ -51,8 +52,7 @@ def test_vulkan_without_a_working_driver_runs_on_the_cpu(why: str, env: dict[str
         env = {k: str(icd) for k in env}
     r = _transcribe(env, "vulkan", tmp_path)
     assert r.returncode == 0, r.stderr
-    expected = dict(line.split(None, 1) for line in (EXAMPLES / "demo.txt").read_text().splitlines())["demo_1"]
-    assert r.stdout.strip() == expected.strip()
+    assert r.stdout.strip() == _references()["demo_1"]
     said = [line for line in r.stderr.splitlines() if "vulkan" in line.lower()]
     assert len(said) == 1, r.stderr
     assert "device vulkan is not usable here, running on the CPU: libggml-vulkan.so" in said[0], said
@@ -73,9 +73,8 @@ def test_a_missing_driver_is_not_an_error_for_other_devices(tmp_path: Path) -> N
 @VULKAN
 def test_auto_never_takes_a_software_driver() -> None:
     """lavapipe is listed (GGML_VK_VISIBLE_DEVICES names it) and `vulkan` takes it; `auto` stays on the CPU."""
-    info = fun_asr.system_info()
-    vulkan = [d for d in info["devices"] if d["name"].lower().startswith("vulkan")]
-    assert vulkan and vulkan[0]["type"] in ("gpu", "igpu")
+    vulkan = backend_gpus("vulkan")
+    assert vulkan
     assert _core.check_device("vulkan") == vulkan[0]["name"]
     if all("llvmpipe" in d["description"].lower() for d in vulkan):
         assert _core.check_device("auto") == _core.check_device("cpu")
@@ -88,8 +87,7 @@ def test_matrices_a_gpu_cannot_bind_stay_in_host_memory(tiny_gguf) -> None:  # n
     """lavapipe binds at most 128 MiB: the tiny model's F32 token embedding (151936 x 256 x 4 bytes) stays in host
     memory, its products and lookups on the CPU, and the model still decodes (test_model_parity: its numbers); the
     F16 one (78 MB) lives on the device."""
-    vulkan = [d for d in fun_asr.system_info()["devices"] if d["name"].lower().startswith("vulkan")]
-    if "llvmpipe" not in vulkan[0]["description"].lower():
+    if "llvmpipe" not in backend_gpus("vulkan")[0]["description"].lower():
         pytest.skip("the 128 MiB binding limit is lavapipe's")
     f32 = fun_asr.load_model(tiny_gguf("f32"), device="vulkan")
     assert f32.info()["host_weights"] == ["token_embd.weight"] and f32.info()["host_token_lookup"]

@@ -556,8 +556,9 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
                                     });
     }
     out->w = bind_weights(out->ctx, hp);
-    const bool embd_on_host = out->host_buffer && ggml_backend_buffer_is_host(out->w.tok_embd->buffer);
-    if (!is_cpu && !embd_on_host && !device_runs(dev, out->w.tok_embd, true)) {
+    out->host_token_lookup = std::find(out->host_weights.begin(), out->host_weights.end(), out->w.tok_embd) !=
+                             out->host_weights.end();
+    if (!is_cpu && !out->host_token_lookup && !device_runs(dev, out->w.tok_embd, true)) {
         // The token ids' lookups run on the CPU, from a host copy (the graph hands the rows over to the device);
         // the device's copy stays the output projection's matrix when tied.
         ggml_tensor * host = ggml_dup_tensor(out->ctx, out->w.tok_embd);
@@ -566,6 +567,7 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
                                            "cannot allocate the token embedding's host copy",
                                            "token embedding allocation failed", copy);
         out->w.tok_lookup = host;
+        out->host_token_lookup = true;
     }
     return out;
 }

@@ -66,6 +66,7 @@ struct LoadedWeights {
     ggml_backend_buffer_t lookup_buffer = nullptr;  // a GPU that cannot get_rows the token embedding: its host copy
     ggml_backend_buffer_t host_buffer = nullptr;    // a GPU: the matrices it cannot multiply (too large to bind)
     std::vector<ggml_tensor *> host_weights;        // those matrices (their products run on the CPU)
+    bool host_token_lookup = false;                 // a GPU: token lookups read host memory (either of the above)
     std::shared_ptr<MappedFile> file;  // kept alive when the buffer maps it
     Weights w;
     size_t bytes = 0;

@@ -53,9 +53,7 @@ public:
         for (const ggml_tensor * t : weights_->host_weights) names.emplace_back(t->name);
         return names;
     }
-    bool host_token_lookup() const { return weights_->w.tok_lookup != weights_->w.tok_embd ||
-                                            (weights_->host_buffer && !weights_->host_weights.empty() &&
-                                             weights_->w.tok_embd->buffer == weights_->host_buffer); }
+    bool host_token_lookup() const { return weights_->host_token_lookup; }
     std::map<std::string, std::string> tensor_types() const;
     // threads = 0 (auto): all cores until decode steps have been timed, then the fastest count
     // (runtime/thread_chooser.h); threads() is then the most it uses, threads_now() the current pick.
