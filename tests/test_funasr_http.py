@@ -61,8 +61,12 @@ def test_asr_answers_as_funasr(client: TestClient, demo: fun_asr.Session, three:
     want = demo.transcribe(three, max_new_tokens=MAX_NEW)
     assert got["text"] == want.text and got["text"].split() and len(got["segments"]) == 3
     for seg, w in zip(got["segments"], want.segments, strict=True):
-        assert set(seg) == {"text", "start", "end"}  # no words: this model has no CTC head; no speaker
+        # no words: this model has no CTC head; no speaker; fun-asr's confidence fields (FunASR's clients read
+        # named keys only)
+        assert set(seg) == {"text", "start", "end", "avg_logprob", "compression_ratio", "no_speech_prob"}
         assert seg["text"] == w.text and seg["start"] == round(w.start, 3) and seg["end"] == round(w.end, 3)
+        assert seg["avg_logprob"] == w.avg_logprob < 0 and seg["compression_ratio"] == w.compression_ratio > 0
+        assert 0 <= seg["no_speech_prob"] == w.no_speech_prob < 0.5  # the VAD heard speech there
         assert isinstance(seg["start"], float) and isinstance(seg["end"], float)
     assert isinstance(got["duration"], float) and got["duration"] == want.duration
     assert isinstance(got["processing_time"], float) and isinstance(got["rtf"], float)
@@ -234,9 +238,11 @@ def test_asr_words_and_verbose_json_segment_words(nano: dict[str, Path]) -> None
         files = {"file": ("a.wav", clip.read_bytes())}
         got = c.post("/asr", files=files).json()  # timestamp defaults to true, as FunASR's
         for seg, w in zip(got["segments"], want.segments, strict=True):
-            assert seg["words"] == [{"word": x["word"], "start": x["start"], "end": x["end"]} for x in w.words]
+            assert seg["words"] == [{"word": x["word"], "start": x["start"], "end": x["end"],
+                                     "probability": x["probability"]} for x in w.words]
+            assert all(0 < x["probability"] <= 1 for x in seg["words"])  # the decoder's, of the tokens spelling it
         assert c.post("/asr", files=files, data={"timestamp": "false"}).json()["segments"][0].keys() == {
-            "text", "start", "end"}
+            "text", "start", "end", "avg_logprob", "compression_ratio", "no_speech_prob"}
         v = c.post("/v1/audio/transcriptions", files=files,
                    data={"response_format": "verbose_json", "timestamp_granularities[]": "word"}).json()
         assert v["words"] and [x for s in v["segments"] for x in s["words"]] == v["words"]  # FunASR + OpenAI

@@ -176,3 +176,39 @@ def test_stream_deltas_add_up_for_any_mix_of_scripts(language: str | None) -> No
     assert len(deltas) == sum(1 for p in pieces if p) and "".join(deltas) == t.text
     assert events[-1] == {"type": "transcript.text.done", "text": t.text, "truncated": False,
                           "input_truncated": False}
+
+
+def test_sdk_confidence_fields_and_logprobs(server: str, demo: fun_asr.Session, three: Path) -> None:
+    """Through the official SDK: verbose_json segments' avg_logprob (<= 0), compression_ratio (> 0) and
+    no_speech_prob (in [0, 1]) as floats; include=["logprobs"] gives OpenAI's {token, logprob, bytes} list for json,
+    verbose_json and the stream's events, token for token the transcript's."""
+    want = demo.transcribe(three, max_new_tokens=MAX_NEW)
+    client = _client(server)
+    with three.open("rb") as f:
+        v = client.audio.transcriptions.create(model="fun-asr-nano", file=f, response_format="verbose_json")
+    assert len(v.segments) == len(want.segments) == 3
+    for seg, w in zip(v.segments, want.segments, strict=True):
+        assert isinstance(seg.avg_logprob, float) and seg.avg_logprob <= 0 and seg.avg_logprob == w.avg_logprob
+        assert isinstance(seg.compression_ratio, float) and seg.compression_ratio > 0
+        assert isinstance(seg.no_speech_prob, float) and 0 <= seg.no_speech_prob <= 1
+    with three.open("rb") as f:
+        j = client.audio.transcriptions.create(model="fun-asr-nano", file=f, include=["logprobs"])
+    tokens = [t for s in want.segments for t in s.tokens if t not in demo.stop_ids]
+    lps = [lp for s in want.segments for t, lp in zip(s.tokens, s.token_logprobs, strict=True)
+           if t not in demo.stop_ids]
+    assert j.text == want.text and j.logprobs is not None and len(j.logprobs) == len(tokens)
+    assert [e.logprob for e in j.logprobs] == lps and all(e.logprob <= 0 for e in j.logprobs)
+    # (the SDK declares the json answer's bytes as floats)
+    assert [bytes(int(b) for b in e.bytes) for e in j.logprobs] == [demo.tokenizer.token_bytes(t) for t in tokens]
+    assert "".join(e.token for e in j.logprobs).replace(" ", "") == want.text.replace(" ", "")
+    with three.open("rb") as f:
+        vj = client.audio.transcriptions.create(model="fun-asr-nano", file=f, response_format="verbose_json",
+                                                include=["logprobs"])
+    assert [e["logprob"] for e in vj.model_extra["logprobs"]] == lps
+    with three.open("rb") as f:
+        events = list(client.audio.transcriptions.create(model="fun-asr-nano", file=f, stream=True,
+                                                         include=["logprobs"]))
+    per_delta = [[e.logprob for e in ev.logprobs] for ev in events[:-1]]
+    assert sum(per_delta, []) == [e.logprob for e in events[-1].logprobs] == lps
+    with three.open("rb") as f, pytest.raises(openai.BadRequestError, match="include"):
+        client.audio.transcriptions.create(model="fun-asr-nano", file=f, response_format="srt", include=["logprobs"])

@@ -513,6 +513,9 @@ void bind_model(py::module_ & m) {
         .def("last_token_logprobs", &Model::last_token_logprobs,
              "Per sequence of the last generate_batch/generate (with token_logprobs on): the log-probability of "
              "each token it returned, in order.")
+        .def("token_logprobs_of", &Model::token_logprobs_of, py::arg("index"),
+             "Sequence `index`'s token log-probabilities of the running or last generate_batch (with "
+             "token_logprobs on; inside on_done: all of that sequence's), [] when off.")
         .def("last_logit_digests", &Model::last_logit_digests,
              "Per sequence of the last generate_batch/generate (with logit_digests on): one digest (FNV-1a of "
              "the float32 bits) per produced token's logits row, [] when off.")

@@ -39,6 +39,10 @@ struct DeviceCaps {
     // The greedy choice (the maximum of each sequence's logits) is a node of the step's graph: only the token ids
     // come back from the device (the CPU: fun-asr's op, the first maximum; elsewhere ggml's ARGMAX).
     bool argmax_in_graph = true;
+    // With the choice, its log-probability (log softmax at the chosen token) is computed in the step's graph too:
+    // on the CPU by fun-asr's op, elsewhere as ggml's SOFT_MAX read at the ARGMAX (one float per sequence comes
+    // back, the log taken on the host). Otherwise the logits come back and the host computes it.
+    bool logprob_in_graph = true;
     // The thread count may be chosen by timing decode steps (the CPU computes every node).
     bool timed_threads = true;
     // Several segments' encoder passes run faster as one packed graph (Model::encode_batch): a device whose cost

@@ -152,6 +152,22 @@ bool runs_argmax(ggml_backend_dev_t dev) {
     return ok;
 }
 
+// Whether dev computes the chosen token's probability beside ARGMAX: SOFT_MAX over F32 rows, then GET_ROWS of
+// each row's element at its argmax (Model::run_decoder).
+bool runs_chosen_probability(ggml_backend_dev_t dev) {
+    ggml_init_params ip{ggml_tensor_overhead() * 8, nullptr, /*no_alloc=*/true};
+    ggml_context * ctx = ggml_init(ip);
+    if (!ctx) return false;
+    constexpr int64_t kProbeWidth = 4096, kProbeRows = 8;
+    ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, kProbeWidth, kProbeRows);
+    ggml_tensor * probs = ggml_soft_max(ctx, logits);
+    ggml_tensor * at = ggml_reshape_2d(ctx, ggml_argmax(ctx, logits), 1, kProbeRows);
+    ggml_tensor * chosen = ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, kProbeWidth, kProbeRows), at);
+    const bool ok = ggml_backend_dev_supports_op(dev, probs) && ggml_backend_dev_supports_op(dev, chosen);
+    ggml_free(ctx);
+    return ok;
+}
+
 }  // namespace
 
 DeviceCaps device_caps(ggml_backend_dev_t dev) {
@@ -169,6 +185,9 @@ DeviceCaps device_caps(ggml_backend_dev_t dev) {
     caps.graph_reuse = true;
     // The greedy choice: fun-asr's argmax op on the CPU, ggml's ARGMAX where the device runs it (ggml says).
     caps.argmax_in_graph = caps.host || runs_argmax(dev);
+    // The chosen token's log-probability beside it (token_logprobs): fun-asr's op on the CPU; elsewhere the
+    // softmax's value at the argmax, read back with the choice (the logits stay on the device).
+    caps.logprob_in_graph = caps.host || (caps.argmax_in_graph && runs_chosen_probability(dev));
     caps.timed_threads = caps.host;  // a GPU's CPU fallback keeps every thread
     caps.packed_encoding = !caps.host;
     caps.norm_rope_chain = lower(ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev))) != "vulkan";
@@ -182,6 +201,7 @@ std::vector<std::pair<std::string, bool>> caps_fields(const DeviceCaps & c) {
             {"ssm_conv_any_width", c.ssm_conv_any_width},
             {"graph_reuse", c.graph_reuse},
             {"argmax_in_graph", c.argmax_in_graph},
+            {"logprob_in_graph", c.logprob_in_graph},
             {"timed_threads", c.timed_threads},
             {"packed_encoding", c.packed_encoding},
             {"norm_rope_chain", c.norm_rope_chain}};

@@ -126,16 +126,18 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     StepGraph & sg = step_graph_;
     const bool step_pass = n == 1 && !verify && !embeddings;  // a decode step
     bool reuse = step_pass && step_graph_reusable();
-    const bool want_logprob = choice_logprobs != nullptr && caps_.host;  // (elsewhere: on the host, from the logits)
+    // (where the graph cannot: on the host, from the logits)
+    const bool want_logprob = choice_logprobs != nullptr && caps_.logprob_in_graph;
     const bool hit = reuse && sg.valid && sg.B == B && sg.slot0 == slot0 && sg.cache_epoch == kv_.epoch() &&
                      sg.with_logprob == want_logprob;
     GraphScope local;
     ggml_tensor *emb_in = nullptr, *tok_in = nullptr, *pos = nullptr, *rows = nullptr, *mask = nullptr, *logits = nullptr;
-    ggml_tensor * choice = nullptr;
+    ggml_tensor *choice = nullptr, *chosen_prob = nullptr;
     int64_t n_kv_graph = reuse ? kv_.capacity() : n_kv;  // a reusable step graph spans the whole cache
     ggml_cgraph * gf = nullptr;
     if (hit) {
         tok_in = sg.tok, pos = sg.pos, rows = sg.rows, mask = sg.mask, logits = sg.logits, choice = sg.choice;
+        chosen_prob = sg.chosen_prob;
         gf = sg.g.gf;
     } else {
         std::vector<int64_t> kv_lens(past.begin(), past.end());
@@ -164,7 +166,7 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
             logits = build_decoder(gc, g.gf, hp_, weights_->w, in);
             ggml_set_output(logits);
             ggml_build_forward_expand(g.gf, logits);
-            choice = nullptr;
+            choice = chosen_prob = nullptr;
             if (n == 1 && !verify && caps_.argmax_in_graph) {
                 // the greedy choice in the graph: B indices to copy out. fun-asr's op on the CPU (the first
                 // maximum, split over the threads), ggml's ARGMAX on other devices (the logits stay there).
@@ -172,8 +174,14 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
                     if (argmax_columns_supported(logits)) {
                         choice = want_logprob ? argmax_logprob_columns(g.ctx, logits) : argmax_columns(g.ctx, logits);
                     }
-                } else if (!choice_logprobs) {
+                } else if (want_logprob || !choice_logprobs) {
                     choice = ggml_argmax(g.ctx, logits);
+                    if (want_logprob) {  // softmax(logits)[choice] per sequence: [1, 1, B]
+                        ggml_tensor * probs = ggml_reshape_3d(g.ctx, ggml_soft_max(g.ctx, logits), 1, d.vocab, B);
+                        chosen_prob = ggml_get_rows(g.ctx, probs, ggml_reshape_2d(g.ctx, choice, 1, B));
+                        ggml_set_output(chosen_prob);
+                        ggml_build_forward_expand(g.gf, chosen_prob);
+                    }
                 }
                 if (choice) {
                     ggml_set_output(choice);
@@ -203,6 +211,7 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
         alloc_graph(gf);
         if (reuse) {
             sg.tok = tok_in, sg.pos = pos, sg.rows = rows, sg.mask = mask, sg.logits = logits, sg.choice = choice;
+            sg.chosen_prob = chosen_prob;
             sg.with_logprob = want_logprob;
             sg.B = B, sg.slot0 = slot0, sg.cache_epoch = kv_.epoch();
             sg.valid = true;
@@ -244,7 +253,15 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
     if (choice_logprobs) choice_logprobs->clear();
     if (choices && choice) {
         choices->resize(static_cast<size_t>(B));
-        if (want_logprob) {  // [index, logprob bits] per sequence (a reused graph was built the same way)
+        if (want_logprob && chosen_prob) {  // the softmax's value at each choice: its log here
+            ggml_backend_tensor_get(choice, choices->data(), 0, choices->size() * sizeof(int32_t));
+            std::vector<float> probs(static_cast<size_t>(B));
+            ggml_backend_tensor_get(chosen_prob, probs.data(), 0, probs.size() * sizeof(float));
+            choice_logprobs->resize(static_cast<size_t>(B));
+            for (size_t b = 0; b < static_cast<size_t>(B); ++b) {
+                (*choice_logprobs)[b] = static_cast<float>(std::log(static_cast<double>(probs[b])));
+            }
+        } else if (want_logprob) {  // [index, logprob bits] per sequence (a reused graph was built the same way)
             std::vector<int32_t> pairs(static_cast<size_t>(2 * B));
             ggml_backend_tensor_get(choice, pairs.data(), 0, pairs.size() * sizeof(int32_t));
             choice_logprobs->resize(static_cast<size_t>(B));

@@ -207,11 +207,18 @@ public:
     bool logit_digests() const { return logit_digests_on_; }
     std::vector<std::vector<uint64_t>> last_logit_digests() const { return digests_; }
     // With token log-probabilities on, generate_batch keeps, per sequence, the log-probability of every token
-    // it took (log softmax of its logits row at the token: kernels/decoder_fused chosen_logprob; computed in the
-    // step's graph beside the greedy choice on the CPU, on the host from the logits elsewhere).
+    // it took (log softmax of its logits row at the token: kernels/decoder_fused chosen_logprob). A decode step
+    // computes it in its graph beside the greedy choice (the CPU: fun-asr's op; a GPU: ggml's softmax read at the
+    // argmax, DeviceCaps::logprob_in_graph); the host computes it from the logits after a prefill, in
+    // verification passes and where the device cannot.
     void set_token_logprobs(bool on) { token_logprobs_on_ = on; }
     bool token_logprobs() const { return token_logprobs_on_; }
     std::vector<std::vector<float>> last_token_logprobs() const { return logprobs_; }
+    // Sequence `index`'s so far (generate_batch's done callback: all of that sequence's); empty when off.
+    std::vector<float> token_logprobs_of(int64_t index) const {
+        return index >= 0 && index < static_cast<int64_t>(logprobs_.size()) ? logprobs_[static_cast<size_t>(index)]
+                                                                            : std::vector<float>{};
+    }
 
     // Per-node profile (FUN_ASR_PROFILE=1 at load, or set_profiling(true)): every graph node is
     // computed on its own and timed; totals per "stage/op" key (stage = the node name's first part:
@@ -283,7 +290,8 @@ private:
         GraphScope g;
         ggml_tensor *tok = nullptr, *pos = nullptr, *rows = nullptr, *mask = nullptr, *logits = nullptr;
         ggml_tensor * choice = nullptr;  // argmax_columns of the logits, or null
-        bool with_logprob = false;       // choice is argmax_logprob_columns
+        bool with_logprob = false;       // with the choice's log-probability (CPU: choice is argmax_logprob_columns)
+        ggml_tensor * chosen_prob = nullptr;  // elsewhere: the softmax at each choice, or null
         int64_t B = 0, slot0 = 0;
         uint64_t cache_epoch = 0;  // its K/V views span this allocation's capacity
         bool valid = false;

@@ -28,7 +28,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
@@ -38,7 +38,7 @@ import numpy as np
 from fun_asr.notices import Notice
 
 __all__ = ["CtcAligner", "CtcTokenizer", "TokenTime", "align", "align_ids", "align_segments", "draft_text",
-           "forced_align", "funasr_text", "greedy_ids", "merge_labels"]
+           "forced_align", "funasr_text", "funasr_text_origin", "greedy_ids", "merge_labels"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,26 @@ def funasr_text(response: str) -> str:
     """FunASR's ``result["text"]`` from the decoded LLM output: ``/sil`` -> space, whitespace runs -> one
     space (not stripped). This is the text FunASR aligns."""
     return re.sub(r"\s+", " ", response.replace("/sil", " "))
+
+
+def funasr_text_origin(response: str) -> tuple[str, list[int]]:
+    """:func:`funasr_text` of ``response`` and, for each of its characters, the position in ``response`` of the
+    character it came from (a collapsed run of white space: its first)."""
+    chars: list[str] = []
+    origin: list[int] = []
+    i = 0
+    while i < len(response):
+        if response.startswith("/sil", i) or response[i].isspace():
+            start = i
+            while i < len(response) and (response.startswith("/sil", i) or response[i].isspace()):
+                i += 4 if response.startswith("/sil", i) else 1
+            chars.append(" ")
+            origin.append(start)
+        else:
+            chars.append(response[i])
+            origin.append(i)
+            i += 1
+    return "".join(chars), origin
 
 
 # -- the CTC tokenizer (tiktoken-compatible BPE) --------------------------------------------------
@@ -330,17 +350,25 @@ def draft_text(labels: np.ndarray, blank: int, tokenizer: CtcTokenizer) -> str:
 
 
 def align_segments(aligner: CtcAligner, logprobs: Callable[[np.ndarray], np.ndarray], item: Any,
-                   text_of: Callable[[list[int]], str]) -> None:
+                   text_of: Callable[[list[int]], str], token_bytes: Callable[[int], bytes] | None = None,
+                   stop_ids: Sequence[int] = ()) -> None:
     """Word (CTC token) timestamps of a recording's decoded segments: FunASR 1.4.16's forced alignment of the
     LLM's text (``text_of(segment.tokens)``, not stripped) on the CTC head's posteriors (``logprobs`` of each
     segment's encoder output, kept in ``item.enc_out`` since it was encoded: no second encoder pass), into
     ``segment.words``. A segment with text whose alignment fails (FunASR then has no times either) keeps
     ``words == []`` and the recording gets ``word_timestamps_failed``; its subtitle is one segment-level cue.
-    The kept encoder outputs are released."""
+    With ``token_bytes`` (the decoder tokenizer's) each word also gets the decoder's ``probability`` of the tokens
+    that spell it (:func:`fun_asr.asr.confidence.word_probabilities`). The kept encoder outputs are released."""
+    from fun_asr.asr.confidence import word_probabilities
+
     for si, enc in item.enc_out.items():
         seg = item.segments[si]
         times = aligner.align_text(logprobs(enc), text_of(seg.tokens), offset_ms=int(round(seg.start * 1000)))
         seg.words = [{"word": t.text, "start": t.start, "end": t.end, "score": t.score} for t in times]
+        if token_bytes is not None and seg.token_logprobs is not None and seg.words:
+            kept = [(t, lp) for t, lp in zip(seg.tokens, seg.token_logprobs, strict=True) if t not in stop_ids]
+            word_probabilities(seg.words, [aligner.tokenizer.decoder.get(t.token_id, b"") for t in times],
+                               [t for t, _ in kept], [lp for _, lp in kept], token_bytes, funasr_text_origin)
         if seg.text.strip() and not any(w["word"].strip() for w in seg.words):
             item.warnings.append(Notice(
                 "word_timestamps_failed",

@@ -156,6 +156,15 @@ class _Cutter:
             k = self.vad.first_pending_frame()
             item.fbank.drop_before(k)
             item.samples.drop_before(k * self.shift)
+            self.vad.forget_before(k)
+
+    def no_speech_prob(self, a: int, b: int) -> float | None:
+        """Samples [a, b) (a span just decided): the VAD's mean silence probability over its frames; None
+        without a VAD (the pause splitter has no probabilities)."""
+        if self.vad is None:
+            return None
+        ms = SAMPLE_RATE // 1000
+        return self.vad.silence_probability(a // ms, -(-b // ms))
 
     def release(self) -> None:
         """The recording is done: nothing more is needed (len(item.samples) still counts its samples)."""

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fun_asr.asr.confidence import token_words
 from fun_asr.asr.ctc import CtcAligner, align_segments, draft_text
 from fun_asr.asr.cutting import _Item
 from fun_asr.asr.interrupts import RunningCalls
@@ -84,6 +85,8 @@ class Engine:
         if self.aligner is not None:  # its transcript has no punctuation: greedy's commas must not misalign it
             self.model.draft_skip = self.tokenizer.punctuation_ids(self.vocab_size)  # ~0.2 s, once
         self._told_no_ctc = False
+        # every token's log-probability, computed beside the greedy choice (Segment.token_logprobs)
+        self.model.token_logprobs = True
 
     def prompt_ids(self, opts: TranscribeOptions) -> tuple[list[int], list[int]]:
         lang_name = language_prompt_name(self.spec, opts.language)  # a name the model lacks: as written (FunASR)
@@ -128,10 +131,13 @@ class Engine:
                                                           max_new_tokens, stop, repetition_guard=opts.repetition_guard,
                                                           draft=list(draft) if draft else None)
             gen = self.model.last_generation()
+            logprobs = self.model.last_token_logprobs()[0]
         t2 = time.perf_counter()
         timings = {"encode_ms": (t1 - t0) * 1e3, "decode_ms": (t2 - t1) * 1e3}
         for key in ("decode_passes", "draft_proposed", "draft_accepted"):
             timings[key] = float(gen[key])
+        if logprobs:  # the tokens' mean log-probability, the stop token's included (Segment.avg_logprob)
+            timings["avg_logprob"] = sum(logprobs) / len(logprobs)
         return [t for t in tokens if t not in self.stop_ids], reason, timings
 
     def interrupt(self) -> bool:
@@ -287,8 +293,9 @@ class Engine:
                 continue
             del inputs
             stats = self.model.last_generation()
-            for (item, si, _), (tokens, reason) in zip(chunk, results, strict=True):
-                self._fill_segment(item, si, tokens, reason)
+            logprobs = self.model.last_token_logprobs()
+            for (item, si, _), (tokens, reason), lps in zip(chunk, results, logprobs, strict=True):
+                self._fill_segment(item, si, tokens, reason, lps)
                 item.timings["prefill_ms"] += stats["prefill_ms"] / len(chunk)
                 item.timings["decode_ms"] += stats["decode_ms"] / len(chunk)
                 if ctc_ms:
@@ -298,10 +305,13 @@ class Engine:
                         item.draft_stats[key] = item.draft_stats.get(key, 0) + int(stats[key])
         bar.close()
 
-    def _fill_segment(self, item: _Item, si: int, tokens: list[int], reason: str) -> None:
-        """A decoded segment's tokens, stop reason and text into its Segment."""
+    def _fill_segment(self, item: _Item, si: int, tokens: list[int], reason: str, logprobs: list[float]) -> None:
+        """A decoded segment's tokens, their log-probabilities, stop reason and text into its Segment."""
         seg = item.segments[si]
         seg.tokens, seg.stop_reason = tokens, reason
+        if len(logprobs) != len(tokens):
+            raise RuntimeError(f"the decoder gave {len(logprobs)} log-probabilities for {len(tokens)} tokens")
+        seg.token_logprobs = [float(x) for x in logprobs]
         seg.text = self.tokenizer.decode([t for t in tokens if t not in self.stop_ids]).strip()
         seg.truncated, seg.repetition = reason == "max_new_tokens", reason == "repetition"
 
@@ -316,8 +326,18 @@ class Engine:
             return
         for item in items:
             t0 = time.perf_counter()
-            align_segments(self.aligner, self.model.ctc_logprobs_encoded, item, self._text_of)
+            align_segments(self.aligner, self.model.ctc_logprobs_encoded, item, self._text_of,
+                           self.tokenizer.token_bytes, self.stop_ids)
             item.timings["align_ms"] = item.timings.get("align_ms", 0.0) + (time.perf_counter() - t0) * 1e3
+
+    def _token_words(self, item: _Item) -> None:
+        """Each decoded segment's text as words with the decoder's probability (Segment.token_words)."""
+        for seg in item.segments:
+            if seg.token_logprobs is not None:
+                kept = [(t, lp) for t, lp in zip(seg.tokens, seg.token_logprobs, strict=True)
+                        if t not in self.stop_ids]
+                seg.token_words = token_words([t for t, _ in kept], [lp for _, lp in kept],
+                                              self.tokenizer.token_bytes)
 
     def _text_of(self, tokens: list[int]) -> str:
         """Decoded token ids, stop ids left out, not stripped (what FunASR aligns)."""

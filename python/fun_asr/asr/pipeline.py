@@ -275,7 +275,7 @@ class Pipeline(Engine):
 
             def done(index: int, tokens: list[int], reason: str) -> None:
                 item, si, t0 = owners[index]
-                self._fill_segment(item, si, tokens, reason)
+                self._fill_segment(item, si, tokens, reason, self.model.token_logprobs_of(index))
                 item.timings["decode_ms"] += (time.perf_counter() - t0) * 1e3  # its prefill and steps, shared
                 left[item.index] -= 1
                 if left[item.index] == 0:
@@ -321,6 +321,7 @@ class Pipeline(Engine):
                     break
                 for a, b in cutter.feed(block):
                     encode(item, a, b)
+                    item.segments[-1].no_speech_prob = cutter.no_speech_prob(a, b)
                 cutter.trim()
                 seconds = len(item.samples) // SAMPLE_RATE
                 if seconds > shown:
@@ -339,6 +340,7 @@ class Pipeline(Engine):
             else:
                 for a, b in cutter.finish():
                     encode(item, a, b)
+                    item.segments[-1].no_speech_prob = cutter.no_speech_prob(a, b)
                 if item.segmentation == "vad" and not item.spans:
                     item.empty_reason = "no_speech"
         finally:
@@ -378,5 +380,6 @@ class Pipeline(Engine):
             if opts.language not in self._told_languages and len(self._told_languages) < 256:
                 self._told_languages.add(opts.language)
                 log.warning("%s", unknown)
+        self._token_words(item)
         return assemble(item, opts, options, total_ms, self.spec, session_notes, warn)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from fun_asr.asr.confidence import avg_logprob, compression_ratio
 from fun_asr.asr.language import guess_language
 
 
@@ -17,19 +18,42 @@ class Segment:
     stop_reason: str  # eos | max_new_tokens | repetition
     truncated: bool  # hit max_new_tokens: the text may be cut
     repetition: bool  # the repetition guard stopped an n-gram loop
-    words: list[dict[str, Any]] | None = None  # word_timestamps: [{"word", "start", "end", "score"}] (s)
+    # word_timestamps: [{"word", "start", "end", "score", "probability"}] (s; score: the CTC head's, FunASR's;
+    # probability: the decoder's, as in token_words)
+    words: list[dict[str, Any]] | None = None
     speaker: int | None = None  # diarize: the speaker (0, 1, ... in order of first appearance; label SPK0, ...)
+    # the log-probability of each token in ``tokens`` (the stop token's included): log softmax of the decoder's
+    # logits at the token it took
+    token_logprobs: list[float] | None = None
+    # the mean FSMN-VAD silence probability over the segment's 10 ms frames (None: cut without a VAD)
+    no_speech_prob: float | None = None
+    # the text as words [{"word", "probability"}]: each the mean token probability of the tokens spelling it
+    # (fun_asr.asr.confidence.token_words); the words joined are the text before stripping
+    token_words: list[dict[str, Any]] | None = None
 
     @property
     def speaker_label(self) -> str | None:
         """``SPK0``, ``SPK1``, ... (FunASR's server labels), or None without diarization."""
         return None if self.speaker is None else f"SPK{self.speaker}"
 
+    @property
+    def avg_logprob(self) -> float | None:
+        """The mean of ``token_logprobs`` (Whisper's ``avg_logprob``: its end-of-text token counts too), <= 0;
+        None without tokens."""
+        return avg_logprob(self.token_logprobs)
+
+    @property
+    def compression_ratio(self) -> float:
+        """Whisper's compression ratio of the text (UTF-8 bytes / zlib-compressed bytes; > 2.4: repetitive)."""
+        return compression_ratio(self.text)
+
 
 def _segment_dict(s: Segment) -> dict[str, Any]:
     d = asdict(s)
     if d["speaker"] is None:  # no diarization: the segment has no speaker key
         del d["speaker"]
+    d["avg_logprob"] = s.avg_logprob
+    d["compression_ratio"] = s.compression_ratio
     return d
 
 

@@ -107,6 +107,8 @@ def split_at_speakers(segment: Any, label: int | None, timeline: list[tuple[floa
 
     parts = _pieces(segment.start, segment.end, timeline)
     tokens = [t for t in segment.tokens if t not in stop_ids]
+    logprobs = None if segment.token_logprobs is None else [
+        lp for t, lp in zip(segment.tokens, segment.token_logprobs, strict=True) if t not in stop_ids]
     if len(parts) < 2 or not tokens or not segment.text.strip():
         segment.speaker = label
         return [segment]
@@ -132,6 +134,7 @@ def split_at_speakers(segment: Any, label: int | None, timeline: list[tuple[floa
             out[-1].end = p[1]
             continue
         out.append(dataclasses.replace(segment, start=p[0], end=p[1], text=text.strip(), tokens=tokens[a:b],
+                                       token_logprobs=None if logprobs is None else logprobs[a:b],
                                        truncated=False, repetition=False, words=None, speaker=int(p[2])))
     if len(chosen) - 1 < len(parts) and out:  # fewer cuts than turns (no boundary left): the last part runs on
         out[-1].end = segment.end

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import inspect
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from fun_asr.asr.confidence import mean_logprob
 from fun_asr.asr.options import TranscribeOptions
 from fun_asr.asr.results import Transcription
 from fun_asr.audio.decode import SAMPLE_RATE
@@ -81,6 +83,13 @@ class StreamEvent:
     end: int  # ms
     tokens: list[int] = field(default_factory=list)
     speaker: int | None = None  # with a speaker tracker: the sentence's speaker (FunASR's "spk")
+    # a sentence's mean token log-probability (Segment.avg_logprob over its tokens), where the decoder gave one
+    avg_logprob: float | None = None
+
+    @property
+    def confidence(self) -> float | None:
+        """exp(avg_logprob): the geometric mean of the sentence's token probabilities, in (0, 1] (None without)."""
+        return None if self.avg_logprob is None else math.exp(self.avg_logprob)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"type": self.type, "text": self.text, "start": self.start, "end": self.end}
@@ -88,6 +97,8 @@ class StreamEvent:
             d["tokens"] = list(self.tokens)
             if self.speaker is not None:
                 d["spk"] = self.speaker
+            if self.avg_logprob is not None:
+                d["avg_logprob"] = self.avg_logprob
         return d
 
 
@@ -190,7 +201,7 @@ class Stream:
         self.sentences_speculated = 0  # closed sentences whose decode was the speculative partial's (no wait)
         # the last speculative decode: (start_ms, end_ms, options) of the sentence it assumed, its (text, tokens);
         # options: the stream's TranscribeOptions then (a server that changes them mid-sentence replaces them)
-        self._spec: tuple[tuple[int, int, Any], tuple[str, list[int]]] | None = None
+        self._spec: tuple[tuple[int, int, Any], tuple[Any, ...]] | None = None
         self._partial_seen_for: int | None = None
         self._commit_mark = 0  # samples received when the last utterance was committed (client endpoints)
         self._committed: list[StreamEvent] = []  # the last commit's sentence (client endpoints)
@@ -371,18 +382,19 @@ class Stream:
             return []
         spec, self._spec = self._spec, None
         if spec is not None and spec[0] == (start_ms, end_ms, self.opts):  # decoded already: same audio, options
-            decoded: tuple[str, list[int]] | None = (spec[1][0], list(spec[1][1]))
+            decoded: tuple[Any, ...] | None = spec[1]
             self.sentences_speculated += 1
         else:
             decoded = self._decode(audio, self.sopts.max_new_tokens, draft, partial=False)
         if decoded is None:
             raise RuntimeError("the stream's decoder skipped a closed sentence (only partials may be skipped)")
-        text, tokens = decoded
+        text, tokens = decoded[0], decoded[1]
         if self.postprocess is not None:
             text = self.postprocess(text)
         if not text.strip():
             return []
-        ev = StreamEvent("sentence", text, start_ms, end_ms, list(tokens))
+        ev = StreamEvent("sentence", text, start_ms, end_ms, list(tokens),
+                         avg_logprob=decoded[2] if len(decoded) > 2 else None)
         if self.speakers is not None:  # FunASR's assign_streaming: this sentence's windows, clustered with the last
             sentence = {"text": text, "start": start_ms, "end": end_ms}
             self.speakers.assign(audio, start_ms / 1000, end_ms / 1000, sentence)
@@ -406,7 +418,8 @@ class Stream:
             old = by_key.get((d["text"], int(d["start"]), int(d["end"])))
             out.append(StreamEvent("sentence", d["text"], int(d["start"]), int(d["end"]),
                                    list(old.tokens) if old is not None else [],
-                                   None if d.get("spk") is None else int(d["spk"])))
+                                   None if d.get("spk") is None else int(d["spk"]),
+                                   old.avg_logprob if old is not None else None))
         return out
 
     def _speculate(self) -> list[StreamEvent] | None:
@@ -431,8 +444,8 @@ class Stream:
             self.partials_skipped += 1
             return []
         self.partials_decoded += 1
-        text, tokens = decoded
-        self._spec = ((start_ms, end, self.opts), (text, list(tokens)))
+        text, tokens = decoded[0], decoded[1]
+        self._spec = ((start_ms, end, self.opts), (text, list(tokens), *decoded[2:]))
         return self._partial_event(text, tokens, start_ms)
 
     def _partial(self) -> list[StreamEvent]:
@@ -458,7 +471,7 @@ class Stream:
             self.partials_skipped += 1
             return []
         self.partials_decoded += 1
-        text, tokens = decoded
+        text, tokens = decoded[0], decoded[1]
         return self._partial_event(text, tokens, start * 1000 // SAMPLE_RATE)
 
     def _partial_event(self, text: str, tokens: list[int], start_ms: int) -> list[StreamEvent]:
@@ -505,14 +518,14 @@ class Stream:
         return fn(audio, max_new_tokens, **kwargs)
 
     def _decode_local(self, audio: np.ndarray, max_new_tokens: int,
-                      draft: list[int] | None = None) -> tuple[str, list[int]]:
+                      draft: list[int] | None = None) -> tuple[str, list[int], float | None]:
         o = self.opts
         seconds = min(self.session.max_segment_seconds, max(o.segment_seconds, audio.size / SAMPLE_RATE + 1.0))
         r = self.session.transcribe(audio, sample_rate=SAMPLE_RATE, language=o.language, itn=o.itn,
                                     hotwords=list(o.hotwords), max_new_tokens=max_new_tokens,
                                     segment_seconds=seconds, repetition_guard=o.repetition_guard, vad=False,
                                     draft=draft)
-        return r.text, [t for s in r.segments for t in s.tokens]
+        return r.text, [t for s in r.segments for t in s.tokens], mean_logprob(r.segments)
 
     # -- results -------------------------------------------------------------------------------------
 
@@ -525,12 +538,14 @@ class Stream:
         return 0.0
 
     def response(self, is_final: bool = False) -> dict[str, Any]:
-        """FunASR's realtime result: every closed sentence so far, the open one's partial text. Client
+        """FunASR's realtime result: every closed sentence so far (with fun-asr's ``confidence``:
+        :attr:`StreamEvent.confidence`, 4 places), the open one's partial text. Client
         endpoints: the final result (after commit() or close()) holds the committed utterance's sentence; the
         others hold none (FunASR's locked sentences are reset at each commit)."""
         shown = (self._committed if is_final else []) if self.client_endpoints else self.sentences
-        sentences = [{"text": s.text, "start": s.start, "end": s.end, **({} if s.speaker is None else
-                                                                          {"spk": s.speaker})} for s in shown]
+        sentences = [{"text": s.text, "start": s.start, "end": s.end,
+                      **({} if s.speaker is None else {"spk": s.speaker}),
+                      **({} if s.confidence is None else {"confidence": round(s.confidence, 4)})} for s in shown]
         if is_final:
             return {"sentences": sentences, "partial": "", "partial_start_ms": 0, "duration_ms": self.duration_ms,
                     "is_final": True}

@@ -10,6 +10,17 @@ from tokenizers import Tokenizer
 from fun_asr.asr.prompt import Run
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """The byte-level BPE's alphabet (GPT-2's, which Qwen's tokenizer uses): each byte is written as one
+    printable character, itself where it is printable Latin-1 (33-126, 161-172, 174-255), else code point 256 +
+    its rank among the others. Character -> byte."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    others = [b for b in range(256) if b not in set(printable)]
+    table = {chr(b): b for b in printable}
+    table.update({chr(256 + k): b for k, b in enumerate(others)})
+    return table
+
+
 class TextTokenizer:
     def __init__(self, tokenizer_json: str) -> None:
         self._tok = Tokenizer.from_str(tokenizer_json)
@@ -17,6 +28,27 @@ class TextTokenizer:
         self._added = added
         self._added_re = re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True))) \
             if added else None
+        self._special = {tid for tid, tok in self._tok.get_added_tokens_decoder().items() if tok.special}
+        decoder = self._tok.decoder
+        self._byte_level = decoder is not None and type(decoder).__name__ == "ByteLevel"
+        self._alphabet = _byte_level_alphabet() if self._byte_level else {}
+        self._bytes: dict[int, bytes] = {}
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The UTF-8 bytes a token stands for in decoded text (a piece of a character where the byte-level BPE
+        splits one; b"" for a special token, which decoding skips)."""
+        got = self._bytes.get(token_id)
+        if got is None:
+            if token_id in self._special:
+                got = b""
+            elif token_id in self._added.values() or not self._byte_level:
+                got = self._tok.decode([token_id], skip_special_tokens=True).encode("utf-8")
+            else:
+                piece = self._tok.id_to_token(token_id) or ""
+                got = bytes(self._alphabet[c] for c in piece if c in self._alphabet)
+            if len(self._bytes) < 1 << 20:
+                self._bytes[token_id] = got
+        return got
 
     def encode(self, text: str) -> list[int]:
         """Token ids of trusted text: added tokens written in it (<|im_start|>, ...) map to their ids."""

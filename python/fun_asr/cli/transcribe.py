@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--word-timestamps", action="store_true",
                     help="per-word (CTC token) times from the checkpoint's CTC head, as FunASR: in json, and srt/vtt "
                          "get one cue per word (the ModelScope checkpoint has the head; the Hugging Face one does not)")
+    ap.add_argument("--mark-below", type=float, default=None, metavar="P",
+                    help="in txt/srt/vtt, write each word whose probability (the recognizer's own, 0-1) is below P "
+                         "as (word?), for review; json always has each word's probability")
     ap.add_argument("--batch-size", type=int, default=8,
                     help="segments decoded together across files (default 8; 1 = one by one)")
     ap.add_argument("--stream", action="store_true",
@@ -108,6 +111,11 @@ def check_options(args: argparse.Namespace) -> None:
     """Everything that can be checked without the model, once, before it loads."""
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be 1 or more, got {args.batch_size}")
+    if args.mark_below is not None and not 0.0 <= args.mark_below <= 1.0:
+        raise UsageError(f"--mark-below must be a probability from 0 to 1, got {args.mark_below}")
+    if args.mark_below is not None and args.stream:
+        raise UsageError("--mark-below marks the words of file transcripts; --stream prints sentences as they close "
+                         "(-f json: each sentence's avg_logprob)")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be 1 or more, got {args.max_new_tokens}")
     chunked_stream = args.stream and args.stream_mode == "chunked"

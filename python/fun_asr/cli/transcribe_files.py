@@ -179,7 +179,7 @@ def emit(result, shown: str, base: str, args: argparse.Namespace, out_dir: Path 
         if fmt == "json":  # always one compact object per line: `*.wav -f json > all.jsonl` is JSONL for any count
             text = json.dumps({"input": shown, **result.to_dict()}, ensure_ascii=False) + "\n"
         else:
-            text = render(result, fmt, words=args.word_timestamps)
+            text = render(result, fmt, words=args.word_timestamps, mark_below=args.mark_below)
             if several and fmt == "txt":
                 text = f"{shown}: {text}"
         sys.stdout.write(text)
@@ -191,7 +191,7 @@ def emit(result, shown: str, base: str, args: argparse.Namespace, out_dir: Path 
         if fmt == "json":
             text = json.dumps({"input": shown, **result.to_dict()}, ensure_ascii=False, indent=2) + "\n"
         else:
-            text = render(result, fmt, words=args.word_timestamps)
+            text = render(result, fmt, words=args.word_timestamps, mark_below=args.mark_below)
         write_atomic(path, text, overwrite=args.overwrite)
         written.append(str(path))
     if not args.quiet:

@@ -47,7 +47,7 @@ _SYSTEM_INFO = "(this build's backends: see fun_asr.system_info())"
 # message may spell these as name=value, the way a client writes them
 REQUEST_FIELDS = frozenset({
     "file", "model", "language", "prompt", "response_format", "temperature", "stream", "itn", "hotwords", "spk",
-    "timestamp_granularities", "timestamp", "silence_schedule", "dynamic_silence", "max_end_silence_time",
+    "timestamp_granularities", "include", "timestamp", "silence_schedule", "dynamic_silence", "max_end_silence_time",
     "api_key", "mode", "chunk_size", "chunk_interval", "encoder_chunk_look_back", "decoder_chunk_look_back",
     "wav_name", "wav_format", "audio_fs", "is_speaking", "is_finished", "is_end", "svs_itn", "svs_lang"})
 _FIELD_BOOL = re.compile(rf"\b({'|'.join(sorted(REQUEST_FIELDS))})=(True|False)\b")

@@ -182,10 +182,29 @@ class OfflineVad:
         self.n_samples = 0
         self._net = 0  # frames through the network
         self._closed = False
+        self._sil = np.zeros(0, np.float64)  # each frame's silence probability, from frame self._sil_base on
+        self._sil_base = 0
 
     def first_pending_frame(self) -> int:
         """No segment still to be returned starts before this fbank frame."""
         return self._chunks.det.first_pending_frame()
+
+    def silence_probability(self, start_ms: int, end_ms: int) -> float | None:
+        """The mean silence probability (the network's silence column, which the detector compares with
+        ``speech_noise_thres``) over the frames that start in [start_ms, end_ms): a returned segment's
+        ``no_speech_prob``. None when none of those frames is held (before :meth:`forget_before`'s frame)."""
+        shift = self.cfg.frontend.frame_shift
+        a = max(-(-int(start_ms) // shift), self._sil_base)
+        b = min(-(-int(end_ms) // shift), self._sil_base + self._sil.size)
+        if b <= a:
+            return None
+        return float(np.mean(self._sil[a - self._sil_base : b - self._sil_base], dtype=np.float64))
+
+    def forget_before(self, frame: int) -> None:
+        """Frames before ``frame`` are no longer asked about (:meth:`silence_probability`)."""
+        drop = min(frame - self._sil_base, self._sil.size)
+        if drop > 0:
+            self._sil, self._sil_base = self._sil[drop:], self._sil_base + drop
 
     def feed(self, samples: np.ndarray, fbank: np.ndarray | None = None) -> list[list[int]]:
         """The next samples (16 kHz float in [-1, 1]); ``fbank``: the fbank frames they complete (exactly
@@ -225,7 +244,9 @@ class OfflineVad:
             rows = _lfr_rows(self._fb, a, count, total, fe.lfr_m, base=self._fb_base)
             probs = self.vad.silence_probs(rows, self._cache, cfg)
             dbs = frame_decibels(self._s, a, count, self._s_base, fe)
-            self._chunks.push(_silence_column(probs, cfg.sil_pdf_ids), dbs)
+            silence = _silence_column(probs, cfg.sil_pdf_ids)
+            self._chunks.push(silence, dbs)
+            self._sil = np.concatenate([self._sil, np.asarray(silence, np.float64).reshape(-1)])
             self._net = a + count
             keep_fb = max(self._net - (fe.lfr_m - 1) // 2, 0) - self._fb_base  # the next rows' left context
             if keep_fb > 0:

@@ -97,8 +97,19 @@ async def transcribe_upload(ctx: ServerContext, data: bytes, name: str, request:
 
 
 def segment_words(segment: Any) -> list[dict[str, Any]]:
-    """A segment's word (CTC token) times as OpenAI and FunASR give them: ``{"word", "start", "end"}`` (s)."""
-    return [{"word": w["word"], "start": w["start"], "end": w["end"]} for w in (segment.words or [])]
+    """A segment's word (CTC token) times as OpenAI and FunASR give them: ``{"word", "start", "end"}`` (s), plus
+    the decoder's ``probability`` of the word (faster-whisper's field) where it has one."""
+    return [{"word": w["word"], "start": w["start"], "end": w["end"],
+             **({"probability": w["probability"]} if w.get("probability") is not None else {})}
+            for w in (segment.words or [])]
 
 
-__all__ = ["SESSION_WIDE", "ServerContext", "read_upload", "segment_words", "transcribe_upload"]
+def segment_confidence(segment: Any) -> dict[str, Any]:
+    """A segment's confidence fields as OpenAI's verbose_json names them: ``avg_logprob`` (the mean token
+    log-probability), ``compression_ratio`` (Whisper's) and ``no_speech_prob`` (the VAD's mean silence probability
+    over the segment; None where no VAD cut it)."""
+    return {"avg_logprob": segment.avg_logprob, "compression_ratio": segment.compression_ratio,
+            "no_speech_prob": segment.no_speech_prob}
+
+
+__all__ = ["SESSION_WIDE", "ServerContext", "read_upload", "segment_confidence", "segment_words", "transcribe_upload"]

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from fun_asr.asr.confidence import mean_logprob
 from fun_asr.audio.decode import SAMPLE_RATE
 from fun_asr.serve.core.requests import DecodeRequest
 
@@ -30,9 +31,9 @@ class StreamDecoder:
         self.submit, self.session, self.request, self.on_sentence = submit, session, request, on_sentence
 
     def decode(self, samples: np.ndarray, max_new_tokens: int, *, draft: list[int] | None = None,
-               partial: bool = False, speculative: bool = False) -> tuple[str, list[int]] | None:
-        """(text, tokens) of ``samples``; None for a partial the batcher skipped (busy with closed sentences:
-        the stream keeps its previous partial and asks again)."""
+               partial: bool = False, speculative: bool = False) -> tuple[str, list[int], float | None] | None:
+        """(text, tokens, their mean log-probability) of ``samples``; None for a partial the batcher skipped (busy
+        with closed sentences: the stream keeps its previous partial and asks again)."""
         base = self.request if isinstance(self.request, DecodeRequest) else self.request()
         seconds = min(self.session.max_segment_seconds, max(30.0, samples.size / SAMPLE_RATE + 1.0))
         request = dataclasses.replace(base, max_new_tokens=max_new_tokens, segment_seconds=seconds, vad=False,
@@ -42,7 +43,7 @@ class StreamDecoder:
             return None
         if not partial and self.on_sentence is not None:
             self.on_sentence(result)
-        return result.text, [t for s in result.segments for t in s.tokens]
+        return result.text, [t for s in result.segments for t in s.tokens], mean_logprob(result.segments)
 
 
 __all__ = ["StreamDecoder"]

@@ -309,13 +309,36 @@
     if (s.speaker) el.append(speakerBadge(s.speaker));
     const x = document.createElement("span");
     x.className = "seg-text";
-    x.textContent = s.text;
+    const below = threshold();
+    if (s.words && s.words.length) {
+      // each word with the decoder's probability; those under the threshold marked (class "low")
+      for (const w of s.words) {
+        const span = document.createElement("span");
+        span.className = w.probability < below ? "word low" : "word";
+        span.textContent = w.word;
+        span.title = `probability ${w.probability.toFixed(2)}`;
+        x.append(span);
+      }
+    } else {
+      x.textContent = s.text;
+      if (s.confidence !== undefined && s.confidence !== null) {
+        x.title = `confidence ${s.confidence.toFixed(2)}`;
+        if (s.confidence < below) x.classList.add("low");
+      }
+    }
     el.append(x);
+  }
+
+  // the probability under which a word (a live sentence: its confidence) is marked
+  function threshold() {
+    const v = Number($("conf-threshold").value);
+    return Number.isFinite(v) ? v : 0.5;
   }
 
   function showResult(result, seconds) {
     file.result = result;
-    file.segments = (result.segments || []).map((s) => ({ start: s.start, end: s.end, text: s.text, speaker: s.speaker }));
+    file.segments = (result.segments || []).map((s) => ({ start: s.start, end: s.end, text: s.text, speaker: s.speaker,
+      words: s.token_words }));
     const speakers = new Set(file.segments.filter((s) => s.speaker).map((s) => s.speaker));
     const parts = [result.language, `${clock(result.duration || 0)} of audio`];
     if (seconds !== null) parts.push(`transcribed in ${seconds.toFixed(1)} s`);
@@ -329,6 +352,12 @@
       return li;
     }));
     $("file-text").textContent = result.text || "(no speech found)";
+    renderSegments();
+    $("file-result").hidden = false;
+    drawWave();
+  }
+
+  function renderSegments() {
     const list = $("segments");
     list.replaceChildren(...file.segments.map((s, i) => {
       const li = document.createElement("li");
@@ -341,8 +370,6 @@
       li.append(b);
       return li;
     }));
-    $("file-result").hidden = false;
-    drawWave();
   }
 
   // the waveform (min/max per pixel column) over the segments, one colour per speaker, and the playhead
@@ -451,6 +478,11 @@
   });
   $("play-all").addEventListener("click", () => play(0, file.audio ? file.audio.duration : 0));
   $("play-stop").addEventListener("click", stopPlayback);
+  $("conf-threshold").addEventListener("input", () => {
+    $("conf-value").textContent = threshold().toFixed(2);
+    if (file.result) renderSegments();
+    if (live.sentences.length) renderLive();
+  });
 
   // ---------------------------------------------------------------- Live
 
@@ -473,7 +505,7 @@
 
   function liveSegments() {
     return live.sentences.map((s) => ({ start: s.start / 1000, end: s.end / 1000, text: s.text,
-      speaker: s.spk === undefined || s.spk === null ? undefined : `SPK${s.spk}` }));
+      speaker: s.spk === undefined || s.spk === null ? undefined : `SPK${s.spk}`, confidence: s.confidence }));
   }
 
   function renderLive() {

@@ -7,7 +7,7 @@ from typing import Any
 
 from fun_asr.asr.options import check_vad_options, parse_silence_schedule
 from fun_asr.asr.session import Transcription
-from fun_asr.serve.core.context import segment_words
+from fun_asr.serve.core.context import segment_confidence, segment_words
 
 ASR_PATH = "/asr"
 
@@ -15,10 +15,13 @@ ASR_PATH = "/asr"
 def asr_response(result: Transcription, words: bool, seconds: float) -> dict[str, Any]:
     """FunASR's /asr answer: the text, each segment's text and times in seconds (with ``words``, FunASR's
     ``{"word", "start", "end"}`` list, when word timestamps were computed), the audio's duration, the
-    processing time and its real-time factor; plus fun-asr's ``warnings`` and ``warning_codes``."""
+    processing time and its real-time factor; plus fun-asr's ``warnings`` and ``warning_codes`` and each
+    segment's ``avg_logprob``, ``compression_ratio`` and ``no_speech_prob`` (keys FunASR's clients do not read:
+    its converter to OpenAI's format copies named fields only)."""
     segments = []
     for s in result.segments:
-        seg: dict[str, Any] = {"text": s.text, "start": round(s.start, 3), "end": round(s.end, 3)}
+        seg: dict[str, Any] = {"text": s.text, "start": round(s.start, 3), "end": round(s.end, 3),
+                               **segment_confidence(s)}
         if words:
             seg["words"] = segment_words(s)
         if s.speaker is not None:  # spk=true: FunASR's server labels, "SPK0", "SPK1", ...

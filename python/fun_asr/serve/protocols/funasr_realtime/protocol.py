@@ -30,9 +30,11 @@ Client -> server, text (commands are case-insensitive, as FunASR's):
 Client -> server, binary (after START): 16 kHz mono little-endian int16 PCM, frames of any size up to the
 server's upload limit (``--max-upload-mb``; larger frames close the connection with code 1009): a
 recording may come as one frame or many. Server -> client: the events above, ``{"event": "error",
-"error": ...}`` (the connection stays usable), and results ``{"sentences": [{"text", "start", "end"}],
+"error": ...}`` (the connection stays usable), and results ``{"sentences": [{"text", "start", "end",
+"confidence"}],
 "partial", "partial_start_ms", "duration_ms", "is_final"}`` (``sentences`` cumulative; with client
-endpoints a result holds the current utterance's sentences only, as FunASR's).
+endpoints a result holds the current utterance's sentences only, as FunASR's). ``confidence`` (fun-asr's, a key
+FunASR's clients do not read): the sentence's exp(mean token log-probability), in (0, 1].
 
 No audio is refused or dropped. A frame is split into pieces of at most 1 s that wait in a queue of
 ``buffer_seconds`` of audio; while it is full the server stops reading the connection (TCP back-pressure:

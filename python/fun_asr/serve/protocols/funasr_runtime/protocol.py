@@ -27,7 +27,9 @@ it, replacing its online text), or ``online`` / ``offline`` in those modes. ``is
 message of an utterance only (after ``is_speaking: false``; an empty ``text`` when nothing was left). With a
 CTC head (the ModelScope checkpoint) offline-pass messages also carry ``timestamp``, a JSON *string*
 ``"[[start_ms,end_ms],...]"`` with one pair per unit the html5 page counts (a word of ASCII letters, else a
-character), and ``stamp_sents``, ``[{"text_seg", "punc", "start", "end", "ts_list"}]``. Problems give
+character), and ``stamp_sents``, ``[{"text_seg", "punc", "start", "end", "ts_list"}]``. Offline-pass messages
+carry fun-asr's ``confidence`` (the sentence's exp(mean token log-probability), in (0, 1]): a top-level key that
+FunASR's clients (python, html5, C++, Java, Go, C#, Android) neither read nor reject. Problems give
 ``"error"`` (and ``"warning"``) fields in these messages; nothing is dropped silently.
 
 Limits are the realtime protocol's (docs/funasr_compat.md): ``--max-streams`` counts a connection from its

@@ -477,6 +477,8 @@ class _TwoPass:
                 times = _char_times(record, aligner.tokenizer)
                 if times:
                     extra = stamps(text, times, int(ev.start))
+            if ev.confidence is not None:  # fun-asr's: exp(mean token log-probability) of the sentence
+                extra["confidence"] = round(ev.confidence, 4)
             out.append(self.message(offline_mode, text, **extra))
         if closing and utt.cfg.mode == "2pass" and utt.online.sent:
             utt.online.reset()  # (the last message, an offline one, clears it at the client)

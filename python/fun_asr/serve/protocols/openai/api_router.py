@@ -1,7 +1,8 @@
 """OpenAI's transcription API: ``POST /v1/audio/transcriptions`` (multipart, as OpenAI's: file, model, language,
 prompt (used as comma-separated hotwords), response_format (json, text, srt, vtt, verbose_json), temperature (only
-0), stream (OpenAI's server-sent ``transcript.text.delta`` / ``transcript.text.done`` events), plus the extensions
-itn, hotwords and FunASR's spk) and ``GET /v1/models``, decoded through the server's shared batcher."""
+0), stream (OpenAI's server-sent ``transcript.text.delta`` / ``transcript.text.done`` events), include[]=logprobs
+(each token's ``{token, logprob, bytes}``, as OpenAI's newer models return them), plus the extensions itn, hotwords
+and FunASR's spk) and ``GET /v1/models``, decoded through the server's shared batcher."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ from fun_asr.serve.protocols.openai.protocol import (
     MODEL_ALIASES,
     RESPONSE_FORMATS,
     STREAM_FORMATS,
+    segment_logprobs,
     sse_response,
     stream_events,
+    transcript_logprobs,
     verbose_json,
 )
 
@@ -98,6 +101,14 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
             raise ApiError(400, f"unsupported timestamp_granularities {bad[0]!r}: accepted word, segment",
                            "timestamp_granularities", "invalid_value")
         words = "word" in granularities
+        include = [g for key in ("include[]", "include") for g in form.getlist(key) if isinstance(g, str)]
+        bad = [g for g in include if g != "logprobs"]
+        if bad:
+            raise ApiError(400, f"unsupported include {bad[0]!r}: accepted logprobs", "include", "invalid_value")
+        with_logprobs = bool(include)
+        if with_logprobs and not stream and fmt not in ("json", "verbose_json"):
+            raise ApiError(400, f"include[]=logprobs comes with response_format json or verbose_json (or stream=true); "
+                                f"got response_format {fmt!r}", "include", "invalid_value")
         language = field("language")
         try:
             session.normalize_language(language)  # a name the model lacks is used as written (as FunASR)
@@ -108,13 +119,19 @@ def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
         request = DecodeRequest(language, itn, tuple(hotwords), word_timestamps=words, vad_kwargs=diarize)
         result = await transcribe_upload(ctx, data, name, request)
 
+        def logprobs_of(segment: Any) -> list[dict[str, Any]]:
+            return segment_logprobs(segment, session.tokenizer.token_bytes, session.stop_ids)
+
+        logprobs = transcript_logprobs(result, session.tokenizer.token_bytes, session.stop_ids) \
+            if with_logprobs and not stream else None
         if stream:
-            return sse_response(stream_events(result, session.spec))
+            return sse_response(stream_events(result, session.spec, logprobs_of if with_logprobs else None))
         if fmt == "json":
             return JSONResponse({"text": result.text, "truncated": result.truncated,
-                                 "input_truncated": result.input_truncated})
+                                 "input_truncated": result.input_truncated,
+                                 **({} if logprobs is None else {"logprobs": logprobs})})
         if fmt == "verbose_json":
-            return JSONResponse(verbose_json(result, words, session.spec))
+            return JSONResponse(verbose_json(result, words, session.spec, logprobs))
         media = {"text": "text/plain", "srt": "application/x-subrip", "vtt": "text/vtt"}[fmt]
         body = render(result, "txt" if fmt == "text" else fmt)
         return PlainTextResponse(body, media_type=f"{media}; charset=utf-8")

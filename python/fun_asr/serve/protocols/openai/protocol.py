@@ -5,15 +5,16 @@ server-sent events (:func:`sse_response`), and the model names a request may giv
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi.responses import StreamingResponse
 
 from fun_asr.asr.assemble import join_text
+from fun_asr.asr.confidence import token_logprobs
 from fun_asr.asr.language import english_name
 from fun_asr.asr.session import Transcription
-from fun_asr.serve.core.context import segment_words
+from fun_asr.serve.core.context import segment_confidence, segment_words
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 STREAM_FORMATS = ("json", "text")  # as OpenAI: a stream of transcript.text events replaces these two
@@ -21,9 +22,13 @@ MODEL_ALIASES = ("fun-asr", "fun-asr-nano", "whisper-1")
 LANGUAGE_NAMES = {"zh": "chinese", "en": "english", "ja": "japanese", "ko": "korean"}
 
 
-def verbose_json(t: Transcription, words: bool = False, spec: dict[str, Any] | None = None) -> dict[str, Any]:
-    """OpenAI's verbose_json, with FunASR's ``words`` inside each segment (``[]`` unless word timestamps were
-    asked for) and fun-asr's extensions (truncation flags, warnings, segmentation, timings)."""
+def verbose_json(t: Transcription, words: bool = False, spec: dict[str, Any] | None = None,
+                 logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """OpenAI's verbose_json (each segment's ``avg_logprob``, ``compression_ratio``, ``no_speech_prob``), with
+    FunASR's ``words`` inside each segment (``[]`` unless word timestamps were asked for; each word with the
+    decoder's ``probability``), each segment's ``token_words`` (its text as words with their ``probability``:
+    Segment.token_words, with or without word times), ``logprobs`` where ``include[]=logprobs`` asked for them,
+    and fun-asr's extensions (truncation flags, warnings, segmentation, timings)."""
     lang = t.detected_language  # the requested language, else inferred from the text's script
     if spec is not None:
         language = english_name(spec, lang) or "unknown"
@@ -44,8 +49,10 @@ def verbose_json(t: Transcription, words: bool = False, spec: dict[str, Any] | N
         "segmentation": t.segmentation,
         "segments": [
             {"id": i, "seek": int(s.start * 100), "start": s.start, "end": s.end, "text": s.text,
-             "tokens": s.tokens, "temperature": 0.0, "stop_reason": s.stop_reason, "truncated": s.truncated,
+             "tokens": s.tokens, "temperature": 0.0, **segment_confidence(s), "stop_reason": s.stop_reason,
+             "truncated": s.truncated,
              "repetition": s.repetition, "words": segment_words(s) if words else [],
+             "token_words": s.token_words or [],
              **({} if s.speaker is None else {"speaker": s.speaker_label})}
             for i, s in enumerate(t.segments)
         ],
@@ -53,15 +60,34 @@ def verbose_json(t: Transcription, words: bool = False, spec: dict[str, Any] | N
             {"start": round(a, 3), "end": round(b, 3), "speaker": f"SPK{k}"} for a, b, k in t.speakers]}),
         "timings": t.timings,
         **extra,
+        **({} if logprobs is None else {"logprobs": logprobs}),
     }
 
 
-def stream_events(t: Transcription, spec: dict[str, Any]) -> list[dict[str, Any]]:
+def transcript_logprobs(t: Transcription, token_bytes: Callable[[int], bytes], stop_ids: Sequence[int]
+                        ) -> list[dict[str, Any]]:
+    """OpenAI's ``logprobs`` (``include[]=logprobs``): ``{"token", "logprob", "bytes"}`` for every token of the
+    transcript, segment after segment (stop tokens left out)."""
+    return [e for s in t.segments for e in segment_logprobs(s, token_bytes, stop_ids)]
+
+
+def segment_logprobs(s: Any, token_bytes: Callable[[int], bytes], stop_ids: Sequence[int]) -> list[dict[str, Any]]:
+    if s.token_logprobs is None:
+        return []
+    kept = [(tok, lp) for tok, lp in zip(s.tokens, s.token_logprobs, strict=True) if tok not in stop_ids]
+    return token_logprobs([tok for tok, _ in kept], [lp for _, lp in kept], token_bytes)
+
+
+def stream_events(t: Transcription, spec: dict[str, Any],
+                  logprobs: Callable[[Any], list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
     """OpenAI's streamed transcription: one ``transcript.text.delta`` per decoded segment with text (its text,
     after the separator the transcript puts before it, so that the deltas add up to the text exactly), then
-    ``transcript.text.done`` with the whole text (and the json format's truncation flags)."""
+    ``transcript.text.done`` with the whole text (and the json format's truncation flags). With ``logprobs`` (a
+    segment's ``logprobs`` entries: ``include[]=logprobs``) each delta carries its segment's and the done event
+    all of them, as OpenAI's events do."""
     events: list[dict[str, Any]] = []
     deltas: list[str] = []
+    every: list[dict[str, Any]] = []
     prev = None
     for s in t.segments:
         if not s.text:
@@ -69,14 +95,21 @@ def stream_events(t: Transcription, spec: dict[str, Any]) -> list[dict[str, Any]
         # the separator depends only on the text before it (its last character) and this segment: join the
         # pair, not everything shown so far (linear in the transcript, also for hours of segments)
         delta = s.text if prev is None else join_text([prev, s], t.language, spec)[len(prev.text):]
-        events.append({"type": "transcript.text.delta", "delta": delta})
+        event: dict[str, Any] = {"type": "transcript.text.delta", "delta": delta}
+        if logprobs is not None:
+            event["logprobs"] = logprobs(s)
+            every += event["logprobs"]
+        events.append(event)
         deltas.append(delta)
         prev = s
     text = "".join(deltas)
     if text != t.text:  # never expected (join_text builds t.text); the deltas must add up to the text
         raise RuntimeError(f"streamed deltas {text!r} do not add up to the transcript {t.text!r}")
-    events.append({"type": "transcript.text.done", "text": t.text, "truncated": t.truncated,
-                   "input_truncated": t.input_truncated})
+    done: dict[str, Any] = {"type": "transcript.text.done", "text": t.text, "truncated": t.truncated,
+                            "input_truncated": t.input_truncated}
+    if logprobs is not None:
+        done["logprobs"] = every
+    events.append(done)
     return events
 
 
@@ -92,5 +125,5 @@ def sse_response(events: list[dict[str, Any]]) -> StreamingResponse:
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-__all__ = ["LANGUAGE_NAMES", "MODEL_ALIASES", "RESPONSE_FORMATS", "STREAM_FORMATS", "sse_response", "stream_events",
-           "verbose_json"]
+__all__ = ["LANGUAGE_NAMES", "MODEL_ALIASES", "RESPONSE_FORMATS", "STREAM_FORMATS", "segment_logprobs", "sse_response",
+           "stream_events", "transcript_logprobs", "verbose_json"]
