@@ -25,6 +25,7 @@ def clips() -> list[np.ndarray]:
 
 
 _cpu_tokens: dict[str, list[list[list[int]]]] = {}
+_cpu_logprobs: dict[str, list[float]] = {}
 
 
 def cpu_tokens(package: str, clips: list[np.ndarray]) -> list[list[list[int]]]:
@@ -32,6 +33,7 @@ def cpu_tokens(package: str, clips: list[np.ndarray]) -> list[list[list[int]]]:
         s = fun_asr.Session("demo", device="cpu", package_type=package, progress=False, vad=None)
         results = s.transcribe_batch(clips, sample_rate=16000)
         _cpu_tokens[package] = [[seg.tokens for seg in r.segments] for r in results]
+        _cpu_logprobs[package] = [lp for r in results for seg in r.segments for lp in seg.token_logprobs]
     return _cpu_tokens[package]
 
 
@@ -47,6 +49,11 @@ def test_gpu_tokens_equal_cpu_tokens(device: str, package: str, batch_size: int,
     differ = [i for i, (a, b) in enumerate(zip(gpu, cpu_tokens(package, clips), strict=True)) if a != b]
     assert differ == [], (f"{len(differ)}/60 clips decode differently on {device} ({package}, batch {batch_size}): "
                           f"{differ[:10]}")
+    # each token's log-probability, computed on the device beside the choice (ggml's softmax at the argmax)
+    assert s.model.info()["caps"]["logprob_in_graph"]
+    got = np.array([lp for r in results for seg in r.segments for lp in seg.token_logprobs])
+    want = np.array(_cpu_logprobs[package])
+    assert got.shape == want.shape and float(np.abs(got - want).max()) < 0.02
 
 
 @pytest.mark.parametrize("device", GPU_DEVICES)

@@ -192,6 +192,11 @@ def test_each_sentence_is_what_transcribe_gives_for_its_segment(session: fun_asr
         cut = conversation[start * 16 : end * 16]
         r = session.transcribe(cut, sample_rate=SR, max_new_tokens=MAX_NEW, vad=False)
         assert r.text == text and [t for s in r.segments for t in s.tokens] == list(tokens)
+    for ev in (e for e in events if e.type == "sentence"):  # its confidence: the same decode's token numbers
+        cut = conversation[ev.start * 16 : ev.end * 16]
+        r = session.transcribe(cut, sample_rate=SR, max_new_tokens=MAX_NEW, vad=False)
+        lps = [lp for s in r.segments for lp in s.token_logprobs]
+        assert ev.avg_logprob == pytest.approx(sum(lps) / len(lps), abs=1e-12) and 0 < ev.confidence <= 1
 
 
 def test_partials_come_first_and_on_schedule(session: fun_asr.Session, conversation: np.ndarray) -> None:
@@ -334,6 +339,7 @@ def test_websocket_protocol(ws_server: str, session: fun_asr.Session, conversati
     final = results[-1]
     assert final["is_final"] and final["partial"] == "" and not any(r["is_final"] for r in results[:-1])
     assert [(s["text"], s["start"], s["end"]) for s in final["sentences"]] == want
+    assert all(0 < s["confidence"] <= 1 for s in final["sentences"])  # fun-asr's extra key
     assert any(r["partial"] for r in results[:-1])  # partials reached the client
     durations = [r["duration_ms"] for r in results]
     assert durations == sorted(durations)

@@ -17,6 +17,7 @@ Skipped, saying why, where chromium or playwright is missing (scripts/test.sh in
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -229,6 +230,24 @@ def test_file_upload_shows_the_words_with_times(page: Any, base: str, tmp_path: 
     with page.expect_download() as dl:
         page.click(".dl[data-fmt='vtt'][data-src='file']")
     assert Path(dl.value.path()).read_text("utf-8").startswith("WEBVTT\n\n00:00:")
+    # each word with the recognizer's probability; the slider marks exactly those under its value
+    with page.expect_download() as dl:
+        page.click(".dl[data-fmt='json'][data-src='file']")
+    probs = [w["probability"] for s in json.loads(Path(dl.value.path()).read_text("utf-8"))["segments"]
+             for w in s["token_words"]]
+    assert len(probs) == len(_words(want)) and all(0 < p <= 1 for p in probs)
+
+    def marked(value: float) -> list[bool]:
+        page.evaluate("""(v) => { const el = document.getElementById('conf-threshold'); el.value = String(v);
+            el.dispatchEvent(new Event('input')); }""", value)
+        assert page.inner_text("#conf-value") == f"{value:.2f}"
+        return page.eval_on_selector_all("#segments .word", "els => els.map((e) => e.classList.contains('low'))")
+
+    middle = sorted(probs)[len(probs) // 2]  # a value some words are under and some not, where they differ
+    cut = round(middle + 0.005, 2) if middle < 0.99 else 0.5
+    assert marked(0) == [False] * len(probs) and marked(1) == [p < 1 for p in probs]
+    assert marked(cut) == [p < cut for p in probs]
+    assert _words(page.inner_text("#segments .seg .seg-text")) == _words(want)  # marking keeps the text
     page.click("#segments .seg")  # plays the span (muted): the segment becomes the current one
     page.wait_for_selector(".seg[aria-current]")
     page.screenshot(path=_shot("web-file.png", tmp_path), full_page=True)

@@ -336,6 +336,8 @@ def test_2pass_as_funasr_wss_client_sends_it(server: str, tiny: fun_asr.Session)
     # the offline pass is Fun-ASR-Nano's full decode of each VAD sentence, as the Session's own stream has it
     want = local_sentences(tiny, audio)
     assert want and _texts(msgs, "2pass-offline") == [t.strip() for t in want]
+    # fun-asr's confidence on each sentence's offline pass (a top-level key FunASR's clients do not read)
+    assert all(0 < m["confidence"] <= 1 for m in msgs if m.get("mode") == "2pass-offline" and m["text"])
     assert client_view(msgs) == "".join(m["text"] for m in msgs if m.get("mode") == "2pass-offline")
     assert all(m["wav_name"] == "demo" for m in msgs)
 
