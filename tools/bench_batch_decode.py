@@ -5,6 +5,7 @@
                                        [--prompt 60] [--repeats 3] [--threads 2]
                                        [--core PATH/_core.so ...]   # compare other builds of the extension
                                        [--env NAME=VALUE[,NAME=VALUE] ...]  # or the same build with switches
+                                       [--logprobs]  # and each variant with token_logprobs on (what Sessions do)
 
 Each measurement is a fresh process (FUN_ASR_MATVEC and the other switches come from the environment).
 B = 1 decodes 8 prompts one by one; B = 8 decodes the same 8 prompts as one batch; the figure is the
@@ -13,6 +14,8 @@ over models and extension builds in every repeat; medians are reported. `--core`
 of fun_asr._core (e.g. one made from an older commit with `pip install --target`) in place of the
 installed one, so that before/after numbers come from the same run; `--env FUN_ASR_ATTN=ggml` runs the
 installed build with those variables set as one more alternated variant (a kernel against ggml's path).
+`--logprobs` measures every variant also with `Model.token_logprobs` on (each taken token's log-probability
+computed beside the greedy choice, as a Session always does) and prints the cost per token.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ if core_path:
 else:
     from fun_asr import _core
 model = _core.load_gguf(model_path, device="cpu", threads=opts["threads"])
+model.token_logprobs = bool(opts.get("logprobs"))
 d = model.info()["decoder"]["d_model"]
 rng = np.random.default_rng(0)
 prompts = [np.ascontiguousarray(rng.standard_normal((opts["prompt"], d)).astype(np.float32)) for _ in range(8)]
@@ -64,6 +68,7 @@ def main() -> None:
     ap.add_argument("--core", action="append", default=[], help="another _core build to compare (repeatable)")
     ap.add_argument("--env", action="append", default=[],
                     help="NAME=VALUE[,NAME=VALUE]: the installed build with these variables set (repeatable)")
+    ap.add_argument("--logprobs", action="store_true", help="also measure each variant with token_logprobs on")
     args = ap.parse_args()
     batch = [int(b) for b in args.batch.split(",")]
     if any(b < 1 or 8 % b for b in batch):
@@ -77,11 +82,15 @@ def main() -> None:
         if any(not name or not eq for name, eq, _ in pairs):
             raise SystemExit(f"--env {spec!r}: expected NAME=VALUE[,NAME=VALUE]")
         variants.append((spec, "", {name: value for name, _, value in pairs}))
+    runs_of = [(label, core, extra, False) for label, core, extra in variants]
+    if args.logprobs:
+        runs_of += [(f"{label} + token_logprobs", core, extra, True) for label, core, extra in variants]
     results: dict[tuple[str, str], list[dict]] = {}
     for _ in range(args.repeats):
         for model in args.models:
-            for label, core, extra in variants:
-                r = subprocess.run([sys.executable, "-c", CHILD, core, str(model), json.dumps(opts)],
+            for label, core, extra, logprobs in runs_of:
+                r = subprocess.run([sys.executable, "-c", CHILD, core, str(model),
+                                    json.dumps({**opts, "logprobs": logprobs})],
                                    capture_output=True, text=True, env={**os.environ, **extra}, check=False)
                 if r.returncode != 0:
                     raise SystemExit(f"{model} ({label}): {r.stderr[-2000:]}")
@@ -96,6 +105,15 @@ def main() -> None:
         ratio = f"{med[1] / med[8]:.2f}x" if 1 in med and 8 in med else "-"
         cells = " | ".join(f"{med[b]:.1f}" for b in batch)
         print(f"| {name} | {label} | {runs[0]['isa'] or 'ggml'} | {cells} | {ratio} |")
+    if args.logprobs:
+        print("\ntoken_logprobs cost, ms per token (on - off):")
+        for (name, label), runs in results.items():
+            on = results.get((name, f"{label} + token_logprobs"))
+            if on is None:
+                continue
+            cost = {b: statistics.median(r[str(b)] for r in on) - statistics.median(r[str(b)] for r in runs)
+                    for b in batch}
+            print(f"| {name} | {label} | " + " | ".join(f"B={b}: {cost[b]:+.2f}" for b in batch) + " |")
 
 
 if __name__ == "__main__":

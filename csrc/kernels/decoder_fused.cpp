@@ -650,11 +650,61 @@ ggml_tensor * argmax_logprob_columns(ggml_context * ctx, ggml_tensor * logits) {
                           const_cast<bool *>(&kWithLogprob));
 }
 
+namespace {
+
+// exp(d) for d <= 0 in float, as chosen_logprob's terms: d clamped to [-87, 0] (e^-87 ~ 1.6e-38: a term that cannot
+// move a sum >= 1; a NaN stays NaN), d = k ln2 + r with k = round(d / ln2) (to even) and |r| <= ln2 / 2 (ln2 in two
+// parts, so that k ln2 is exact), e^r by its Taylor series to r^7 (the rest < 6e-9 of it: below float's rounding),
+// times 2^k from the exponent bits. The SSE2 lanes below do the same operations in the same order.
+constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f, kExpFloor = -87.0f;
+constexpr float kTaylor[8] = {1.0f, 1.0f, 1.0f / 2, 1.0f / 6, 1.0f / 24, 1.0f / 120, 1.0f / 720, 1.0f / 5040};
+
+float exp_nonpositive(float d) {
+    d = d < kExpFloor ? kExpFloor : d;  // (NaN compares false: stays)
+    const float kf = std::nearbyint(d * kLog2e);
+    const float r = (d - kf * kLn2Hi) - kf * kLn2Lo;
+    float p = kTaylor[7];
+    for (int j = 6; j >= 0; --j) p = p * r + kTaylor[j];
+    if (std::isnan(p)) return p;
+    const int32_t bits = (static_cast<int32_t>(kf) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+}  // namespace
+
 float chosen_logprob(const float * x, int64_t n, int64_t at) {
     const float m = x[at];
     if (!std::isfinite(m)) return std::numeric_limits<float>::quiet_NaN();
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i]) - static_cast<double>(m));
+    // sum of exp(x[i] - m) (each term in float, summed in double: four lanes of doubles, then the tail), in a fixed
+    // order: the same bits wherever it runs
+    double lane[4] = {0.0, 0.0, 0.0, 0.0};
+    int64_t i = 0;
+#if defined(__SSE2__)
+    const __m128 vm = _mm_set1_ps(m), floor = _mm_set1_ps(kExpFloor), log2e = _mm_set1_ps(kLog2e);
+    const __m128 hi = _mm_set1_ps(kLn2Hi), lo = _mm_set1_ps(kLn2Lo);
+    __m128d acc01 = _mm_setzero_pd(), acc23 = _mm_setzero_pd();
+    for (; i + 4 <= n; i += 4) {
+        const __m128 d = _mm_max_ps(floor, _mm_sub_ps(_mm_loadu_ps(x + i), vm));  // (a NaN lane: NaN)
+        const __m128i k = _mm_cvtps_epi32(_mm_mul_ps(d, log2e));  // round to nearest even (MXCSR default)
+        const __m128 kf = _mm_cvtepi32_ps(k);
+        const __m128 r = _mm_sub_ps(_mm_sub_ps(d, _mm_mul_ps(kf, hi)), _mm_mul_ps(kf, lo));
+        __m128 p = _mm_set1_ps(kTaylor[7]);
+        for (int j = 6; j >= 0; --j) p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(kTaylor[j]));
+        const __m128 e = _mm_mul_ps(p, _mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(k, _mm_set1_epi32(127)), 23)));
+        acc01 = _mm_add_pd(acc01, _mm_cvtps_pd(e));
+        acc23 = _mm_add_pd(acc23, _mm_cvtps_pd(_mm_movehl_ps(e, e)));
+    }
+    _mm_storeu_pd(lane, acc01);
+    _mm_storeu_pd(lane + 2, acc23);
+#else
+    for (; i + 4 <= n; i += 4) {
+        for (int j = 0; j < 4; ++j) lane[j] += static_cast<double>(exp_nonpositive(x[i + j] - m));
+    }
+#endif
+    double sum = (lane[0] + lane[1]) + (lane[2] + lane[3]);
+    for (; i < n; ++i) sum += static_cast<double>(exp_nonpositive(x[i] - m));
     return static_cast<float>(-std::log(sum));  // x[at] - m = 0
 }
 

@@ -138,8 +138,9 @@ ggml_tensor * argmax_columns(ggml_context * ctx, ggml_tensor * logits, bool nan_
 ggml_tensor * argmax_logprob_columns(ggml_context * ctx, ggml_tensor * logits);
 
 // log softmax(x)[at] over x[0..n): x[at] - m - log(sum_i exp(x[i] - m)), m = x[at] (the first maximum where `at`
-// is first_argmax's answer), the sum in double in index order: the same bits wherever it runs (the graph's op, the
-// host after a prefill). NaN where x[at] is NaN or infinite.
+// is first_argmax's answer): each term in float (a range-reduced Taylor series, within float's rounding of exp),
+// summed in double in four lanes in a fixed order: the same bits wherever it runs (the graph's op, the host after a
+// prefill). NaN where x[at] is NaN or infinite.
 float chosen_logprob(const float * x, int64_t n, int64_t at);
 
 // The index of the first maximum of x[0..n) (std::max_element's answer; `nan_first_wins` as above), vectorized.
