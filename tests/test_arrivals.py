@@ -49,7 +49,11 @@ def test_arrivals_join_the_running_batch(ctc_demo, three: Path) -> None:  # noqa
     for a, b in zip(plain, got, strict=True):
         assert (a.ok, a.error, a.source) == (b.ok, b.error, b.source)
         assert [s.tokens for s in a.segments] == [s.tokens for s in b.segments] and a.text == b.text
-        assert [s.words for s in a.segments] == [s.words for s in b.segments]
+        assert [s.words for s in a.segments] == [s.words for s in b.segments]  # (with their probabilities)
+        # each token's log-probability, read as each joined sequence ends (Model.token_logprobs_of): the batch's
+        assert [s.token_logprobs for s in a.segments] == [s.token_logprobs for s in b.segments]
+        assert [s.no_speech_prob for s in a.segments] == [s.no_speech_prob for s in b.segments]
+        assert all(s.token_logprobs and s.no_speech_prob is not None for s in b.segments)
     assert len(got[0].segments) == 3 and got[0].text and not got[3].ok
     with pytest.raises(ValueError, match="not with arrivals"):
         session.transcribe_batch(inputs[:1], drafts=[None], arrivals=Arrivals(take, deliver), **kw)
