@@ -160,3 +160,16 @@ def test_cli_mark_below(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "fun_asr.cli.transcribe", "-m", "demo", str(EXAMPLES / "demo_1.wav"),
                         "--mark-below", "2"], capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "--mark-below must be a probability from 0 to 1" in r.stderr
+
+
+def test_a_model_with_token_logprobs_off_gives_none(demo: fun_asr.Session, three: Path) -> None:
+    import json
+
+    demo.model.token_logprobs = False
+    try:
+        r = demo.transcribe(three)
+    finally:
+        demo.model.token_logprobs = True
+    assert r.text and all(s.token_logprobs is None and s.avg_logprob is None and s.token_words is None
+                          for s in r.segments)
+    assert json.loads(json.dumps(r.to_dict()))["segments"][0]["avg_logprob"] is None

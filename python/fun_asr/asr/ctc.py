@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from fun_asr.asr.confidence import word_probabilities
 from fun_asr.notices import Notice
 
 __all__ = ["CtcAligner", "CtcTokenizer", "TokenTime", "align", "align_ids", "align_segments", "draft_text",
@@ -359,7 +360,6 @@ def align_segments(aligner: CtcAligner, logprobs: Callable[[np.ndarray], np.ndar
     ``words == []`` and the recording gets ``word_timestamps_failed``; its subtitle is one segment-level cue.
     With ``token_bytes`` (the decoder tokenizer's) each word also gets the decoder's ``probability`` of the tokens
     that spell it (:func:`fun_asr.asr.confidence.word_probabilities`). The kept encoder outputs are released."""
-    from fun_asr.asr.confidence import word_probabilities
 
     for si, enc in item.enc_out.items():
         seg = item.segments[si]

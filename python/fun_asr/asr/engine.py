@@ -131,7 +131,7 @@ class Engine:
                                                           max_new_tokens, stop, repetition_guard=opts.repetition_guard,
                                                           draft=list(draft) if draft else None)
             gen = self.model.last_generation()
-            logprobs = self.model.last_token_logprobs()[0]
+            logprobs = (self.model.last_token_logprobs() or [[]])[0]
         t2 = time.perf_counter()
         timings = {"encode_ms": (t1 - t0) * 1e3, "decode_ms": (t2 - t1) * 1e3}
         for key in ("decode_passes", "draft_proposed", "draft_accepted"):
@@ -293,7 +293,7 @@ class Engine:
                 continue
             del inputs
             stats = self.model.last_generation()
-            logprobs = self.model.last_token_logprobs()
+            logprobs = self.model.last_token_logprobs() or [[] for _ in results]
             for (item, si, _), (tokens, reason), lps in zip(chunk, results, logprobs, strict=True):
                 self._fill_segment(item, si, tokens, reason, lps)
                 item.timings["prefill_ms"] += stats["prefill_ms"] / len(chunk)
@@ -309,9 +309,10 @@ class Engine:
         """A decoded segment's tokens, their log-probabilities, stop reason and text into its Segment."""
         seg = item.segments[si]
         seg.tokens, seg.stop_reason = tokens, reason
-        if len(logprobs) != len(tokens):
+        if logprobs and len(logprobs) != len(tokens):
             raise RuntimeError(f"the decoder gave {len(logprobs)} log-probabilities for {len(tokens)} tokens")
-        seg.token_logprobs = [float(x) for x in logprobs]
+        # (none where the model's token_logprobs was turned off)
+        seg.token_logprobs = [float(x) for x in logprobs] if logprobs or not tokens else None
         seg.text = self.tokenizer.decode([t for t in tokens if t not in self.stop_ids]).strip()
         seg.truncated, seg.repetition = reason == "max_new_tokens", reason == "repetition"
 
