@@ -10,6 +10,11 @@
   (float32, 16 kHz, exactly int16 / 32768) and the reference turns ``(start_s, end_s, speaker, text)``
   (start/end: the turn's speech, trimmed of espeak-ng's silences). Cached as .npz under
   ``$FUN_ASR_TEST_CACHE`` or ``~/.cache/fun-asr/test-data/`` (atomic rename; espeak-ng only on a miss).
+- :func:`make_short_conversation` -- 1-4 held-out speakers taking exactly ``n_turns`` turns of
+  ``min_words``..``max_words`` words with pauses of ``min_gap_s``..``max_gap_s`` (by default 0.8-2.0 s: every
+  turn is its own VAD segment at the 800 ms end silence diarization uses); short recordings, where FunASR's
+  clustering (under 20 speaker windows) finds one speaker. Cached like :func:`make_conversation`.
+- :func:`turns_right` -- how many reference turns a hypothesis labels right (best one-to-one speaker mapping).
 - :func:`der` -- diarization error rate with pyannote.metrics (optimal speaker mapping); ``collar`` is
   the NIST md-eval collar: +-collar seconds around every reference boundary are not scored (pyannote's
   own ``collar`` argument is the *total* width, so it gets ``2 * collar``).
@@ -28,7 +33,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +44,7 @@ from trained_model import add_noise  # train_tiny's noise: white, snr_db below t
 
 SAMPLE_RATE = 16000
 FIXTURE_VERSION = 2  # bump when the recipe changes (the cache key includes it)
+SHORT_FIXTURE_VERSION = 1  # the same for make_short_conversation's recipe
 
 # Accents. The training set uses the first group only, the conversations the second only.
 TRAIN_BASES = ("en", "en-us", "en-gb-scotland", "en-029", "en-gb-x-rp")
@@ -214,6 +220,78 @@ def make_conversation(seed: int, n_speakers: int, min_s: float = 30.0, max_s: fl
     key = json.dumps([FIXTURE_VERSION, int(seed), int(n_speakers), float(min_s), float(max_s), float(min_speech_s)])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     path = cache_root() / "tiny-speaker-conversations" / f"conv-{seed}-{n_speakers}-{digest}.npz"
+    return _cached(path, cache, lambda: _build(int(seed), int(n_speakers), float(min_s), float(max_s),
+                                               float(min_speech_s)))
+
+
+def _build_turns(seed: int, n_speakers: int, n_turns: int, words: tuple[int, int], gaps: tuple[float, float]
+                 ) -> tuple[np.ndarray, list[tuple[float, float, str, str]]]:
+    rng = np.random.default_rng([SHORT_FIXTURE_VERSION, 17, seed, n_speakers, n_turns])
+    speakers = heldout_speakers(rng, n_speakers)
+    pos = int(rng.uniform(0.3, 1.0) * SAMPLE_RATE)
+    pieces: list[np.ndarray] = [np.zeros(pos)]
+    turns: list[tuple[float, float, str, str]] = []
+    talked = np.zeros(n_speakers)
+    order = list(rng.permutation(n_speakers))  # everybody speaks first once
+    prev = -1
+    for _ in range(n_turns):
+        if order:
+            who = int(order.pop(0))
+        elif n_speakers == 1:
+            who = 0
+        else:  # anyone but the last speaker, favouring who spoke least
+            w = np.array([0.0 if k == prev else 1.0 / (1.0 + talked[k]) for k in range(n_speakers)])
+            who = int(rng.choice(n_speakers, p=w / w.sum()))
+        spk = speakers[who]
+        text = " ".join(WORDS[int(k)] for k in rng.integers(0, len(WORDS), size=int(rng.integers(words[0],
+                                                                                                  words[1] + 1))))
+        pitch = int(np.clip(spk.pitch + rng.integers(-3, 4), 0, 99))
+        speed = int(np.clip(spk.speed + rng.integers(-10, 11), 80, 450))
+        level = spk.level_db + float(rng.uniform(-1.5, 1.5))
+        x = synth(spk.base, spk.variant, text, pitch, speed, int(rng.integers(0, 4))) * 10.0 ** (level / 20)
+        pieces.append(x)
+        turns.append((pos / SAMPLE_RATE, (pos + x.shape[0]) / SAMPLE_RATE, spk.name, text))
+        pos += x.shape[0]
+        talked[who] += x.shape[0] / SAMPLE_RATE
+        prev = who
+        gap = int(rng.uniform(*gaps) * SAMPLE_RATE)
+        pieces.append(np.zeros(gap))
+        pos += gap
+    clean = np.clip(np.round(np.concatenate(pieces) * 32767.0), -32768, 32767).astype(np.int16)
+    noisy = add_noise(clean, float(rng.uniform(*CONVERSATION_SNR_DB)), int(rng.integers(1 << 31)))
+    return noisy, turns
+
+
+def make_short_conversation(seed: int, n_speakers: int, n_turns: int, min_words: int = 2, max_words: int = 6,
+                            min_gap_s: float = 0.8, max_gap_s: float = 2.0, cache: bool = True,
+                            ) -> tuple[np.ndarray, list[tuple[float, float, str, str]]]:
+    """Exactly ``n_turns`` turns of ``n_speakers`` held-out espeak-ng speakers (each speaks first once, then
+    anyone but the last speaker, favouring who spoke least): ``min_words``..``max_words`` of the demo model's
+    WORDS a turn, ``min_gap_s``..``max_gap_s`` of pause after each, light noise. Needs ``n_turns >= n_speakers``.
+
+    Returns (samples float32 16 kHz mono in [-1, 1), turns [(start_s, end_s, speaker_name, text)]), as
+    :func:`make_conversation`; deterministic in its arguments for a given espeak-ng; cached unless ``cache=False``.
+    """
+    if not 1 <= int(n_speakers) <= len(HELDOUT_FAMILIES):
+        raise ValueError(f"n_speakers must be 1..{len(HELDOUT_FAMILIES)}, got {n_speakers!r}")
+    if int(n_turns) < int(n_speakers):
+        raise ValueError(f"n_turns ({n_turns}) must be at least n_speakers ({n_speakers}): everybody speaks")
+    if not 1 <= min_words <= max_words:
+        raise ValueError(f"need 1 <= min_words <= max_words, got {min_words}, {max_words}")
+    if not 0 <= min_gap_s <= max_gap_s:
+        raise ValueError(f"need 0 <= min_gap_s <= max_gap_s, got {min_gap_s}, {max_gap_s}")
+    args = [int(seed), int(n_speakers), int(n_turns), int(min_words), int(max_words), float(min_gap_s),
+            float(max_gap_s)]
+    digest = hashlib.sha256(json.dumps([SHORT_FIXTURE_VERSION, *args]).encode()).hexdigest()[:16]
+    path = cache_root() / "tiny-speaker-conversations" / f"short-{seed}-{n_speakers}-{n_turns}-{digest}.npz"
+    return _cached(path, cache, lambda: _build_turns(int(seed), int(n_speakers), int(n_turns),
+                                                     (int(min_words), int(max_words)),
+                                                     (float(min_gap_s), float(max_gap_s))))
+
+
+def _cached(path: Path, cache: bool, build: Callable[[], tuple[np.ndarray, list[tuple[float, float, str, str]]]]
+            ) -> tuple[np.ndarray, list[tuple[float, float, str, str]]]:
+    """``build()`` (int16 samples, turns) read from / written to ``path`` (atomic rename), as float32."""
     if cache and path.is_file():
         with np.load(path) as z:
             samples = z["samples"]
@@ -222,7 +300,7 @@ def make_conversation(seed: int, n_speakers: int, min_s: float = 30.0, max_s: fl
     if not espeak_available():
         raise RuntimeError("espeak-ng is not installed (apt-get install espeak-ng) and the conversation is not cached "
                            f"({path})")
-    pcm, turns = _build(int(seed), int(n_speakers), float(min_s), float(max_s), float(min_speech_s))
+    pcm, turns = build()
     if cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".conv-", suffix=".npz", dir=path.parent)
@@ -291,6 +369,33 @@ def speaker_count(turns: Sequence[Turn]) -> int:
 def count_ok(reference: Sequence[Turn], hypothesis: Sequence[Turn]) -> bool:
     """The hypothesis names as many speakers as the reference."""
     return speaker_count(reference) == speaker_count(hypothesis)
+
+
+def turns_right(reference: Sequence[Turn], hypothesis: Sequence[Turn]) -> int:
+    """How many reference turns get the right speaker: each turn takes the hypothesis speaker it overlaps most
+    (none: wrong), then reference and hypothesis speakers are paired one to one so that the most turns agree
+    (``scipy.optimize.linear_sum_assignment``). Equal to ``len(reference)`` when every turn is right."""
+    from scipy.optimize import linear_sum_assignment
+
+    got: list[str | None] = []
+    for t in reference:
+        a, b = float(t[0]), float(t[1])
+        overlap: dict[str, float] = {}
+        for h in hypothesis:
+            o = min(b, float(h[1])) - max(a, float(h[0]))
+            if o > 0:
+                overlap[str(h[2])] = overlap.get(str(h[2]), 0.0) + o
+        got.append(max(overlap, key=lambda k: overlap[k]) if overlap else None)
+    refs = sorted({str(t[2]) for t in reference})
+    hyps = sorted({g for g in got if g is not None})
+    if not hyps:
+        return 0
+    agree = np.zeros((len(refs), len(hyps)))
+    for t, g in zip(reference, got, strict=True):
+        if g is not None:
+            agree[refs.index(str(t[2])), hyps.index(g)] += 1
+    rows, cols = linear_sum_assignment(agree, maximize=True)
+    return int(agree[rows, cols].sum())
 
 
 if __name__ == "__main__":

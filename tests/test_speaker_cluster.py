@@ -1,6 +1,10 @@
 """Speaker clustering and the speaker timeline against FunASR 1.4.16 (``funasr/models/campplus``).
 
-Bit-equal (after FunASR's own ``correct_labels``): spectral clustering (20 <= N < 2048 windows, with and without
+``clustering="funasr"`` is bit-equal to FunASR (after FunASR's own ``correct_labels``), and so is the default
+(``"auto"``) from 20 windows on; under 20 windows with the count unknown the default finds the count by
+agglomerative clustering (tested on synthetic embeddings here, end to end in tests/test_diarization.py).
+
+Bit-equal: spectral clustering (20 <= N < 2048 windows, with and without
 ``num_speakers``, with ``min``/``max`` bounds), ``merge_by_cos``, k-means for N >= 2048 with a known count,
 ``sv_chunk``, ``postprocess`` (+ speaker centres) and ``distribute_spk``. FunASR's ``k_means`` draws from numpy's
 global generator, ours from ``random_state=seed``: the global generator is seeded with the same seed right
@@ -113,12 +117,15 @@ def _cases() -> list[tuple[int, int, int, str]]:
 @pytest.mark.parametrize(("n", "k", "d", "sep"), _cases())
 def test_labels_equal_funasr(n: int, k: int, d: int, sep: str) -> None:
     x, truth = make(n, k, d, sep, seed=1000 * n + 10 * k + d + (sep == "near"))
-    # count unknown: FunASR's ClusterBackend exactly (one speaker below 20 windows)
-    ours = cluster_speakers(x.copy())
+    # count unknown: FunASR's ClusterBackend exactly (one speaker below 20 windows) with clustering="funasr", and
+    # the default from 20 windows on
+    ours = cluster_speakers(x.copy(), clustering="funasr")
     assert ours.dtype == np.int64
     np.testing.assert_array_equal(ours, funasr_backend(x))
     if n < 20:
         assert (ours == 0).all()
+    elif n < 1000:  # (the 1200-window sets: the same path, a few seconds more for each)
+        np.testing.assert_array_equal(cluster_speakers(x.copy()), ours)
     # count known
     if n < k:
         with pytest.warns(RuntimeWarning, match=f"num_speakers={k} asked, but there are only {n}"):
@@ -290,7 +297,8 @@ def test_small_inputs_and_explicit_counts() -> None:
     rng = np.random.default_rng(2)
     c = rng.standard_normal((2, 192))
     x = (c[truth] + 0.05 * rng.standard_normal((12, 192))).astype(np.float32)
-    assert (cluster_speakers(x) == 0).all()  # FunASR: under 20 windows, one speaker
+    assert (cluster_speakers(x, clustering="funasr") == 0).all()  # FunASR: under 20 windows, one speaker
+    np.testing.assert_array_equal(cluster_speakers(x), truth)  # the default: agglomerative there
     np.testing.assert_array_equal(cluster_speakers(x, num_speakers=2), truth)  # honoured
     np.testing.assert_array_equal(cluster_speakers(x, min_speakers=2), truth)  # min_speakers > 1 honoured too
     small = np.concatenate([x[:2], x[-2:]])  # 4 windows: no p-pruning (FunASR's would zero them all at 5)
@@ -334,7 +342,8 @@ def test_option_validation() -> None:
 def test_missing_dependency_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     x, _ = make(30, 2, 16, "well", seed=0)
     monkeypatch.setitem(sys.modules, "sklearn", None)
-    assert (cluster_speakers(x[:10]) == 0).all()  # below 20 windows nothing is imported
+    assert (cluster_speakers(x[:10], clustering="funasr") == 0).all()  # FunASR's: below 20 windows nothing imported
+    assert cluster_speakers(x[:10]).shape == (10,)  # the default's agglomerative clustering is scipy's
     with pytest.raises(ImportError, match=r"pip install 'fun-asr\[speakers\]'"):
         cluster_speakers(x)
     monkeypatch.delitem(sys.modules, "sklearn")
@@ -343,6 +352,123 @@ def test_missing_dependency_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(cl, "LARGE_WINDOWS", 25)
     with pytest.raises(ImportError, match=r"umap.*pip install 'fun-asr\[speakers\]'"):
         cluster_speakers(x)
+    # the default's agglomerative clustering (under 20 windows) needs scipy
+    for name in [m for m in sys.modules if m == "scipy" or m.startswith("scipy.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(ImportError, match=r"scipy.*pip install 'fun-asr\[speakers\]'"):
+        cluster_speakers(x[:10])
+
+
+# -- under 20 windows: agglomerative clustering by default ----------------------------------------------------------
+
+
+def _turns(k: int, n: int, d: int, seed: int, noise: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+    """N window embeddings of K well-separated speakers taking turns of 1-3 windows, each speaker at least once
+    (random unit directions in D dims, within-speaker cosine ~0.8 at noise 0.5, times a random length 5..15)."""
+    rng = np.random.default_rng(seed)
+    c = rng.standard_normal((k, d))
+    c /= np.linalg.norm(c, axis=1, keepdims=True)
+    spk = list(rng.permutation(k))
+    while len(spk) < n:
+        spk.append(int(rng.choice([s for s in range(k) if s != spk[-1]])) if k > 1 else 0)
+    runs = [s for s in spk for _ in range(int(rng.integers(1, 4)))]
+    truth = np.array(runs[:n], dtype=np.int64)
+    missing = set(range(k)) - set(truth.tolist())
+    for i, s in enumerate(sorted(missing)):  # a speaker cut off by n: its window at the end
+        truth[n - 1 - i] = s
+    x = c[truth] + noise * rng.standard_normal((n, d)) / np.sqrt(d)
+    x = x / np.linalg.norm(x, axis=1, keepdims=True) * rng.uniform(5, 15, (n, 1))
+    return x.astype(np.float32), cl.canonical_labels(truth)
+
+
+@pytest.mark.parametrize("d", [192, 32])
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_agglomerative_finds_the_count_below_20_windows(k: int, d: int) -> None:
+    """1-4 well-separated speakers in 2..19 windows: the default finds them all, window for window; FunASR's
+    clustering (``clustering="funasr"``) calls every window speaker 0."""
+    for n in sorted({max(k, 2), k + 1, 6, 12, 19}):
+        for seed in range(3):
+            x, truth = _turns(k, n, d, seed=100 * k + 10 * n + seed + d)
+            np.testing.assert_array_equal(cluster_speakers(x.copy()), truth, err_msg=f"n={n} seed={seed}")
+            np.testing.assert_array_equal(cluster_speakers(x.copy(), clustering="auto"), truth)
+            funasr = cluster_speakers(x.copy(), clustering="funasr")
+            assert funasr.dtype == np.int64 and (funasr == 0).all()
+
+
+def test_agglomerative_cut_is_the_mean_cosine_between_groups() -> None:
+    """Two groups of identical windows: one speaker when their cosine is at least ``ahc_threshold`` (default
+    AHC_THRESHOLD), two below; a larger spread inside a group does not change that (average linkage)."""
+    rng = np.random.default_rng(0)
+    a, e = rng.standard_normal((2, 64))
+    a /= np.linalg.norm(a)
+    e -= (e @ a) * a
+    e /= np.linalg.norm(e)
+    truth = np.array([0, 0, 0, 1, 1, 1, 0, 0])
+
+    def pair(cos: float) -> np.ndarray:
+        b = cos * a + np.sqrt(1 - cos**2) * e
+        return np.stack([a, b])[truth] * 3.0
+
+    thr = cl.AHC_THRESHOLD
+    assert (cluster_speakers(pair(thr + 0.02)) == 0).all()
+    np.testing.assert_array_equal(cluster_speakers(pair(thr - 0.02)), truth)
+    np.testing.assert_array_equal(cluster_speakers(pair(0.7), ahc_threshold=0.75), truth)
+    assert (cluster_speakers(pair(0.7), ahc_threshold=0.65) == 0).all()
+    # merge_by_cos still runs after it: centres at cosine >= merge_threshold are one speaker
+    assert (cluster_speakers(pair(0.7), ahc_threshold=0.75, merge_threshold=0.6) == 0).all()
+    np.testing.assert_array_equal(cluster_speakers(pair(0.1)[[0, 3]]), [0, 1])  # two windows
+    np.testing.assert_array_equal(cluster_speakers(pair(0.1)[:1]), [0])
+
+
+def test_agglomerative_keeps_the_count_bounds() -> None:
+    x, truth = _turns(4, 16, 64, seed=3)
+    assert cluster_speakers(x).max() + 1 == 4
+    for hi in (1, 2, 3):  # the tree cut at max_speakers
+        labels = cluster_speakers(x, max_speakers=hi)
+        assert labels.max() + 1 == hi
+        for s in range(4):  # each speaker stays whole
+            assert len(set(labels[truth == s].tolist())) == 1
+    x2, truth2 = _turns(2, 12, 64, seed=4)
+    assert cluster_speakers(x2, min_speakers=2).max() + 1 == 2
+    labels = cluster_speakers(x2, min_speakers=3, max_speakers=5)  # the tree cut at min_speakers
+    assert labels.max() + 1 == 3
+    assert len(set(zip(truth2.tolist(), labels.tolist(), strict=True))) == 3  # a speaker split, none joined
+    np.testing.assert_array_equal(cluster_speakers(x2, num_speakers=2), truth2)  # a given count: spectral, as before
+    with pytest.warns(RuntimeWarning, match="min_speakers=13 asked, but there are only 12"):
+        assert (cluster_speakers(x2, min_speakers=13) == 0).all()
+    # FunASR's clustering keeps its own behaviour under 20 windows: spectral within min..max when min > 1
+    np.testing.assert_array_equal(cluster_speakers(x2, min_speakers=2, clustering="funasr"), truth2)
+    assert (cluster_speakers(x, max_speakers=3, clustering="funasr") == 0).all()
+
+
+def test_from_20_windows_on_the_default_is_funasrs() -> None:
+    """From 20 windows on ``auto`` is FunASR's clustering: the same labels as ``clustering="funasr"`` (which
+    test_labels_equal_funasr holds equal to FunASR's own), whatever the agglomerative threshold."""
+    for n, k, sep in ((20, 2, "well"), (20, 4, "near"), (21, 3, "well"), (60, 3, "near"), (150, 4, "well")):
+        x, _ = make(n, k, 32, sep, seed=n + k)
+        funasr = cluster_speakers(x.copy(), clustering="funasr")
+        np.testing.assert_array_equal(cluster_speakers(x.copy()), funasr)
+        np.testing.assert_array_equal(cluster_speakers(x.copy(), ahc_threshold=0.99), funasr)
+        np.testing.assert_array_equal(cluster_speakers(x.copy(), max_speakers=2),
+                                      cluster_speakers(x.copy(), max_speakers=2, clustering="funasr"))
+
+
+def test_clustering_option_is_checked() -> None:
+    x = np.ones((3, 4), np.float32)
+    for bad in ("FunASR", "ahc", "", None, 1):
+        with pytest.raises(ValueError, match=r"clustering must be one of 'auto', 'funasr', got"):
+            cluster_speakers(x, clustering=bad)  # type: ignore[arg-type]
+    for bad in (1.5, -2, "0.5", None, True):
+        with pytest.raises(ValueError, match="ahc_threshold must be"):
+            cluster_speakers(x, ahc_threshold=bad)  # type: ignore[arg-type]
+    from fun_asr.speakers.diarize import SpeakerOptions
+
+    with pytest.raises(ValueError, match=r"speaker_clustering must be one of 'auto', 'funasr', got 'spectral'"):
+        SpeakerOptions.check(speaker_clustering="spectral")
+    opts = SpeakerOptions.check(2, None, 3, "funasr")
+    assert opts.to_dict() == {"num_speakers": 2, "max_speakers": 3, "speaker_clustering": "funasr"}
+    assert opts.counts() == {"num_speakers": 2, "max_speakers": 3}
+    assert SpeakerOptions().to_dict() == {"speaker_clustering": "auto"}
 
 
 # -- timeline ----------------------------------------------------------------------------------------------------

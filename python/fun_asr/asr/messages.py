@@ -36,6 +36,7 @@ def cli_words(msg: str, *, segment_flag: str = "--segment-seconds", max_audio_fl
     msg = re.sub(r"\bsegment_seconds\b", segment_flag, msg)
     msg = re.sub(r"\bmax_new_tokens\b", "--max-new-tokens", msg)
     msg = re.sub(r"\b(num|min|max)_speakers\b", r"--\1-speakers", msg)
+    msg = re.sub(r"\bspeaker_clustering\b", "--speaker-clustering", msg)
     msg = msg.replace("add overwrite=True", "add --overwrite")
     msg = msg.replace("use the cpu or auto device", "use --device cpu or --device auto")
     return msg

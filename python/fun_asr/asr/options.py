@@ -82,7 +82,7 @@ class TranscribeOptions:
     no_vad: bool = False  # the VAD would have run but the Session has none: results carry the no_vad warning
     vad_options: VadOptions = VadOptions()  # FunASR's per-call VAD kwargs (silence_schedule, dynamic_silence, ...)
     diarize: bool = False  # speaker labels (CAM++ + FunASR's clustering): Segment.speaker
-    speakers: SpeakerOptions = SpeakerOptions()  # num_speakers / min_speakers / max_speakers
+    speakers: SpeakerOptions = SpeakerOptions()  # num_speakers / min_speakers / max_speakers / speaker_clustering
 
     def vad_config(self, base: VadConfig) -> VadConfig:
         """The VAD config this call runs with: the forced cut at ``segment_seconds`` (FunASR's
@@ -111,6 +111,7 @@ class OptionArgs(TypedDict, total=False):
     num_speakers: int | None
     min_speakers: int | None
     max_speakers: int | None
+    speaker_clustering: str | None
 
 
 def check_option_names(given: dict[str, Any], where: str) -> None:

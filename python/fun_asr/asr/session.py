@@ -34,6 +34,7 @@ from fun_asr.audio.frontend import fake_token_len
 from fun_asr.converter.hub import DEFAULT_REPO, DEMO, resolve_model
 from fun_asr.model.demo import WORDS as _DEMO_WORDS
 from fun_asr.model.native import usable_device
+from fun_asr.speakers.cluster import DEFAULT_CLUSTERING, check_clustering
 from fun_asr.speakers.diarize import RecordingSpeakers, SpeakerOptions
 from fun_asr.vad.native import FsmnVad
 
@@ -72,7 +73,10 @@ class Session(Pipeline):
     (default) takes, when speakers are first asked for: the CAM++ embedded in the model package
     (``fun-asr-convert --speaker-model``); ``$FUN_ASR_SPEAKER_MODEL``; for a hub ``model``, the hub's CAM++
     (downloaded once); one already in fun-asr's cache. None: no speakers (``diarize=True`` then raises).
-    ``speaker_source`` says where it came from.
+    ``speaker_source`` says where it came from. ``speaker_clustering``: how the speakers of calls that do not name
+    one are clustered (``"auto"``, default: a recording under 20 speaker windows gets its count from
+    agglomerative clustering; ``"funasr"``: FunASR's labels bit for bit, one speaker there; see
+    :meth:`transcribe`).
     With a CTC head (FunASR/ModelScope checkpoints), a segment decoded alone takes the head's greedy transcript
     as the draft of lossless speculative decoding: the same tokens, fewer decoder passes (``ctc_drafts``, True
     then; set it False to skip the head's cost where its transcript rarely matches).
@@ -82,9 +86,11 @@ class Session(Pipeline):
     def __init__(self, model: str | os.PathLike[str] = DEFAULT_REPO, device: str = "auto", threads: int = 0, *,
                  package_type: str | None = None, revision: str | None = None, progress: bool = True,
                  vad: str | None = "auto", vad_model: str | os.PathLike[str] | None = None,
-                 limits: Limits | None = None, speaker_model: Any = "auto") -> None:
+                 limits: Limits | None = None, speaker_model: Any = "auto",
+                 speaker_clustering: str = DEFAULT_CLUSTERING) -> None:
         if vad not in ("auto", "fsmn", None, "none"):
             raise ValueError(f"vad must be 'auto', 'fsmn' or None, got {vad!r}")
+        self.speaker_clustering = check_clustering(speaker_clustering)
         if not isinstance(device, str):
             raise TypeError(f"device must be a string (auto, cpu, gpu[:N], cuda[:N], vulkan[:N], metal), got "
                             f"{type(device).__name__}")
@@ -183,10 +189,12 @@ class Session(Pipeline):
                 ignore_eos: bool = False, vad: bool | None = None,
                 word_timestamps: bool = False, *, silence_schedule: Any = None, dynamic_silence: bool | None = None,
                 max_end_silence_time: int | None = None, diarize: bool = False, num_speakers: int | None = None,
-                min_speakers: int | None = None, max_speakers: int | None = None) -> TranscribeOptions:
+                min_speakers: int | None = None, max_speakers: int | None = None,
+                speaker_clustering: str | None = None) -> TranscribeOptions:
         """Checks transcription options once (ValueError/TypeError naming the option) and returns them.
         ``diarize``: speaker labels (loads the speaker model now, so that a missing one fails before any audio is
-        read); ``num_speakers``, ``min_speakers``, ``max_speakers`` need it.
+        read); ``num_speakers``, ``min_speakers``, ``max_speakers``, ``speaker_clustering`` (None: the Session's)
+        need it.
         ``silence_schedule``, ``dynamic_silence``, ``max_end_silence_time``: FunASR 1.4.16's per-call FSMN-VAD
         kwargs (:class:`fun_asr.asr.options.VadOptions`); they need the VAD to run."""
         words = check_hotwords(hotwords, self.limits)
@@ -200,7 +208,8 @@ class Session(Pipeline):
             why = "vad=False" if vad is False else "this Session has no VAD model (Session(vad='fsmn', vad_model=...))"
             raise ValueError(f"{named}: FSMN-VAD options, but the VAD does not run here ({why}); the audio would be "
                              "cut at pauses, so they would have no effect")
-        speakers = SpeakerOptions.check(num_speakers, min_speakers, max_speakers)
+        speakers = SpeakerOptions.check(num_speakers, min_speakers, max_speakers,
+                                        self.speaker_clustering if speaker_clustering is None else speaker_clustering)
         if diarize is True and use_vad and not vad_opts.given:
             # speaker turns need segments that end at turn gaps: FunASR's dynamic end-silence schedule waits for
             # up to 2 s of silence (a conversation becomes 30 s segments); its static mode (the VAD config's
@@ -208,8 +217,9 @@ class Session(Pipeline):
             vad_opts = check_vad_options(None, False, None)
         if not isinstance(diarize, bool):
             raise TypeError(f"diarize must be True or False, got {diarize!r}")
-        if speakers.to_dict() and not diarize:
-            raise ValueError(f"{', '.join(speakers.to_dict())}: speaker options, but diarize is False (pass "
+        given = [*speakers.counts(), *(["speaker_clustering"] if speaker_clustering is not None else [])]
+        if given and not diarize:
+            raise ValueError(f"{', '.join(given)}: speaker options, but diarize is False (pass "
                              "diarize=True / --diarize)")
         if diarize:
             self.speaker_model  # noqa: B018 - loads it, or raises naming how to give one
@@ -259,7 +269,11 @@ class Session(Pipeline):
         ``diarize=True``: who spoke when, FunASR's way (``spk_model="cam++"``): every segment gets
         ``Segment.speaker`` (0, 1, ... in order of first appearance) and ``Transcription.speakers`` the speaker
         timeline. ``num_speakers``: exactly that many (FunASR's ``preset_spk_num``); else the count is found in
-        ``min_speakers``..``max_speakers`` (default 1..15). Needs the Session's speaker model (``speaker_model``).
+        ``min_speakers``..``max_speakers`` (default 1..15). ``speaker_clustering``: ``"auto"`` (the Session's default)
+        finds the count of a recording under 20 speaker windows (~15 s of speech) by agglomerative clustering on
+        cosine similarity, where FunASR's ``ClusterBackend`` returns one speaker; ``"funasr"`` keeps FunASR's labels
+        bit for bit; from 20 windows on both are FunASR's clustering. Needs the Session's speaker model
+        (``speaker_model``).
 
         ``draft``: token ids the transcript probably contains (a stream's previous partial of the same speech):
         lossless speculative decoding - the decoder verifies several of them per pass and keeps only what its
@@ -288,9 +302,9 @@ class Session(Pipeline):
         ``names`` labels the recordings in messages and ``Transcription.source`` (default: the file
         path, or ``input N <array>``). The timings of each result hold its share of the batch's prefill
         and decode time. ``silence_schedule``, ``dynamic_silence``, ``max_end_silence_time``: FunASR's VAD
-        kwargs, and ``diarize``, ``num_speakers``, ``min_speakers``, ``max_speakers`` (each recording's speakers
-        on its own), and ``drafts`` (one token list or None per recording: see ``draft`` there), as in
-        :meth:`transcribe`. ``warn=False``: the notices are only in each result's ``warnings``,
+        kwargs, and ``diarize``, ``num_speakers``, ``min_speakers``, ``max_speakers``, ``speaker_clustering`` (each
+        recording's speakers on its own), and ``drafts`` (one token list or None per recording: see ``draft``
+        there), as in :meth:`transcribe`. ``warn=False``: the notices are only in each result's ``warnings``,
         no Python warnings are issued (a server that reports them itself; warning filters are process-wide).
 
         ``arrivals`` (:class:`fun_asr.asr.pipeline.Arrivals`): recordings that join while this call decodes (a

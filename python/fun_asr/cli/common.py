@@ -94,21 +94,33 @@ def check_model_free_options(args: argparse.Namespace, device: bool = True) -> N
 
 
 def add_speaker_arguments(ap: argparse.ArgumentParser) -> None:
-    """--diarize, --num-speakers, --min-speakers, --max-speakers, --speaker-model (fun-asr-transcribe/-batch)."""
+    """--diarize, --num-speakers, --min-speakers, --max-speakers, --speaker-clustering, --speaker-model
+    (fun-asr-transcribe/-batch)."""
     ap.add_argument("--diarize", action="store_true",
                     help="who spoke when: each segment gets a speaker (SPK0, SPK1, ...; FunASR's CAM++ + clustering): "
                          "[SPK0] in txt/srt, <v SPK0> in vtt, speaker in json")
     ap.add_argument("--num-speakers", type=int, default=None, help="with --diarize: exactly this many speakers")
     ap.add_argument("--min-speakers", type=int, default=None, help="with --diarize: at least this many (default 1)")
     ap.add_argument("--max-speakers", type=int, default=None, help="with --diarize: at most this many (default 15)")
+    add_speaker_clustering_argument(ap, "with --diarize: ")
     ap.add_argument("--speaker-model", help="CAM++ speaker model for --diarize: a .gguf, a FunASR CAM++ folder or a "
                                             "hub repo id (default: the one embedded in the model package, "
                                             "$FUN_ASR_SPEAKER_MODEL, or the hub model's)")
 
 
+def add_speaker_clustering_argument(ap: argparse.ArgumentParser, prefix: str = "") -> None:
+    """--speaker-clustering auto|funasr (fun-asr-transcribe/-batch/-serve): the ``speaker_clustering`` option."""
+    from fun_asr.speakers.cluster import CLUSTERINGS
+
+    ap.add_argument("--speaker-clustering", choices=CLUSTERINGS, default=None,
+                    help=f"{prefix}auto (default): a recording under 20 speaker windows (~15 s of speech) gets its "
+                         "speaker count from agglomerative clustering; funasr: FunASR's labels exactly (one speaker "
+                         "there); from 20 windows on both are FunASR's clustering")
+
+
 def check_speaker_arguments(args: argparse.Namespace) -> None:
     """The speaker flags need --diarize; the counts must make sense (UsageError before the model loads)."""
-    for flag in ("num_speakers", "min_speakers", "max_speakers", "speaker_model"):
+    for flag in ("num_speakers", "min_speakers", "max_speakers", "speaker_clustering", "speaker_model"):
         if getattr(args, flag) is not None and not args.diarize:
             raise UsageError(f"--{flag.replace('_', '-')} is for --diarize; add --diarize")
     if args.diarize:
@@ -121,8 +133,10 @@ def check_speaker_arguments(args: argparse.Namespace) -> None:
 
 
 def speaker_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """--diarize and its counts as transcribe() kwargs (none without --diarize)."""
+    """--diarize, its counts and --speaker-clustering (when given) as transcribe() kwargs (none without
+    --diarize)."""
     if not getattr(args, "diarize", False):
         return {}
+    clustering = {} if args.speaker_clustering is None else {"speaker_clustering": args.speaker_clustering}
     return {"diarize": True, "num_speakers": args.num_speakers, "min_speakers": args.min_speakers,
-            "max_speakers": args.max_speakers}
+            "max_speakers": args.max_speakers, **clustering}

@@ -11,6 +11,7 @@ import sys
 from fun_asr.asr.messages import cli_words
 from fun_asr.converter.hub import DEFAULT_REPO
 from fun_asr.serve.words import SPEAKERS_CONSOLE, server_words
+from fun_asr.speakers.cluster import CLUSTERINGS
 
 PROG = "fun-asr-serve"
 
@@ -63,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--enable-spk", action="store_true",
                     help="FunASR's realtime speakers: every WebSocket sentence carries 'spk', re-clustered at STOP "
                          "(needs a speaker model; POST /asr and /v1 take spk=true without this flag)")
+    ap.add_argument("--speaker-clustering", choices=CLUSTERINGS, default="auto",
+                    help="how spk=true requests' speakers are clustered: auto (default): a recording under 20 "
+                         "speaker windows (~15 s of speech) gets its speaker count from agglomerative clustering; "
+                         "funasr: FunASR's labels exactly (one speaker there); from 20 windows on both are FunASR's "
+                         "clustering (--enable-spk streams keep FunASR's realtime tracker)")
     ap.add_argument("--speaker-model", default=None,
                     help="CAM++ speaker model for spk=true and --enable-spk: a .gguf, a FunASR CAM++ folder or a hub "
                          "repo id (default: the one embedded in the model package, $FUN_ASR_SPEAKER_MODEL, or the "
@@ -182,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         session = Session(args.model, device=args.device, threads=args.threads, progress=sys.stderr.isatty(),
                           vad=None if args.vad == "none" else args.vad, vad_model=args.vad_model,
                           limits=Limits(max_audio_seconds=args.max_audio_seconds),
-                          speaker_model=args.speaker_model or "auto")
+                          speaker_model=args.speaker_model or "auto", speaker_clustering=args.speaker_clustering)
     except Exception as exc:  # noqa: BLE001
         for sk in sockets:
             sk.close()

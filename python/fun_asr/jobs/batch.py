@@ -84,7 +84,8 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
         stop: threading.Event | None = None, progress_interval: float = 10.0, silence_schedule: Any = None,
         dynamic_silence: bool | None = None, max_end_silence_time: int | None = None, diarize: bool = False,
         num_speakers: int | None = None, min_speakers: int | None = None, max_speakers: int | None = None,
-        speaker_model: str | os.PathLike[str] | None = None, overwrite: bool = False) -> dict:
+        speaker_model: str | os.PathLike[str] | None = None, overwrite: bool = False,
+        speaker_clustering: str | None = None) -> dict:
     """Transcribes a corpus into ``output_dir`` (see the module doc) and returns the summary (also
     written to ``output_dir/summary.json``).
 
@@ -98,8 +99,9 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
     ``stop``: when set (e.g. from a signal handler), the job stops after writing the batch in flight;
     the summary then says ``interrupted`` and a rerun resumes.
     ``silence_schedule``, ``dynamic_silence``, ``max_end_silence_time``: FunASR's per-call VAD kwargs, as
-    ``Session.transcribe`` takes them. ``diarize`` (with ``num_speakers``, ``min_speakers``, ``max_speakers``):
-    speaker labels in every record's segments (``speaker_model``: the CAM++ to use, else the Session's lookup).
+    ``Session.transcribe`` takes them. ``diarize`` (with ``num_speakers``, ``min_speakers``, ``max_speakers``,
+    ``speaker_clustering``: ``"auto"`` or ``"funasr"``, None: the Session's, ``"auto"``): speaker labels in every
+    record's segments (``speaker_model``: the CAM++ to use, else the Session's lookup).
     ``overwrite``: replace a ``summary.json`` or ``eval.tsv`` in ``output_dir`` that a fun-asr-batch job did not
     write (without it such a folder is refused before anything runs; the job's own records are always updated).
     """
@@ -119,12 +121,17 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
         vad_options = check_vad_options(silence_schedule, dynamic_silence, max_end_silence_time).to_dict()
     except (TypeError, ValueError) as exc:
         raise BatchError(str(exc)) from None
+    from fun_asr.speakers.cluster import DEFAULT_CLUSTERING
     from fun_asr.speakers.diarize import SpeakerOptions
 
     try:
-        counts = SpeakerOptions.check(num_speakers, min_speakers, max_speakers).to_dict()
+        checked = SpeakerOptions.check(num_speakers, min_speakers, max_speakers,
+                                       DEFAULT_CLUSTERING if speaker_clustering is None else speaker_clustering)
     except ValueError as exc:
         raise BatchError(str(exc)) from None
+    counts: dict[str, Any] = checked.counts()
+    if speaker_clustering is not None:  # given: passed on (None: the Session's default)
+        counts["speaker_clustering"] = checked.speaker_clustering
     if counts and not diarize:
         raise BatchError(f"{', '.join(counts)}: speaker options, but diarize is False")
     if speaker_model is not None and not diarize:

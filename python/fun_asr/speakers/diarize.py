@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from fun_asr.speakers.cluster import check_counts
+from fun_asr.speakers.cluster import DEFAULT_CLUSTERING, check_clustering, check_counts
 
 EMBED_BATCH = 32  # windows per native call (one graph): 32 x 1.5 s
 
@@ -25,20 +25,31 @@ EMBED_BATCH = 32  # windows per native call (one graph): 32 x 1.5 s
 @dataclass(frozen=True)
 class SpeakerOptions:
     """How many speakers to look for: ``num_speakers`` (FunASR's ``preset_spk_num``: exactly that many) or a
-    range ``min_speakers``..``max_speakers`` for the eigen-gap count (FunASR's 1..15 when not given)."""
+    range ``min_speakers``..``max_speakers`` for the count (FunASR's 1..15 when not given); and how
+    (``speaker_clustering``): ``"auto"`` finds the count of a recording under 20 speaker windows (~15 s of
+    speech) by agglomerative clustering, ``"funasr"`` keeps FunASR's labels (one speaker there); from 20 windows
+    on both are FunASR's clustering (:func:`~fun_asr.speakers.cluster.cluster_speakers`)."""
 
     num_speakers: int | None = None
     min_speakers: int | None = None
     max_speakers: int | None = None
+    speaker_clustering: str = DEFAULT_CLUSTERING
 
     @classmethod
-    def check(cls, num_speakers: Any = None, min_speakers: Any = None, max_speakers: Any = None) -> SpeakerOptions:
-        """The counts checked (:func:`~fun_asr.speakers.cluster.check_counts`: ValueError naming the option)."""
-        return cls(*check_counts(num_speakers, min_speakers, max_speakers))
+    def check(cls, num_speakers: Any = None, min_speakers: Any = None, max_speakers: Any = None,
+              speaker_clustering: Any = DEFAULT_CLUSTERING) -> SpeakerOptions:
+        """The options checked (:func:`~fun_asr.speakers.cluster.check_counts`,
+        :func:`~fun_asr.speakers.cluster.check_clustering`: ValueError naming the option)."""
+        return cls(*check_counts(num_speakers, min_speakers, max_speakers), check_clustering(speaker_clustering))
 
-    def to_dict(self) -> dict[str, int]:
+    def counts(self) -> dict[str, int]:
+        """The counts given (none: the count is found)."""
         return {k: v for k, v in (("num_speakers", self.num_speakers), ("min_speakers", self.min_speakers),
                                   ("max_speakers", self.max_speakers)) if v is not None}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The counts given and the clustering (a result's ``options``)."""
+        return {**self.counts(), "speaker_clustering": self.speaker_clustering}
 
 
 class RecordingSpeakers:
@@ -127,7 +138,7 @@ class RecordingSpeakers:
         windows = [self.windows[i] for i in order]
         emb = emb[order]
         labels = cluster_speakers(emb, num_speakers=options.num_speakers, min_speakers=options.min_speakers,
-                                  max_speakers=options.max_speakers)
+                                  max_speakers=options.max_speakers, clustering=options.speaker_clustering)
         timeline = [(float(a), float(b), int(s)) for a, b, s in speaker_timeline(windows, labels)]
         sentences = [{"start": int(round(a * 1000)), "end": int(round(b * 1000))} for a, b in segments]
         distribute_speakers(sentences, [list(t) for t in timeline])

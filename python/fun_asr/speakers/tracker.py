@@ -49,15 +49,16 @@ class SpeakerTracker:
     ``sample_rate``), e.g. :meth:`~fun_asr.speakers.native.SpeakerModel.embed`; used as float32. ``threshold``:
     the cosine at which a cluster is the same person as a known speaker; ``max_history_windows``: how many recent
     windows are clustered; ``max_speakers``: the most speaker ids handed out. ``num_speakers``, ``min_speakers``,
-    ``cluster_max_speakers``, ``merge_threshold``, ``seed`` go to
+    ``cluster_max_speakers``, ``merge_threshold``, ``seed``, ``clustering`` go to
     :func:`~fun_asr.speakers.cluster.cluster_speakers` (its ``max_speakers`` is ``cluster_max_speakers``, by
-    default ``max_speakers``: FunASR's 15 for both)."""
+    default ``max_speakers``: FunASR's 15 for both; ``clustering`` is FunASR's by default, as its realtime
+    server: a history under 20 windows is one speaker)."""
 
     def __init__(self, embed: Callable[[list[np.ndarray]], Any], threshold: float = MATCH_THRESHOLD,
                  max_history_windows: int = HISTORY_WINDOWS, max_speakers: int = MAX_IDENTITIES, *,
                  num_speakers: int | None = None, min_speakers: int | None = None,
                  cluster_max_speakers: int | None = None, merge_threshold: float = 0.78, seed: int = 0,
-                 sample_rate: int = 16000) -> None:
+                 clustering: str = "funasr", sample_rate: int = 16000) -> None:
         if not callable(embed):
             raise ValueError(f"embed must be a callable windows -> [N, D] embeddings, got {type(embed).__name__}")
         for name, value in (("max_history_windows", max_history_windows), ("max_speakers", max_speakers),
@@ -76,7 +77,7 @@ class SpeakerTracker:
         self.sample_rate = int(sample_rate)
         self.cluster_options: dict[str, Any] = {
             "num_speakers": num_speakers, "min_speakers": min_speakers, "max_speakers": cluster_max_speakers,
-            "merge_threshold": merge_threshold, "seed": seed}
+            "merge_threshold": merge_threshold, "seed": seed, "clustering": clustering}
         cluster_speakers(np.zeros((0, 1), np.float32), **self.cluster_options)  # validates seed too
         self.windows: deque[tuple[float, float]] = deque(maxlen=int(max_history_windows))
         self.embeddings: deque[np.ndarray] = deque(maxlen=int(max_history_windows))
