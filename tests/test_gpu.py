@@ -49,11 +49,14 @@ def test_gpu_tokens_equal_cpu_tokens(device: str, package: str, batch_size: int,
     differ = [i for i, (a, b) in enumerate(zip(gpu, cpu_tokens(package, clips), strict=True)) if a != b]
     assert differ == [], (f"{len(differ)}/60 clips decode differently on {device} ({package}, batch {batch_size}): "
                           f"{differ[:10]}")
-    # each token's log-probability, computed on the device beside the choice (ggml's softmax at the argmax)
+    # each token's log-probability, computed on the device beside the choice (ggml's softmax at the argmax): the
+    # CPU's within the GPU's rounding of the logits (its products dequantize the weights; the CPU's quantize the
+    # activations too: on lavapipe, Q8_0, a token at -2.83 came out -2.77, one at -0.52 -0.50; the median 5e-5)
     assert s.model.info()["caps"]["logprob_in_graph"]
     got = np.array([lp for r in results for seg in r.segments for lp in seg.token_logprobs])
     want = np.array(_cpu_logprobs[package])
-    assert got.shape == want.shape and float(np.abs(got - want).max()) < 0.02
+    assert got.shape == want.shape and bool(np.all(np.abs(got - want) <= 0.05 * np.abs(want) + 0.005))
+    assert float(np.median(np.abs(got - want))) < 1e-3
 
 
 @pytest.mark.parametrize("device", GPU_DEVICES)

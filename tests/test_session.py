@@ -227,7 +227,9 @@ def test_cli_every_format(tiny_gguf, tmp_path: Path) -> None:  # noqa: ANN001
                          "warning_codes", "segments", "timings", "options"}
     assert data["truncated"] and data["warnings"] and not data["input_truncated"] and data["error"] is None
     assert set(data["segments"][0]) == {"start", "end", "text", "tokens", "stop_reason", "truncated", "repetition",
-                                        "words"}
+                                        "words", "token_logprobs", "avg_logprob", "compression_ratio",
+                                        "no_speech_prob", "token_words"}
+    assert len(data["segments"][0]["token_logprobs"]) == 6 and data["segments"][0]["no_speech_prob"] is None
     assert data["options"] == {"language": "en", "itn": False, "hotwords": ["fun", "asr"], "max_new_tokens": 6,
                                "segment_seconds": 30.0, "repetition_guard": False}
     assert len(data["segments"][0]["tokens"]) == 6 and data["segments"][0]["truncated"]

@@ -79,7 +79,7 @@ def test_cli_and_server_carry_words(nano: dict[str, Path], tmp_path: Path) -> No
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     words = data["segments"][0]["words"]
-    assert words and all(set(w) == {"word", "start", "end", "score"} for w in words)
+    assert words and all(set(w) == {"word", "start", "end", "score", "probability"} for w in words)
     r = subprocess.run([*base, "--word-timestamps", "-f", "srt"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and r.stdout.count(" --> ") == len([w for w in words if w["word"].strip()])
 
