@@ -243,8 +243,8 @@ def test_file_upload_shows_the_words_with_times(page: Any, base: str, tmp_path: 
         assert page.inner_text("#conf-value") == f"{value:.2f}"
         return page.eval_on_selector_all("#segments .word", "els => els.map((e) => e.classList.contains('low'))")
 
-    middle = sorted(probs)[len(probs) // 2]  # a value some words are under and some not, where they differ
-    cut = round(middle + 0.005, 2) if middle < 0.99 else 0.5
+    # a value some words are under and some not (the closest to half of them): the screenshot shows the marking
+    cut = min((c / 100 for c in range(1, 100)), key=lambda c: abs(sum(p < c for p in probs) - len(probs) / 2))
     assert marked(0) == [False] * len(probs) and marked(1) == [p < 1 for p in probs]
     assert marked(cut) == [p < cut for p in probs]
     assert _words(page.inner_text("#segments .seg .seg-text")) == _words(want)  # marking keeps the text

@@ -313,9 +313,11 @@
     if (s.words && s.words.length) {
       // each word with the decoder's probability; those under the threshold marked (class "low")
       for (const w of s.words) {
+        const body = w.word.trimStart();  // (the white space before a word stays outside its mark)
+        if (body.length < w.word.length) x.append(w.word.slice(0, w.word.length - body.length));
         const span = document.createElement("span");
         span.className = w.probability < below ? "word low" : "word";
-        span.textContent = w.word;
+        span.textContent = body;
         span.title = `probability ${w.probability.toFixed(2)}`;
         x.append(span);
       }
