@@ -543,4 +543,10 @@ ggml_tensor * ctc_argmax(ggml_context * ctx, ggml_tensor * logits) {
     return argmax_columns(ctx, logits, /*nan_first_wins=*/false);  // the one argmax op; no NaN wins, in row 0 neither
 }
 
+ggml_tensor * chosen_probability(ggml_context * ctx, ggml_tensor * logits, ggml_tensor * choice) {
+    const int64_t V = logits->ne[0], B = logits->ne[1];
+    ggml_tensor * probs = ggml_reshape_3d(ctx, ggml_soft_max(ctx, logits), 1, V, B);  // one row per element
+    return ggml_get_rows(ctx, probs, ggml_reshape_2d(ctx, choice, 1, B));
+}
+
 }  // namespace fun_asr

@@ -76,6 +76,10 @@ struct GraphCtx {
 // ggml's ARGMAX runs on one thread (15.7 ms over 60,515 x 167 logits); this splits the frames over all.
 ggml_tensor * ctc_argmax(ggml_context * ctx, ggml_tensor * logits);
 
+// Each column's softmax at its chosen row: logits [vocab, B] and choice int32 [B] (ggml's ARGMAX of them) ->
+// [1, 1, B] (ggml's SOFT_MAX, then GET_ROWS): the probability of a GPU's greedy choice, read back with it.
+ggml_tensor * chosen_probability(ggml_context * ctx, ggml_tensor * logits, ggml_tensor * choice);
+
 ggml_tensor * layer_norm(ggml_context * ctx, ggml_tensor * x, const Norm & n, float eps);
 ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w, float eps);
 // ggml_mul_mat(w, x), or for a few columns (up to matvec_max_cols()) the bandwidth-bound kernels in

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 
 #include "ggml.h"
@@ -62,6 +63,17 @@ void advise_huge_pages(ggml_backend_buffer_t buffer) {
 #else
     (void)buffer;
 #endif
+}
+
+bool device_supports(ggml_backend_dev_t dev, size_t n_tensors,
+                     const std::function<std::vector<ggml_tensor *>(ggml_context *)> & build) {
+    ggml_init_params ip{ggml_tensor_overhead() * n_tensors, nullptr, /*no_alloc=*/true};
+    ggml_context * ctx = ggml_init(ip);
+    if (!ctx) throw std::runtime_error("ggml_init failed");
+    bool ok = true;
+    for (ggml_tensor * op : build(ctx)) ok = ok && ggml_backend_dev_supports_op(dev, op);
+    ggml_free(ctx);
+    return ok;
 }
 
 }  // namespace fun_asr

@@ -1,8 +1,10 @@
-// What the loader and the runtime both need of ggml: its log routed and its errors kept for our exceptions, and
-// transparent huge pages for the host buffers read whole and often.
+// What the loader and the runtime both need of ggml: its log routed and its errors kept for our exceptions,
+// transparent huge pages for the host buffers read whole and often, and whether a device runs an op.
 #pragma once
 
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "ggml-backend.h"
 
@@ -21,5 +23,10 @@ void advise_huge_pages(ggml_backend_buffer_t buffer);
 
 // ggml's error lines logged on this thread since the last call, joined with "; " (empty if none).
 std::string take_ggml_error();
+
+// Whether `dev` runs every op that `build` makes (ggml_backend_dev_supports_op), built in a metadata-only context
+// of `n_tensors` tensors: `build` returns the ops to ask about. std::runtime_error when the context cannot be made.
+bool device_supports(ggml_backend_dev_t dev, size_t n_tensors,
+                     const std::function<std::vector<ggml_tensor *>(ggml_context *)> & build);
 
 }  // namespace fun_asr

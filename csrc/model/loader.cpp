@@ -389,14 +389,11 @@ ggml_backend_buffer_t place_weights(ggml_backend_buffer_type_t buft, const Place
 // Whether `dev` runs ggml's GET_ROWS on the matrix w (ggml's Vulkan backend has no K-quant lookups), or its
 // product with a column (a device refuses a tensor larger than it can bind: Mesa's lavapipe above 128 MiB).
 bool device_runs(ggml_backend_dev_t dev, ggml_tensor * w, bool lookup) {
-    ggml_init_params ip{ggml_tensor_overhead() * 2, nullptr, /*no_alloc=*/true};
-    ggml_context * ctx = ggml_init(ip);
-    if (!ctx) throw std::runtime_error("ggml_init failed");
-    ggml_tensor * op = lookup ? ggml_get_rows(ctx, w, ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1))
-                              : ggml_mul_mat(ctx, w, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 1));
-    const bool ok = ggml_backend_dev_supports_op(dev, op);
-    ggml_free(ctx);
-    return ok;
+    return device_supports(dev, 2, [&](ggml_context * ctx) {
+        return std::vector<ggml_tensor *>{
+            lookup ? ggml_get_rows(ctx, w, ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1))
+                   : ggml_mul_mat(ctx, w, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 1))};
+    });
 }
 
 }  // namespace

@@ -139,33 +139,19 @@ std::string device_fallback(const std::string & device) {
 
 namespace {
 
-// Whether ggml's ARGMAX over F32 rows runs on dev (ggml_backend_dev_supports_op; the backends answer by type, the
-// probe's width is no model's).
-bool runs_argmax(ggml_backend_dev_t dev) {
-    ggml_init_params ip{ggml_tensor_overhead() * 4, nullptr, /*no_alloc=*/true};
-    ggml_context * ctx = ggml_init(ip);
-    if (!ctx) return false;
-    constexpr int64_t kProbeWidth = 4096, kProbeRows = 8;
-    ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, kProbeWidth, kProbeRows);
-    const bool ok = ggml_backend_dev_supports_op(dev, ggml_argmax(ctx, logits));
-    ggml_free(ctx);
-    return ok;
-}
+// Whether ggml's ARGMAX over F32 rows runs on dev, and with it the chosen probability (chosen_probability:
+// SOFT_MAX, then GET_ROWS at the ARGMAX). The backends answer by type; the probe's width is no model's.
+constexpr int64_t kProbeWidth = 4096, kProbeRows = 8;
 
-// Whether dev computes the chosen token's probability beside ARGMAX: SOFT_MAX over F32 rows, then GET_ROWS of
-// each row's element at its argmax (Model::run_decoder).
-bool runs_chosen_probability(ggml_backend_dev_t dev) {
-    ggml_init_params ip{ggml_tensor_overhead() * 8, nullptr, /*no_alloc=*/true};
-    ggml_context * ctx = ggml_init(ip);
-    if (!ctx) return false;
-    constexpr int64_t kProbeWidth = 4096, kProbeRows = 8;
-    ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, kProbeWidth, kProbeRows);
-    ggml_tensor * probs = ggml_soft_max(ctx, logits);
-    ggml_tensor * at = ggml_reshape_2d(ctx, ggml_argmax(ctx, logits), 1, kProbeRows);
-    ggml_tensor * chosen = ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, kProbeWidth, kProbeRows), at);
-    const bool ok = ggml_backend_dev_supports_op(dev, probs) && ggml_backend_dev_supports_op(dev, chosen);
-    ggml_free(ctx);
-    return ok;
+bool runs_argmax(ggml_backend_dev_t dev, bool with_probability) {
+    return device_supports(dev, 8, [&](ggml_context * ctx) {
+        ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, kProbeWidth, kProbeRows);
+        ggml_tensor * choice = ggml_argmax(ctx, logits);
+        if (!with_probability) return std::vector<ggml_tensor *>{choice};
+        ggml_tensor * chosen = chosen_probability(ctx, logits, choice);
+        ggml_tensor * softmax = chosen->src[0]->src[0];  // (GET_ROWS reads the softmax through a reshape)
+        return std::vector<ggml_tensor *>{choice, softmax, chosen};
+    });
 }
 
 }  // namespace
@@ -184,10 +170,10 @@ DeviceCaps device_caps(ggml_backend_dev_t dev) {
     // mask (the keys past a sequence's length at -inf), so that nothing in the graph depends on the lengths.
     caps.graph_reuse = true;
     // The greedy choice: fun-asr's argmax op on the CPU, ggml's ARGMAX where the device runs it (ggml says).
-    caps.argmax_in_graph = caps.host || runs_argmax(dev);
+    caps.argmax_in_graph = caps.host || runs_argmax(dev, false);
     // The chosen token's log-probability beside it (token_logprobs): fun-asr's op on the CPU; elsewhere the
     // softmax's value at the argmax, read back with the choice (the logits stay on the device).
-    caps.logprob_in_graph = caps.host || (caps.argmax_in_graph && runs_chosen_probability(dev));
+    caps.logprob_in_graph = caps.host || (caps.argmax_in_graph && runs_argmax(dev, true));
     caps.timed_threads = caps.host;  // a GPU's CPU fallback keeps every thread
     caps.packed_encoding = !caps.host;
     caps.norm_rope_chain = lower(ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev))) != "vulkan";

@@ -177,8 +177,7 @@ std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * 
                 } else if (want_logprob || !choice_logprobs) {
                     choice = ggml_argmax(g.ctx, logits);
                     if (want_logprob) {  // softmax(logits)[choice] per sequence: [1, 1, B]
-                        ggml_tensor * probs = ggml_reshape_3d(g.ctx, ggml_soft_max(g.ctx, logits), 1, d.vocab, B);
-                        chosen_prob = ggml_get_rows(g.ctx, probs, ggml_reshape_2d(g.ctx, choice, 1, B));
+                        chosen_prob = chosen_probability(g.ctx, logits, choice);
                         ggml_set_output(chosen_prob);
                         ggml_build_forward_expand(g.gf, chosen_prob);
                     }

@@ -50,6 +50,15 @@ def mean_logprob(segments: Sequence[Any]) -> float | None:
     return avg_logprob(every)
 
 
+def spoken(tokens: Sequence[int], logprobs: Sequence[float] | None, stop_ids: Sequence[int]
+           ) -> tuple[list[int], list[float] | None]:
+    """A segment's tokens without its stop tokens, and their log-probabilities (None where it has none)."""
+    if logprobs is None:
+        return [t for t in tokens if t not in stop_ids], None
+    kept = [(t, lp) for t, lp in zip(tokens, logprobs, strict=True) if t not in stop_ids]
+    return [t for t, _ in kept], [lp for _, lp in kept]
+
+
 def _spans(tokens: Sequence[int], token_bytes: TokenBytes) -> tuple[bytes, list[tuple[int, int]]]:
     """The tokens' bytes joined and each token's byte span in them."""
     out, spans, at = [], [], 0
@@ -186,5 +195,5 @@ def token_logprobs(tokens: Sequence[int], logprobs: Sequence[float], token_bytes
     return out
 
 
-__all__ = ["avg_logprob", "compression_ratio", "mean_logprob", "split_words", "token_logprobs", "token_words",
+__all__ = ["avg_logprob", "compression_ratio", "mean_logprob", "split_words", "spoken", "token_logprobs", "token_words",
            "word_probabilities"]

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from fun_asr.asr.confidence import word_probabilities
+from fun_asr.asr.confidence import spoken, word_probabilities
 from fun_asr.notices import Notice
 
 __all__ = ["CtcAligner", "CtcTokenizer", "TokenTime", "align", "align_ids", "align_segments", "draft_text",
@@ -365,10 +365,10 @@ def align_segments(aligner: CtcAligner, logprobs: Callable[[np.ndarray], np.ndar
         seg = item.segments[si]
         times = aligner.align_text(logprobs(enc), text_of(seg.tokens), offset_ms=int(round(seg.start * 1000)))
         seg.words = [{"word": t.text, "start": t.start, "end": t.end, "score": t.score} for t in times]
-        if token_bytes is not None and seg.token_logprobs is not None and seg.words:
-            kept = [(t, lp) for t, lp in zip(seg.tokens, seg.token_logprobs, strict=True) if t not in stop_ids]
-            word_probabilities(seg.words, [aligner.tokenizer.decoder.get(t.token_id, b"") for t in times],
-                               [t for t, _ in kept], [lp for _, lp in kept], token_bytes, funasr_text_origin)
+        tokens, lps = spoken(seg.tokens, seg.token_logprobs, stop_ids)
+        if token_bytes is not None and lps is not None and seg.words:
+            word_probabilities(seg.words, [aligner.tokenizer.decoder.get(t.token_id, b"") for t in times], tokens,
+                               lps, token_bytes, funasr_text_origin)
         if seg.text.strip() and not any(w["word"].strip() for w in seg.words):
             item.warnings.append(Notice(
                 "word_timestamps_failed",

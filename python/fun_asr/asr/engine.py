@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fun_asr.asr.confidence import token_words
+from fun_asr.asr.confidence import spoken, token_words
 from fun_asr.asr.ctc import CtcAligner, align_segments, draft_text
 from fun_asr.asr.cutting import _Item
 from fun_asr.asr.interrupts import RunningCalls
@@ -131,13 +131,10 @@ class Engine:
                                                           max_new_tokens, stop, repetition_guard=opts.repetition_guard,
                                                           draft=list(draft) if draft else None)
             gen = self.model.last_generation()
-            logprobs = (self.model.last_token_logprobs() or [[]])[0]
         t2 = time.perf_counter()
         timings = {"encode_ms": (t1 - t0) * 1e3, "decode_ms": (t2 - t1) * 1e3}
         for key in ("decode_passes", "draft_proposed", "draft_accepted"):
             timings[key] = float(gen[key])
-        if logprobs:  # the tokens' mean log-probability, the stop token's included (Segment.avg_logprob)
-            timings["avg_logprob"] = sum(logprobs) / len(logprobs)
         return [t for t in tokens if t not in self.stop_ids], reason, timings
 
     def interrupt(self) -> bool:
@@ -334,11 +331,9 @@ class Engine:
     def _token_words(self, item: _Item) -> None:
         """Each decoded segment's text as words with the decoder's probability (Segment.token_words)."""
         for seg in item.segments:
-            if seg.token_logprobs is not None:
-                kept = [(t, lp) for t, lp in zip(seg.tokens, seg.token_logprobs, strict=True)
-                        if t not in self.stop_ids]
-                seg.token_words = token_words([t for t, _ in kept], [lp for _, lp in kept],
-                                              self.tokenizer.token_bytes)
+            tokens, logprobs = spoken(seg.tokens, seg.token_logprobs, self.stop_ids)
+            if logprobs is not None:
+                seg.token_words = token_words(tokens, logprobs, self.tokenizer.token_bytes)
 
     def _text_of(self, tokens: list[int]) -> str:
         """Decoded token ids, stop ids left out, not stripped (what FunASR aligns)."""

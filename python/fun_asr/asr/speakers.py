@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from fun_asr.asr.confidence import spoken
+
 SPEAKER_ENV = "FUN_ASR_SPEAKER_MODEL"
 NO_SPEAKER_MODEL = (
     "{model}: speaker labels (diarize=True, --diarize, spk=true) need FunASR's CAM++ speaker model, and there is "
@@ -106,9 +108,7 @@ def split_at_speakers(segment: Any, label: int | None, timeline: list[tuple[floa
     import dataclasses
 
     parts = _pieces(segment.start, segment.end, timeline)
-    tokens = [t for t in segment.tokens if t not in stop_ids]
-    logprobs = None if segment.token_logprobs is None else [
-        lp for t, lp in zip(segment.tokens, segment.token_logprobs, strict=True) if t not in stop_ids]
+    tokens, logprobs = spoken(segment.tokens, segment.token_logprobs, stop_ids)
     if len(parts) < 2 or not tokens or not segment.text.strip():
         segment.speaker = label
         return [segment]

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 
 from fun_asr.asr.assemble import join_text
-from fun_asr.asr.confidence import token_logprobs
+from fun_asr.asr.confidence import spoken, token_logprobs
 from fun_asr.asr.language import english_name
 from fun_asr.asr.session import Transcription
 from fun_asr.serve.core.context import segment_confidence, segment_words
@@ -72,10 +72,8 @@ def transcript_logprobs(t: Transcription, token_bytes: Callable[[int], bytes], s
 
 
 def segment_logprobs(s: Any, token_bytes: Callable[[int], bytes], stop_ids: Sequence[int]) -> list[dict[str, Any]]:
-    if s.token_logprobs is None:
-        return []
-    kept = [(tok, lp) for tok, lp in zip(s.tokens, s.token_logprobs, strict=True) if tok not in stop_ids]
-    return token_logprobs([tok for tok, _ in kept], [lp for _, lp in kept], token_bytes)
+    tokens, logprobs = spoken(s.tokens, s.token_logprobs, stop_ids)
+    return [] if logprobs is None else token_logprobs(tokens, logprobs, token_bytes)
 
 
 def stream_events(t: Transcription, spec: dict[str, Any],
