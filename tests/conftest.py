@@ -26,9 +26,11 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    import device_process
     from gpu import require_named_devices
 
     require_named_devices()
+    device_process.register(config)
 
 
 @pytest.fixture(scope="session")

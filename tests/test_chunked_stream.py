@@ -174,7 +174,7 @@ def test_mode_and_option_errors(session: fun_asr.Session) -> None:
     with pytest.raises(ValueError, match="longer than the encoder's window"):
         session.stream(mode="chunked", stream_options=ChunkedOptions(window_seconds=500.0, search_seconds=5.0))
     stream = session.stream(mode="chunked")
-    with pytest.raises(AudioError, match="mono 1-D"):
+    with pytest.raises(AudioError, match="ambiguous"):  # either layout: transcribe refuses it too
         stream.feed(np.zeros((10, 2), np.float32))
     with pytest.raises(AudioError, match="even byte count"):
         stream.feed(b"\x00\x01\x02")

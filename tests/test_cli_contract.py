@@ -70,13 +70,16 @@ def test_existing_output_is_refused_before_anything_then_replaced_with_overwrite
     r = _transcribe("-m", "demo", "--device", "cpu", str(clip), "-o", str(col), env=demo_env)
     assert r.returncode == 2, r.stderr
     assert notes.read_text() == "MY NOTES\n"
-    assert r.stderr.count("\n") == 1 and str(notes) in r.stderr and "--overwrite" in r.stderr, r.stderr
+    assert r.stderr == (f"fun-asr-transcribe: error: {notes} already exists; add --overwrite to replace it, or "
+                        "write elsewhere (nothing was done)\n"), r.stderr
     assert "->" not in r.stderr  # nothing was transcribed or written
     # several: the first few and a count
     for fmt in ("json", "srt", "vtt"):
         (col / f"a.{fmt}").write_text(f"MINE {fmt}\n")
     r = _transcribe("-m", "demo", "--device", "cpu", str(clip), "-o", str(col), "-f", "all", env=demo_env)
-    assert r.returncode == 2 and "4 outputs already exist" in r.stderr and "and 1 more" in r.stderr, r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"4 outputs already exist: {notes}, " in r.stderr, r.stderr
+    assert " and 1 more; add --overwrite to replace them, or write elsewhere (nothing was done)" in r.stderr
     r = _transcribe("-m", "demo", "--device", "cpu", str(clip), "-o", str(col), "--overwrite", env=demo_env)
     assert r.returncode == 0, r.stderr
     assert notes.read_text().strip() == "five two five eight"
@@ -122,7 +125,9 @@ def test_eval_table_is_not_overwritten(tmp_path: Path) -> None:
     table = tmp_path / "table.tsv"
     table.write_text("MINE\n")
     r = _run("fun_asr.cli.evaluate", str(hyp), str(ref), "--table", str(table))
-    assert r.returncode == 2 and "--overwrite" in r.stderr and table.read_text() == "MINE\n", r.stderr
+    assert r.returncode == 2 and table.read_text() == "MINE\n", r.stderr
+    assert r.stderr == f"fun-asr-eval: error: {table} already exists; add --overwrite to replace it, or write " \
+                       "elsewhere (nothing was done)\n"
     r = _run("fun_asr.cli.evaluate", str(hyp), str(ref), "--table", str(table), "--overwrite")
     assert r.returncode == 0 and table.read_text().startswith("id\twer"), r.stderr
     other = tmp_path / "other.txt"
@@ -137,7 +142,9 @@ def test_batch_refuses_a_folder_it_did_not_write(demo_env: dict, tmp_path: Path)
     (out / "summary.json").write_text('{"my": "data"}\n')
     r = _run("fun_asr.cli.batch", str(DEMO_CLIP), "-o", str(out), "-m", "demo", "--device", "cpu", "--quiet",
              env=demo_env)
-    assert r.returncode == 2 and "--overwrite" in r.stderr and "summary.json" in r.stderr, r.stderr
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == (f"fun-asr-batch: error: {out / 'summary.json'} already exists, not written by fun-asr-batch; "
+                        "add --overwrite to replace it, or write elsewhere (nothing was done)\n"), r.stderr
     assert (out / "summary.json").read_text() == '{"my": "data"}\n' and not list(out.glob("shard-*"))
     r = _run("fun_asr.cli.batch", str(DEMO_CLIP), "-o", str(out), "-m", "demo", "--device", "cpu", "--quiet",
              "--overwrite", env=demo_env)
@@ -163,8 +170,12 @@ def test_batch_exits_1_when_a_recording_failed(demo_env: dict, tmp_path: Path) -
 # --- fail fast -----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args,message", [
-    (["--device", "cuda"], "--device cuda: device 'cuda' requested but no GPU is available"),
+    (["--device", "cuda"], "--device cuda: "),
+    (["--device", "metal"], "--device metal: this build has no Metal backend; it has: "),
     (["--device", "tpu"], "--device tpu: unknown device 'tpu'"),
+    (["--diarize", "--num-speakers", "0"],
+     "--num-speakers must be a positive integer, got 0 (omit --num-speakers to have the speakers counted)"),
+    (["--diarize", "--max-speakers", "-2"], "--max-speakers must be a positive integer, got -2 (omit --max-speakers"),
     (["--hotwords", "a\tb"], "--hotwords"),
     (["--hotwords", ",".join(f"w{i}" for i in range(300))], "--hotwords: 300 hotwords; at most 200 are accepted"),
     (["--max-new-tokens", "100000"], "--max-new-tokens must be at most"),
@@ -178,6 +189,9 @@ def test_options_fail_before_the_model_is_built_or_loaded(args: list[str], messa
     t0 = time.time()
     r = _transcribe("-m", "demo", str(DEMO_CLIP), *args, env=cache)
     assert r.returncode == 2 and r.stderr.count("error:") == 1 and message in r.stderr, r.stderr
+    assert "None" not in r.stderr and not PYTHON_SPELLING.findall(r.stderr), r.stderr  # the command's words
+    if args[:2] in (["--device", "cuda"], ["--device", "metal"]):  # one this machine or build lacks: what to use
+        assert r.stderr.rstrip().endswith("; use --device cpu or --device auto"), r.stderr
     assert _models(cache) == []  # nothing converted into the cache
     assert "cannot load model" not in r.stderr and "demo model" not in r.stderr  # the model was never opened
     assert time.time() - t0 < 60
@@ -191,9 +205,44 @@ def test_session_checks_the_device_before_converting(cache: dict, monkeypatch: p
         pytest.skip("this build has a GPU")
     for k, v in cache.items():
         monkeypatch.setenv(k, v)
-    with pytest.raises(ValueError, match="no GPU is available"):
+    with pytest.raises(ValueError, match="this build has no CUDA backend|device 'cuda' is not usable here"):
         fun_asr.Session("demo", device="cuda")
     assert _models(cache) == []
+
+
+@pytest.mark.parametrize("built,why,said", [
+    (False, "", "--device vulkan: this build has no Vulkan backend; it has: CPU; use --device cpu or --device auto"),
+    (True, "libggml-vulkan.so loaded but found no device",
+     "--device vulkan: device 'vulkan' is not usable here: libggml-vulkan.so loaded but found no device; use "
+     "--device cpu or --device auto"),
+])
+def test_a_named_device_that_is_not_usable_is_an_error_naming_why(built: bool, why: str, said: str, cache: dict,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--device vulkan` (as `--device cuda`) where it gives no device is an error, never the CPU in its place: on a
+    build without the backend the message blames the build and names its backends; where the build ships it but
+    ggml found no device, it gives ggml's reason (system_info()["unavailable_backends"]). The Python API raises
+    the same before anything is converted; `auto` still takes the CPU."""
+    import argparse
+
+    import fun_asr
+    from fun_asr import _core
+    from fun_asr.cli.common import UsageError, check_model_free_options
+
+    for k, v in cache.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(_core, "device_fallback", lambda device: why if device.startswith("vulkan") else "")
+    monkeypatch.setattr(_core, "system_info", lambda: {"registered_backends": ["Vulkan", "CPU"] if built else ["CPU"],
+                                                       "unavailable_backends": {"vulkan": why} if built else {}})
+    args = argparse.Namespace(device="vulkan", hotwords=None, max_new_tokens=None)
+    with pytest.raises(UsageError) as exc:
+        check_model_free_options(args)
+    assert str(exc.value) == said
+    with pytest.raises(ValueError) as exc2:
+        fun_asr.Session("demo", device="vulkan")
+    assert str(exc2.value) == said.removeprefix("--device vulkan: ").replace("--device cpu or --device auto",
+                                                                              "the cpu or auto device")
+    assert _models(cache) == []
+    check_model_free_options(argparse.Namespace(device="auto", hotwords=None, max_new_tokens=None))
 
 
 # --- messages in the command's words -----------------------------------------------------------------
@@ -232,6 +281,38 @@ def test_cli_messages_have_no_python_spellings(tiny_gguf, tiny_f32: Path, demo_e
     assert runs["convert existing"].returncode == 2 and "--force" in runs["convert existing"].stderr
     assert runs["convert missing"].returncode == 2
     assert runs["batch no GPU"].returncode == 2
+
+
+def test_diarize_without_a_speaker_model_is_one_clean_line(demo_env: dict) -> None:
+    """`--diarize -m demo` (the demo has no CAM++): one error line, the reason said once, the model as the user
+    named it (not the cache file it was built into), exit code 2 before anything is transcribed."""
+    env = {**demo_env, "FUN_ASR_SPEAKER_MODEL": ""}
+    r = _transcribe("--diarize", "-m", "demo", "--device", "cpu", str(DEMO_CLIP), env=env)
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    errors = [line for line in r.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, r.stderr
+    assert errors[0].startswith("fun-asr-transcribe: error: demo: speaker labels (--diarize) need"), errors
+    assert errors[0].count("CAM++ speaker model") == 1 and "could not be had" not in errors[0], errors
+    assert env["FUN_ASR_CACHE_DIR"] not in r.stderr and ".gguf:" not in r.stderr, r.stderr
+    assert "--speaker-model" in errors[0] and not PYTHON_SPELLING.findall(errors[0]), errors
+
+
+def test_no_speech_says_why_the_text_is_empty(demo_env: dict, tmp_path: Path) -> None:
+    """3 minutes of silence: stdout keeps its format (an empty line, an empty file), stderr says why there is no
+    text (the code is the JSON's empty_reason), and the run succeeded (exit code 0); --quiet keeps stderr quiet."""
+    import numpy as np
+    import soundfile as sf
+
+    clip = tmp_path / "silence.wav"
+    sf.write(clip, np.zeros(180 * 16000, np.float32), 16000)
+    r = _transcribe("-m", "demo", "--device", "cpu", str(clip), env=demo_env)
+    assert r.returncode == 0 and r.stdout == "\n", r.stderr
+    assert f"fun-asr-transcribe: {clip}: no speech found (no_speech)\n" in r.stderr, r.stderr
+    r = _transcribe("-m", "demo", "--device", "cpu", str(clip), "-f", "json", env=demo_env)
+    assert r.returncode == 0 and json.loads(r.stdout)["empty_reason"] == "no_speech", r.stdout
+    assert "no speech found (no_speech)" in r.stderr
+    r = _transcribe("-m", "demo", "--device", "cpu", str(clip), "--quiet", env=demo_env)
+    assert r.returncode == 0 and r.stdout == "\n" and r.stderr == "", r.stderr
 
 
 # --- exit codes ----------------------------------------------------------------------------------------

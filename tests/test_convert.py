@@ -160,6 +160,42 @@ def test_inspect_and_cli(tiny_f32: Path, tmp_path: Path) -> None:
     assert r.returncode == 2 and "no such checkpoint folder or file" in r.stderr and "Traceback" not in r.stderr
 
 
+def _convert_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fun_asr.cli.convert", *args], capture_output=True, text=True)
+
+
+def test_inspect_of_what_is_no_gguf_is_one_line_and_exit_2(tiny_gguf, tmp_path: Path) -> None:  # noqa: ANN001
+    """`--inspect FILE` where FILE is missing, empty, not a GGUF, cut short or a folder: one error line naming it and
+    why, exit code 2 (README "Exit codes": nothing was done, a model that cannot be loaded), never a traceback."""
+    good = Path(tiny_gguf("q8_0"))
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    (tmp_path / "text.gguf").write_text("not a GGUF file\n")
+    expected = {"missing.gguf": "no such file", "empty.gguf": "not a valid GGUF file",
+                "text.gguf": "not a valid GGUF file", "cut.gguf": "truncated", ".": "is a directory"}
+    for name, why in expected.items():
+        path = tmp_path / name
+        for extra in ([], ["--json"]):
+            r = _convert_cli("--inspect", str(path), *extra)
+            assert r.returncode == 2, (name, r.stderr)
+            assert r.stdout == "" and r.stderr.count("\n") == 1, (name, r.stderr)
+            assert r.stderr.startswith(f"fun-asr-convert: error: {path}") and why in r.stderr, (name, r.stderr)
+
+
+def test_a_folder_that_is_no_checkpoint_is_exit_2(tmp_path: Path) -> None:
+    """`fun-asr-convert clips/` where clips/ holds no checkpoint: nothing was done, fix the command (2), one line
+    saying what the folder holds and what is accepted; no output is written."""
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    (clips / "c1.wav").write_bytes(b"RIFF....")
+    out = tmp_path / "x.gguf"
+    r = _convert_cli(str(clips), "-o", str(out))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "not a checkpoint folder" in r.stderr and "found: c1.wav" in r.stderr
+    assert "Traceback" not in r.stderr and not out.exists()
+
+
 def test_hub_snapshot_origin_recorded(tiny_f32: Path, tmp_path: Path) -> None:
     snap = tmp_path / "hub" / "models--FunAudioLLM--Fun-ASR-Nano-2512-hf" / "snapshots" / "abc123"
     shutil.copytree(tiny_f32, snap)

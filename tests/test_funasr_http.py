@@ -227,6 +227,94 @@ def test_asr_and_openai_requests_share_decoding_passes(client: TestClient, demo:
     assert len(set(texts.values())) == 1  # the same audio: the same text on both routes
 
 
+def test_upload_over_the_limit_names_the_flag_on_every_route(client: TestClient) -> None:
+    """Over --max-upload-mb (1 here): 413 naming the flag, in each route's error shape, whether the declared
+    Content-Length already says so (refused before the form is read) or only the file's own size does."""
+    for size, declared in ((1024 * 1024 + 10, False), (1024 * 1024 + 128 * 1024, True)):
+        files = {"file": ("big.wav", b"\0" * size)}
+        r = client.post("/v1/audio/transcriptions", files=files)
+        err = r.json()["error"]
+        assert r.status_code == 413 and set(err) == {"message", "type", "param", "code"}, r.text
+        assert err["param"] == "file" and err["code"] == "file_too_large" and err["type"] == "invalid_request_error"
+        assert "limit of 1 MB (fun-asr-serve --max-upload-mb)" in err["message"], err
+        assert ("bytes exceeds" in err["message"]) == declared, err  # which check refused it
+        r = client.post("/asr", files=files)
+        assert r.status_code == 413 and set(r.json()) == {"detail"}, r.text
+        assert "limit of 1 MB (fun-asr-serve --max-upload-mb)" in r.json()["detail"]
+
+
+def test_busy_server_answers_429_with_retry_after_on_every_route(client: TestClient, demo: fun_asr.Session,
+                                                                 three: Path) -> None:
+    """Past --max-queue waiting requests (1 here: one decodes, one waits) every route answers 429 in its own
+    error shape with ``Retry-After`` (whole seconds); once the decoder is free, requests pass again."""
+    from fun_asr.serve.core.errors import RETRY_AFTER_SECONDS
+
+    ctx = client.app.state.context
+    gate, decoding = threading.Event(), threading.Event()
+    real = demo.transcribe_batch
+
+    def slow(audios, **kw):  # noqa: ANN001, ANN003, ANN202
+        decoding.set()
+        gate.wait(30)
+        return real(audios, **kw)
+
+    def post(path: str, **data: str) -> Any:
+        return client.post(path, files={"file": ("a.wav", three.read_bytes())}, data=data)
+
+    demo.transcribe_batch = slow  # type: ignore[method-assign]
+    saved, ctx.max_queue = ctx.max_queue, 1
+    waiting = [threading.Thread(target=post, args=("/v1/audio/transcriptions",)) for _ in range(2)]
+    try:
+        waiting[0].start()
+        assert decoding.wait(30)  # the first request is in the decoder (held there)
+        waiting[1].start()
+        deadline = time.time() + 30
+        while ctx.batcher.jobs.qsize() < 1 and time.time() < deadline:  # the second waits in the queue
+            time.sleep(0.02)
+        busy = [post("/v1/audio/transcriptions"), post("/v1/audio/transcriptions", stream="true"),
+                post("/v1/audio/transcriptions", response_format="srt"), post("/asr")]
+    finally:
+        gate.set()
+        for t in waiting:
+            t.join(60)
+        del demo.transcribe_batch
+        ctx.max_queue = saved
+    for r in busy:
+        assert r.status_code == 429, r.text
+        assert r.headers["Retry-After"] == str(RETRY_AFTER_SECONDS) and int(r.headers["Retry-After"]) >= 1
+    assert all(r.json()["error"]["code"] == "rate_limit_exceeded" for r in busy[:3])
+    assert set(busy[3].json()) == {"detail"} and "server busy" in busy[3].json()["detail"]
+    r = post("/v1/audio/transcriptions")
+    assert r.status_code == 200 and "Retry-After" not in r.headers
+
+
+def test_every_openai_format_carries_the_notices(client: TestClient, three: Path) -> None:
+    """language_unknown (and every other notice) in every /v1 answer: warnings/warning_codes in json (OpenAI's
+    {"text"} plus extra keys), verbose_json and the stream's done event; the X-Warning-Codes header in every
+    format, the plain-text ones (text, srt, vtt) included."""
+    def post(**data: str) -> Any:
+        r = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", three.read_bytes())}, data=data)
+        assert r.status_code == 200, r.text
+        return r
+
+    for fmt in ("json", "verbose_json", "text", "srt", "vtt"):
+        r = post(language="fr", response_format=fmt)
+        codes = r.headers["X-Warning-Codes"].split(",")
+        assert "language_unknown" in codes, (fmt, codes)
+        if fmt.endswith("json"):
+            body = r.json()
+            assert body["warning_codes"] == codes and len(body["warnings"]) == len(codes)
+            assert any("'fr'" in w for w in body["warnings"])
+    events = [json.loads(line[6:]) for line in post(language="fr", stream="true").text.splitlines()
+              if line.startswith("data: {")]
+    done = events[-1]
+    assert done["type"] == "transcript.text.done" and "language_unknown" in done["warning_codes"]
+    assert len(done["warnings"]) == len(done["warning_codes"])
+    known = post(language="en")
+    assert "language_unknown" not in known.json()["warning_codes"]
+    assert known.headers["X-Warning-Codes"] == ",".join(known.json()["warning_codes"])
+
+
 # -- word times (a checkpoint with a CTC head) -----------------------------------------------------------------
 
 def test_asr_words_and_verbose_json_segment_words(nano: dict[str, Path]) -> None:

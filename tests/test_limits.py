@@ -117,6 +117,8 @@ def test_api_key(client, caplog: pytest.LogCaptureFixture) -> None:  # noqa: ANN
 
 
 def test_busy_and_timeout(client, session: fun_asr.Session, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    from fun_asr.serve.core.errors import RETRY_AFTER_SECONDS
+
     gate = threading.Event()
     real = session.transcribe_batch
 
@@ -127,10 +129,13 @@ def test_busy_and_timeout(client, session: fun_asr.Session, monkeypatch: pytest.
     monkeypatch.setattr(session, "transcribe_batch", slow)
     ok = {"Authorization": "Bearer s3cret"}
     results: list[int] = []
+    retry_after: list[str | None] = []
 
     def post() -> None:
-        results.append(client.post("/v1/audio/transcriptions", files={"file": ("a.wav", _wav())},
-                                   headers=ok).status_code)
+        r = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", _wav())}, headers=ok)
+        results.append(r.status_code)
+        if r.status_code == 429:
+            retry_after.append(r.headers.get("Retry-After"))
 
     threads = [threading.Thread(target=post) for _ in range(4)]
     for t in threads:
@@ -141,6 +146,7 @@ def test_busy_and_timeout(client, session: fun_asr.Session, monkeypatch: pytest.
     gate.set()
     # one request is decoding (and times out after 1 s: 504), one waits in the queue (504 too), the rest: 429
     assert sorted(results) == [429, 429, 504, 504], results
+    assert retry_after == [str(RETRY_AFTER_SECONDS)] * 2  # when to try again, in whole seconds
     deadline = time.time() + 20  # the timed-out jobs leave the queue once the decoder gets to them
     while True:
         r = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", _wav())}, headers=ok)

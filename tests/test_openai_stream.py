@@ -70,6 +70,20 @@ def test_sdk_stream_deltas_then_done(server: str, demo: fun_asr.Session, three: 
         assert _client(server).audio.transcriptions.create(model="fun-asr-nano", file=f).text == want.text
 
 
+def test_sdk_keeps_the_notices_of_every_format(server: str, three: Path) -> None:
+    """The official SDK keeps fun-asr's extra keys: json's warning_codes (model_extra), the done event's; the
+    plain-text formats' codes are in the X-Warning-Codes header of the raw response."""
+    client = _client(server)
+    got = client.audio.transcriptions.create(model="fun-asr-nano", file=("a.wav", three.read_bytes()), language="fr")
+    assert "language_unknown" in got.model_extra["warning_codes"] and got.text
+    events = list(client.audio.transcriptions.create(model="fun-asr-nano", file=("a.wav", three.read_bytes()),
+                                                     language="fr", stream=True))
+    assert events[-1].type == "transcript.text.done" and "language_unknown" in events[-1].warning_codes
+    raw = client.audio.transcriptions.with_raw_response.create(
+        model="fun-asr-nano", file=("a.wav", three.read_bytes()), language="fr", response_format="vtt")
+    assert "language_unknown" in raw.headers["x-warning-codes"].split(",") and raw.parse().startswith("WEBVTT")
+
+
 def test_stream_wire_format(server: str, three: Path) -> None:
     r = requests.post(server + "/v1/audio/transcriptions", files={"file": ("a.wav", three.read_bytes())},
                       data={"stream": "true", "response_format": "text"}, headers={"Authorization": f"Bearer {KEY}"},
@@ -175,7 +189,7 @@ def test_stream_deltas_add_up_for_any_mix_of_scripts(language: str | None) -> No
     deltas = [e["delta"] for e in events if e["type"] == "transcript.text.delta"]
     assert len(deltas) == sum(1 for p in pieces if p) and "".join(deltas) == t.text
     assert events[-1] == {"type": "transcript.text.done", "text": t.text, "truncated": False,
-                          "input_truncated": False}
+                          "input_truncated": False, "warnings": [], "warning_codes": []}
 
 
 def test_sdk_confidence_fields_and_logprobs(server: str, demo: fun_asr.Session, three: Path) -> None:

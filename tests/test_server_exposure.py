@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -272,6 +273,33 @@ def _serve(args: list[str], log: Path, env: dict[str, str] | None = None) -> Ite
         finally:
             proc.terminate()
             proc.wait(timeout=60)
+
+
+def test_sigterm_is_a_clean_stop_with_exit_code_0(tmp_path: Path) -> None:
+    """README "Exit codes": SIGTERM ends a server's normal life, so fun-asr-serve exits with 0 (uvicorn's graceful
+    shutdown, then no death by the signal it caught: that was exit code 143)."""
+    port = _free_port()
+    log = tmp_path / "server.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "fun_asr.cli.serve", "-m", "demo", "--device", "cpu",
+                                 "--port", str(port), "--ws-port", "0"], stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + 180
+            while True:
+                try:
+                    if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                        break
+                except requests.RequestException:
+                    pass
+                assert proc.poll() is None and time.time() < deadline, log.read_text()
+                time.sleep(0.3)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0, log.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert "Traceback" not in log.read_text()
 
 
 def _bind_fails(port: int) -> bool:

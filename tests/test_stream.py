@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -245,8 +246,10 @@ def test_input_forms_and_errors(session: fun_asr.Session, conversation: np.ndarr
         st.feed(b"\x00\x01\x02")
     with pytest.raises(AudioError, match="NaN"):
         st.feed(np.array([0.0, np.nan], np.float32))
-    with pytest.raises(AudioError, match="mono 1-D"):
-        st.feed(np.zeros((2, 100), np.float32))
+    with pytest.raises(AudioError, match="ambiguous"):  # either layout: transcribe refuses it too
+        st.feed(np.zeros((20, 2), np.float32))
+    with pytest.raises(AudioError, match="unsupported sample dtype int64"):
+        st.feed(np.zeros(100, np.int64))
     st.feed(np.zeros(1600, np.float32))
     with pytest.raises(AudioError, match="sample_rate changed"):
         st.feed(np.zeros(1600, np.float32), sample_rate=8000)
@@ -255,6 +258,72 @@ def test_input_forms_and_errors(session: fun_asr.Session, conversation: np.ndarr
         st.feed(np.zeros(10, np.float32))
     with pytest.raises(ValueError, match="needs the FSMN-VAD"):
         fun_asr.Session(session.path, device="cpu", vad=None).stream()
+
+
+def _pieces(n: int, size: int, tail: int = 20) -> list[slice]:
+    """Slices of ``size`` frames, the last one ``tail`` frames (32 or fewer: a 2-D piece that short could be
+    either layout by its shape alone)."""
+    bounds = [*range(0, n - tail, size), n - tail, n]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
+def _stream_sentences(session: fun_asr.Session, audio: np.ndarray, channels_first: bool = False) -> list[tuple]:
+    st = session.stream(max_new_tokens=MAX_NEW)
+    events = []
+    for piece in _pieces(audio.shape[-1] if channels_first else audio.shape[0], 1600):
+        events += st.feed(audio[:, piece] if channels_first else audio[piece], sample_rate=SR)
+    events += st.close()
+    return _sentences(events)
+
+
+def test_feed_takes_stereo_as_transcribe_does(demo: fun_asr.Session, three: Path) -> None:
+    """feed() takes the arrays transcribe() takes: [samples, channels] float and [channels, samples] int16 PCM,
+    fed in pieces (the last one 20 frames, read with the layout of the pieces before it), give the sentences of
+    their mono mix; each piece is downmixed exactly as transcribe's reader downmixes it."""
+    from fun_asr.audio.decode import decode_audio
+    from fun_asr.audio.live import LiveAudio
+
+    x, rate = sf.read(three, dtype="float32")
+    assert rate == SR
+    stereo = np.stack([x, 0.5 * np.roll(x, 40)], axis=1)  # two channels that differ
+    pcm = np.ascontiguousarray((np.clip(stereo, -1, 1) * 32767).astype(np.int16).T)  # [channels, samples]
+    for a in (stereo, pcm, stereo[:4000].astype(np.float64)):
+        assert np.array_equal(LiveAudio().to_16k(a), decode_audio(a, SR)[0])
+    want = _stream_sentences(demo, stereo.mean(axis=1))
+    assert want and all(text for text, *_ in want), want
+    assert _stream_sentences(demo, stereo) == want
+    mix16 = (pcm.T.astype(np.float32) / 32768.0).mean(axis=1)
+    assert _stream_sentences(demo, pcm, channels_first=True) == _stream_sentences(demo, mix16)
+    chunked = demo.stream(mode="chunked")  # the chunked mode's feed reads arrays the same way
+    chunked.feed(stereo[:16000], sample_rate=SR)
+    assert chunked.received == 16000
+    with pytest.raises(AudioError, match="ambiguous"):  # a first 2-D piece that short: no layout to go by
+        demo.stream().feed(stereo[:20])
+
+
+def _readme_stream_example() -> str:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text("utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    found = [b for b in blocks if "session.stream(" in b and "stream.feed(" in b]
+    assert len(found) == 1, "the README's Session.stream() example"
+    return found[0]
+
+
+def test_readme_stream_example_prints_every_sentence(demo: fun_asr.Session, three: Path) -> None:
+    """The README's Session.stream() example, run as written: it prints the events feed() returns and those
+    close() returns (the last sentence, closed by the end of the audio), so every sentence of the stream."""
+    x, _ = sf.read(three, dtype="float32")
+    chunks = [x[i : i + 1600] for i in range(0, x.size, 1600)]
+    ref = demo.stream(language="en")
+    fed = [e for c in chunks for e in ref.feed(c, sample_rate=SR)]
+    closing = ref.close()
+    assert any(e.type == "sentence" for e in closing), "the clip's last sentence must be closed by close()"
+    printed: list[tuple] = []
+    exec(_readme_stream_example(), {"session": demo, "chunks": chunks,  # the README's own code
+                                    "print": lambda *args: printed.append(args)})
+    final, _latency = printed.pop()
+    assert printed == [(e.type, e.start, e.end, e.text) for e in fed + closing]
+    assert [s["text"] for s in final["sentences"]] == [e.text for e in fed + closing if e.type == "sentence"]
 
 
 @pytest.mark.skipif(not funasr_ref.funasr_available(), reason="funasr 1.4.16 not importable")

@@ -388,10 +388,10 @@ def test_inspect_names_truncation_and_file_type(tiny_gguf, tmp_path: Path) -> No
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     r = _run("--inspect", str(cut), module="fun_asr.cli.convert")
-    assert r.returncode == 1 and "truncated" in r.stderr_text and "tensor" in r.stderr_text
-    assert "reshape" not in r.stderr_text
+    assert r.returncode == 2 and "truncated" in r.stderr_text and "tensor" in r.stderr_text
+    assert "reshape" not in r.stderr_text and "Traceback" not in r.stderr_text
     r = _run("--inspect", str(tmp_path), module="fun_asr.cli.convert")
-    assert r.returncode == 1 and "is a directory" in r.stderr_text
+    assert r.returncode == 2 and "is a directory" in r.stderr_text
 
 
 def _default_sigint() -> None:

@@ -1,5 +1,6 @@
-"""ggml's Vulkan backend as a module of the portable build: a machine without a Vulkan driver, or with a broken one,
-runs on the CPU with one line saying why; "auto" never takes a software driver; system_info lists the devices.
+"""ggml's Vulkan backend as a module of the portable build: on a machine without a Vulkan driver, or with a broken one,
+"auto" runs on the CPU and "vulkan" is an error saying why in one line; "auto" never takes a software driver;
+system_info lists the devices.
 
 Runs where this build ships libggml-vulkan.so (scripts/test.sh builds it where glslc and the Vulkan headers are);
 the device's own numbers and tokens are tests/test_model_parity.py's and tests/test_gpu.py's.
@@ -23,8 +24,9 @@ from test_demo import _references
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SHIPPED = (Path(_core.__file__).parent / "libggml-vulkan.so").is_file()
 
-pytestmark = pytest.mark.skipif(not SHIPPED and "vulkan" not in REQUIRED,
-                                reason="this build has no Vulkan module (libggml-vulkan.so)")
+pytestmark = [pytest.mark.skipif(not SHIPPED and "vulkan" not in REQUIRED,
+                                 reason="this build has no Vulkan module (libggml-vulkan.so)"),
+              pytest.mark.device_process]
 
 
 def _transcribe(env: dict[str, str], device: str, tmp_path: Path) -> subprocess.CompletedProcess:
@@ -41,9 +43,10 @@ def test_module_is_shipped() -> None:
     ("no driver", {"VK_ICD_FILENAMES": "/nonexistent/icd.json", "VK_DRIVER_FILES": "/nonexistent/icd.json"}),
     ("a broken driver", {"VK_ICD_FILENAMES": "BROKEN", "VK_DRIVER_FILES": "BROKEN"}),
 ])
-def test_vulkan_without_a_working_driver_runs_on_the_cpu(why: str, env: dict[str, str], tmp_path: Path) -> None:
-    """`--device vulkan` where the Vulkan loader finds no driver, or one whose library is not there: the CPU's
-    transcript, and one line on stderr that names the device, the CPU and why."""
+def test_vulkan_without_a_working_driver_is_an_error_naming_why(why: str, env: dict[str, str], tmp_path: Path) -> None:
+    """`--device vulkan` where the Vulkan loader finds no driver, or one whose library is not there: nothing is
+    transcribed (exit code 2, never the CPU in its place), and one line on stderr names the device and ggml's reason
+    (as system_info()["unavailable_backends"] gives it). The Python API raises the same."""
     if env["VK_ICD_FILENAMES"] == "BROKEN":
         icd = tmp_path / "broken_icd.json"
         icd.write_text(json.dumps({"file_format_version": "1.0.0",
@@ -51,23 +54,29 @@ def test_vulkan_without_a_working_driver_runs_on_the_cpu(why: str, env: dict[str
                                            "api_version": "1.3.0"}}))
         env = {k: str(icd) for k in env}
     r = _transcribe(env, "vulkan", tmp_path)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == _references()["demo_1"]
+    assert r.returncode == 2 and r.stdout == "", r.stderr
     said = [line for line in r.stderr.splitlines() if "vulkan" in line.lower()]
-    assert len(said) == 1, r.stderr
-    assert "device vulkan is not usable here, running on the CPU: libggml-vulkan.so" in said[0], said
-    cpu = subprocess.run([sys.executable, "-c", "import fun_asr; print(fun_asr.system_info()['unavailable_backends'])"],
-                         capture_output=True, text=True, env={**os.environ, **env})
-    assert "'vulkan'" in cpu.stdout, cpu.stdout + cpu.stderr
+    assert len(said) == 1 and r.stderr.count("error:") == 1, r.stderr
+    reason = subprocess.run([sys.executable, "-c", "import fun_asr; print(fun_asr.system_info()['unavailable_backends']"
+                             "['vulkan'])"], capture_output=True, text=True, env={**os.environ, **env})
+    assert reason.returncode == 0 and reason.stdout.startswith("libggml-vulkan.so"), reason.stdout + reason.stderr
+    assert said[0] == (f"fun-asr-transcribe: error: --device vulkan: device 'vulkan' is not usable here: "
+                       f"{reason.stdout.strip()}; use --device cpu or --device auto"), said
+    api = subprocess.run([sys.executable, "-c", "import fun_asr; fun_asr.Session('demo', device='vulkan')"],
+                         capture_output=True, text=True, env={**os.environ, **env}, cwd=tmp_path)
+    assert api.returncode != 0 and "ValueError: device 'vulkan' is not usable here: libggml-vulkan.so" in api.stderr
 
 
 def test_a_missing_driver_is_not_an_error_for_other_devices(tmp_path: Path) -> None:
-    """auto and cpu say nothing about Vulkan; an index or a backend the build lacks is still an error."""
+    """auto (the CPU here) and cpu say nothing about Vulkan; a backend the build lacks is an error that blames the
+    build and names the backends it has."""
     env = {"VK_ICD_FILENAMES": "/nonexistent/icd.json", "VK_DRIVER_FILES": "/nonexistent/icd.json"}
     r = _transcribe(env, "auto", tmp_path)
     assert r.returncode == 0 and "vulkan" not in r.stderr.lower(), r.stderr
+    assert r.stdout.strip() == _references()["demo_1"]  # auto: the CPU, which gives its transcript
     r = _transcribe(env, "metal", tmp_path)
-    assert r.returncode != 0 and "--device metal" in r.stderr, r.stderr
+    assert r.returncode == 2 and "--device metal: this build has no Metal backend; it has: " in r.stderr, r.stderr
+    assert "Vulkan (no device here)" in r.stderr, r.stderr
 
 
 @VULKAN

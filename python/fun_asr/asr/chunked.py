@@ -143,8 +143,9 @@ def _join(a: str, b: str) -> str:
 class ChunkedStream:
     """One live stream in chunked mode (see the module docstring). Not thread-safe: feed it from one thread.
 
-    :meth:`feed` takes audio (float32 in [-1, 1] or int16 samples, or raw little-endian int16 bytes, at any
-    sample rate) and returns a :class:`ChunkEvent` for every ``chunk_ms`` boundary the audio crossed;
+    :meth:`feed` takes audio (numpy arrays as ``Session.transcribe`` takes them: mono or ``[samples, channels]``
+    / ``[channels, samples]``, float in [-1, 1] or int16/int32 PCM, channels averaged; or raw little-endian int16
+    bytes; at any sample rate) and returns a :class:`ChunkEvent` for every ``chunk_ms`` boundary the audio crossed;
     :meth:`close` decodes the rest and returns the final event (everything fixed)."""
 
     def __init__(self, session: Session, opts: TranscribeOptions, chunked: ChunkedOptions | None = None) -> None:

@@ -42,11 +42,12 @@ def find_component(kind: SubModel, given: str | os.PathLike[str] | None, *, embe
             raise type(exc)(f"{env}={value}: {exc}") from None
     try:
         path = resolve_submodel(kind, hub_repo, download=download, progress=progress)
-        if path is None:
-            return missing(None)
-        return load(path), str(path)
+        loaded = None if path is None else load(path)
     except (OSError, ValueError) as exc:
         return missing(exc)
+    if path is None:  # outside the try: missing(None) may raise its own error, which is then said once
+        return missing(None)
+    return loaded, str(path)
 
 
 def _resolved(path: Path | None) -> Path:

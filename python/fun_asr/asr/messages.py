@@ -11,6 +11,11 @@ _HOTWORD_LIMITS = (re.compile(r"^\d+ hotwords; at most \d+ are accepted"),
 _PY_PARENS = re.compile(r" ?\((?:[a-z_]+=)[^()]*\)")
 _STREAM_NEEDS_VAD = re.compile(r"streaming needs the FSMN-VAD: create the Session with .*", re.S)
 _NO_VAD_SESSION = "this Session has no VAD model (Session(vad='fsmn', vad_model=...))"
+# a speaker count's Python words ("... or None"): on the command line a count is left out, never None
+_SPEAKER_COUNT = re.compile(r"(--(?:num|min|max)-speakers) must be a positive integer or None, got (.*)$", re.M)
+_LEAVE_OUT = {"--num-speakers": "omit --num-speakers to have the speakers counted",
+              "--min-speakers": "omit --min-speakers for at least 1",
+              "--max-speakers": "omit --max-speakers for at most 15"}
 
 
 def cli_words(msg: str, *, segment_flag: str = "--segment-seconds", max_audio_flag: str | None = None,
@@ -36,6 +41,7 @@ def cli_words(msg: str, *, segment_flag: str = "--segment-seconds", max_audio_fl
     msg = re.sub(r"\bsegment_seconds\b", segment_flag, msg)
     msg = re.sub(r"\bmax_new_tokens\b", "--max-new-tokens", msg)
     msg = re.sub(r"\b(num|min|max)_speakers\b", r"--\1-speakers", msg)
+    msg = _SPEAKER_COUNT.sub(lambda m: f"{m[1]} must be a positive integer, got {m[2]} ({_LEAVE_OUT[m[1]]})", msg)
     msg = re.sub(r"\bspeaker_clustering\b", "--speaker-clustering", msg)
     msg = msg.replace("add overwrite=True", "add --overwrite")
     msg = msg.replace("use the cpu or auto device", "use --device cpu or --device auto")

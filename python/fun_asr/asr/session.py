@@ -94,11 +94,12 @@ class Session(Pipeline):
         if not isinstance(device, str):
             raise TypeError(f"device must be a string (auto, cpu, gpu[:N], cuda[:N], vulkan[:N], metal), got "
                             f"{type(device).__name__}")
-        device = usable_device(device)  # the CPU, saying why, where a shipped GPU backend has no driver here
-        _core.check_device(device)  # before anything is downloaded or converted for it
+        usable_device(device)  # before anything is downloaded or converted for it: ValueError saying why not
         from_hub = not Path(model).expanduser().exists() and str(model) != DEMO  # the demo is local, VAD embedded
         self._model_arg = model
-        if str(model) == DEMO and not Path(model).exists():
+        # the 20-word demo model (-m demo): the server names it so (/v1/models, the web page)
+        self.demo = str(model) == DEMO and not Path(model).exists()
+        if self.demo:
             log.warning("the 20-word demo model (-m demo): it knows only %s; for real speech use the default "
                         "model or a converted checkpoint", ", ".join(_DEMO_WORDS))
         path = resolve_model(model, package_type or _default_package(device), revision, progress)
@@ -343,8 +344,9 @@ class Session(Pipeline):
                max_new_tokens: int | None = None, repetition_guard: bool = True, stream_options: Any = None,
                decoder: Any = None, mode: str = "vad", chunk_ms: int | None = None,
                rollback_chars: int | None = None) -> Any:
-        """A live stream: ``feed(pcm, sample_rate=16000)`` any chunk of float32 or int16 audio (or int16
-        bytes) and get events; ``close()`` flushes.
+        """A live stream: ``feed(pcm, sample_rate=16000)`` any chunk of audio (a numpy array of the shapes and
+        dtypes :meth:`transcribe` takes, stereo averaged to mono as there, or int16 bytes) and get events;
+        ``close()`` flushes and returns the last events.
 
         ``mode="vad"`` (default, :class:`fun_asr.asr.stream.Stream`): FunASR 1.4.16's realtime-server
         semantics, ``partial`` and ``sentence`` events; needs the VAD. ``stream_options``: a

@@ -38,10 +38,10 @@ def find_speaker_model(arg: Any, package: Path, model_arg: Any, from_hub: bool,
         return arg, "given"
 
     def missing(exc: Exception | None) -> tuple[None, None]:
+        said = NO_SPEAKER_MODEL.format(model=model_arg)  # the model as the user named it (-m demo: not its cache file)
         if exc is None:
-            raise ValueError(NO_SPEAKER_MODEL.format(model=package))
-        raise ValueError(f"{NO_SPEAKER_MODEL.format(model=package)}; the hub's CAM++ could not be had: {exc}"
-                         ) from None
+            raise ValueError(said)
+        raise ValueError(f"{said}; the hub's CAM++ could not be had: {exc}") from None
 
     hub_repo = MODELSCOPE + MODELSCOPE_SPEAKER_REPO if from_hub and str(model_arg).startswith(MODELSCOPE) else None
     found, source = find_component(

@@ -213,8 +213,10 @@ class Stream:
         return self._input.to_16k(pcm, sample_rate)
 
     def feed(self, pcm: Any, sample_rate: int = SAMPLE_RATE) -> list[StreamEvent]:
-        """More audio: float32 in [-1, 1] or int16 samples (a numpy array), or raw little-endian int16
-        bytes. Returns the events it caused (``sentence`` and ``partial``), in order."""
+        """More audio: a numpy array as ``Session.transcribe`` takes one (``[samples]``, ``[samples, channels]`` or
+        ``[channels, samples]``; float in [-1, 1] or int16/int32 PCM; channels averaged, as transcribe does), or
+        raw little-endian int16 mono bytes. Returns the events it caused (``sentence`` and ``partial``), in
+        order; :meth:`close` returns the last ones."""
         if self.closed:
             raise RuntimeError("the stream is closed")
         t_in = time.perf_counter()

@@ -113,9 +113,31 @@ def _decode_failed(name: str, exc: BaseException, target: object) -> AudioError:
                       f"(wav, flac, ogg/vorbis/opus, mp3, aiff, ...)")
 
 
-def _array_layout(audio: np.ndarray, sample_rate: int | None, name: str) -> tuple[np.ndarray, bool, AudioInfo]:
+# an array's layout: (transposed, i.e. [channels, samples], and its channel count)
+Layout = tuple[bool, int]
+
+
+def _layout_2d(shape: tuple[int, ...], name: str, known: Layout | None = None) -> tuple[bool, int, int]:
+    """(transposed, channels, frames) of a 2-D array's shape. ``known``: the layout of a stream's earlier pieces,
+    which settles a piece too short to tell by itself (both axes at most :data:`MAX_CHANNELS`)."""
+    a, b = shape
+    if a <= MAX_CHANNELS < b:  # (channels, samples): what librosa and torchaudio return
+        return True, a, b
+    if b <= MAX_CHANNELS < a:  # (samples, channels)
+        return False, b, a
+    if known is not None and shape[0 if known[0] else 1] == known[1]:
+        return known[0], known[1], shape[1 if known[0] else 0]
+    raise AudioError(
+        f"{name}: audio array of shape {tuple(shape)} is ambiguous: accepted [samples], [samples, channels] or "
+        f"[channels, samples] with at most {MAX_CHANNELS} channels and more samples than channels; "
+        "pass a 1-D array for mono"
+    )
+
+
+def _array_layout(audio: np.ndarray, sample_rate: int | None, name: str,
+                  known: Layout | None = None) -> tuple[np.ndarray, bool, AudioInfo]:
     """The array as given, whether it is [channels, samples] (read transposed), and its AudioInfo; the
-    samples are converted to float32 block by block (:func:`_array_block`)."""
+    samples are converted to float32 block by block (:func:`_array_block`). ``known``: see :func:`_layout_2d`."""
     if sample_rate is None:
         raise AudioError(f"{name}: a numpy array needs sample_rate= (e.g. sample_rate=16000)")
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, int | np.integer):
@@ -128,17 +150,7 @@ def _array_layout(audio: np.ndarray, sample_rate: int | None, name: str) -> tupl
     if x.ndim == 1:
         channels, frames = 1, x.shape[0]
     elif x.ndim == 2:
-        a, b = x.shape
-        if a <= MAX_CHANNELS < b:  # (channels, samples): what librosa and torchaudio return
-            transposed, channels, frames = True, a, b
-        elif b <= MAX_CHANNELS < a:  # (samples, channels)
-            channels, frames = b, a
-        else:
-            raise AudioError(
-                f"{name}: audio array of shape {x.shape} is ambiguous: accepted [samples], [samples, channels] or "
-                f"[channels, samples] with at most {MAX_CHANNELS} channels and more samples than channels; "
-                "pass a 1-D array for mono"
-            )
+        transposed, channels, frames = _layout_2d(x.shape, name, known)
     else:
         raise AudioError(f"{name}: audio array must be [samples], [samples, channels] or [channels, samples], "
                          f"got shape {x.shape}")
@@ -157,6 +169,25 @@ def _array_block(x: np.ndarray, transposed: bool, a: int, b: int) -> np.ndarray:
     if part.ndim == 1:
         return part[:, None]
     return part.T if transposed else part
+
+
+def downmix(block: np.ndarray) -> np.ndarray:
+    """float32 ``[frames, channels]`` -> mono float32 ``[frames]``: the channels averaged, as every recording
+    (file, array, piped input, a stream's pieces) becomes mono."""
+    mono = block.mean(axis=1) if block.shape[1] > 1 else block[:, 0]
+    return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def array_to_mono(audio: np.ndarray, sample_rate: int, name: str = "<array>",
+                  known: Layout | None = None) -> tuple[np.ndarray, Layout | None]:
+    """A numpy array as :func:`decode_audio` reads it, to mono float32 at its own rate: ``[samples]``,
+    ``[samples, channels]`` or ``[channels, samples]`` (the same layout rules; ``known``: a stream's layout so
+    far, for pieces too short to tell), float16/32/64 or int16/int32 PCM (scaled to [-1, 1]), channels averaged
+    (:func:`downmix`). Returns the samples and the array's layout (None for 1-D). AudioError naming what is wrong
+    (an ambiguous shape, a dtype); the samples' values are the caller's to check."""
+    x, transposed, info = _array_layout(audio, sample_rate, name, known)
+    mono = downmix(_array_block(x, transposed, 0, info.frames))
+    return mono, (None if x.ndim == 1 else (transposed, info.channels))
 
 
 class AudioReader:
@@ -313,8 +344,7 @@ class AudioReader:
                 if peak > MAX_SAMPLE:  # float files can hold anything; beyond this the fbank's power overflows
                     raise AudioError(f"{name}: samples reach {peak:.3g}; float audio must be in [-1, 1] (magnitudes "
                                      f"over {MAX_SAMPLE:g} are refused)")
-                mono = x.mean(axis=1) if x.shape[1] > 1 else x[:, 0]
-                mono = np.ascontiguousarray(mono, dtype=np.float32)
+                mono = downmix(x)
                 if resampler is not None:
                     mono = resampler.resample_chunk(mono)
                 if mono.size:

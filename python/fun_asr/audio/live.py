@@ -1,5 +1,6 @@
-"""Live audio in pieces (a stream's ``feed``): float32 or int16 samples, or little-endian int16 bytes, at any
-rate fixed by the first piece -> 16 kHz mono float32, resampled as one continuous signal (soxr)."""
+"""Live audio in pieces (a stream's ``feed``): numpy arrays of the shapes and dtypes ``Session.transcribe`` takes
+(mono or multichannel, float or int PCM), or little-endian int16 bytes, at any rate fixed by the first piece -> 16 kHz
+mono float32 (channels averaged), resampled as one continuous signal (soxr)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from fun_asr.audio.decode import SAMPLE_RATE, AudioError
+from fun_asr.audio.decode import SAMPLE_RATE, AudioError, Layout, array_to_mono
 
 
 class LiveAudio:
@@ -15,29 +16,27 @@ class LiveAudio:
 
     def __init__(self) -> None:
         self.rate: int | None = None
+        self.layout: Layout | None = None  # the multichannel pieces' (transposed, channels): settles short ones
         self._resampler: Any = None
 
     def to_16k(self, pcm: Any, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
-        """16 kHz mono float32 of one piece; AudioError naming what is wrong (odd byte count, not mono, a dtype
-        other than float32/int16, NaN/inf, a bad rate, a rate that changed within the stream)."""
+        """16 kHz mono float32 of one piece. A numpy array is read as ``Session.transcribe`` reads one
+        (:func:`~fun_asr.audio.decode.array_to_mono`): ``[samples]``, ``[samples, channels]`` or ``[channels,
+        samples]``, float16/32/64 or int16/int32 PCM, channels averaged; a piece too short to show its layout (32
+        frames or fewer) is read as the stream's earlier multichannel pieces were. AudioError naming what is wrong
+        (odd byte count, an ambiguous shape, another dtype, NaN/inf, a bad rate, a rate that changed within the
+        stream)."""
+        if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate < 1000:
+            raise AudioError(f"sample_rate must be an integer number of Hz (>= 1000), got {sample_rate!r}")
         if isinstance(pcm, bytes | bytearray | memoryview):
             if len(pcm) % 2:
                 raise AudioError(f"PCM bytes must be 16-bit samples (an even byte count), got {len(pcm)} bytes")
             x = np.frombuffer(bytes(pcm), dtype="<i2").astype(np.float32) / 32768.0
         else:
-            a = np.asarray(pcm)
-            if a.ndim != 1:
-                raise AudioError(f"stream audio must be mono 1-D samples, got shape {a.shape}")
-            if a.dtype == np.int16:
-                x = a.astype(np.float32) / 32768.0
-            elif a.dtype in (np.float32, np.float64):
-                x = a.astype(np.float32, copy=False)
-            else:
-                raise AudioError(f"stream audio must be float32 or int16 samples, got {a.dtype}")
+            x, layout = array_to_mono(np.asarray(pcm), sample_rate, "stream audio", self.layout)
+            self.layout = layout or self.layout
         if not np.isfinite(x).all():
             raise AudioError("stream audio contains NaN or infinite samples")
-        if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate < 1000:
-            raise AudioError(f"sample_rate must be an integer number of Hz (>= 1000), got {sample_rate!r}")
         if self.rate is None:
             self.rate = sample_rate
             if sample_rate != SAMPLE_RATE:

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from fun_asr.audio.decode import MAX_CHANNELS, MAX_SAMPLE, AudioError
+from fun_asr.audio.decode import MAX_CHANNELS, MAX_SAMPLE, AudioError, downmix
 
 ACCEPTED = "WAV, FLAC, OGG or MP3"
 KIND_NAMES = {"wav": "WAV", "flac": "FLAC", "ogg": "OGG", "mp3": "MP3", "raw": "raw PCM"}
@@ -395,9 +395,9 @@ class PipedAudio:
                 if x.size and float(np.abs(x).max()) > MAX_SAMPLE:
                     raise AudioError(f"{self.name}: samples reach {float(np.abs(x).max()):.3g}; float audio must be "
                                      f"in [-1, 1] (magnitudes over {MAX_SAMPLE:g} are refused)")
-                mono = x.mean(axis=1) if x.shape[1] > 1 else x[:, 0]
+                mono = downmix(x)
                 self.frames += len(mono)
-                yield np.ascontiguousarray(mono, dtype=np.float32)
+                yield mono
             if self.frames == 0:
                 raise AudioError(f"{self.name}: the {self.kind_name} stream holds no audio (0 samples)")
         finally:

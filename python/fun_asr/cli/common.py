@@ -9,7 +9,16 @@ import logging
 from typing import Any
 
 from fun_asr.asr.messages import CliWordsFilter, cli_words
-from fun_asr.converter.hub import DEFAULT_REPO
+from fun_asr.converter.hub import DEFAULT_REPO, DEMO
+from fun_asr.model.demo import WORDS as DEMO_WORDS
+
+# What -m demo is, in every command's -m/--model help.
+DEMO_HELP = (f"'{DEMO}': the 20-word demo model shipped in the package, no download (a tiny model trained on "
+             f"synthetic speech that knows only {' '.join(DEMO_WORDS[:10])}, {' '.join(DEMO_WORDS[10:])}: a "
+             "demonstration, not for real speech)")
+# The demo never saw a hotword prompt in training (tools/train_tiny.py): with one it drops words.
+DEMO_HOTWORDS = ("the 20-word demo model was not trained with hotwords: with -m demo they can make it drop words, "
+                 "e.g. the hotword 'seven' turns 'go left go seven' into 'go left go'")
 
 
 class UsageError(Exception):
@@ -21,10 +30,10 @@ def add_recognizer_arguments(ap: argparse.ArgumentParser, *, model_help: str, la
     """-m/--model, --language, --no-itn and --hotwords, with each command's help for three of them."""
     ap.add_argument("-m", "--model", default=DEFAULT_REPO,
                     help=f"GGUF file, checkpoint folder or hub repo id (default {DEFAULT_REPO}, fetched and "
-                         f"converted once){model_help}")
+                         f"converted once), or {DEMO_HELP}{model_help}")
     ap.add_argument("--language", help=language_help)
     ap.add_argument("--no-itn", action="store_true", help="no inverse text normalization")
-    ap.add_argument("--hotwords", help=hotwords_help)
+    ap.add_argument("--hotwords", help=f"{hotwords_help} ({DEMO_HOTWORDS})")
 
 
 def setup_logging(prog: str, args: argparse.Namespace) -> None:
@@ -73,14 +82,13 @@ def check_model_free_options(args: argparse.Namespace, device: bool = True) -> N
     """The device (unless ``device`` is False: the model runs elsewhere), the hotwords and the decoding limit:
     what can be judged without the model (UsageError naming the flag), so that a wrong one fails at once instead
     of after the model is fetched, converted and loaded."""
-    from fun_asr import _core
     from fun_asr.asr.options import check_hotwords
     from fun_asr.audio.decode import Limits
     from fun_asr.model.native import usable_device
 
     try:
         if device:
-            _core.check_device(usable_device(args.device))
+            usable_device(args.device)
     except ValueError as exc:
         raise UsageError(f"--device {args.device}: {cli_words(str(exc))}") from None
     limits = Limits()

@@ -8,12 +8,14 @@ import os
 import sys
 
 from fun_asr.cli import exits
-from fun_asr.converter import PACKAGE_TYPES, convert, format_inspection, inspect_gguf
+from fun_asr.converter import PACKAGE_TYPES, OutputError, convert, format_inspection, inspect_gguf
+
+PROG = "fun-asr-convert"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="fun-asr-convert",
+        prog=PROG,
         description="Convert a Fun-ASR-Nano checkpoint folder (Hugging Face layout: config.json + safetensors; "
                     "or FunASR/ModelScope layout: model.pt + config.yaml + Qwen3-0.6B/), a FunASR FSMN-VAD folder "
                     "(model.pt, config.yaml, am.mvn) or a FunASR CAM++ speaker-model folder (config.yaml, "
@@ -42,23 +44,48 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--revision", help="source revision to record")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     ap.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _error(msg: str) -> None:
+    print(f"{PROG}: error: {msg}", file=sys.stderr)
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    """--inspect FILE: what the GGUF holds; a file that is missing, a folder, or no readable GGUF is one error line
+    and exit code 2 (nothing was done: README "Exit codes", a model that cannot be loaded)."""
+    try:
+        info = inspect_gguf(args.src)
+    except (OSError, ValueError) as exc:
+        if args.verbose:
+            raise
+        _error(str(exc).strip() or f"{args.src}: cannot be read as a GGUF file")
+        return exits.NOTHING_DONE
+    if args.json:
+        info = {k: v for k, v in info.items() if k != "metadata"}
+        print(json.dumps(info, indent=2, ensure_ascii=False))
+    else:
+        print(format_inspection(info))
+    return exits.OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     exits.terminate_on_sigterm()
     try:
         if args.inspect:
-            info = inspect_gguf(args.src)
-            if args.json:
-                info = {k: v for k, v in info.items() if k != "metadata"}
-                print(json.dumps(info, indent=2, ensure_ascii=False))
-            else:
-                print(format_inspection(info))
-            return 0
-        from fun_asr.converter import OutputError, detect_layout, layout_description
+            return _inspect(args)
+        from fun_asr.converter import detect_layout, layout_description
+        from fun_asr.model.checkpoint import CheckpointError
 
         if not os.path.exists(args.src):
-            print(f"fun-asr-convert: error: {args.src}: no such checkpoint folder or file", file=sys.stderr)
-            return 2
-        layout = detect_layout(args.src)
+            _error(f"{args.src}: no such checkpoint folder or file")
+            return exits.NOTHING_DONE
+        try:
+            layout = detect_layout(args.src)
+        except CheckpointError as exc:  # not a folder fun-asr-convert reads: nothing was done, fix the command
+            _error(str(exc))
+            return exits.NOTHING_DONE
         print(f"read {args.src}: {layout_description(layout)}")
         suffix = {"fsmn_vad": "fsmn_vad", "campplus": "campplus"}.get(layout, args.type)
         out = args.output or f"{args.src.rstrip('/')}-{suffix}.gguf"
@@ -74,15 +101,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose:
             raise
         msg = str(exc).replace("--force (overwrite=True)", "--force")
-        print(f"fun-asr-convert: error: {msg}", file=sys.stderr)
+        _error(msg)
         # the output would destroy something, or the source is not there: nothing was done, fix the command (2);
         # a source that fails while it is read or converted: 1
-        return 2 if isinstance(exc, OutputError | FileNotFoundError) else 1
+        return exits.NOTHING_DONE if isinstance(exc, OutputError | FileNotFoundError) else exits.SOME_FAILED
     except KeyboardInterrupt:
-        print("\nfun-asr-convert: interrupted (no output written)", file=sys.stderr)
+        print(f"\n{PROG}: interrupted (no output written)", file=sys.stderr)
         return exits.INTERRUPTED
     except exits.Terminated:
-        print("\nfun-asr-convert: terminated (no output written)", file=sys.stderr)
+        print(f"\n{PROG}: terminated (no output written)", file=sys.stderr)
         return exits.TERMINATED
 
 

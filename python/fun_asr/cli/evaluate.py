@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             check_new_outputs([args.table], args.overwrite)
         report = compare(args.hypothesis, args.reference)
     except ExistingOutputError as exc:
-        print(f"{PROG}: error: --table {args.table}: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc} (nothing was done)", file=sys.stderr)
         return 2
     except (TextSourceError, BatchError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         try:
             report.write_table(args.table, overwrite=args.overwrite)
-        except ExistingOutputError as exc:
-            print(f"{PROG}: error: --table {args.table}: {exc}", file=sys.stderr)
+        except ExistingOutputError as exc:  # appeared meanwhile: still never replaced
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
             return 2
         except OSError as exc:
             print(f"{PROG}: error: --table {args.table}: cannot write it ({exc.strerror or exc})", file=sys.stderr)

@@ -7,9 +7,12 @@ import logging
 import os
 import socket
 import sys
+from typing import Any
 
 from fun_asr.asr.messages import cli_words
+from fun_asr.cli.common import DEMO_HELP, DEMO_HOTWORDS
 from fun_asr.converter.hub import DEFAULT_REPO
+from fun_asr.model import demo
 from fun_asr.serve.words import SPEAKERS_CONSOLE, server_words
 from fun_asr.speakers.cluster import CLUSTERINGS
 
@@ -34,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  "online/offline/2pass) on every path and on --ws-port.",
                                  formatter_class=_DefaultsOnce)
     ap.add_argument("-m", "--model", default=DEFAULT_REPO,
-                    help="GGUF file, checkpoint folder or hub repo id (a repo is fetched and converted once)")
+                    help=f"GGUF file, checkpoint folder or hub repo id (a repo is fetched and converted once), or "
+                         f"{DEMO_HELP}")
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to listen on (0.0.0.0 exposes the server to the network)")
     ap.add_argument("--port", type=int, default=8000, help="TCP port")
@@ -54,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "it caught up (TCP back-pressure: no audio is refused)")
     ap.add_argument("--hotword-file", default=None,
                     help="FunASR's hotword file, one hotword per line: every WebSocket stream's hotwords until "
-                         "the client sends HOTWORDS: (default: ./热词列表 when it exists, as FunASR)")
+                         "the client sends HOTWORDS: (default: ./热词列表 when it exists, as FunASR; "
+                         f"{DEMO_HOTWORDS})")
     ap.add_argument("--postprocess-hotword-file", default=None,
                     help="FunASR's 'wrong=>right' lines: text replacements in every closed WebSocket sentence")
     ap.add_argument("--language", default=None,
@@ -90,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                                         "(default funasr/fsmn-vad)")
     ap.add_argument("--max-segment-seconds", type=float, default=30.0,
                     help="longest segment: the VAD's forced cut, or the pause splitter's limit")
-    ap.add_argument("--model-id", default="fun-asr-nano", help="the model id /v1/models reports and requests name")
+    ap.add_argument("--model-id", default=None,
+                    help="the model id /v1/models reports and requests name (default fun-asr-nano; "
+                         f"{demo.SERVED_ID} for -m demo)")
     ap.add_argument("--api-key", default=None,
                     help="require 'Authorization: Bearer KEY' on every route but /health, WebSockets included "
                          "(default: $FUN_ASR_API_KEY if set, else no key)")
@@ -125,8 +132,9 @@ def _say(msg: str) -> str:
                      max_audio_flag="--max-audio-seconds", hotwords="--hotword-file")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _log_to_console(args: argparse.Namespace) -> None:
+    """The console's log lines and warnings in this command's words; one JSON access line per request (unless
+    --no-access-log)."""
     before = list(logging.getLogger().handlers)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format=f"{PROG}: %(message)s")
     for console in logging.getLogger().handlers:
@@ -142,29 +150,46 @@ def main(argv: list[str] | None = None) -> int:
         access.addHandler(handler)
         access.setLevel(logging.INFO)
         access.propagate = False
+
+
+def _check_options(args: argparse.Namespace) -> str | None:
+    """What is wrong with the options, in one line (None: nothing), judged before anything is bound, fetched or
+    loaded: the numbers' ranges, the TLS files (uvicorn would fail only after the model loaded), the device."""
     checks = (("--max-concurrency", args.max_concurrency, 1), ("--max-new-tokens", args.max_new_tokens, 1),
               ("--threads", args.threads, 0), ("--max-streams", args.max_streams, 1), ("--ws-port", args.ws_port, 0),
               ("--max-queue", args.max_queue, 1))
     for name, value, low in checks:
         if value < low:
-            print(f"{PROG}: error: {name} must be {low} or more, got {value}", file=sys.stderr)
-            return 2
+            return f"{name} must be {low} or more, got {value}"
     if args.ssl_keyfile and not args.ssl_certfile:
-        print(f"{PROG}: error: --ssl-keyfile needs --ssl-certfile", file=sys.stderr)
-        return 2
-    if args.ssl_certfile:  # checked before the model loads (uvicorn would fail only after it)
+        return "--ssl-keyfile needs --ssl-certfile"
+    if args.ssl_certfile:
         import ssl
 
         try:
             ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
         except (OSError, ssl.SSLError) as exc:
-            print(f"{PROG}: error: cannot load the TLS certificate {args.ssl_certfile}: {exc}", file=sys.stderr)
-            return 2
+            return f"cannot load the TLS certificate {args.ssl_certfile}: {exc}"
     for name, value in (("--max-upload-mb", args.max_upload_mb), ("--max-audio-seconds", args.max_audio_seconds),
                         ("--request-timeout", args.request_timeout)):
         if not value > 0:
-            print(f"{PROG}: error: {name} must be positive, got {value:g}", file=sys.stderr)
-            return 2
+            return f"{name} must be positive, got {value:g}"
+    from fun_asr.model.native import usable_device
+
+    try:  # as every command checks it: a device named but not usable here is an error, never the CPU instead
+        usable_device(args.device)
+    except ValueError as exc:
+        return f"--device {args.device}: {_say(str(exc))}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _log_to_console(args)
+    problem = _check_options(args)
+    if problem:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 2  # nothing was started: fix the command (README: Exit codes)
     try:
         import uvicorn
 
@@ -196,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"{PROG}: error: cannot load model {args.model}: {_say(str(exc))}", file=sys.stderr)
         return 2  # it cannot start: nothing was served (README: Exit codes)
+    args.model_id = args.model_id or (demo.SERVED_ID if session.demo else "fun-asr-nano")
     from fun_asr.serve.core.limits import realtime_limits, uvicorn_ws_options
 
     try:
@@ -231,11 +257,30 @@ def main(argv: list[str] | None = None) -> int:
                             **uvicorn_ws_options(args.max_upload_mb, args.ws_ping_interval, args.ws_ping_timeout))
     server = uvicorn.Server(config)
     print(f"{PROG}: {_served(args, session, sockets, streams)}", file=sys.stderr, flush=True)
+    _serve(server, sockets)
+    return 0
+
+
+def _serve(server: Any, sockets: list[socket.socket]) -> None:
+    """Runs uvicorn until Ctrl-C or SIGTERM, both a normal end of the server's life (exit code 0, README "Exit
+    codes"). uvicorn finishes the requests in flight, then raises the signal it caught again with the handler it
+    found; SIGTERM's default one would kill the process (143), so SIGTERM raises an exception here, as SIGINT
+    does, and either one ends the server quietly. The SIGTERM handler found before is back afterwards (main()
+    called inside another program)."""
+    import signal
+    import threading
+
+    from fun_asr.cli import exits
+
+    previous = signal.getsignal(signal.SIGTERM)
+    exits.terminate_on_sigterm()
     try:
         server.run(sockets=sockets)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, exits.Terminated):
         pass
-    return 0
+    finally:
+        if previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _served(args: argparse.Namespace, session: object, sockets: list[socket.socket], streams: bool) -> str:

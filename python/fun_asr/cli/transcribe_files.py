@@ -9,10 +9,14 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fun_asr.asr.formats import render
 from fun_asr.cli.common import UsageError
 from fun_asr.outputs import ExistingOutputError, check_new_outputs, write_atomic
+
+if TYPE_CHECKING:
+    from fun_asr.asr.results import Transcription
 
 PROG = "fun-asr-transcribe"
 STDIN = "-"
@@ -83,7 +87,7 @@ def check_outputs(out: Path, files: list[str], names: list[str], formats: list[s
     try:
         check_new_outputs([out / f"{base}.{fmt}" for base in names for fmt in formats], overwrite)
     except ExistingOutputError as exc:
-        raise UsageError(f"-o {out}: {exc}") from None
+        raise UsageError(f"{exc} (nothing was done)") from None
 
 
 def check_output_dir(out: Path) -> None:
@@ -171,9 +175,25 @@ def _unique_names(inputs: list[str]) -> list[str]:
             return out
 
 
+def say_why_empty(result: Transcription, shown: str) -> None:
+    """A result without text says why on stderr (stdout keeps its format: an empty line, an empty file):
+    ``FILE: no speech found (no_speech)`` where the VAD found no speech (so the recognizer did not run), ``FILE: no
+    words recognized`` where it ran and said nothing. Audio shorter than one frame (``too_short``) has its own
+    warning."""
+    if result.text.strip() or result.empty_reason == "too_short":
+        return
+    if result.empty_reason == "no_speech":
+        why = "no speech found (no_speech)"
+    else:
+        why = "no words recognized (the text is empty)"
+    print(f"{PROG}: {shown}: {why}", file=sys.stderr)
+
+
 def emit(result, shown: str, base: str, args: argparse.Namespace, out_dir: Path | None,  # noqa: ANN001
           several: bool) -> None:
     """One result: to stdout in the one format (JSON: one line per input), or one file per format in -o."""
+    if not args.quiet:
+        say_why_empty(result, shown)
     if out_dir is None:
         fmt = args.formats[0]
         if fmt == "json":  # always one compact object per line: `*.wav -f json > all.jsonl` is JSONL for any count

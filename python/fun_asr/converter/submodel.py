@@ -22,6 +22,7 @@ import numpy as np
 
 from fun_asr.converter.cache import cache_dir
 from fun_asr.converter.output import ConversionReport, check_output, write_gguf_file
+from fun_asr.model.gguf_file import source_name
 from fun_asr.model.spec import load_spec
 from fun_asr.speakers import files as speaker_files
 from fun_asr.vad import files as vad_files
@@ -73,7 +74,7 @@ class SubModel:
         if repo_id or revision:
             meta = self.metadata(conf, hp, repo_id, revision)
         if self.finish is not None:
-            tensors = self.finish(meta, tensors, hp, type, repo_id or str(Path(src).resolve()))
+            tensors = self.finish(meta, tensors, hp, type, repo_id or source_name(src))
         write_gguf_file(out, Path(src), self.arch, meta, tensors, overwrite)
         counts: dict[str, int] = {}
         for _, arr in tensors:

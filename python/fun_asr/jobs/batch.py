@@ -295,8 +295,8 @@ def _check_foreign_files(out: Path, overwrite: bool) -> None:
     if replaceable and not overwrite:
         from fun_asr.outputs import existing_message
 
-        raise BatchError(f"output folder {out}: not written by fun-asr-batch, "
-                         f"{existing_message(replaceable, 'overwrite=True')}")
+        raise BatchError(f"{existing_message(replaceable, 'overwrite=True', note=', not written by fun-asr-batch')} "
+                         "(nothing was done)")
 
 
 def write_summary(out: Path, items: Sequence[Item], run_info: dict) -> dict:

@@ -22,12 +22,19 @@ import numpy as np
 NAME = "demo"
 WORDS = ("zero one two three four five six seven eight nine "
          "yes no up down left right stop go on off").split()
+# How fun-asr-serve names it (GET /v1/models, the web page) unless --model-id says otherwise, and what it is.
+SERVED_ID = "fun-asr-demo-20-words"
+SUMMARY = (f"the 20-word demo model (-m demo), a tiny model trained on synthetic speech: it knows only "
+           f"{' '.join(WORDS[:10])}, {' '.join(WORDS[10:])}; not a model for real speech")
 # What the checkpoint folder holds besides model.safetensors and tokenizer.json (copied as they are).
 PLAIN_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "chat_template.jinja",
                "preprocessor_config.json")
 VAD_FOLDER = "fsmn-vad"
 VAD_FILES = ("model.pt", "config.yaml", "am.mvn")  # what the converter reads
 QWEN_FIRST_SPECIAL_ID = 151643
+# Raised when what the demo's GGUF records changes, so that a GGUF cached by an older fun-asr is built again
+# (2: its FSMN-VAD's source is the package-relative fun_asr/model/demo_model/fsmn-vad, not an install path).
+GGUF_RECIPE = 2
 EMBEDDING_KEY = "model.language_model.embed_tokens.weight"
 
 
@@ -48,9 +55,9 @@ def vad_dir(artifact: Path | None = None) -> Path:
 
 
 def fingerprint(artifact: Path | None = None) -> str:
-    """A short hash of the stored files: the cache key of the demo's converted GGUF."""
+    """A short hash of the stored files and of :data:`GGUF_RECIPE`: the cache key of the demo's converted GGUF."""
     art = artifact or artifact_dir()
-    h = hashlib.sha256()
+    h = hashlib.sha256(f"recipe {GGUF_RECIPE}\0".encode())
     names = [*PLAIN_FILES, "tokenizer.base.json", "manifest.json", "weights.safetensors"]
     names += [f"{VAD_FOLDER}/{name}" for name in VAD_FILES]
     for name in names:

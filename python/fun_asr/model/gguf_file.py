@@ -50,6 +50,23 @@ def metadata_fields(reader: Any, prefixes: Iterable[str] | None = None) -> dict[
     return out
 
 
+def source_name(path: str | os.PathLike[str]) -> str:
+    """Where a sub-model came from as a GGUF records it (``<arch>.source``), machine-independent where it can be:
+    a file or folder inside the fun_asr package -> ``fun_asr/<its path there>`` (the demo's FSMN-VAD:
+    ``fun_asr/model/demo_model/fsmn-vad``, not where the package is installed), one inside a Hugging Face hub
+    cache snapshot (``models--owner--name/snapshots/<commit>/``) -> the repo id ``owner/name``; any other path
+    as it is, resolved (the user's own file, which only its path names)."""
+    p = Path(path).resolve()
+    package = Path(__file__).resolve().parents[1]  # the fun_asr package folder
+    if p.is_relative_to(package):
+        return (Path(package.name) / p.relative_to(package)).as_posix()
+    parts = p.parts
+    for folder, below in zip(parts, parts[1:], strict=False):
+        if folder.startswith("models--") and below == "snapshots" and "--" in folder[len("models--"):]:
+            return folder[len("models--"):].replace("--", "/", 1)
+    return str(p)
+
+
 def submodel_metadata(arch: str, conf: dict[str, Any], hp: dict[str, Any], repo_id: str | None = None,
                       revision: str | None = None) -> dict[str, Any]:
     """The metadata of a sub-model's own GGUF (FSMN-VAD, CAM++): ``general.*`` from its spec

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -16,21 +15,42 @@ from fun_asr.model.tensor_names import tensor_table
 
 _STORED = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 
-log = logging.getLogger("fun_asr")
-_said_fallback: set[str] = set()
+# ggml's GPU backends by the name a device takes (``cuda``, ``vulkan:1``), as users write them in words
+_BACKEND_NAMES = {"cuda": "CUDA", "vulkan": "Vulkan", "metal": "Metal", "sycl": "SYCL", "opencl": "OpenCL",
+                  "cann": "CANN", "musa": "MUSA", "rocm": "ROCm", "hip": "HIP"}
+_USE_ANOTHER = "use the cpu or auto device"
 
 
 def usable_device(device: str) -> str:
-    """``device``, or ``"cpu"`` when it names a GPU backend that this build ships as a module but that gives no
-    device here (no driver, or a broken one: the module did not load or found no GPU); that is logged once, in
-    one line saying why. A device the build lacks altogether is left for ``check_device``'s error."""
-    why = _core.device_fallback(device)
-    if not why:
-        return device
-    if device not in _said_fallback:
-        _said_fallback.add(device)
-        log.warning("device %s is not usable here, running on the CPU: %s", device, why)
-    return "cpu"
+    """``device`` when it selects a device of this build on this machine (``auto`` and ``cpu`` always do: ``auto``
+    takes the CPU where there is no GPU); ValueError in one line saying why otherwise, checked before any model is
+    read or converted. A device named explicitly is never replaced by the CPU: where this build ships its backend
+    as a module that gives no device here (no driver, or a broken one), the error gives ggml's reason
+    (``system_info()["unavailable_backends"]``); where the build has no such backend at all, it says so and names
+    the backends it has."""
+    if device not in ("auto", "cpu"):
+        why = _core.device_fallback(device)
+        if why:
+            raise ValueError(f"device '{device}' is not usable here: {why}; {_USE_ANOTHER}")
+        _check_backend_built(device)
+    _core.check_device(device)  # an unknown name, an index past the devices: its own message
+    return device
+
+
+def _check_backend_built(device: str) -> None:
+    """ValueError when ``device`` names a GPU backend this build does not have (neither linked in nor shipped as a
+    module), naming the ones it has."""
+    kind = device.split(":", 1)[0]
+    if kind not in _BACKEND_NAMES:
+        return
+    info = _core.system_info()
+    idle = {str(b).lower() for b in info["unavailable_backends"]}  # shipped, but no device here
+    has = list(dict.fromkeys([*map(str, info["registered_backends"]), *(_BACKEND_NAMES.get(b, b) for b in idle)]))
+    if kind in {b.lower() for b in has}:
+        return
+    said = [f"{b} (no device here)" if b.lower() in idle else b for b in has]
+    raise ValueError(f"this build has no {_BACKEND_NAMES[kind]} backend; it has: {', '.join(said) or 'none'}; "
+                     f"{_USE_ANOTHER}")
 
 
 def load_model(path: str | os.PathLike[str], device: str = "cpu", threads: int = 0) -> _core.Model:
@@ -41,8 +61,8 @@ def load_model(path: str | os.PathLike[str], device: str = "cpu", threads: int =
     config.yaml + Qwen3-0.6B/; its CTC head is loaded when complete: ``info()["ctc"]``).
     ``device``: ``cpu``, ``auto`` (the first GPU, else the CPU; never a software
     Vulkan driver such as Mesa's llvmpipe), ``gpu``/``gpu:N`` (any backend's), or a GPU
-    backend's name with an optional index (``cuda``, ``cuda:N``, ``vulkan``, ``metal``: the CPU, with one logged
-    line saying why, where the build ships that backend but the machine has no driver for it); ``threads``: CPU threads,
+    backend's name with an optional index (``cuda``, ``cuda:N``, ``vulkan``, ``metal``: ValueError saying why where
+    this build or this machine has no such device, :func:`usable_device`); ``threads``: CPU threads,
     0 = auto (up to all cores; fewer when timed decode steps say that is faster, e.g. beside a busy process).
     """
     p = Path(path)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from fun_asr.model.funasr_checkpoint import is_campplus_folder  # noqa: F401 - re-exported
-from fun_asr.model.gguf_file import metadata_fields, open_gguf, submodel_metadata
+from fun_asr.model.gguf_file import metadata_fields, open_gguf, source_name, submodel_metadata
 from fun_asr.model.spec import load_spec
 
 ARCH = "campplus"
@@ -445,7 +445,7 @@ def speaker_for_embedding(path: str | os.PathLike[str], type: str | None = None)
     if p.is_dir():
         conf, meta, tensors = read_campplus_folder(p)
         hp = hparams(conf)
-        origin = str(p.resolve())
+        origin = source_name(p)
     elif p.is_file():
         fields, hp, tensors = read_speaker_gguf(p)
         if type is None:
@@ -454,7 +454,7 @@ def speaker_for_embedding(path: str | os.PathLike[str], type: str | None = None)
         conf = json.loads(text) if isinstance(text, str) else {"model": "CAMPPlus"}
         meta = metadata(conf, hp)
         origin = fields.get(f"{ARCH}.source") or fields.get("general.source.huggingface.repository") or \
-            str(p.resolve())
+            source_name(p)
     else:
         raise FileNotFoundError(f"{p}: no such speaker model (a .gguf file or a FunASR CAM++ folder)")
     keys = {k: v for k, v in meta.items() if k.startswith(f"{ARCH}.")}

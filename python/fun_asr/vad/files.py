@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from fun_asr.model.funasr_checkpoint import REQUIRED_FILES, is_vad_folder  # noqa: F401 - re-exported
-from fun_asr.model.gguf_file import metadata_fields, open_gguf, submodel_metadata
+from fun_asr.model.gguf_file import metadata_fields, open_gguf, source_name, submodel_metadata
 from fun_asr.model.spec import load_spec
 
 ARCH = "fsmn_vad"
@@ -137,7 +137,7 @@ def vad_for_embedding(path: str | os.PathLike[str]) -> tuple[dict[str, Any], lis
     p = Path(path)
     if p.is_dir():
         conf, meta, tensors = read_vad_folder(p)
-        origin = str(p.resolve())
+        origin = source_name(p)
     elif p.is_file():
         import gguf
 
@@ -162,7 +162,7 @@ def vad_for_embedding(path: str | os.PathLike[str]) -> tuple[dict[str, Any], lis
         if missing:
             raise VadModelError(f"{p}: VAD tensor {missing[0]} is missing")
         source = found.get("general.source.huggingface.repository")
-        origin = str(source) if source is not None else str(p.resolve())
+        origin = str(source) if source is not None else source_name(p)
         if isinstance(found.get(f"{ARCH}.source"), str):
             origin = found[f"{ARCH}.source"]
     else:

@@ -18,7 +18,7 @@ from fun_asr.asr.session import Session, Transcription
 from fun_asr.audio.decode import AudioError
 from fun_asr.notices import Notice
 from fun_asr.serve.core.batcher import Batcher, _decode
-from fun_asr.serve.core.errors import ApiError, _words
+from fun_asr.serve.core.errors import RETRY_AFTER_SECONDS, ApiError, _words, upload_too_large
 from fun_asr.serve.core.requests import DecodeRequest
 from fun_asr.serve.words import ClientWords
 
@@ -55,7 +55,7 @@ async def read_upload(upload: UploadFile, ctx: ServerContext) -> bytes:
     """The uploaded file's bytes: 413 past ``--max-upload-mb``, 400 for an empty file."""
     data = await upload.read(ctx.max_bytes + 1)
     if len(data) > ctx.max_bytes:
-        raise ApiError(413, f"upload exceeds the limit of {ctx.max_upload_mb:g} MB", "file", "file_too_large")
+        raise upload_too_large(ctx.max_upload_mb)
     if not data:
         raise ApiError(400, "the uploaded file is empty", "file", "empty_file")
     return data
@@ -63,9 +63,10 @@ async def read_upload(upload: UploadFile, ctx: ServerContext) -> bytes:
 
 async def transcribe_upload(ctx: ServerContext, data: bytes, name: str, request: DecodeRequest) -> Transcription:
     """Decodes an upload off the event loop and transcribes it through the shared batcher (with ``request``'s
-    options): 400 for audio that cannot be read, 429 past ``--max-queue`` waiting
-    requests, 504 past ``--request-timeout``. The result's warnings are logged once, here (as they are), then
-    put in the client's words (no server paths: :class:`~fun_asr.serve.words.ClientWords`; codes unchanged)."""
+    options): 400 for audio that cannot be read, 429 past ``--max-queue`` waiting requests (answered with
+    ``Retry-After``: :func:`~fun_asr.serve.core.errors.error_headers`), 504 past ``--request-timeout``. The result's
+    warnings are logged once, here (as they are), then put in the client's words (no server paths:
+    :class:`~fun_asr.serve.words.ClientWords`; codes unchanged)."""
     try:
         samples, info = await anyio.to_thread.run_sync(_decode, data, name)
     except AudioError as exc:
@@ -74,7 +75,8 @@ async def transcribe_upload(ctx: ServerContext, data: bytes, name: str, request:
     assert batcher is not None
     if batcher.jobs.qsize() >= ctx.max_queue:
         raise ApiError(429, f"server busy: {batcher.jobs.qsize()} requests are waiting (limit {ctx.max_queue}); "
-                            "retry later", None, "rate_limit_exceeded", "rate_limit_error")
+                            f"retry in {RETRY_AFTER_SECONDS} s (Retry-After)", None, "rate_limit_exceeded",
+                       "rate_limit_error")
     fut = batcher.submit(samples, request, name)
     try:
         result: Transcription = await asyncio.wait_for(asyncio.wrap_future(fut), timeout=ctx.request_timeout)

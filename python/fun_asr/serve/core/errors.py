@@ -11,6 +11,19 @@ from fun_asr.serve.words import SPEAKERS_REQUEST, server_words
 
 # The routes that speak FunASR's offline HTTP protocol (serve/protocols/funasr_http): their errors are FastAPI's.
 FUNASR_PATHS = ("/asr",)
+UPLOAD_FLAG = "fun-asr-serve --max-upload-mb"  # what a 413 names: the limit a client cannot change itself
+# Every 429 (past --max-queue) carries ``Retry-After`` with this many seconds: a fixed small value, since the
+# decoder takes all waiting requests off the queue whenever a decoding slot frees or a batch ends (serve/core/
+# batcher.py), so a place in the queue frees up within about one decoding step or batch.
+RETRY_AFTER_SECONDS = 1
+
+
+def upload_too_large(max_upload_mb: float, size: int | None = None) -> ApiError:
+    """The 413 of an upload over the limit (every route's), naming the server's flag; ``size``: the bytes the
+    request declared, where known."""
+    what = "upload" if size is None else f"upload of {size} bytes"
+    return ApiError(413, f"{what} exceeds the limit of {max_upload_mb:g} MB ({UPLOAD_FLAG})", "file",
+                    "file_too_large")
 
 
 def speaker_options(session: object, spk: bool) -> tuple[tuple[str, bool], ...]:
@@ -33,9 +46,14 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
 
+def error_headers(status: int) -> dict[str, str] | None:
+    """The headers an error answer carries: ``Retry-After`` (:data:`RETRY_AFTER_SECONDS`) on a 429."""
+    return {"Retry-After": str(RETRY_AFTER_SECONDS)} if status == 429 else None
+
+
 def _error(status: int, message: str, param: str | None = None, code: str | None = None,
            kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse(status_code=status,
+    return JSONResponse(status_code=status, headers=error_headers(status),
                         content={"error": {"message": message, "type": kind, "param": param, "code": code}})
 
 
@@ -46,12 +64,13 @@ def is_funasr_path(path: str) -> bool:
 
 def detail_error(status: int, message: str) -> JSONResponse:
     """An error as FastAPI's HTTPException answers it (FunASR's servers): ``{"detail": "message"}``."""
-    return JSONResponse(status_code=status, content={"detail": message})
+    return JSONResponse(status_code=status, headers=error_headers(status), content={"detail": message})
 
 
 def error_for(path: str, status: int, message: str, param: str | None = None, code: str | None = None,
               kind: str = "invalid_request_error") -> JSONResponse:
-    """The error in the shape of the route it answers: FunASR's on FunASR's routes, else OpenAI's."""
+    """The error in the shape of the route it answers: FunASR's on FunASR's routes, else OpenAI's (every route's
+    429 with ``Retry-After``: :func:`error_headers`)."""
     if is_funasr_path(path):
         return detail_error(status, message)
     return _error(status, message, param, code, kind)

@@ -94,16 +94,20 @@
   }
 
   const serverStatus = $("server-status");
+  const modelNote = $("model-note");
   let checkSeq = 0;
-  async function checkServer() { // GET /v1/models: the model id, and whether the key is accepted
+  async function checkServer() { // GET /v1/models: the model id, the demo note, whether the key is accepted
     const seq = ++checkSeq;
     try {
       const r = await fetch("/v1/models", { headers: authHeaders(), cache: "no-store" });
       if (seq !== checkSeq) return null;
       const text = await r.text();
       if (r.ok) {
-        const id = (JSON.parse(text).data || [{}])[0].id;
-        serverStatus.textContent = `Server ready · model ${id}`;
+        const model = (JSON.parse(text).data || [{}])[0] || {};
+        serverStatus.textContent = `Server ready · model ${model.id}`;
+        // the 20-word demo model (-m demo): say so where everyone sees it, with what it knows
+        modelNote.textContent = model.demo ? model.description || "This server runs the 20-word demo model." : "";
+        modelNote.hidden = !model.demo;
         serverStatus.className = "muted";
         keyInput.removeAttribute("aria-invalid");
         return null;

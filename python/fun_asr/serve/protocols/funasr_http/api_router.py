@@ -15,7 +15,7 @@ from fastapi.routing import APIRoute
 
 from fun_asr.asr.prompt import split_hotwords
 from fun_asr.serve.core.context import ServerContext, read_upload, transcribe_upload
-from fun_asr.serve.core.errors import ApiError, _bool, _words, speaker_options
+from fun_asr.serve.core.errors import ApiError, _bool, _words, speaker_options, upload_too_large
 from fun_asr.serve.core.requests import DecodeRequest
 from fun_asr.serve.protocols.funasr_http.protocol import ASR_PATH, asr_response, vad_options
 
@@ -36,8 +36,7 @@ def add_funasr_routes(app: FastAPI, ctx: ServerContext) -> None:
             async def checked(request: Request) -> Response:
                 length = request.headers.get("content-length")
                 if length and length.isdigit() and int(length) > limit:
-                    raise ApiError(413, f"upload of {int(length)} bytes exceeds the limit of {ctx.max_upload_mb:g} "
-                                        "MB (fun-asr-serve --max-upload-mb)", "file", "file_too_large")
+                    raise upload_too_large(ctx.max_upload_mb, int(length))
                 return await handler(request)
 
             return checked

@@ -1,6 +1,7 @@
 """OpenAI's transcription responses: the formats (json, text, srt, vtt, verbose_json: :func:`verbose_json`),
 the streamed ``transcript.text.delta`` / ``transcript.text.done`` events (:func:`stream_events`) sent as
-server-sent events (:func:`sse_response`), and the model names a request may give."""
+server-sent events (:func:`sse_response`), the served model as GET /v1/models lists it (:func:`model_entry`) and the
+model names a request may give."""
 
 from __future__ import annotations
 
@@ -20,6 +21,33 @@ RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 STREAM_FORMATS = ("json", "text")  # as OpenAI: a stream of transcript.text events replaces these two
 MODEL_ALIASES = ("fun-asr", "fun-asr-nano", "whisper-1")
 LANGUAGE_NAMES = {"zh": "chinese", "en": "english", "ja": "japanese", "ko": "korean"}
+# Every transcription answer's notice codes (``warning_codes``, comma-separated; empty: none), in every format:
+# the only place text, srt and vtt (plain text bodies) can carry them.
+WARNING_CODES_HEADER = "X-Warning-Codes"
+
+
+def notices(t: Transcription) -> dict[str, Any]:
+    """fun-asr's notices as every JSON answer carries them: ``warnings`` (messages) and ``warning_codes``."""
+    return {"warnings": [str(w) for w in t.warnings], "warning_codes": list(t.warning_codes)}
+
+
+def json_response(t: Transcription, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """OpenAI's ``json`` format, ``{"text"}``, with fun-asr's truncation flags and notices (extra keys, which
+    OpenAI's SDK keeps) and ``logprobs`` where ``include[]=logprobs`` asked for them."""
+    return {"text": t.text, "truncated": t.truncated, "input_truncated": t.input_truncated, **notices(t),
+            **({} if logprobs is None else {"logprobs": logprobs})}
+
+
+def model_entry(model_id: str, created: int, demo: bool = False) -> dict[str, Any]:
+    """The served model as OpenAI's model object (``id``, ``object``, ``created``, ``owned_by``); the 20-word
+    demo model (``-m demo``) adds ``demo: true`` and a ``description`` of what it knows (the web page shows
+    it)."""
+    entry: dict[str, Any] = {"id": model_id, "object": "model", "created": created, "owned_by": "fun-asr"}
+    if demo:
+        from fun_asr.model.demo import SUMMARY
+
+        entry.update(demo=True, description=SUMMARY[0].upper() + SUMMARY[1:] + ".")
+    return entry
 
 
 def verbose_json(t: Transcription, words: bool = False, spec: dict[str, Any] | None = None,
@@ -44,8 +72,7 @@ def verbose_json(t: Transcription, words: bool = False, spec: dict[str, Any] | N
         "text": t.text,
         "truncated": t.truncated,
         "input_truncated": t.input_truncated,
-        "warnings": [str(w) for w in t.warnings],
-        "warning_codes": t.warning_codes,
+        **notices(t),
         "segmentation": t.segmentation,
         "segments": [
             {"id": i, "seek": int(s.start * 100), "start": s.start, "end": s.end, "text": s.text,
@@ -80,9 +107,9 @@ def stream_events(t: Transcription, spec: dict[str, Any],
                   logprobs: Callable[[Any], list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
     """OpenAI's streamed transcription: one ``transcript.text.delta`` per decoded segment with text (its text,
     after the separator the transcript puts before it, so that the deltas add up to the text exactly), then
-    ``transcript.text.done`` with the whole text (and the json format's truncation flags). With ``logprobs`` (a
-    segment's ``logprobs`` entries: ``include[]=logprobs``) each delta carries its segment's and the done event
-    all of them, as OpenAI's events do."""
+    ``transcript.text.done`` with the whole text (and the json format's truncation flags and notices). With
+    ``logprobs`` (a segment's ``logprobs`` entries: ``include[]=logprobs``) each delta carries its segment's and
+    the done event all of them, as OpenAI's events do."""
     events: list[dict[str, Any]] = []
     deltas: list[str] = []
     every: list[dict[str, Any]] = []
@@ -104,15 +131,16 @@ def stream_events(t: Transcription, spec: dict[str, Any],
     if text != t.text:  # never expected (join_text builds t.text); the deltas must add up to the text
         raise RuntimeError(f"streamed deltas {text!r} do not add up to the transcript {t.text!r}")
     done: dict[str, Any] = {"type": "transcript.text.done", "text": t.text, "truncated": t.truncated,
-                            "input_truncated": t.input_truncated}
+                            "input_truncated": t.input_truncated, **notices(t)}
     if logprobs is not None:
         done["logprobs"] = every
     events.append(done)
     return events
 
 
-def sse_response(events: list[dict[str, Any]]) -> StreamingResponse:
-    """Server-sent events as OpenAI sends them: ``data: <json>`` blocks, then ``data: [DONE]``."""
+def sse_response(events: list[dict[str, Any]], headers: dict[str, str] | None = None) -> StreamingResponse:
+    """Server-sent events as OpenAI sends them: ``data: <json>`` blocks, then ``data: [DONE]`` (``headers``:
+    more response headers)."""
 
     async def body() -> AsyncIterator[str]:
         for event in events:
@@ -120,8 +148,9 @@ def sse_response(events: list[dict[str, Any]]) -> StreamingResponse:
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(body(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
 
 
-__all__ = ["LANGUAGE_NAMES", "MODEL_ALIASES", "RESPONSE_FORMATS", "STREAM_FORMATS", "segment_logprobs", "sse_response",
-           "stream_events", "transcript_logprobs", "verbose_json"]
+__all__ = ["LANGUAGE_NAMES", "MODEL_ALIASES", "RESPONSE_FORMATS", "STREAM_FORMATS", "WARNING_CODES_HEADER",
+           "json_response", "model_entry", "notices", "segment_logprobs", "sse_response", "stream_events",
+           "transcript_logprobs", "verbose_json"]
