@@ -3,8 +3,9 @@
 The cases that run on a GPU backend (a ``device`` parameter of ``cuda``/``vulkan``, or the ``device_process`` mark)
 go through a pytest child process, one per test module: the child runs the module's pending GPU cases in
 collection order and writes each case's reports as JSON lines; this process reads them back and reports them as
-its own. Where the child dies (a signal: a driver's SIGSEGV or SIGABRT), the case it was running fails with the
-signal and the child's last output, and the module's cases after it run in a new child when their turn comes.
+its own. Where the child dies (a signal: a driver's SIGSEGV or SIGABRT), the case it was running runs once more in
+a new child and fails, with both deaths and the child's last output, where it dies again; the summary lists every
+case whose process died; the module's cases after it run in a new child when their turn comes.
 
 The child is ``python -m pytest`` with the same options file, ``FUN_ASR_TEST_CHILD_REPORT`` naming its report file
 (which also stops it from isolating again). ``FUN_ASR_TEST_IN_PROCESS=1`` runs every case in this process (a
@@ -73,6 +74,13 @@ class DeviceProcesses:
         self.config = config
         self.pending: dict[str, list[pytest.Item]] = {}  # module -> its isolated cases not yet run
         self.rows: dict[str, list[dict[str, Any]]] = {}  # nodeid -> what its child said
+        self.died: dict[str, str] = {}  # nodeid -> how its first process died
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.died:
+            terminalreporter.section("GPU cases whose process died (each ran once more in a new process)")
+            for nodeid, how in self.died.items():
+                terminalreporter.line(f"{nodeid}: {how.splitlines()[0]}")
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -84,7 +92,7 @@ class DeviceProcesses:
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
         if not needs_own_process(item):
             return None
-        if item.nodeid not in self.rows:
+        while item.nodeid not in self.rows:  # (a case whose process died once runs once more: _take)
             self._run_child(item)
         item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         for report in self._reports(item):
@@ -121,14 +129,19 @@ class DeviceProcesses:
         crashed = [n for n in started if n not in finished]
         if rc >= 0 and not crashed and todo[0].nodeid in self.rows:
             return
-        # The child died in a case (or before any): that case fails; the cases after it get a new child.
+        # The child died in a case (or before any): the case runs once more in a new child, and fails where it
+        # dies again; the cases after it get a new child.
         victim = crashed[0] if crashed else todo[0].nodeid
-        self.rows.setdefault(victim, []).append({"event": "report", "when": "call", "outcome": "failed",
-                                                 "duration": 0.0, "sections": [], "wasxfail": None,
-                                                 "longrepr": _death(rc, victim, tail)})
         for n in started:
-            if n not in finished and n != victim:
+            if n not in finished:
                 del self.rows[n]
+        if victim not in self.died:
+            self.died[victim] = _death(rc, victim, tail)
+            return
+        self.rows[victim] = [{"event": "report", "when": "call", "outcome": "failed", "duration": 0.0,
+                              "sections": [], "wasxfail": None,
+                              "longrepr": f"{self.died[victim]}\n\nand again in a second process: "
+                                          f"{_death(rc, victim, tail)}"}]
 
     def _reports(self, item: pytest.Item) -> list[TestReport]:
         reports = []

@@ -13,6 +13,7 @@ import os
 import pytest
 
 import fun_asr
+from fun_asr.model.vulkan_driver import known_bad
 
 REQUIRED = {x.strip() for x in os.environ.get("FUN_ASR_TEST_REQUIRE", "").split(",") if x.strip()}
 
@@ -30,8 +31,15 @@ def gpu_available() -> bool:
 
 def vulkan_available() -> bool:
     """This build ships ggml's Vulkan backend and it found a device (a GPU, or lavapipe where
-    GGML_VK_VISIBLE_DEVICES names it)."""
-    return bool(backend_gpus("vulkan"))
+    GGML_VK_VISIBLE_DEVICES names it) whose driver is not kept out (``vulkan_refused``)."""
+    return bool(backend_gpus("vulkan")) and not vulkan_refused()
+
+
+def vulkan_refused() -> str:
+    """Why ``--device vulkan`` refuses this machine's first Vulkan device (a driver known to corrupt memory, such as
+    Debian 12's lavapipe: fun_asr.model.vulkan_driver), or ''."""
+    gpus = backend_gpus("vulkan")
+    return known_bad(gpus[0]["description"]) if gpus else ""
 
 
 def require_named_devices() -> None:
@@ -44,13 +52,15 @@ def require_named_devices() -> None:
     missing = sorted(name for name in REQUIRED & set(have) if not have[name])
     if missing:
         info = fun_asr.system_info()
+        refused = f"; the Vulkan device is kept out: {vulkan_refused()}" if vulkan_refused() else ""
         raise pytest.UsageError(
             f"FUN_ASR_TEST_REQUIRE names {missing} but this build or machine has no such device (unavailable "
-            f"backends: {info['unavailable_backends']}; devices: {[d['name'] for d in info['devices']]})")
+            f"backends: {info['unavailable_backends']}; devices: {[d['name'] for d in info['devices']]}){refused}")
 
 
 GPU = pytest.mark.skipif(not gpu_available(), reason="no CUDA build or no GPU")
-VULKAN = pytest.mark.skipif(not vulkan_available(), reason="no Vulkan backend in this build or no Vulkan device")
+VULKAN = pytest.mark.skipif(not vulkan_available(), reason=f"the Vulkan device is kept out: {vulkan_refused()}"
+                            if vulkan_refused() else "no Vulkan backend in this build or no Vulkan device")
 
 # Parametrize a test over devices: @pytest.mark.parametrize("device", DEVICES)
 DEVICES = ["cpu", pytest.param("cuda", marks=GPU), pytest.param("vulkan", marks=VULKAN)]

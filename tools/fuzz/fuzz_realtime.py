@@ -10,7 +10,9 @@ in 10 ms units u16, length in ms u16; int16 PCM from examples/), 3 a frame of ne
 (START, speech in 100 ms frames, silence, STOP), hotwords and language switches, disconnects mid-sentence, audio
 before START, odd-length frames, unknown commands, a frame flood over the input buffer, 300 hotwords.
 A finding: an exception escaping the handler, a message that is not a JSON object with "event" or "sentences",
-a STOP without its "stopped" event, or the stream counter not back to 0 after the disconnect (a leaked stream).
+a STOP without its "stopped" event, the stream counter not back to 0 after the disconnect (a leaked stream), or a
+stream still being fed or closed (in a worker thread) after the handler returned: it decodes on for a client that
+is gone, and a process exiting meanwhile crashes in ggml's teardown (what made a 10 s run fail once).
 
     python tools/fuzz/fuzz_realtime.py [-max_total_time=S] [-atheris_runs=N] | --replay FILES...
 """
@@ -97,6 +99,30 @@ class FakeWebSocket:
         self.closed = code
 
 
+def _count_running(cls: type, names: tuple[str, ...]) -> list[int]:
+    """Wraps ``cls``'s methods ``names`` so that ``[n]`` (returned) counts the calls running now, in any thread."""
+    import functools
+    import threading
+
+    lock, running = threading.Lock(), [0]
+
+    def wrap(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with lock:
+                running[0] += 1
+            try:
+                return fn(self, *args, **kwargs)
+            finally:
+                with lock:
+                    running[0] -= 1
+        return counted
+
+    for name in names:
+        setattr(cls, name, wrap(getattr(cls, name)))
+    return running
+
+
 def setup() -> None:
     import warnings
 
@@ -112,6 +138,9 @@ def setup() -> None:
     session = fun_asr.Session(_seeds.micro_gguf(), device="cpu", threads=1, vad="fsmn", vad_model=_seeds.vad_gguf(),
                               progress=False)
     clip = np.concatenate([_seeds.speech(10.0, n, 0.0) for n in ("en_hello.wav", "zh_weather.wav", "ja_hello.wav")])
+    from fun_asr.asr.stream import Stream
+
+    _state["running"] = _count_running(Stream, ("feed", "close", "commit"))
     _state.update(session=session, batcher=Batcher(session, 2, 4), counter=[0], pcm=_seeds.pcm16(clip),
                   limits=RealtimeLimits(max_streams=16, idle_seconds=5.0, max_seconds=20.0, buffer_seconds=3.0))
     rng = np.random.default_rng(0)
@@ -212,6 +241,16 @@ def one_input(data: bytes) -> None:
     if counter[0] != 0:
         counter[0] = 0
         raise _fuzzlib.Finding("the stream counter is not back to 0 after the connection ended (a leaked stream)")
+    running = _state["running"]
+    if running[0]:
+        import time
+
+        left = running[0]
+        deadline = time.monotonic() + 120
+        while running[0] and time.monotonic() < deadline:  # (so that the next input starts alone)
+            time.sleep(0.01)
+        raise _fuzzlib.Finding(f"{left} stream call(s) (feed/close/commit) still running in a thread after the "
+                               "handler returned: the connection's audio is decoded on after it ended")
     stops = 0
     for m in ws.sent:
         doc = json.loads(m)

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from fun_asr import _core
+from fun_asr.model import vulkan_driver
 from fun_asr.model.funasr_checkpoint import open_checkpoint
 from fun_asr.model.metadata import ARCH, check_tensors, gguf_metadata
 from fun_asr.model.tensor_names import tensor_table
@@ -33,8 +34,19 @@ def usable_device(device: str) -> str:
         if why:
             raise ValueError(f"device '{device}' is not usable here: {why}; {_USE_ANOTHER}")
         _check_backend_built(device)
-    _core.check_device(device)  # an unknown name, an index past the devices: its own message
+    name = _core.check_device(device)  # an unknown name, an index past the devices: its own message
+    if device not in ("auto", "cpu"):
+        _check_driver(device, name)
     return device
+
+
+def _check_driver(device: str, name: str) -> None:
+    """ValueError where the device ``device`` selects (ggml's ``name``) runs on a Vulkan driver known to corrupt
+    memory (fun_asr.model.vulkan_driver)."""
+    described = [d["description"] for d in _core.system_info()["devices"] if d["name"] == name]
+    why = vulkan_driver.known_bad(described[0]) if described and name.lower().startswith("vulkan") else ""
+    if why:
+        raise ValueError(f"device '{device}' is not usable here: {why}; {_USE_ANOTHER}")
 
 
 def _check_backend_built(device: str) -> None:

@@ -306,6 +306,16 @@ class Inbox:
         """Until everything put so far is done."""
         await self.finished.wait()
 
+    def drop(self) -> None:
+        """Forgets the items not taken yet (the connection has ended: nobody waits for their results); the one
+        the worker is on stays counted until it is done."""
+        while self.items:
+            kind, payload = self.items.popleft()
+            self._release(kind, payload)
+            self.unfinished -= 1
+        if self.unfinished == 0:
+            self.finished.set()
+
 
 async def work(inbox: Inbox, handle: Callable[[str, Any], Awaitable[None]],
                failed: Callable[[Exception], Awaitable[None]]) -> None:
@@ -321,6 +331,21 @@ async def work(inbox: Inbox, handle: Callable[[str, Any], Awaitable[None]],
         finally:
             inbox.busy = False
             inbox.done(kind, payload, count)
+
+
+async def stop_worker(worker: asyncio.Task[Any], inbox: Inbox) -> None:
+    """Ends a connection's worker (:func:`work`) once its connection has ended: what waits in ``inbox`` is
+    dropped, and the item the worker is on is finished first. Cancelling the worker alone would not stop that
+    item: its stream's feed or close runs in a thread (``anyio.to_thread.run_sync``), which goes on decoding for a
+    client that is gone, after its ``--max-streams`` slot was given back and after the handler returned (a process
+    that exits meanwhile crashes in ggml's teardown). Cancelled while it waits, the worker is cancelled at once."""
+    inbox.drop()
+    try:
+        await inbox.join()
+    finally:
+        worker.cancel()
+        with contextlib.suppress(BaseException):
+            await worker
 
 
 # -- sending to a client that may read slowly -----------------------------------------------------------------
@@ -397,4 +422,4 @@ class Outbox:
 
 __all__ = ["MAX_FILE_MB", "OUTBOX_MAX_BYTES", "OUTBOX_MAX_EVENTS", "Inbox", "Outbox", "Replay", "Slot", "StreamServer",
            "WebSocketProtocol", "dispatch", "disconnected", "idle_error", "log_access", "new_stats", "receive",
-           "refuse_over_limit", "refused", "too_many_streams", "work"]
+           "refuse_over_limit", "refused", "stop_worker", "too_many_streams", "work"]

@@ -34,6 +34,7 @@ from fun_asr.serve.core.websocket import (
     receive,
     refuse_over_limit,
     refused,
+    stop_worker,
     too_many_streams,
     work,
 )
@@ -366,8 +367,9 @@ class _Connection:
 
 async def _run(ws: Any, session: Any, submit: Callable[..., Any], limits: RealtimeLimits, max_new_tokens: int,
                stats: dict[str, Any], words: ClientWords | None, release: Callable[[], None]) -> None:
-    """One accepted, counted connection: the reader until it ends, then ``release`` (the --max-streams slot),
-    the worker stopped, what waits to be sent flushed (5 s at most) and the socket closed."""
+    """One accepted, counted connection: the reader until it ends, then the worker stopped (the audio it is
+    feeding now is finished, the rest dropped: nothing of the connection runs on after it), ``release`` (the
+    --max-streams slot), what waits to be sent flushed (5 s at most) and the socket closed."""
     from starlette.websockets import WebSocketDisconnect
 
     conn = _Connection(ws, session, submit, limits, max_new_tokens, stats, words)
@@ -378,10 +380,10 @@ async def _run(ws: Any, session: Any, submit: Callable[..., Any], limits: Realti
     except WebSocketDisconnect as exc:
         stats["status"] = exc.code
     finally:
-        release()
-        worker.cancel()
-        with contextlib.suppress(BaseException):
-            await worker
+        try:
+            await stop_worker(worker, conn.inbox)
+        finally:
+            release()
         conn.stream = None
         await conn.out.flush(5.0)
         sender.cancel()

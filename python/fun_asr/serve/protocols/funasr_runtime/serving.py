@@ -30,6 +30,7 @@ from fun_asr.serve.core.websocket import (
     disconnected,
     idle_error,
     receive,
+    stop_worker,
     work,
 )
 from fun_asr.serve.protocols.funasr_runtime.protocol import (
@@ -160,12 +161,12 @@ class _TwoPass:
         except WebSocketDisconnect as exc:
             self.stats["status"] = exc.code
         finally:
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-            self.utt = None
-            with contextlib.suppress(Exception):
-                await self.ws.close()
+            try:
+                await stop_worker(task, self.inbox)  # the audio it feeds now is finished: nothing runs on after it
+            finally:
+                self.utt = None
+                with contextlib.suppress(Exception):
+                    await self.ws.close()
 
     async def worker(self) -> None:
         # audio that queued while decoding goes to the stream in one piece
