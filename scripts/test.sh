@@ -3,7 +3,7 @@
 # Works from a fresh clone and again and again: creates .venv if absent, installs the build tools into it,
 # installs the project (editable, without build isolation: build/<wheel tag>/ keeps its compiled objects,
 # so a second run recompiles only what changed), the FunASR reference stack and espeak-ng/sox, then runs
-# `ruff check python tests tools` and `python -m pytest -q --durations=25 "$@"` (the 25 slowest tests listed:
+# `ruff check python tests tools` and `python -m pytest -q -rs --durations=25 "$@"` (the 25 slowest tests listed:
 # the CI time budget). Any failure fails the script; pytest's
 # exit code 5 (no tests collected) fails it too.
 set -euo pipefail
@@ -29,6 +29,16 @@ if ! command -v glslc >/dev/null || [ ! -f /usr/include/vulkan/vulkan.h ] || [ !
    || ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
   apt_get glslc libvulkan-dev spirv-headers mesa-vulkan-drivers \
     || echo "test.sh: WARNING: could not install the Vulkan packages; the build has no Vulkan backend, its tests skip"
+fi
+# Debian 12's own lavapipe (Mesa 22.3.6) corrupts memory under ggml's Vulkan backend (docs/vulkan.md): fun-asr keeps
+# it out (`--device vulkan` refuses it, the Vulkan cases skip naming it). Where FUN_ASR_TEST_REQUIRE names vulkan
+# (CI), the Vulkan cases must run: Mesa 25's lavapipe comes from bookworm-backports for them.
+if [[ ",${FUN_ASR_TEST_REQUIRE:-}," == *,vulkan,* ]] && grep -q 'VERSION_CODENAME=bookworm' /etc/os-release 2>/dev/null \
+   && ! dpkg --compare-versions "$(dpkg-query -W -f='${Version}' mesa-vulkan-drivers 2>/dev/null || echo 0)" ge 25; then
+  echo "test.sh: FUN_ASR_TEST_REQUIRE names vulkan: installing Mesa 25's lavapipe from bookworm-backports"
+  echo "deb http://deb.debian.org/debian bookworm-backports main" > /etc/apt/sources.list.d/fun-asr-backports.list
+  (apt-get update -q >/dev/null && apt-get install -y -q -t bookworm-backports mesa-vulkan-drivers >/dev/null) \
+    || echo "test.sh: WARNING: could not install Mesa 25's lavapipe from bookworm-backports"
 fi
 command -v qemu-x86_64 >/dev/null || apt_get qemu-user \
   || echo "test.sh: WARNING: could not install qemu-user; the AVX2-only test of the wheel will be skipped"
@@ -80,5 +90,5 @@ ruff check python tests tools
 # ggml lists a software Vulkan driver (lavapipe) only when this names it; fun-asr's "auto" device never takes
 # one, the Vulkan tests' "vulkan" does. (Read when fun_asr is imported: it must be set before pytest starts.)
 export GGML_VK_VISIBLE_DEVICES="${GGML_VK_VISIBLE_DEVICES-0}"
-python -m pytest -q --durations=25 "$@"
+python -m pytest -q -rs --durations=25 "$@"
 echo "test.sh: total $(( $(date +%s) - start )) s"
