@@ -28,6 +28,9 @@ from _pytest.reports import TestReport
 GPU_NAMES = ("cuda", "vulkan", "gpu")
 CHILD_REPORT = "FUN_ASR_TEST_CHILD_REPORT"
 _TAIL = 4000
+# How long one child (a test module's GPU cases) may run before it is killed as hung: 40 min by default (the slowest
+# module on Mesa's lavapipe, compiling its shaders cold on 2 cores, takes ~10).
+CHILD_TIMEOUT_S = int(os.environ.get("FUN_ASR_TEST_CHILD_TIMEOUT", "2400"))
 
 
 def in_child() -> bool:
@@ -113,9 +116,16 @@ class DeviceProcesses:
             cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
                    str(self.config.rootpath), *(x.nodeid for x in todo)]
             with open(log, "wb") as out:
-                rc = subprocess.call(cmd, cwd=self.config.rootpath, env=env, stdout=out, stderr=subprocess.STDOUT)
+                child = subprocess.Popen(cmd, cwd=self.config.rootpath, env=env, stdout=out, stderr=subprocess.STDOUT)
+                try:
+                    rc = child.wait(timeout=CHILD_TIMEOUT_S)
+                    note = ""
+                except subprocess.TimeoutExpired:  # a driver that hangs: the case dies, the run goes on
+                    child.kill()
+                    rc = child.wait()
+                    note = f"\n(killed after {CHILD_TIMEOUT_S} s: FUN_ASR_TEST_CHILD_TIMEOUT)"
             rows = [json.loads(line) for line in report.read_text("utf-8").splitlines()] if report.exists() else []
-            self._take(rows, todo, rc, log.read_text("utf-8", errors="replace")[-_TAIL:])
+            self._take(rows, todo, rc, log.read_text("utf-8", errors="replace")[-_TAIL:] + note)
 
     def _take(self, rows: list[dict[str, Any]], todo: list[pytest.Item], rc: int, tail: str) -> None:
         started: list[str] = []

@@ -4,6 +4,7 @@ back as pytest's own."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,14 @@ def test_a_dying_case_fails_alone_and_the_rest_report(tmp_path: Path) -> None:
     assert "and again in a second process" in out, out
     assert "GPU cases whose process died" in out and "test_cases.py::test_dies_once: " in out, out
     assert "2 failed, 5 passed, 1 skipped" in out, out
+
+
+def test_a_hanging_case_is_killed_and_fails(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_hang.py").write_text("import time\nimport pytest\n\npytestmark = pytest.mark.device_process\n\n"
+                                           "def test_hangs():\n    time.sleep(600)\n\ndef test_next():\n    pass\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", str(tmp_path)],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "FUN_ASR_TEST_CHILD_TIMEOUT": "5"})
+    assert r.returncode == 1 and "killed by SIGKILL" in r.stdout and "killed after 5 s" in r.stdout, r.stdout
+    assert "PASSED test_hang.py::test_next" in r.stdout and "1 failed, 1 passed" in r.stdout, r.stdout
