@@ -116,6 +116,7 @@ def test_batch_is_invariant(package: str, matvec: str, wide_gguf) -> None:  # no
 
 
 @GPU
+@pytest.mark.device_process
 @pytest.mark.parametrize("package", PACKAGES)
 def test_batch_tokens_are_invariant_on_cuda(package: str, wide_gguf) -> None:  # noqa: ANN001
     """The same matrix with the model on the GPU (tools/gpu_check.sh runs it): the same tokens in every batch.

@@ -67,7 +67,8 @@ def hf_to_gguf_name(hf: str) -> str:
 
 
 def expected_type(name: str, shape: tuple[int, ...], package: str) -> str:
-    """DESIGN §3 written out for the tiny config (enc 4 layers, adp 2, dec 2)."""
+    """The tensor types of docs/model.md, GGUF package, written out for the tiny config (enc 4 layers,
+    adp 2, dec 2)."""
     if len(shape) == 1 or name.endswith("fsmn.weight") or package == "f32":
         return "F32"
     row = shape[-1]

@@ -11,7 +11,7 @@ reader. Layers, top to bottom::
     converter
     vad
     audio, model
-    notices, outputs (writing a user's files safely), _core, _compat (the old module paths, by name only),
+    notices, outputs (writing a user's files safely), _core,
     _spinwait (libgomp's spin count, set before _core loads)
     _spin (the compiled probe _spinwait times a spin-wait iteration with)
 
@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "python" / "fun_asr"
-LAYERS = [["_spin"], ["notices", "outputs", "_core", "_compat", "_spinwait"], ["audio", "model"], ["vad", "speakers"],
+LAYERS = [["_spin"], ["notices", "outputs", "_core", "_spinwait"], ["audio", "model"], ["vad", "speakers"],
           ["converter"], ["asr"], ["serve", "jobs"], ["cli"], [""]]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 
@@ -199,26 +199,3 @@ def test_the_checks_catch_violations() -> None:
     assert any("fun_asr.asr.prompt" in c and "fun_asr.asr.engine" in c for c in circles(fake))
     # imports inside functions count (the Session imports its speaker-model finder when speakers are asked for)
     assert "fun_asr.asr.speakers" in imports("fun_asr.asr.session")
-
-
-def test_old_module_paths_still_import() -> None:
-    """Code written against the flat layout (``fun_asr.session``, ``fun_asr.server``, ...) keeps working, with a
-    DeprecationWarning that names the new module; each old name is the new module itself."""
-    import importlib
-    import sys
-    import warnings
-
-    from fun_asr import _compat
-
-    for old, new in _compat.MOVED.items():
-        sys.modules.pop(old, None)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            mod = importlib.import_module(old)
-        assert mod is importlib.import_module(new), old
-        assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught), old
-        assert old not in MODULES  # the old file is gone: the alias is all that is left
-    from fun_asr.session import Session  # noqa: F401 - the import a user wrote
-
-    import fun_asr
-    assert Session is fun_asr.Session

@@ -152,7 +152,7 @@ def test_real_vad_model_pt(fsmn_vad_model: Path) -> None:
     strided = [k for k, t in tree.items() if not t.is_contiguous]
     assert sorted(strided) == [f"encoder.fsmn.{i}.fsmn_block.conv_left.weight" for i in range(4)]
     assert tree["encoder.fsmn.0.fsmn_block.conv_left.weight"].stride == (1, 128, 128, 1)
-    # ignoring the strides scrambles the taps (DESIGN §6): make sure this file would catch that
+    # ignoring the strides scrambles the taps (docs/model.md, FSMN-VAD): make sure this file would catch that
     w = tree["encoder.fsmn.0.fsmn_block.conv_left.weight"]
     naive = w._storage.array()[: 128 * 20].reshape(128, 1, 20, 1)
     assert np.abs(naive - ref["encoder.fsmn.0.fsmn_block.conv_left.weight"].numpy()).max() > 0.1

@@ -359,7 +359,7 @@ def test_cli_messages_in_cli_words(model_path: str, tmp_path: Path) -> None:
 
 
 def test_limit_messages_are_translated_at_the_cli_boundary(session: fun_asr.Session) -> None:
-    """The messages of audio.py/session.py name Limits fields for the Python API; each
+    """The messages of audio/decode.py and the session's options name Limits fields for the Python API; each
     command names its flag instead (fun-asr-serve --max-audio-seconds), or nothing when it has none."""
     from fun_asr.asr.messages import cli_words
     from fun_asr.audio.decode import Limits

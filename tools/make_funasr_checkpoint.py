@@ -94,7 +94,8 @@ def funasr_config(d: dict[str, Any], ctc_vocab: int, ctc: bool = True) -> dict[s
                                "llm_dim": d["llm_d"], "encoder_dim": d["enc_d"], "n_layer": d["adp_layers"],
                                "attention_heads": d["adp_heads"], "freeze": True},
         "frontend": "WavFrontend",
-        # dither 0: FunASR's WavFrontend defaults to 1.0 (random noise in the fbank); fun-asr uses 0 (DESIGN §2.1)
+        # dither 0: FunASR's WavFrontend defaults to 1.0 (random noise in the fbank); fun-asr uses 0
+        # (docs/model.md, Frontend)
         "frontend_conf": {"fs": 16000, "window": "hamming", "n_mels": 80, "frame_length": 25, "frame_shift": 10,
                           "lfr_m": 7, "lfr_n": 6, "cmvn_file": None, "dither": 0.0},
         "tokenizer": "HuggingfaceTokenizer",

@@ -84,7 +84,7 @@ def rel_max_abs(ours: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-12))
 
 
-# --- an independent numpy implementation of FunASR's frontend (DESIGN §2.1) ----------------------
+# --- an independent numpy implementation of FunASR's frontend (docs/model.md, Frontend) ------------
 
 def kaldi_fbank_numpy(samples: np.ndarray, rate: int = 16000, n_mels: int = 80) -> np.ndarray:
     """Kaldi fbank (25/10 ms, hamming, preemphasis 0.97, DC removal, snip_edges, power, log, dither 0)
@@ -132,8 +132,9 @@ def lfr_numpy(frames: np.ndarray, m: int = 7, n: int = 6) -> np.ndarray:
 def reference_transcribe_tokens(m: FunAsrNanoForConditionalGeneration, tokenizer_json: str, samples16k: np.ndarray,
                                 language: str | None, itn: bool, hotwords: list[str], max_new: int,
                                 stop: list[int]) -> list[int]:
-    """DESIGN §2 end to end with the Transformers modules: numpy frontend (x32768, fbank, LFR),
-    encoder + adaptor, the first fake_token_len rows spliced into FunASR's prompt, greedy decoding."""
+    """The model end to end (docs/model.md, End to end) with the Transformers modules: numpy frontend
+    (x32768, fbank, LFR), encoder + adaptor, the first fake_token_len rows spliced into FunASR's prompt,
+    greedy decoding."""
     from tokenizers import Tokenizer
 
     feats = lfr_numpy(kaldi_fbank_numpy(samples16k.astype(np.float64) * 32768.0))

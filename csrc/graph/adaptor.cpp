@@ -1,4 +1,4 @@
-// Adaptor (DESIGN §2.3): linear -> ReLU -> linear, then pre-LN transformer layers (no FSMN).
+// Adaptor (docs/model.md, Adaptor): linear -> ReLU -> linear, then pre-LN transformer layers (no FSMN).
 #include "graph/stages.h"
 
 namespace fun_asr {

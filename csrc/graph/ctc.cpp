@@ -1,4 +1,4 @@
-// FunASR's CTC head (DESIGN §7; FunASR 1.4.16 fun_asr_nano/model.py + llm_asr/adaptor.py Transformer):
+// FunASR's CTC head (docs/model.md, CTC head; FunASR 1.4.16 fun_asr_nano/model.py + llm_asr/adaptor.py Transformer):
 // ctc_decoder = linear1 -> ReLU -> linear2 (downsample_rate 1), then pre-LN transformer blocks (no FSMN,
 // FFN d -> d/4 -> d ReLU, LayerNorm eps 1e-12), over the *encoder* output; ctc.ctc_lo projects each
 // frame to the CTC vocabulary. The log-softmax is taken on the CPU by the caller (Model::ctc_logprobs),

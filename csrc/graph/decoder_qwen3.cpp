@@ -1,4 +1,4 @@
-// Qwen3 decoder (DESIGN §2.4): RMSNorm, per-head q/k RMSNorm before NeoX RoPE, GQA attention over
+// Qwen3 decoder (docs/model.md, Decoder): RMSNorm, per-head q/k RMSNorm before NeoX RoPE, GQA attention over
 // the KV cache, SwiGLU FFN, final RMSNorm, (tied) output projection.
 #include <cmath>
 #include <vector>

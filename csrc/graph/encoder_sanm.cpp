@@ -1,4 +1,4 @@
-// SenseVoice SAN-M encoder (DESIGN §2.2): feats * sqrt(d) + sinusoid positions from 1, then
+// SenseVoice SAN-M encoder (docs/model.md, Encoder): feats * sqrt(d) + sinusoid positions from 1, then
 // n_layers pre-LN SAN-M layers with the FSMN memory, final norms after layers L-n_tp-1 and L-1.
 #include "graph/stages.h"
 

@@ -1,4 +1,4 @@
-// FSMN-VAD network graph (DESIGN §6): CMVN, affine 400->140, affine 140->250 + ReLU, n x [linear
+// FSMN-VAD network graph (docs/model.md, FSMN-VAD): CMVN, affine 400->140, affine 140->250 + ReLU, n x [linear
 // 250->128, causal FSMN memory of lorder taps over the cache + new frames, affine 128->250 + ReLU],
 // affine 250->140, affine 140->248, softmax.
 #include "graph/fsmn_vad.h"

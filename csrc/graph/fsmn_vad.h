@@ -1,4 +1,4 @@
-// FunASR's FSMN-VAD network as a ggml graph (DESIGN §6): its weights and the builder.
+// FunASR's FSMN-VAD network as a ggml graph (docs/model.md, FSMN-VAD): its weights and the builder.
 #pragma once
 
 #include <vector>

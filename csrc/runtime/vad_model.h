@@ -1,7 +1,8 @@
-// FunASR's FSMN-VAD network (DESIGN §6) on a device (runtime/device_runtime; the CPU by default): CMVN'd LFR features in, per-frame
-// class probabilities out, with the FSMN caches (the last lorder-1 projected frames of each layer)
-// carried between calls so that a clip run in chunks gives the same probabilities as in one call.
-// The decision logic (window detector, end-silence schedule) is fun_asr/vad.py.
+// FunASR's FSMN-VAD network (docs/model.md, FSMN-VAD) on a device (runtime/device_runtime; the CPU by
+// default): CMVN'd LFR features in, per-frame class probabilities out, with the FSMN caches (the last
+// lorder-1 projected frames of each layer) carried between calls so that a clip run in chunks gives the
+// same probabilities as in one call. The decision logic (window detector, end-silence schedule) is
+// python/fun_asr/vad/detector.py.
 #pragma once
 
 #include <cstdint>

@@ -11,7 +11,7 @@ if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
     set_spin_count()
     del set_spin_count
 
-from fun_asr import _compat, _core  # noqa: E402
+from fun_asr import _core  # noqa: E402
 from fun_asr._core import Interrupted, dequantize, quantize, system_info  # noqa: E402
 from fun_asr.asr.session import Segment, Session, Transcription
 from fun_asr.converter import ConversionReport, convert, inspect_gguf
@@ -25,8 +25,6 @@ from fun_asr.notices import (
 )
 
 __version__ = "0.1.0"
-
-_compat.install()  # the flat layout's module paths (fun_asr.session, ...) still import
 
 __all__ = [
     "ConversionReport",

@@ -8,7 +8,7 @@ events are also issued as ``FunAsrWarning`` subclasses; conditions of the whole 
 
 from __future__ import annotations
 
-# Every code a Notice can carry (README "Warnings").
+# Every code a Notice can carry (docs/python.md, warnings).
 CODES = {
     "input_truncated": "the file holds less audio than its header promises",
     "too_short": "the audio is shorter than one 25 ms analysis frame",

@@ -1,4 +1,4 @@
-"""FunASR's prompt (DESIGN §2.5), built from the prompt spec stored in every GGUF.
+"""FunASR's prompt (docs/model.md, Prompt), built from the prompt spec stored in every GGUF.
 
 The prompt is kept as *runs* of text, each marked trusted (the spec's strings) or not (what a user gave:
 hotwords, a language name), so that the tokenizer reads special tokens (``<|im_end|>``, ...) only from the

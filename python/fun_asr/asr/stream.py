@@ -1,4 +1,4 @@
-"""Real-time streaming (``Session.stream()``): FunASR 1.4.16's realtime-server semantics (DESIGN §8).
+"""Real-time streaming (``Session.stream()``): FunASR 1.4.16's realtime-server semantics (docs/streaming.md).
 
 Audio arrives in chunks of any size. Every 60 ms of it goes through the streaming FSMN-VAD with the
 realtime server's end-silence schedule (``DynamicStreamingVAD``: 2000 ms of silence closes a sentence

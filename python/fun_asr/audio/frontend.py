@@ -1,4 +1,4 @@
-"""FunASR's WavFrontend (DESIGN §2.1): x32768, Kaldi fbank (80 mel, 25/10 ms, hamming, dither 0),
+"""FunASR's WavFrontend (docs/model.md, Frontend): x32768, Kaldi fbank (80 mel, 25/10 ms, hamming, dither 0),
 then LFR stacking m=7, n=6 -> float32[T_lfr, 560]."""
 
 from __future__ import annotations

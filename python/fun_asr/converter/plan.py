@@ -1,4 +1,4 @@
-"""Which ggml type each tensor is stored in, per package type (DESIGN §3).
+"""Which ggml type each tensor is stored in, per package type (docs/model.md, GGUF package).
 
 - norms, biases and the FSMN kernel: always F32;
 - f32 / f16 / q8_0: every matrix (and the embedding) takes that type;

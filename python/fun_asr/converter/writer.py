@@ -1,4 +1,4 @@
-"""Writes the GGUF: metadata (DESIGN §3) first, then tensors streamed one at a time.
+"""Writes the GGUF: metadata (docs/model.md, GGUF package) first, then tensors streamed one at a time.
 
 Only one tensor is in memory at once (its float32 copy and its packed bytes), so converting the
 830M checkpoint never holds it twice. Output goes to a temporary file beside the target and is

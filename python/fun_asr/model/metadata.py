@@ -75,7 +75,7 @@ def check_tensors(ckpt: Checkpoint | FunasrCheckpoint, entries: list[TensorEntry
 
 def gguf_metadata(ckpt: Checkpoint | FunasrCheckpoint, hp: HParams, package: str | None = None,
                   repo_id: str | None = None, revision: str | None = None) -> dict[str, Any]:
-    """Every GGUF metadata key of DESIGN §3 for this checkpoint, as plain Python values.
+    """Every GGUF metadata key (docs/model.md, GGUF package) for this checkpoint, as plain Python values.
 
     The GGUF writer stores ints as uint32, floats as float32, lists as int arrays; loading a checkpoint
     directory directly hands the same dict to the native loader, so both paths read one set of keys.

@@ -1,7 +1,7 @@
 """FunASR's FSMN-VAD (``funasr/models/fsmn_vad_streaming``, FunASR 1.4.16): which parts of a recording are speech.
 
-Layers, each usable alone (DESIGN §6; times are integer milliseconds, one frame is 10 ms, frame ``t`` covers
-samples ``[160 t, 160 t + 400)``):
+Layers, each usable alone (docs/model.md, FSMN-VAD; times are integer milliseconds, one frame is 10 ms, frame
+``t`` covers samples ``[160 t, 160 t + 400)``):
 
 - :mod:`~fun_asr.vad.config` -- :class:`VadConfig` (``model_conf`` of ``config.yaml`` under FunASR's names, plus
   our options) and the end-silence schedules;

@@ -1,4 +1,4 @@
-"""FunASR's realtime WebSocket protocol (1.4.16 ``funasr/bin/realtime_ws.py``, DESIGN §8) over ``Stream``.
+"""FunASR's realtime WebSocket protocol (1.4.16 ``funasr/bin/realtime_ws.py``, docs/streaming.md) over ``Stream``.
 
 Client -> server, text (commands are case-insensitive, as FunASR's):
 
