@@ -250,6 +250,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _wait_healthy(proc: subprocess.Popen, base: str, log: Path) -> None:
+    """Until the server at ``base`` answers /health (its log in the failure when it dies or takes 180 s)."""
+    deadline = time.time() + 180
+    while True:
+        try:
+            if requests.get(base + "/health", timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        assert proc.poll() is None and time.time() < deadline, log.read_text()
+        time.sleep(0.3)
+
+
 @contextlib.contextmanager
 def _serve(args: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
     """fun-asr-serve -m demo ARGS on a free port until /health answers; yields its base URL."""
@@ -260,15 +273,7 @@ def _serve(args: list[str], log: Path, env: dict[str, str] | None = None) -> Ite
                                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         base = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.time() + 180
-            while True:
-                try:
-                    if requests.get(base + "/health", timeout=1).status_code == 200:
-                        break
-                except requests.RequestException:
-                    pass
-                assert proc.poll() is None and time.time() < deadline, log.read_text()
-                time.sleep(0.3)
+            _wait_healthy(proc, base, log)
             yield base
         finally:
             proc.terminate()
@@ -284,15 +289,7 @@ def test_sigterm_is_a_clean_stop_with_exit_code_0(tmp_path: Path) -> None:
         proc = subprocess.Popen([sys.executable, "-m", "fun_asr.cli.serve", "-m", "demo", "--device", "cpu",
                                  "--port", str(port), "--ws-port", "0"], stdout=out, stderr=subprocess.STDOUT)
         try:
-            deadline = time.time() + 180
-            while True:
-                try:
-                    if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                        break
-                except requests.RequestException:
-                    pass
-                assert proc.poll() is None and time.time() < deadline, log.read_text()
-                time.sleep(0.3)
+            _wait_healthy(proc, f"http://127.0.0.1:{port}", log)
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0, log.read_text()
         finally:
