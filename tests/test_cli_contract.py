@@ -374,3 +374,25 @@ def test_demo_streams_on_the_command_line(demo_env: dict) -> None:
     events = [json.loads(line) for line in r.stdout.splitlines()]
     sentences = [e["text"].lower().strip(" .") for e in events if e.get("type") == "sentence"]
     assert sentences == ["five two five eight"], events
+
+
+def test_a_command_run_in_process_leaves_the_sigterm_handler_as_it_was(tmp_path: Path) -> None:
+    """A command's main() turns SIGTERM into exits.Terminated only while it runs: called inside another program
+    (a test runner), the handler that program had is back afterwards, so a SIGTERM still stops it."""
+    from fun_asr.cli import convert, exits, transcribe
+
+    def mine(signum: int, frame: object) -> None:
+        raise AssertionError("not called")
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        assert transcribe.main([str(tmp_path / "missing.wav")]) == exits.NOTHING_DONE
+        assert signal.getsignal(signal.SIGTERM) is mine
+        assert convert.main(["--inspect", str(tmp_path / "missing.gguf")]) == exits.NOTHING_DONE
+        assert signal.getsignal(signal.SIGTERM) is mine
+        with exits.terminate_on_sigterm():
+            with pytest.raises(exits.Terminated):
+                signal.raise_signal(signal.SIGTERM)
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -71,7 +71,12 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    exits.terminate_on_sigterm()
+    with exits.terminate_on_sigterm():
+        return _convert(args)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    """The command with its parsed arguments (main: SIGTERM raises exits.Terminated meanwhile)."""
     try:
         if args.inspect:
             return _inspect(args)

@@ -8,8 +8,10 @@ nothing is left half-written.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 
 OK = 0
 SOME_FAILED = 1
@@ -26,7 +28,15 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated
 
 
-def terminate_on_sigterm() -> None:
-    """SIGTERM raises :class:`Terminated` in the main thread instead of killing the process outright."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise_terminated)
+@contextlib.contextmanager
+def terminate_on_sigterm() -> Iterator[None]:
+    """While inside: SIGTERM raises :class:`Terminated` in the main thread instead of killing the process
+    outright; the handler before it comes back afterwards (a command run in-process leaves none behind)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)

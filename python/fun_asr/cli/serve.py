@@ -267,20 +267,13 @@ def _serve(server: Any, sockets: list[socket.socket]) -> None:
     found; SIGTERM's default one would kill the process (143), so SIGTERM raises an exception here, as SIGINT
     does, and either one ends the server quietly. The SIGTERM handler found before is back afterwards (main()
     called inside another program)."""
-    import signal
-    import threading
-
     from fun_asr.cli import exits
 
-    previous = signal.getsignal(signal.SIGTERM)
-    exits.terminate_on_sigterm()
-    try:
-        server.run(sockets=sockets)
-    except (KeyboardInterrupt, exits.Terminated):
-        pass
-    finally:
-        if previous is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, previous)
+    with exits.terminate_on_sigterm():
+        try:
+            server.run(sockets=sockets)
+        except (KeyboardInterrupt, exits.Terminated):
+            pass
 
 
 def _served(args: argparse.Namespace, session: object, sockets: list[socket.socket], streams: bool) -> str:

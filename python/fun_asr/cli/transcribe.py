@@ -90,9 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    terminate_on_sigterm()
     try:
-        return _main(argv)
+        with terminate_on_sigterm():
+            return _main(argv)
     except BrokenPipeError:  # e.g. `fun-asr-transcribe a.wav | head`
         try:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - no flush error at exit
