@@ -99,5 +99,6 @@ def known_bad(description: str) -> str:
     if not bad:
         return ""
     mesa = ".".join(map(str, bad[0]))
-    return (f"its driver is Mesa {mesa}'s lavapipe, which corrupts memory under ggml's Vulkan backend (its shader "
-            f"compiler thread; Mesa {GOOD_LAVAPIPE[0]} or later does not, e.g. Debian 12's bookworm-backports)")
+    return (f"its driver is Mesa {mesa}'s lavapipe, which corrupts memory under ggml's Vulkan backend while it "
+            f"compiles shaders (docs/vulkan.md); Mesa {GOOD_LAVAPIPE[0]} or later is taken, e.g. from Debian 12's "
+            "bookworm-backports")
