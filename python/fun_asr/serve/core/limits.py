@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fun_asr.asr.options import check_hotwords, check_lengths
 from fun_asr.serve.core.hotword_files import read_hotword_file, read_postprocess_hotword_file
 
 log = logging.getLogger("fun_asr.server")
@@ -59,14 +61,12 @@ def realtime_limits(session: Any, *, max_new_tokens: int = 512, max_streams: int
         words = read_hotword_file(DEFAULT_HOTWORD_FILE)
         log.warning("read %d hotwords from ./%s (FunASR's default --hotword-file)", len(words), DEFAULT_HOTWORD_FILE)
     pairs = read_postprocess_hotword_file(postprocess_hotword_file) if postprocess_hotword_file is not None else {}
-    try:
-        code = session.normalize_language(language)
-        session.options(code, True, words, max_new_tokens, 30.0)  # the Session's hotword and context limits
-    except (ValueError, TypeError) as exc:
-        if "max_new_tokens" in str(exc) and "hotword" not in str(exc):
-            raise ValueError(str(exc)) from None  # (--max-new-tokens: named by the message itself)
-        flag = "--hotword-file" if "hotword" in str(exc) else "--language"
-        raise ValueError(f"{flag}: {exc}") from None
+    code = _flagged("--language", session.normalize_language, language)
+    _flagged("--hotword-file", check_hotwords, words, session.limits)
+    # (--max-new-tokens: named by the message itself)
+    check_lengths(max_new_tokens, 30.0, session.max_segment_seconds, session.limits)
+    # the prompt with these hotwords + max_new_tokens within the decoder's context: the hotwords' share
+    _flagged("--hotword-file", session.options, code, True, words, max_new_tokens, 30.0)
     if enable_spk:
         try:
             session.options(diarize=True)  # the speaker model: loaded now, or the reason there is none
@@ -74,6 +74,14 @@ def realtime_limits(session: Any, *, max_new_tokens: int = 512, max_streams: int
             raise ValueError(f"--enable-spk: {exc}") from None
     return RealtimeLimits(max_streams, float(idle_seconds), float(max_seconds), float(buffer_seconds), code,
                           tuple(words), tuple(pairs.items()), endpoint_mode, bool(enable_spk))
+
+
+def _flagged(flag: str, check: Callable[..., Any], *args: Any) -> Any:
+    """``check(*args)``; its ValueError or TypeError as a ValueError that names the server's ``flag``."""
+    try:
+        return check(*args)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{flag}: {exc}") from None
 
 
 def uvicorn_ws_options(max_upload_mb: float, ping_interval: float = 20.0, ping_timeout: float = 0.0) -> dict[str, Any]:
