@@ -73,17 +73,18 @@ def lavapipe_versions() -> tuple[tuple[int, ...], ...]:
     loader, no instance or no lavapipe."""
     try:
         vk = ctypes.CDLL("libvulkan.so.1")
-    except OSError:
+        vk.vkCreateInstance.restype = ctypes.c_int
+        vk.vkEnumeratePhysicalDevices.restype = ctypes.c_int
+        vk.vkGetPhysicalDeviceProperties2  # noqa: B018 (a loader before Vulkan 1.1 lacks it: AttributeError)
+    except (OSError, AttributeError):
         return ()
-    vk.vkCreateInstance.restype = ctypes.c_int
-    vk.vkEnumeratePhysicalDevices.restype = ctypes.c_int
     app = _AppInfo(0, None, b"fun-asr", 0, b"fun-asr", 0, (1 << 22) | (2 << 12))  # Vulkan 1.2
-    info = _InstanceInfo(1, None, 0, ctypes.pointer(app), 0, None, 0, None)
+    create = _InstanceInfo(1, None, 0, ctypes.pointer(app), 0, None, 0, None)
     instance = ctypes.c_void_p()
-    if vk.vkCreateInstance(ctypes.byref(info), None, ctypes.byref(instance)) != 0:
+    if vk.vkCreateInstance(ctypes.byref(create), None, ctypes.byref(instance)) != 0:
         return ()
     try:
-        found = [_mesa_version(info) for vendor, name, info in _physical_devices(vk, instance)
+        found = [_mesa_version(driver) for vendor, name, driver in _physical_devices(vk, instance)
                  if vendor == _MESA_VENDOR_ID and name.startswith("llvmpipe")]
         return tuple(v for v in found if v)
     finally:
