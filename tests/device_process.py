@@ -78,12 +78,17 @@ class DeviceProcesses:
         self.pending: dict[str, list[pytest.Item]] = {}  # module -> its isolated cases not yet run
         self.rows: dict[str, list[dict[str, Any]]] = {}  # nodeid -> what its child said
         self.died: dict[str, str] = {}  # nodeid -> how its first process died
+        self.exit_deaths: list[str] = []  # children that died at exit, their cases reported
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.died:
             terminalreporter.section("GPU cases whose process died (each ran once more in a new process)")
             for nodeid, how in self.died.items():
                 terminalreporter.line(f"{nodeid}: {how.splitlines()[0]}")
+        if self.exit_deaths:
+            terminalreporter.section("GPU test processes that died at exit, after their cases had reported")
+            for line in self.exit_deaths:
+                terminalreporter.line(line.splitlines()[0])
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -137,7 +142,10 @@ class DeviceProcesses:
                 self.rows[row["nodeid"]].append(row)
         finished = {n for n, got in self.rows.items() if any(r["when"] == "teardown" for r in got)}
         crashed = [n for n in started if n not in finished]
-        if rc >= 0 and not crashed and todo[0].nodeid in self.rows:
+        if not crashed and todo[0].nodeid in self.rows:
+            if rc < 0:  # after its cases had reported: at the process's exit (a driver's teardown)
+                self.exit_deaths.append(f"the process of {todo[0].nodeid} and the cases after it was {_how(rc)} "
+                                        "at its exit")
             return
         # The child died in a case (or before any): the case runs once more in a new child, and fails where it
         # dies again; the cases after it get a new child.
@@ -168,16 +176,18 @@ class DeviceProcesses:
         return reports
 
 
+def _how(rc: int) -> str:
+    if rc >= 0:
+        return f"ended with exit code {rc} without reporting this case"
+    try:
+        return f"killed by {signal.Signals(-rc).name}"
+    except ValueError:
+        return f"killed by signal {-rc}"
+
+
 def _death(rc: int, nodeid: str, tail: str) -> str:
-    if rc < 0:
-        try:
-            how = f"killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            how = f"killed by signal {-rc}"
-    else:
-        how = f"ended with exit code {rc} without reporting this case"
-    return (f"the test process running {nodeid} (a GPU case, run in a process of its own) was {how}: a crash in "
-            f"the GPU driver or in fun-asr's native code. Its last output:\n{tail}")
+    return (f"the test process running {nodeid} (a GPU case, run in a process of its own) was {_how(rc)}: a crash "
+            f"in the GPU driver or in fun-asr's native code. Its last output:\n{tail}")
 
 
 def register(config: pytest.Config) -> None:

@@ -80,3 +80,14 @@ def test_a_hanging_case_is_killed_and_fails(tmp_path: Path) -> None:
                        env={**os.environ, "FUN_ASR_TEST_CHILD_TIMEOUT": "5"})
     assert r.returncode == 1 and "killed by SIGKILL" in r.stdout and "killed after 5 s" in r.stdout, r.stdout
     assert "PASSED test_hang.py::test_next" in r.stdout and "1 failed, 1 passed" in r.stdout, r.stdout
+
+
+def test_a_process_that_dies_at_exit_keeps_its_cases_and_says_so(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(CONFTEST + "\nimport os\n\ndef pytest_unconfigure(config):\n"
+                                          "    if os.environ.get('FUN_ASR_TEST_CHILD_REPORT'):\n        os.abort()\n")
+    (tmp_path / "test_exit.py").write_text("import pytest\n\npytestmark = pytest.mark.device_process\n\n"
+                                           "def test_one():\n    pass\n\ndef test_two():\n    pass\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", str(tmp_path)],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "2 passed" in r.stdout, r.stdout
+    assert "died at exit" in r.stdout and "was killed by SIGABRT at its exit" in r.stdout, r.stdout
