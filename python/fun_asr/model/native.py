@@ -29,14 +29,15 @@ def usable_device(device: str) -> str:
     as a module that gives no device here (no driver, or a broken one), the error gives ggml's reason
     (``system_info()["unavailable_backends"]``); where the build has no such backend at all, it says so and names
     the backends it has."""
-    if device not in ("auto", "cpu"):
-        why = _core.device_fallback(device)
-        if why:
-            raise ValueError(f"device '{device}' is not usable here: {why}; {_USE_ANOTHER}")
-        _check_backend_built(device)
+    if device in ("auto", "cpu"):
+        _core.check_device(device)
+        return device
+    why = _core.device_fallback(device)
+    if why:
+        raise ValueError(f"device '{device}' is not usable here: {why}; {_USE_ANOTHER}")
+    _check_backend_built(device)
     name = _core.check_device(device)  # an unknown name, an index past the devices: its own message
-    if device not in ("auto", "cpu"):
-        _check_driver(device, name)
+    _check_driver(device, name)
     return device
 
 

@@ -130,8 +130,7 @@ def stream_events(t: Transcription, spec: dict[str, Any],
     text = "".join(deltas)
     if text != t.text:  # never expected (join_text builds t.text); the deltas must add up to the text
         raise RuntimeError(f"streamed deltas {text!r} do not add up to the transcript {t.text!r}")
-    done: dict[str, Any] = {"type": "transcript.text.done", "text": t.text, "truncated": t.truncated,
-                            "input_truncated": t.input_truncated, **notices(t)}
+    done: dict[str, Any] = {"type": "transcript.text.done", **json_response(t)}
     if logprobs is not None:
         done["logprobs"] = every
     events.append(done)
