@@ -4,8 +4,9 @@
 
     python tools/eval_unseen_voices.py [-m demo] [--clips 48] [--recordings 20] [--seed 7]
 
-- single: one utterance of 1-4 of the demo's words per clip, a voice of UNSEEN_VARIANTS (none of train_tiny's
-  VOICE_VARIANTS) on three English accents, at 135 or 165 words per minute, 0.3 s of silence either side;
+- single: one utterance of 1-4 of the demo's words per clip, a voice of train_tiny's UNSEEN_VARIANTS (none of its
+  VOICE_VARIANTS) on three English accents, at 135 or 165 words per minute (train_tiny's UNSEEN_SPEEDS: no training
+  utterance is within 7 wpm of them), 0.3 s of silence either side;
 - several: 2-4 such utterances in one recording, joined by pauses of 1-2 s (the FSMN-VAD's default keeps pauses
   under ~2 s inside one segment, so these are several utterances in one segment), each recording's words in order.
 
@@ -27,14 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from train_tiny import VOICE_VARIANTS, espeak  # noqa: E402
+from train_tiny import TRAIN_SPEEDS, UNSEEN_SPEEDS, UNSEEN_VARIANTS, VOICE_VARIANTS, espeak  # noqa: E402
 from trained_model import SAMPLE_RATE, WORDS, wer  # noqa: E402
 
-# espeak-ng's voice variants (espeak-ng --voices=variant) that train_tiny.py's VOICE_VARIANTS does not have
-UNSEEN_VARIANTS = ("+adam", "+Alex", "+Andrea", "+belinda", "+caleb", "+Gene", "+Jacky", "+Lee", "+max", "+Mike",
-                   "+quincy", "+norbert", "+travis", "+victor", "+shelby", "+edward2")
 ACCENTS = ("en", "en-us", "en-gb")
-SPEEDS = (135, 165)
+SPEEDS = UNSEEN_SPEEDS
 
 
 def utterance(rng: np.random.Generator) -> dict[str, Any]:
@@ -68,6 +66,18 @@ def condition(session: Any, recordings: list[tuple[list[dict[str, Any]], list[fl
             "segments": segments, "errors": errors}
 
 
+def recordings(seed: int, clips: int, several: int) -> dict[str, list[tuple[list[dict[str, Any]], list[float]]]]:
+    """The two conditions' recordings (utterances and pauses), every choice from ``seed``."""
+    rng = np.random.default_rng(seed)
+    single = [([utterance(rng)], []) for _ in range(clips)]
+    multi = []
+    for _ in range(several):
+        n = int(rng.integers(2, 5))
+        multi.append(([utterance(rng) for _ in range(n)], [round(float(rng.uniform(1.0, 2.0)), 2)
+                                                         for _ in range(n - 1)]))
+    return {"single": single, "several (1-2 s pauses)": multi}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", default="demo", help="model (default: the demo)")
@@ -77,19 +87,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args()
     assert not set(UNSEEN_VARIANTS) & set(VOICE_VARIANTS), "a variant here is one train_tiny.py trains on"
+    assert all(abs(s - t) > 7 for s in SPEEDS for t in TRAIN_SPEEDS), "a speed here is near one train_tiny.py uses"
     import fun_asr
 
-    rng = np.random.default_rng(args.seed)
-    single = [([utterance(rng)], []) for _ in range(args.clips)]
-    several = []
-    for _ in range(args.recordings):
-        n = int(rng.integers(2, 5))
-        several.append(([utterance(rng) for _ in range(n)], [round(float(rng.uniform(1.0, 2.0)), 2)
-                                                            for _ in range(n - 1)]))
     session = fun_asr.Session(args.model, device="cpu", threads=args.threads, progress=False)
     print(f"eval_unseen_voices: {datetime.date.today()}, model {args.model}, seed {args.seed}, voices "
           f"{'/'.join(ACCENTS)} x {len(UNSEEN_VARIANTS)} variants never trained, {SPEEDS} wpm")
-    for name, recs in (("single", single), ("several (1-2 s pauses)", several)):
+    for name, recs in recordings(args.seed, args.clips, args.recordings).items():
         c = condition(session, recs)
         print(f"{name}: WER {c['wer'] * 100:.1f} % ({c['words']} words, {c['recordings']} recordings, "
               f"{c['segments']} VAD segments)")
