@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""WER of a model on espeak-ng voices and speeds that tools/train_tiny.py never trains on: the honest figure for the
+"""WER of a model on espeak-ng voices that tools/train_tiny.py never trains on: the honest figure for the
 20-word demo (its held-out clips in tests/data/tiny_trained/heldout use training voices).
 
     python tools/eval_unseen_voices.py [-m demo] [--clips 48] [--recordings 20] [--seed 7]
 
 - single: one utterance of 1-4 of the demo's words per clip, a voice of train_tiny's UNSEEN_VARIANTS (none of its
-  VOICE_VARIANTS) on three English accents, at 135 or 165 words per minute (train_tiny's UNSEEN_SPEEDS: no training
-  utterance is within 7 wpm of them), 0.3 s of silence either side;
+  VOICE_VARIANTS) on three English accents, at 135 or 165 words per minute (inside the training range of 110-230),
+  0.3 s of silence either side;
 - several: 2-4 such utterances in one recording, joined by pauses of 1-2 s (the FSMN-VAD's default keeps pauses
   under ~2 s inside one segment, so these are several utterances in one segment), each recording's words in order.
 
@@ -28,11 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from train_tiny import TRAIN_SPEEDS, UNSEEN_SPEEDS, UNSEEN_VARIANTS, VOICE_VARIANTS, espeak  # noqa: E402
+from train_tiny import UNSEEN_VARIANTS, VOICE_VARIANTS, espeak  # noqa: E402
 from trained_model import SAMPLE_RATE, WORDS, wer  # noqa: E402
 
 ACCENTS = ("en", "en-us", "en-gb")
-SPEEDS = UNSEEN_SPEEDS
+SPEEDS = (135, 165)  # inside the training range (110-230 wpm)
 
 
 def utterance(rng: np.random.Generator) -> dict[str, Any]:
@@ -87,7 +87,6 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args()
     assert not set(UNSEEN_VARIANTS) & set(VOICE_VARIANTS), "a variant here is one train_tiny.py trains on"
-    assert all(abs(s - t) > 7 for s in SPEEDS for t in TRAIN_SPEEDS), "a speed here is near one train_tiny.py uses"
     import fun_asr
 
     session = fun_asr.Session(args.model, device="cpu", threads=args.threads, progress=False)
