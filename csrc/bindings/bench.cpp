@@ -61,9 +61,17 @@ py::dict system_info() {
     return d;
 }
 
-}  // namespace
+// A benchmark's or kernel test's product path by name.
+fun_asr::MatmulPath matmul_path(const std::string & p) {
+    if (p == "ggml") return fun_asr::MatmulPath::ggml;
+    if (p == "decode") return fun_asr::MatmulPath::decode;
+    if (p == "frames") return fun_asr::MatmulPath::frames;
+    if (p == "encoder") return fun_asr::MatmulPath::encoder;
+    throw std::invalid_argument("path must be 'ggml', 'decode', 'frames' or 'encoder', got '" + p + "'");
+}
 
-void bind_bench(py::module_ & m) {
+// The build, its backends and devices, and which device a name selects.
+void bind_system_queries(py::module_ & m) {
     m.def("system_info", &system_info,
           "ggml version and commit, compiled and registered backends, devices, CPU features, the FUN_ASR_* "
           "environment switches (value as read, or None, and what each does) and the tensor types "
@@ -79,7 +87,10 @@ void bind_bench(py::module_ & m) {
     m.def("device_fallback", &fun_asr::device_fallback, py::arg("device"),
           "Why `device` (vulkan, cuda:N, gpu) has no device here although this build ships its backend as a module "
           "(the module did not load, or found no device: a missing or broken driver); '' otherwise.");
+}
 
+// The choices of fun-asr's ops as tests check them: the argmax, the RoPE's rounding.
+void bind_kernel_choices(py::module_ & m) {
     m.def(
         "first_argmax",
         [](py::array_t<float, py::array::c_style | py::array::forcecast> x, bool nan_first_wins) {
@@ -100,16 +111,12 @@ void bind_bench(py::module_ & m) {
         "node found it for rows of n and this base: (first, second) for x0*c - x1*s and x0*s + x1*c, each 0 (two "
         "rounded products, then the sum), 1 (an FMA of the first product), 2 (of the second) or -1 (no match: "
         "the graph keeps ggml's RoPE node).");
+}
 
-    auto matmul_path = [](const std::string & p) {
-        if (p == "ggml") return fun_asr::MatmulPath::ggml;
-        if (p == "decode") return fun_asr::MatmulPath::decode;
-        if (p == "frames") return fun_asr::MatmulPath::frames;
-        if (p == "encoder") return fun_asr::MatmulPath::encoder;
-        throw std::invalid_argument("path must be 'ggml', 'decode', 'frames' or 'encoder', got '" + p + "'");
-    };
+// Matrix product benchmarks.
+void bind_matmul_benchmarks(py::module_ & m) {
     m.def("bench_matmul",
-          [matmul_path](const std::string & type, int64_t n, int64_t k, int64_t m, const std::string & device,
+          [](const std::string & type, int64_t n, int64_t k, int64_t m, const std::string & device,
                         int threads, int repeats, const std::string & path) {
               const auto mp = matmul_path(path);
               py::gil_scoped_release release;
@@ -123,7 +130,7 @@ void bind_bench(py::module_ & m) {
           "int8 GEMM for Q8_0 where they apply), 'encoder' (the audio encoder's: the int8 GEMM also for Q4_K / Q6_K).");
 
     m.def("bench_matvec_chunks",
-          [matmul_path](const std::string & type, int64_t rows, int64_t k, int64_t chunk_rows, int threads, int repeats,
+          [](const std::string & type, int64_t rows, int64_t k, int64_t chunk_rows, int threads, int repeats,
                         const std::string & path) {
               const auto mp = matmul_path(path);
               py::gil_scoped_release release;
@@ -133,9 +140,12 @@ void bind_bench(py::module_ & m) {
           py::arg("repeats") = 5, py::arg("path") = "decode",
           "Median ms of one column times a [rows, k] matrix computed as rows / chunk_rows separate products "
           "(a decode step's layer-by-layer weight stream); path 'ggml' or 'decode'.");
+}
 
+// Kernel tests: a product and a LayerNorm computed by the kernels.
+void bind_kernel_evaluation(py::module_ & m) {
     m.def("eval_matmul",
-          [matmul_path](const std::string & type, py::array_t<float, py::array::c_style | py::array::forcecast> w,
+          [](const std::string & type, py::array_t<float, py::array::c_style | py::array::forcecast> w,
                         py::array_t<float, py::array::c_style | py::array::forcecast> x, int threads,
                         const std::string & path) {
               if (w.ndim() != 2 || x.ndim() != 2 || w.shape(1) != x.shape(1)) {
@@ -175,7 +185,10 @@ void bind_bench(py::module_ & m) {
           py::arg("fused") = true,
           "LayerNorm of x [T, n] times w plus b on the CPU: fun-asr's fused node, or (fused=False) ggml's "
           "ggml_norm, ggml_mul and ggml_add (kernel tests).");
+}
 
+// The memory read limit and the CPU kernels' instruction sets.
+void bind_cpu_queries(py::module_ & m) {
     m.def("read_bandwidth",
           [](int64_t mb, int threads, int repeats) {
               py::gil_scoped_release release;
@@ -199,6 +212,16 @@ void bind_bench(py::module_ & m) {
           "Instruction set of fun-asr's decode mat-vec kernels (F32, F16, Q8_0, Q6_K, repacked Q4_K) on this CPU: "
           "'avx512vnni', 'avx2', or '' (none: ggml's mul_mat, one column at a time in decode steps; also with "
           "FUN_ASR_MATVEC=0).");
+}
+
+}  // namespace
+
+void bind_bench(py::module_ & m) {
+    bind_system_queries(m);
+    bind_kernel_choices(m);
+    bind_matmul_benchmarks(m);
+    bind_kernel_evaluation(m);
+    bind_cpu_queries(m);
 }
 
 }  // namespace fun_asr::bindings

@@ -137,9 +137,68 @@ py::dict thread_choice(const Model & m) {
     return d;
 }
 
-}  // namespace
+// generate_batch's max_new_tokens: one number for every sequence, or a list with one each (into limits); returns
+// the most.
+int64_t most_new_tokens(const py::object & max_new_tokens, std::vector<int64_t> & limits) {
+    // (anything with __index__ counts as an int, numpy's integers too, as an int64_t argument takes them)
+    auto integer = [](const py::handle & v) { return PyIndex_Check(v.ptr()) != 0; };
+    if (integer(max_new_tokens)) return max_new_tokens.cast<int64_t>();
+    if (py::isinstance<py::sequence>(max_new_tokens) && !py::isinstance<py::str>(max_new_tokens)) {
+        for (auto v : max_new_tokens) {
+            if (!integer(v)) throw py::type_error("max_new_tokens must be an int or a list of ints");
+            limits.push_back(v.cast<int64_t>());
+        }
+        if (limits.empty()) throw py::value_error("max_new_tokens is an empty list");
+        return *std::max_element(limits.begin(), limits.end());
+    }
+    throw py::type_error("max_new_tokens must be an int or a list of ints (one per sequence)");
+}
 
-void bind_model(py::module_ & m) {
+// generate_batch's prompts: each array's rows (the arrays kept alive in keep for the call).
+std::vector<std::pair<const float *, int64_t>> prompt_rows(const Model & self, const py::list & embeddings,
+                                                           std::vector<py::array> & keep) {
+    std::vector<std::pair<const float *, int64_t>> prompts;
+    for (auto item : embeddings) {
+        if (!py::isinstance<py::array>(item)) throw py::type_error("embeddings must be a list of numpy arrays");
+        keep.push_back(py::reinterpret_borrow<py::array>(item));
+        require_rows(keep.back(), self.hparams().dec.d_model, "embeddings");
+        prompts.emplace_back(static_cast<const float *>(keep.back().data()), keep.back().shape(0));
+    }
+    return prompts;
+}
+
+// join(free_slots, max_rows) -> a list of embeddings float32[n, d] (n <= max_rows), called with the GIL; an
+// exception from it aborts the generation. None: no joining. (join and self outlive the generation.)
+Model::JoinCallback join_callback(const Model & self, const py::object & join) {
+    if (join.is_none()) return nullptr;
+    return [&self, &join](int64_t free_slots, int64_t max_rows) {
+        py::gil_scoped_acquire acquire;
+        py::object got = join(free_slots, max_rows);
+        std::vector<std::vector<float>> fresh;
+        if (got.is_none()) return fresh;
+        for (auto item : got) {
+            if (!py::isinstance<py::array>(item)) throw py::type_error("join must return a list of numpy arrays");
+            const auto a = py::reinterpret_borrow<py::array>(item);
+            require_rows(a, self.hparams().dec.d_model, "a joining prompt's embeddings");
+            const float * p = static_cast<const float *>(a.data());
+            fresh.emplace_back(p, p + a.size());
+        }
+        return fresh;
+    };
+}
+
+// on_done(index, tokens, stop_reason), called with the GIL as each sequence ends; an exception from it aborts the
+// generation. None: no callback. (on_done outlives the generation.)
+Model::DoneCallback done_callback(const py::object & on_done) {
+    if (on_done.is_none()) return nullptr;
+    return [&on_done](int64_t index, const Model::Generated & g) {
+        py::gil_scoped_acquire acquire;
+        on_done(index, std::vector<int64_t>(g.tokens.begin(), g.tokens.end()), g.stop_reason);
+    };
+}
+
+// threads=0's policy object, for tests and tools.
+void bind_thread_chooser(py::module_ & m) {
     py::class_<ThreadChooser>(m, "ThreadChooser",
                               "threads=0's policy (runtime/thread_chooser.h), exposed for tests and tools: "
                               "which thread count a decode step / an encoder pass gets, from timed steps.")
@@ -152,13 +211,18 @@ void bind_model(py::module_ & m) {
         .def_property_readonly("probes", &ThreadChooser::probes)
         .def_property_readonly_static("probe_every", [](py::object) { return ThreadChooser::kProbeEvery; })
         .def_property_readonly_static("switch_margin", [](py::object) { return ThreadChooser::kSwitchMargin; });
+}
 
+// fun_asr.Interrupted: what a computation stopped by Model.interrupt() raises.
+void bind_interrupted(py::module_ & m) {
     // Interrupted is not a RuntimeError: callers' handling of failed computations leaves it alone.
     py::register_exception<Interrupted>(m, "Interrupted", PyExc_Exception);
     m.attr("Interrupted").attr("__doc__") = "A computation stopped by Model.interrupt() / Session.interrupt().";
+}
 
-    py::class_<Model>(m, "Model", "A loaded Fun-ASR-Nano model (weights + KV cache) on one backend. Calls on "
-                                  "one Model run one at a time (internally locked).")
+// The model's description and its thread and attention settings.
+void bind_model_settings(py::class_<Model> & c) {
+    c
         .def("info", &model_info, "Hyperparameters, tensor types, backend, bytes of weights.")
         .def_property("threads", &Model::threads, &Model::set_threads,
                       "CPU threads; 0 (auto) = up to all cores, the count chosen by timing decode steps.")
@@ -168,7 +232,12 @@ void bind_model(py::module_ & m) {
         .def_property_readonly("n_past", &Model::n_past, "Positions currently in the KV cache.")
         .def_property("flash_attn", &Model::flash_attn, &Model::set_flash_attn,
                       "Decoder attention via ggml's fused flash-attention kernel (default: True on the CPU, False "
-                      "on a GPU, whose flash attention rounds K and V to F16).")
+                      "on a GPU, whose flash attention rounds K and V to F16).");
+}
+
+// The encoder passes: the adaptor output, the CTC head's log-probabilities, both, the encoder output.
+void bind_model_encoder(py::class_<Model> & c) {
+    c
         .def(
             "encode",
             [](Model & self, const py::array & features) {
@@ -234,7 +303,12 @@ void bind_model(py::module_ & m) {
             },
             py::arg("features"),
             "encode() that also returns the encoder output: (adaptor output float32[T, d_llm], encoder output "
-            "float32[T, d_enc]) -- the input of ctc_greedy().")
+            "float32[T, d_enc]) -- the input of ctc_greedy().");
+}
+
+// Several feature matrices in packed encoder passes.
+void bind_model_packed_encoder(py::class_<Model> & c) {
+    c
         .def(
             "encode_batch",
             [](Model & self, const py::list & features, bool keep_encoder) {
@@ -274,7 +348,12 @@ void bind_model(py::module_ & m) {
             "one adaptor output (or (adaptor output, encoder output)) per matrix, in order. Up to "
             "max_packed_sequences go in one pass.")
         .def_property_readonly("max_packed_sequences", &Model::max_packed_sequences,
-                               "How many sequences encode_batch packs into one encoder graph at most.")
+                               "How many sequences encode_batch packs into one encoder graph at most.");
+}
+
+// The CTC head on a kept encoder output, and every stage's output for debugging.
+void bind_model_ctc_head(py::class_<Model> & c) {
+    c
         .def(
             "ctc_greedy",
             [](Model & self, const py::array & encoder_output) {
@@ -329,7 +408,12 @@ void bind_model(py::module_ & m) {
                 }
                 return d;
             },
-            py::arg("features"), "Every named stage output for features float32[T, input_size]: name -> float32[T, width].")
+            py::arg("features"), "Every named stage output for features float32[T, input_size]: name -> float32[T, width].");
+}
+
+// Token embeddings, the decoder's prefill and steps, and greedy decoding of one sequence.
+void bind_model_decoder(py::class_<Model> & c) {
+    c
         .def(
             "embed",
             [](Model & self, const std::vector<int64_t> & ids) {
@@ -387,38 +471,22 @@ void bind_model(py::module_ & m) {
             py::arg("repetition_guard") = false,
             "Greedy decoding: prefill, then argmax steps until a stop id (included in the result), max_new_tokens, "
             "or with repetition_guard an n-gram loop (a token x16, a 2-gram x8, 3-gram x6, 4..8-gram x4). "
-            "last_generation() tells which, with timings.")
+            "last_generation() tells which, with timings.");
+}
+
+// Greedy decoding of several sequences at once (drafts, continuous batching, joining).
+void bind_model_generate_batch(py::class_<Model> & c) {
+    c
         .def(
             "generate_batch",
             [](Model & self, const py::list & embeddings, const py::object & max_new_tokens,
                const std::vector<int64_t> & stop_ids, bool repetition_guard, const py::object & on_step,
                const std::optional<std::vector<int64_t>> & draft, int64_t max_active, const py::object & join,
                const py::object & on_done, int64_t join_rows) {
-                // one number for every sequence, or a list with one each
                 std::vector<int64_t> limits;
-                int64_t most = 0;
-                // (anything with __index__ counts as an int, numpy's integers too, as an int64_t argument takes them)
-                auto integer = [](const py::handle & v) { return PyIndex_Check(v.ptr()) != 0; };
-                if (integer(max_new_tokens)) {
-                    most = max_new_tokens.cast<int64_t>();
-                } else if (py::isinstance<py::sequence>(max_new_tokens) && !py::isinstance<py::str>(max_new_tokens)) {
-                    for (auto v : max_new_tokens) {
-                        if (!integer(v)) throw py::type_error("max_new_tokens must be an int or a list of ints");
-                        limits.push_back(v.cast<int64_t>());
-                    }
-                    if (limits.empty()) throw py::value_error("max_new_tokens is an empty list");
-                    most = *std::max_element(limits.begin(), limits.end());
-                } else {
-                    throw py::type_error("max_new_tokens must be an int or a list of ints (one per sequence)");
-                }
+                const int64_t most = most_new_tokens(max_new_tokens, limits);
                 std::vector<py::array> keep;
-                std::vector<std::pair<const float *, int64_t>> prompts;
-                for (auto item : embeddings) {
-                    if (!py::isinstance<py::array>(item)) throw py::type_error("embeddings must be a list of numpy arrays");
-                    keep.push_back(py::reinterpret_borrow<py::array>(item));
-                    require_rows(keep.back(), self.hparams().dec.d_model, "embeddings");
-                    prompts.emplace_back(static_cast<const float *>(keep.back().data()), keep.back().shape(0));
-                }
+                const std::vector<std::pair<const float *, int64_t>> prompts = prompt_rows(self, embeddings, keep);
                 const std::vector<int32_t> stops = vocab_ids(self, stop_ids, "stop id");
                 // (generate_batch refuses a draft for several sequences: std::invalid_argument -> ValueError)
                 const std::vector<int32_t> draft_ids = draft ? vocab_ids(self, *draft, "draft token")
@@ -431,38 +499,19 @@ void bind_model(py::module_ & m) {
                     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
                     if (has_callback) on_step(produced, active);
                 };
-                // join(free_slots, max_rows) -> a list of embeddings float32[n, d] (n <= max_rows); on_done(index,
-                // tokens, stop_reason). Both run with the GIL; an exception from either aborts the generation.
-                Model::JoinCallback join_cb;
-                if (!join.is_none()) {
-                    join_cb = [&](int64_t free_slots, int64_t max_rows) {
-                        py::gil_scoped_acquire acquire;
-                        py::object got = join(free_slots, max_rows);
-                        std::vector<std::vector<float>> fresh;
-                        if (got.is_none()) return fresh;
-                        for (auto item : got) {
-                            if (!py::isinstance<py::array>(item)) throw py::type_error("join must return a list of numpy arrays");
-                            const auto a = py::reinterpret_borrow<py::array>(item);
-                            require_rows(a, self.hparams().dec.d_model, "a joining prompt's embeddings");
-                            const float * p = static_cast<const float *>(a.data());
-                            fresh.emplace_back(p, p + a.size());
-                        }
-                        return fresh;
-                    };
-                }
-                Model::DoneCallback done_cb;
-                if (!on_done.is_none()) {
-                    done_cb = [&](int64_t index, const Model::Generated & g) {
-                        py::gil_scoped_acquire acquire;
-                        on_done(index, std::vector<int64_t>(g.tokens.begin(), g.tokens.end()), g.stop_reason);
-                    };
-                }
+                Model::GenerateOptions options;
+                options.repetition_guard = repetition_guard;
+                options.on_step = step;
+                options.draft = draft ? &draft_ids : nullptr;
+                options.max_active = max_active;
+                options.token_limits = limits.empty() ? nullptr : &limits;
+                options.join = join_callback(self, join);
+                options.done = done_callback(on_done);
+                options.join_rows = join_rows;
                 std::vector<Model::Generated> out;
                 {
                     py::gil_scoped_release release;
-                    out = self.generate_batch(prompts, most, stops, repetition_guard, step,
-                                              draft ? &draft_ids : nullptr, max_active, limits.empty() ? nullptr : &limits,
-                                              join_cb, done_cb, join_rows);
+                    out = self.generate_batch(prompts, most, stops, options);
                 }
                 py::list result;
                 for (const auto & g : out) {
@@ -487,7 +536,12 @@ void bind_model(py::module_ & m) {
             "is free and no given prompt waits, it returns more prompts (a list of embeddings, each of at most "
             "max_rows rows: the cache's room, at least join_rows) that join the running steps at once, their "
             "results following the given ones'. on_done(index, tokens, stop_reason) is called as each sequence "
-            "ends. Inside both, only encode*, embed and the CTC head may be called on this model.")
+            "ends. Inside both, only encode*, embed and the CTC head may be called on this model.");
+}
+
+// Interrupting a computation, and the settings and test aids of generation.
+void bind_model_generation_controls(py::class_<Model> & c) {
+    c
         .def("interrupt", &Model::interrupt,
              "From any thread: the computation running on this model stops at its next graph node (CPU; other "
              "backends: its next graph) or decoding step and raises fun_asr.Interrupted; the model stays usable. "
@@ -523,7 +577,12 @@ void bind_model(py::module_ & m) {
                       "At most this many sequences per decoding step graph (0, the default: as many as one graph "
                       "takes); larger batches step in chunks, with the same tokens.")
         .def_property("profiling", &Model::profiling, &Model::set_profiling,
-                      "Per-node timing (also FUN_ASR_PROFILE=1): every node computed alone and timed.")
+                      "Per-node timing (also FUN_ASR_PROFILE=1): every node computed alone and timed.");
+}
+
+// The per-node profile, the cached prompt prefix, the last generation's statistics.
+void bind_model_profile_prefix(py::class_<Model> & c) {
+    c
         .def(
             "profile",
             [](const Model & self) {
@@ -590,7 +649,10 @@ void bind_model(py::module_ & m) {
                    " dec=" + std::to_string(hp.dec.n_layers) + "x" + std::to_string(hp.dec.d_model) +
                    " backend=" + self.backend_name() + ">";
         });
+}
 
+// The loaders: a GGUF file, its header check, GGUF-style tensors from Python.
+void bind_loaders(py::module_ & m) {
     m.def("load_gguf", &load_gguf, py::arg("path"), py::kw_only(), py::arg("device") = "cpu", py::arg("threads") = 0,
           "Load a fun_asr_nano GGUF file.");
     m.def(
@@ -612,6 +674,25 @@ void bind_model(py::module_ & m) {
     m.def("load_tensors", &load_tensors, py::arg("arch"), py::arg("metadata"), py::arg("tensors"), py::kw_only(),
           py::arg("device") = "cpu", py::arg("threads") = 0, py::arg("origin") = "<tensors>",
           "Load a model from GGUF-style metadata and (name, type, ne, buffer) tensors (used for HF directories).");
+}
+
+}  // namespace
+
+void bind_model(py::module_ & m) {
+    bind_thread_chooser(m);
+    bind_interrupted(m);
+    py::class_<Model> model(m, "Model",
+                            "A loaded Fun-ASR-Nano model (weights + KV cache) on one backend. Calls on "
+                            "one Model run one at a time (internally locked).");
+    bind_model_settings(model);
+    bind_model_encoder(model);
+    bind_model_packed_encoder(model);
+    bind_model_ctc_head(model);
+    bind_model_decoder(model);
+    bind_model_generate_batch(model);
+    bind_model_generation_controls(model);
+    bind_model_profile_prefix(model);
+    bind_loaders(m);
 }
 
 }  // namespace fun_asr::bindings

@@ -50,7 +50,8 @@ ggml_tensor * affine_relu(ggml_context * ctx, ggml_tensor * x, ggml_tensor * sca
 // (torch's [Cout, Cin, kf, kt] with the input channels moved last). -> [Cout, T', F', B]
 ggml_tensor * conv(ggml_context * ctx, ggml_tensor * x, const SpkConv & c, int kt, int kf, int st, int sf, int dt = 1,
                    bool relu = false) {
-    ggml_tensor * cols = im2col_channels_last(ctx, x, kt, kf, st, sf, (kt - 1) / 2 * dt, (kf - 1) / 2, dt, 1, c.w->type);
+    const Im2colParams shape{kt, kf, st, sf, (kt - 1) / 2 * dt, (kf - 1) / 2, dt, 1};
+    ggml_tensor * cols = im2col_channels_last(ctx, x, shape, c.w->type);
     const int64_t K = cols->ne[0], cout = ggml_nelements(c.w) / K;
     ggml_tensor * y = mul_mat(ctx, ggml_reshape_2d(ctx, c.w, K, cout),
                               ggml_reshape_2d(ctx, cols, K, cols->ne[1] * cols->ne[2] * cols->ne[3]));

@@ -230,23 +230,23 @@ ggml_tensor * swiglu(ggml_context * ctx, ggml_tensor * gate, ggml_tensor * up, c
 
 ggml_tensor * fused_cached_attention(ggml_context * ctx, ggml_cgraph * gf, const CachedAttention & a) {
     const int64_t hd = a.head_dim, n = a.q->ne[1];
-    if (a.step && cached_attention_heads_supported(a.q, a.k, a.v, a.q_norm, a.k_norm, a.positions, a.k_window,
-                                                   a.v_window, a.mask, a.n_heads, a.n_kv_heads, a.rope_theta)) {
+    const CachedAttentionHeads heads{a.q, a.k, a.v, a.q_norm, a.k_norm, a.positions, a.k_window, a.v_window, a.mask,
+                                     a.n_heads, a.n_kv_heads, a.scale, a.eps, a.rope_theta};
+    if (a.step && cached_attention_heads_supported(heads)) {
         // A decode step: the heads' norms, RoPE and the K/V store inside the attention's node (each task makes
         // the heads it reads), one node fewer per layer.
-        return cached_attention_heads(ctx, a.q, a.k, a.v, a.q_norm, a.k_norm, a.positions, a.k_window, a.v_window,
-                                      a.mask, a.n_heads, a.n_kv_heads, a.scale, a.eps, a.rope_theta);
+        return cached_attention_heads(ctx, heads);
     }
     if (!heads_rms_norm_supported(a.q, a.k, a.q_norm, a.k_norm, hd)) return nullptr;
     // The query and key heads normed into one [hd, Hq + Hkv, n*B] tensor, one RoPE node for both (each head's row
     // the same arithmetic as alone), one node to store the K/V rows, then fun-asr's attention (and where ggml's
     // RoPE arithmetic is known, the norms, RoPE and store in one node).
-    const bool one = heads_norm_rope_store_supported(a.q, a.k, a.q_norm, a.k_norm, hd, a.positions, a.rope_theta, a.v,
-                                                     a.k_rows, a.v_rows, a.kv_rows);
+    const HeadsNormRopeStore store{a.q, a.k, a.q_norm, a.k_norm, hd, a.eps, a.positions, a.rope_theta,
+                                   a.v, a.k_rows, a.v_rows, a.kv_rows};
+    const bool one = heads_norm_rope_store_supported(store);
     ggml_tensor * qk = nullptr;
     if (one) {
-        qk = heads_norm_rope_store(ctx, a.q, a.k, a.q_norm, a.k_norm, hd, a.eps, a.positions, a.rope_theta, a.v,
-                                   a.k_rows, a.v_rows, a.kv_rows);
+        qk = heads_norm_rope_store(ctx, store);
     } else {
         qk = ggml_rope_ext(ctx, heads_rms_norm(ctx, a.q, a.k, a.q_norm, a.k_norm, hd, a.eps), a.positions, nullptr,
                            static_cast<int>(hd), GGML_ROPE_TYPE_NEOX, 0, a.rope_theta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
@@ -338,13 +338,6 @@ ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml
 
 namespace {
 
-struct Im2colParams {
-    int kw, kh, sw, sh, pw, ph, dw, dh;
-    bool operator<(const Im2colParams & o) const {
-        return std::tie(kw, kh, sw, sh, pw, ph, dw, dh) < std::tie(o.kw, o.kh, o.sw, o.sh, o.pw, o.ph, o.dw, o.dh);
-    }
-};
-
 void im2col_channels_last_run(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const Im2colParams & p = *static_cast<const Im2colParams *>(userdata);
     const ggml_tensor * x = dst->src[0];
@@ -380,19 +373,18 @@ void im2col_channels_last_run(ggml_tensor * dst, int ith, int nth, void * userda
 
 }  // namespace
 
-ggml_tensor * im2col_channels_last(ggml_context * ctx, ggml_tensor * x, int kw, int kh, int sw, int sh, int pw, int ph,
-                                   int dw, int dh, ggml_type type) {
+ggml_tensor * im2col_channels_last(ggml_context * ctx, ggml_tensor * x, const Im2colParams & p, ggml_type type) {
     if (x->type != GGML_TYPE_F32 || x->nb[0] != sizeof(float)) {
         throw std::invalid_argument("im2col_channels_last: x must be F32 with contiguous channels");
     }
     if (type != GGML_TYPE_F32 && type != GGML_TYPE_F16) throw std::invalid_argument("im2col_channels_last: F32 or F16 out");
-    const int64_t OW = (x->ne[1] + 2 * pw - static_cast<int64_t>(dw) * (kw - 1) - 1) / sw + 1;
-    const int64_t OH = (x->ne[2] + 2 * ph - static_cast<int64_t>(dh) * (kh - 1) - 1) / sh + 1;
+    const int64_t OW = (x->ne[1] + 2 * p.pw - static_cast<int64_t>(p.dw) * (p.kw - 1) - 1) / p.sw + 1;
+    const int64_t OH = (x->ne[2] + 2 * p.ph - static_cast<int64_t>(p.dh) * (p.kh - 1) - 1) / p.sh + 1;
     if (OW < 1 || OH < 1) throw std::invalid_argument("im2col_channels_last: the input is smaller than the kernel");
     ggml_tensor * args[1] = {x};
-    const Im2colParams * p = intern_op_params(Im2colParams{kw, kh, sw, sh, pw, ph, dw, dh});
-    return ggml_custom_4d(ctx, type, x->ne[0] * kw * kh, OW, OH, x->ne[3], args, 1, im2col_channels_last_run,
-                          GGML_N_TASKS_MAX, const_cast<Im2colParams *>(p));
+    const Im2colParams * kept = intern_op_params(p);
+    return ggml_custom_4d(ctx, type, x->ne[0] * p.kw * p.kh, OW, OH, x->ne[3], args, 1, im2col_channels_last_run,
+                          GGML_N_TASKS_MAX, const_cast<Im2colParams *>(kept));
 }
 
 ggml_tensor * attention_full(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ggml.h"
@@ -171,8 +172,14 @@ ggml_tensor * linear(ggml_context * ctx, ggml_tensor * x, const Linear & l, ggml
 // OW = (W + 2*pw - dw*(kw-1) - 1) / sw + 1 (OH likewise). A weight [Cout, kh, kw, C] (torch's conv weight
 // with the input channels moved last) times these columns is the convolution, channels innermost again.
 // ggml_im2col wants the spatial axes innermost; this copies C contiguous values per tap (a CPU custom op).
-ggml_tensor * im2col_channels_last(ggml_context * ctx, ggml_tensor * x, int kw, int kh, int sw, int sh, int pw, int ph,
-                                   int dw, int dh, ggml_type type);
+// The kernel's size (kw along W, kh along H), strides, zero padding and dilations.
+struct Im2colParams {
+    int kw, kh, sw, sh, pw, ph, dw, dh;
+    bool operator<(const Im2colParams & o) const {
+        return std::tie(kw, kh, sw, sh, pw, ph, dw, dh) < std::tie(o.kw, o.kh, o.sw, o.sh, o.pw, o.ph, o.dw, o.dh);
+    }
+};
+ggml_tensor * im2col_channels_last(ggml_context * ctx, ggml_tensor * x, const Im2colParams & p, ggml_type type);
 
 // Bidirectional multi-head attention over [d, T] q/k/v (heads of head_dim); mask may be null. Unmasked:
 // kernels/attention where the device takes host kernels and it applies, else ggml's flash attention where it is

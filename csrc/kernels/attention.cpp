@@ -244,6 +244,18 @@ static void accumulate_rows(const float * const p[R], const float * v, int64_t l
     }
 }
 
+// cached_heads' operands (see there).
+struct CachedHeads {
+    const float * q;           // the position's query heads, contiguous
+    const float * k;           // the sequence's cached keys
+    int64_t ldk, ldh;          // k's position and head strides (floats)
+    const float * v;           // its cached values
+    int64_t ldv, ldhv;         // v's position and head strides
+    const ggml_fp16_t * mrow;  // the position's mask row
+    int64_t T, hd, G;          // visible keys, head size, query heads per K/V head
+    float scale;
+};
+
 // One position's query heads of K/V heads [h0, h1) (G query heads each; head g of K/V head h is query
 // head h * G + g) against the visible keys [0, T) of their sequence: keys in the cache are a position's
 // Hkv heads side by side (key j of head h at k + j * ldk + h * ldh, its value at v + j * ldv + h * ldhv),
@@ -252,9 +264,9 @@ static void accumulate_rows(const float * const p[R], const float * v, int64_t l
 // memory's bandwidth). Each query row's numbers are those of scores / masked_softmax_row / weighted_values
 // over its head alone: its keys grouped by four from the first, its values accumulated key by key.
 // scratch: (h1 - h0) * G * (T + hd + 1) floats.
-static void cached_heads(const float * q, const float * k, int64_t ldk, int64_t ldh, const float * v, int64_t ldv,
-                         int64_t ldhv, const ggml_fp16_t * mrow, int64_t T, int64_t hd, int64_t G, int64_t h0, int64_t h1,
-                         float scale, float * scratch, float * o) {
+static void cached_heads(const CachedHeads & in, int64_t h0, int64_t h1, float * scratch, float * o) {
+    const float *q = in.q, *k = in.k, *v = in.v;
+    const int64_t ldk = in.ldk, ldh = in.ldh, ldv = in.ldv, ldhv = in.ldhv, T = in.T, hd = in.hd, G = in.G;
     const int64_t rows = (h1 - h0) * G;
     float * s = scratch;                     // [rows][T]
     float * acc = scratch + rows * T;        // [rows][hd]
@@ -275,7 +287,7 @@ static void cached_heads(const float * q, const float * k, int64_t ldk, int64_t 
         }
         j += step;
     }
-    for (int64_t r = 0; r < rows; ++r) inv[r] = masked_softmax_row(s + r * T, mrow, T, scale);
+    for (int64_t r = 0; r < rows; ++r) inv[r] = masked_softmax_row(s + r * T, in.mrow, T, in.scale);
     std::fill(acc, acc + rows * hd, 0.0f);
     for (int64_t j = 0; j < T;) {
         const bool four = T - j >= 4;
@@ -397,11 +409,21 @@ static void weighted_values(const float * const p[R], const float * inv, const f
 #pragma GCC pop_options
 #endif
 
+// The encoder attention's operands: q, k, v, o [d, T] row-major, heads of hd channels.
+struct FullAttention {
+    const float *q, *k, *v;
+    float * o;
+    int64_t d, T, hd;
+    float scale;
+};
+
 // Query rows [i, i + R) of head h: scores, softmax, P.V, with the 256-bit or (Wide) the 512-bit kernels above.
 // (Outside the target regions: each stage is a call into its own instruction set's code.)
 template <int R, bool Wide>
-static void rows(const float * q, const float * k, const float * v, float * o, int64_t d, int64_t T, int64_t hd,
-                 int64_t h, int64_t i, float scale, float * scratch) {
+static void rows(const FullAttention & a, int64_t h, int64_t i, float * scratch) {
+    const float *q = a.q, *k = a.k, *v = a.v;
+    float * o = a.o;
+    const int64_t d = a.d, T = a.T, hd = a.hd;
     const float * qr[R];
     float * s[R];
     float * orow[R];
@@ -416,7 +438,7 @@ static void rows(const float * q, const float * k, const float * v, float * o, i
     } else {
         scores<R>(qr, k + h * hd, d, T, hd, s);
     }
-    for (int r = 0; r < R; ++r) inv[r] = softmax_row(s[r], T, scale);
+    for (int r = 0; r < R; ++r) inv[r] = softmax_row(s[r], T, a.scale);
     const float * p[R];
     for (int r = 0; r < R; ++r) p[r] = s[r];
     if constexpr (Wide) {
@@ -463,6 +485,7 @@ void run(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const auto * k = static_cast<const float *>(dst->src[1]->data);
     const auto * v = static_cast<const float *>(dst->src[2]->data);
     auto * o = static_cast<float *>(dst->data);
+    const FullAttention a{q, k, v, o, d, T, hd, prm.scale};
     const bool wide = wide_ok();
     const int64_t per = wide ? kWideRowsPerTask : kRowsPerTask;
     thread_local std::vector<float> scratch;
@@ -474,21 +497,21 @@ void run(ggml_tensor * dst, int ith, int nth, void * userdata) {
         const int64_t n = std::min<int64_t>(per, T - i);
         if (wide) {
             switch (n) {
-                case 8: rows<8, true>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
-                case 7: rows<7, true>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
-                case 6: rows<6, true>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
-                case 5: rows<5, true>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
-                case 4: rows<4, true>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
-                case 3: rows<3, true>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
-                case 2: rows<2, true>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
-                default: rows<1, true>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+                case 8: rows<8, true>(a, h, i, scratch.data()); break;
+                case 7: rows<7, true>(a, h, i, scratch.data()); break;
+                case 6: rows<6, true>(a, h, i, scratch.data()); break;
+                case 5: rows<5, true>(a, h, i, scratch.data()); break;
+                case 4: rows<4, true>(a, h, i, scratch.data()); break;
+                case 3: rows<3, true>(a, h, i, scratch.data()); break;
+                case 2: rows<2, true>(a, h, i, scratch.data()); break;
+                default: rows<1, true>(a, h, i, scratch.data()); break;
             }
             continue;
         }
         switch (n) {
-            case 3: rows<3, false>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
-            case 2: rows<2, false>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
-            default: rows<1, false>(q, k, v, o, d, T, hd, h, i, prm.scale, scratch.data()); break;
+            case 3: rows<3, false>(a, h, i, scratch.data()); break;
+            case 2: rows<2, false>(a, h, i, scratch.data()); break;
+            default: rows<1, false>(a, h, i, scratch.data()); break;
         }
     }
 #else
@@ -537,8 +560,8 @@ void run_cached(ggml_tensor * dst, int ith, int nth, void * userdata) {
             q = own_q.data();
         }
         auto * o = reinterpret_cast<float *>(static_cast<char *>(dst->data) + col * dst->nb[1]);
-        cached_heads(q, k, ldk, ldh, v, ldv, ldhv, mrow, len, hd, G, part * per_part, (part + 1) * per_part, prm.scale,
-                     scratch.data(), o);
+        const CachedHeads task{q, k, ldk, ldh, v, ldv, ldhv, mrow, len, hd, G, prm.scale};
+        cached_heads(task, part * per_part, (part + 1) * per_part, scratch.data(), o);
     }
 #else
     (void)dst; (void)ith; (void)nth; (void)userdata;
@@ -575,24 +598,33 @@ static bool host_view(const ggml_tensor * t) {
     return base->buffer && ggml_backend_buffer_is_host(base->buffer);
 }
 
+static bool in_host_memory(const ggml_tensor * t) { return !t->buffer || ggml_backend_buffer_is_host(t->buffer); }
+
+// q F32 [hd, n_heads, n * B] in host memory with its heads contiguous; its columns may be apart (a view of the q/k
+// heads' RoPE output).
+static bool query_heads_ok(const ggml_tensor * q, int64_t n_heads, int64_t B) {
+    const int64_t hd = q->ne[0];
+    if (hd % 8 != 0 || q->type != GGML_TYPE_F32 || q->nb[0] != sizeof(float) || q->nb[1] != hd * sizeof(float)) {
+        return false;
+    }
+    return q->nb[2] >= static_cast<size_t>(hd * n_heads) * sizeof(float) && q->ne[1] == n_heads && q->ne[3] == 1 &&
+           B > 0 && q->ne[2] % B == 0 && in_host_memory(q);
+}
+
+// t (k or v) F32 [hd, n_kv_heads, k's n_kv, B], a view of a host cache with contiguous rows.
+static bool cache_window_ok(const ggml_tensor * t, const ggml_tensor * k, int64_t hd, int64_t n_kv_heads, int64_t B) {
+    return t->type == GGML_TYPE_F32 && t->ne[0] == hd && t->ne[1] == n_kv_heads && t->ne[2] == k->ne[2] &&
+           t->ne[3] == B && t->nb[0] == sizeof(float) && host_view(t);
+}
+
 bool cached_attention_supported(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * v,
                                 const ggml_tensor * mask, int64_t n_heads, int64_t n_kv_heads) {
     if (!cpu_ok() || !q || !k || !v || !mask || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0) return false;
     const int64_t hd = q->ne[0], B = k->ne[3];
-    // q's heads contiguous; its columns may be apart (a view of the q/k heads' RoPE output)
-    if (hd % 8 != 0 || q->type != GGML_TYPE_F32 || q->nb[0] != sizeof(float) || q->nb[1] != hd * sizeof(float) ||
-        q->nb[2] < static_cast<size_t>(hd * n_heads) * sizeof(float) || q->ne[1] != n_heads || q->ne[3] != 1 ||
-        B <= 0 || q->ne[2] % B != 0 || (q->buffer && !ggml_backend_buffer_is_host(q->buffer))) {
-        return false;
-    }
-    for (const ggml_tensor * t : {k, v}) {
-        if (t->type != GGML_TYPE_F32 || t->ne[0] != hd || t->ne[1] != n_kv_heads || t->ne[2] != k->ne[2] ||
-            t->ne[3] != B || t->nb[0] != sizeof(float) || !host_view(t)) {
-            return false;
-        }
-    }
+    if (!query_heads_ok(q, n_heads, B)) return false;
+    if (!cache_window_ok(k, k, hd, n_kv_heads, B) || !cache_window_ok(v, k, hd, n_kv_heads, B)) return false;
     return mask->type == GGML_TYPE_F16 && mask->ne[0] == k->ne[2] && mask->ne[1] * B == q->ne[2] && mask->ne[2] == 1 &&
-           mask->ne[3] == B && mask->nb[0] == sizeof(ggml_fp16_t) && (!mask->buffer || ggml_backend_buffer_is_host(mask->buffer));
+           mask->ne[3] == B && mask->nb[0] == sizeof(ggml_fp16_t) && in_host_memory(mask);
 }
 
 ggml_tensor * cached_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
@@ -602,25 +634,28 @@ ggml_tensor * cached_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor 
                           GGML_N_TASKS_MAX, const_cast<CachedParams *>(intern_op_params(CachedParams{n_heads, n_kv_heads, scale})));
 }
 
-bool cached_attention_heads_supported(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * v,
-                                      const ggml_tensor * qn, const ggml_tensor * kn, const ggml_tensor * positions,
-                                      const ggml_tensor * kw, const ggml_tensor * vw, const ggml_tensor * mask,
-                                      int64_t n_heads, int64_t n_kv_heads, float rope_base) {
+// Each K/V head's row of w is written whole: rows of hd contiguous floats.
+static bool whole_head_rows(const ggml_tensor * w, int64_t hd) {
+    return w->nb[0] == sizeof(float) && w->nb[1] == static_cast<size_t>(hd) * sizeof(float);
+}
+
+bool cached_attention_heads_supported(const CachedAttentionHeads & a) {
+    const ggml_tensor *q = a.q, *k = a.k, *v = a.v, *qn = a.qn, *kn = a.kn, *positions = a.positions;
+    const ggml_tensor *kw = a.kw, *vw = a.vw;
+    const int64_t n_heads = a.n_heads, n_kv_heads = a.n_kv_heads;
     if (!q || !k || !v || !kw || !positions || n_heads <= 0 || n_kv_heads <= 0 || !fusion_enabled()) return false;
     const int64_t hd = kw->ne[0], B = kw->ne[3];
     // one position per sequence: q's columns are the sequences
     if (q->ne[1] != B || q->ne[0] != hd * n_heads || k->ne[0] != hd * n_kv_heads || v->ne[0] != k->ne[0]) return false;
     // q and k as the heads' norms take them, and v's columns as k's (the same check with v for q)
     if (!heads_rms_norm_supported(q, k, qn, kn, hd) || !heads_rms_norm_supported(v, k, qn, kn, hd)) return false;
-    const auto forms = rope_rotation_forms(hd, rope_base);
+    const auto forms = rope_rotation_forms(hd, a.rope_base);
     if (forms.first < 0 || forms.second < 0) return false;
     if (positions->type != GGML_TYPE_I32 || ggml_nelements(positions) != B || !ggml_is_contiguous(positions) ||
-        (positions->buffer && !ggml_backend_buffer_is_host(positions->buffer))) {
+        !in_host_memory(positions)) {
         return false;
     }
-    for (const ggml_tensor * w : {kw, vw}) {  // (rows of contiguous floats: each K/V head's row is written whole)
-        if (w->nb[0] != sizeof(float) || w->nb[1] != static_cast<size_t>(hd) * sizeof(float)) return false;
-    }
+    if (!whole_head_rows(kw, hd) || !whole_head_rows(vw, hd)) return false;
     // the plain op's checks, with q as its [hd, n_heads, B] view
     ggml_tensor q3 = *q;
     q3.ne[0] = hd;
@@ -628,21 +663,19 @@ bool cached_attention_heads_supported(const ggml_tensor * q, const ggml_tensor *
     q3.ne[2] = B;
     q3.nb[1] = static_cast<size_t>(hd) * sizeof(float);
     q3.nb[2] = q->nb[1];
-    return cached_attention_supported(&q3, kw, vw, mask, n_heads, n_kv_heads);
+    return cached_attention_supported(&q3, kw, vw, a.mask, n_heads, n_kv_heads);
 }
 
-ggml_tensor * cached_attention_heads(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
-                                     ggml_tensor * qn, ggml_tensor * kn, ggml_tensor * positions, ggml_tensor * kw,
-                                     ggml_tensor * vw, ggml_tensor * mask, int64_t n_heads, int64_t n_kv_heads,
-                                     float scale, float eps, float rope_base) {
-    const int64_t hd = kw->ne[0];
+ggml_tensor * cached_attention_heads(ggml_context * ctx, const CachedAttentionHeads & a) {
+    const int64_t hd = a.kw->ne[0], n_heads = a.n_heads;
+    ggml_tensor * q = a.q;
     ggml_tensor * q3 =
         ggml_view_3d(ctx, q, hd, n_heads, q->ne[1], static_cast<size_t>(hd) * sizeof(float), q->nb[1], 0);
-    ggml_tensor * args[9] = {q3, kw, vw, mask, k, v, qn, kn, positions};
-    const auto forms = rope_rotation_forms(hd, rope_base);
-    CachedParams p{n_heads, n_kv_heads, scale};
-    p.eps = eps;
-    p.base = rope_base;
+    ggml_tensor * args[9] = {q3, a.kw, a.vw, a.mask, a.k, a.v, a.qn, a.kn, a.positions};
+    const auto forms = rope_rotation_forms(hd, a.rope_base);
+    CachedParams p{n_heads, a.n_kv_heads, a.scale};
+    p.eps = a.eps;
+    p.base = a.rope_base;
     p.first = forms.first;
     p.second = forms.second;
     return ggml_custom_4d(ctx, GGML_TYPE_F32, hd * n_heads, q->ne[1], 1, 1, args, 9, run_cached, GGML_N_TASKS_MAX,

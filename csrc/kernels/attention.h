@@ -48,14 +48,17 @@ ggml_tensor * cached_attention(ggml_context * ctx, ggml_tensor * q, ggml_tensor 
 // layer. q, k, v: the q/k/v products F32 [hd * n_heads | hd * n_kv_heads, B]; qn, kn their heads' norm weights
 // (F32 [hd]); positions I32 [B]: each sequence's new position, its row in the windows kw, vw (views
 // [hd, n_kv_heads, n_kv, B] of host caches). rope_base, eps: the RoPE's base, the norms' epsilon.
-bool cached_attention_heads_supported(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * v,
-                                      const ggml_tensor * qn, const ggml_tensor * kn, const ggml_tensor * positions,
-                                      const ggml_tensor * kw, const ggml_tensor * vw, const ggml_tensor * mask,
-                                      int64_t n_heads, int64_t n_kv_heads, float rope_base);
-ggml_tensor * cached_attention_heads(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
-                                     ggml_tensor * qn, ggml_tensor * kn, ggml_tensor * positions, ggml_tensor * kw,
-                                     ggml_tensor * vw, ggml_tensor * mask, int64_t n_heads, int64_t n_kv_heads,
-                                     float scale, float eps, float rope_base);
+struct CachedAttentionHeads {
+    ggml_tensor *q, *k, *v;
+    ggml_tensor *qn, *kn;
+    ggml_tensor * positions;
+    ggml_tensor *kw, *vw;
+    ggml_tensor * mask;
+    int64_t n_heads, n_kv_heads;
+    float scale, eps, rope_base;
+};
+bool cached_attention_heads_supported(const CachedAttentionHeads & a);
+ggml_tensor * cached_attention_heads(ggml_context * ctx, const CachedAttentionHeads & a);
 
 // Whether t is one of these ops (the profile shows them as ATTN).
 bool is_attention(const ggml_tensor * t);

@@ -451,15 +451,13 @@ ggml_tensor * heads_rms_norm(ggml_context * ctx, ggml_tensor * q, ggml_tensor * 
                           GGML_N_TASKS_MAX, const_cast<NormParams *>(intern_op_params(NormParams{hd, eps})));
 }
 
-bool heads_norm_rope_store_supported(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * qn,
-                                     const ggml_tensor * kn, int64_t hd, const ggml_tensor * positions, float base,
-                                     const ggml_tensor * v, const ggml_tensor * kc, const ggml_tensor * vc,
-                                     const ggml_tensor * rows) {
-    if (!heads_rms_norm_supported(q, k, qn, kn, hd)) return false;
-    if (!store_kv_supported(k, v, kc, vc, rows) || !positions || positions->type != GGML_TYPE_I32) return false;
-    if (ggml_nelements(positions) != q->ne[1] || !ggml_is_contiguous(positions)) return false;
+bool heads_norm_rope_store_supported(const HeadsNormRopeStore & a) {
+    const ggml_tensor * positions = a.positions;
+    if (!heads_rms_norm_supported(a.q, a.k, a.qn, a.kn, a.hd)) return false;
+    if (!store_kv_supported(a.k, a.v, a.kc, a.vc, a.rows) || !positions || positions->type != GGML_TYPE_I32) return false;
+    if (ggml_nelements(positions) != a.q->ne[1] || !ggml_is_contiguous(positions)) return false;
     if (positions->buffer && !ggml_backend_buffer_is_host(positions->buffer)) return false;
-    const auto forms = rope_rotation_forms(hd, base);
+    const auto forms = rope_rotation_forms(a.hd, a.base);
     return forms.first >= 0 && forms.second >= 0;
 }
 
@@ -469,14 +467,13 @@ std::pair<int, int> rope_rotation_forms(int64_t n, float base) {
     return {f.first, f.second};
 }
 
-ggml_tensor * heads_norm_rope_store(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * qn,
-                                    ggml_tensor * kn, int64_t hd, float eps, ggml_tensor * positions, float base,
-                                    ggml_tensor * v, ggml_tensor * kc, ggml_tensor * vc, ggml_tensor * rows) {
-    const RopeForms f = rope_forms(hd, base);
-    ggml_tensor * args[9] = {q, k, qn, kn, positions, v, kc, vc, rows};
-    return ggml_custom_4d(ctx, GGML_TYPE_F32, hd, (q->ne[0] + k->ne[0]) / hd, q->ne[1], 1, args, 9,
+ggml_tensor * heads_norm_rope_store(ggml_context * ctx, const HeadsNormRopeStore & a) {
+    const int64_t hd = a.hd;
+    const RopeForms f = rope_forms(hd, a.base);
+    ggml_tensor * args[9] = {a.q, a.k, a.qn, a.kn, a.positions, a.v, a.kc, a.vc, a.rows};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, hd, (a.q->ne[0] + a.k->ne[0]) / hd, a.q->ne[1], 1, args, 9,
                           run_heads_norm_rope_store, GGML_N_TASKS_MAX,
-                          const_cast<RopeParams *>(intern_op_params(RopeParams{hd, eps, base, f.first, f.second})));
+                          const_cast<RopeParams *>(intern_op_params(RopeParams{hd, a.eps, a.base, f.first, f.second})));
 }
 
 void attention_heads_input(const AttentionHeads & a, int64_t b, int64_t j0, int64_t j1, float * q) {

@@ -49,17 +49,22 @@ ggml_tensor * heads_rms_norm(ggml_context * ctx, ggml_tensor * q, ggml_tensor * 
 // products into FMAs (read off ggml's own op once per head size and base; where no form of ours matches it, not
 // supported). The graph
 // reaches the caches' rows through this node's output (the attention's query is a view of it).
-bool heads_norm_rope_store_supported(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * qn,
-                                     const ggml_tensor * kn, int64_t hd, const ggml_tensor * positions, float base,
-                                     const ggml_tensor * v, const ggml_tensor * kc, const ggml_tensor * vc,
-                                     const ggml_tensor * rows);
+// q, k: the q / k products; qn, kn: their heads' norm weights; eps: the norms' epsilon; v, kc, vc, rows:
+// store_kv's value rows, caches and row ids.
+struct HeadsNormRopeStore {
+    ggml_tensor *q, *k, *qn, *kn;
+    int64_t hd;
+    float eps;
+    ggml_tensor * positions;
+    float base;
+    ggml_tensor *v, *kc, *vc, *rows;
+};
+bool heads_norm_rope_store_supported(const HeadsNormRopeStore & a);
 // The forms of ggml's RoPE rotation in this build for rows of n and this base, as heads_norm_rope_store finds
 // them: for x0 c - x1 s and for x0 s + x1 c each 0 (two products and a sum), 1 (an FMA of the first product),
 // 2 (of the second), -1 (none of ours: heads_norm_rope_store is not supported).
 std::pair<int, int> rope_rotation_forms(int64_t n, float base);
-ggml_tensor * heads_norm_rope_store(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * qn,
-                                    ggml_tensor * kn, int64_t hd, float eps, ggml_tensor * positions, float base,
-                                    ggml_tensor * v, ggml_tensor * kc, ggml_tensor * vc, ggml_tensor * rows);
+ggml_tensor * heads_norm_rope_store(ggml_context * ctx, const HeadsNormRopeStore & a);
 
 // The heads input of a decode step's attention node (kernels/attention: cached_attention_heads), made inside it per
 // sequence and run of K/V heads: heads_norm_rope_store's arithmetic, without its node. q: the q product as a

@@ -137,6 +137,27 @@ bool request_amx() {
         _tile_stored(C, (cbuf), 64);                     \
     } while (0)
 
+// The prepared columns (nb blocks each; prepare_frames' layout) and the product's output: m columns, column j
+// of y at y + j * ys; bias: one float per weight row, or null.
+struct AmxColumns {
+    const uint8_t * prepared;
+    int64_t m, nb;
+    const float * bias;
+    float * y;
+    int64_t ys;
+};
+
+// One row tile's weights as amx_row_tile reads them (see there).
+struct AmxRowTile {
+    const uint8_t * a;  // the quants
+    size_t as, ab;      // row and block strides of a
+    const float * dw;   // scales
+    int64_t dsi, dsb;   // row and block strides of dw (and wo)
+    const float * wo;   // Q4_K offsets, or null
+    const uint8_t * pf; // the next row tile's bytes to prefetch, or null
+    size_t pf_share;
+};
+
 // 16 weight rows (one row tile) times every prepared column -> y (rows r0..r0+15 of each column).
 // a: the rows' quants (block b of row i at a + i * as + b * ab); dw / wo: [row][block] scale and
 // (Q4_K) offset as floats. Per element, as the int8 GEMM (kernels/gemm_avx2.h) computes it:
@@ -147,9 +168,17 @@ bool request_amx() {
 // runs, pf_share bytes from pf + b * pf_share are prefetched into L2 per block (the next row tile, for a
 // decode step's few columns, where the weights stream from memory once); pf null: none.
 template <bool kQ4K>
-static inline void amx_row_tile(const uint8_t * a, size_t as, size_t ab, const float * dw, int64_t dsi, int64_t dsb,
-                                const float * wo, const uint8_t * prepared, int64_t m, int64_t nb, const float * bias,
-                                float * y, int64_t ys, int64_t r0, const uint8_t * pf, size_t pf_share) {
+static inline void amx_row_tile(const AmxRowTile & tile, const AmxColumns & cols_in, int64_t r0) {
+    const uint8_t * a = tile.a;
+    const size_t as = tile.as, ab = tile.ab;
+    const float *dw = tile.dw, *wo = tile.wo;
+    const int64_t dsi = tile.dsi, dsb = tile.dsb;
+    const uint8_t * pf = tile.pf;
+    const size_t pf_share = tile.pf_share;
+    const uint8_t * prepared = cols_in.prepared;
+    const int64_t m = cols_in.m, nb = cols_in.nb, ys = cols_in.ys;
+    const float * bias = cols_in.bias;
+    float * y = cols_in.y;
     const int64_t mp = (m + kTile - 1) / kTile * kTile, nct = mp / kTile;
     const float * pdx = reinterpret_cast<const float *>(prepared + static_cast<size_t>(nct * nb) * kBTileBytes);
     const float * psx = pdx + nb * mp;
@@ -218,9 +247,9 @@ static void configure_tiles() {
 
 // Rows [t0 * 16, t1 * 16) of W (Q8_0, rb bytes per row, read in place) times every prepared column -> y.
 // dw: scratch for 16 x nb floats (allocated by the caller: no std:: containers in this region).
-static void amx_rows_q8_0(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const uint8_t * prepared, int64_t m,
-                          int64_t nb, const float * bias, float * dw, float * y, int64_t ys) {
+static void amx_rows_q8_0(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, const AmxColumns & c, float * dw) {
     configure_tiles();
+    const int64_t m = c.m, nb = c.nb;
     // a block's 16 row scales in one gather (fp16 at row i * rb of the block): dw is [block][row]
     const __m512i off = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                            _mm512_set1_epi32(static_cast<int>(rb)));
@@ -233,8 +262,8 @@ static void amx_rows_q8_0(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, 
             const __m512i d32 = _mm512_i32gather_epi32(off, wt + static_cast<size_t>(b) * kBlockBytes, 1);
             _mm512_storeu_ps(dw + b * kTile, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d32)));
         }
-        amx_row_tile<false>(wt + 2, rb, kBlockBytes, dw, 1, kTile, nullptr, prepared, m, nb, bias, y, ys, t * kTile,
-                            stream ? wt + kTile * rb : nullptr, share);
+        const AmxRowTile tile{wt + 2, rb, kBlockBytes, dw, 1, kTile, nullptr, stream ? wt + kTile * rb : nullptr, share};
+        amx_row_tile<false>(tile, c, t * kTile);
     }
     _tile_release();
 }
@@ -243,9 +272,10 @@ static void amx_rows_q8_0(const uint8_t * w, size_t rb, int64_t t0, int64_t t1, 
 // tile t = groups 2t, 2t + 1) times every prepared column -> y. Each row tile is unpacked once into
 // the scratch (q: 16 rows x k quants 0..15; dw / wo: 16 x nb floats d * scale, dmin * min, the float
 // products of ggml's dequantization and of the int8 GEMM) and then multiplied by every column tile.
-static void amx_rows_q4_k(const uint8_t * w, int64_t t0, int64_t t1, const uint8_t * prepared, int64_t m, int64_t nb,
-                          const float * bias, uint8_t * q, float * dw, float * wo, float * y, int64_t ys) {
+static void amx_rows_q4_k(const uint8_t * w, int64_t t0, int64_t t1, const AmxColumns & c, uint8_t * q, float * dw,
+                          float * wo) {
     configure_tiles();
+    const int64_t nb = c.nb;
     const int64_t nsb = nb / 8, k = nb * kBlock;
     for (int64_t t = t0; t < t1; ++t) {
         for (int gi = 0; gi < 2; ++gi) {
@@ -277,8 +307,8 @@ static void amx_rows_q4_k(const uint8_t * w, int64_t t0, int64_t t1, const uint8
                 }
             }
         }
-        amx_row_tile<true>(q, static_cast<size_t>(k), kBlock, dw, nb, 1, wo, prepared, m, nb, bias, y, ys, t * kTile,
-                           nullptr, 0);
+        const AmxRowTile tile{q, static_cast<size_t>(k), kBlock, dw, nb, 1, wo, nullptr, 0};
+        amx_row_tile<true>(tile, c, t * kTile);
     }
     _tile_release();
 }
@@ -313,15 +343,15 @@ void run(ggml_tensor * dst, int ith, int nth, void * /*userdata*/) {
     if (w->type == GGML_TYPE_Q4_K) {
         wo.resize(static_cast<size_t>(kTile * nb));
         q.resize(static_cast<size_t>(kTile * k));
-        amx_rows_q4_k(wdata, t0, t1, pdata, m, nb, bias, q.data(), dw.data(), wo.data(), y, ys);
+        amx_rows_q4_k(wdata, t0, t1, AmxColumns{pdata, m, nb, bias, y, ys}, q.data(), dw.data(), wo.data());
     } else {
         const size_t rb = w->nb[1];
         const int64_t t1_full = std::min(t1, full);
-        if (t0 < t1_full) amx_rows_q8_0(wdata, rb, t0, t1_full, pdata, m, nb, bias, dw.data(), y, ys);
+        if (t0 < t1_full) amx_rows_q8_0(wdata, rb, t0, t1_full, AmxColumns{pdata, m, nb, bias, y, ys}, dw.data());
         if (t1 > full) {  // the partial tile: its own zero-padded 16-row tile (kernels/row_tail.h)
             padded_tail_rows(wdata, rb, full * kTile, tail, kTile, bias, m, y, ys,
                              [&](const uint8_t * wt, const float * bt, float * yt, int64_t yts) {
-                                 amx_rows_q8_0(wt, rb, 0, 1, pdata, m, nb, bt, dw.data(), yt, yts);
+                                 amx_rows_q8_0(wt, rb, 0, 1, AmxColumns{pdata, m, nb, bt, yt, yts}, dw.data());
                              });
         }
     }

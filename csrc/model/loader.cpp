@@ -134,67 +134,76 @@ public:
             fail("header declares " + std::to_string(n_tensors) + " tensors and " + std::to_string(n_kv) +
                  " metadata keys, more than a file of " + std::to_string(size_) + " bytes can hold");
         }
-        for (uint64_t i = 0; i < n_kv; ++i) {
-            const std::string key = str("metadata key");
-            if (key.empty()) fail("metadata key " + std::to_string(i) + " is empty");  // a GGML_ASSERT in gguf.cpp
-            uint32_t type = u32();
-            uint64_t n = 1;
-            const bool array = type == GGUF_TYPE_ARRAY;
-            if (array) {
-                type = u32();
-                n = u64();
-                if (type == GGUF_TYPE_ARRAY) fail("metadata key '" + key + "' is an array of arrays");
-            }
-            if (type >= GGUF_TYPE_COUNT) fail("metadata key '" + key + "' has unknown type " + std::to_string(type));
-            if (key == GGUF_KEY_GENERAL_ALIGNMENT) {
-                if (array || type != GGUF_TYPE_UINT32) fail("general.alignment must be a uint32");
-                const uint32_t a = u32();
-                if (a == 0 || (a & (a - 1)) != 0) {
-                    fail("general.alignment " + std::to_string(a) + " is not a power of 2");
-                }
-                continue;
-            }
-            if (type == GGUF_TYPE_STRING) {
-                for (uint64_t j = 0; j < n; ++j) skip(u64(), "string value of '" + key + "'");
-            } else {
-                const size_t each = value_size(type);
-                if (each == 0 || n > (size_ - pos_) / each) {
-                    fail("metadata key '" + key + "' runs past the end of the file");
-                }
-                pos_ += static_cast<size_t>(n) * each;
-            }
-        }
-        for (uint64_t i = 0; i < n_tensors; ++i) {
-            const std::string name = str("tensor name");
-            if (name.empty() || name.size() >= GGML_MAX_NAME) {
-                fail("tensor name '" + name.substr(0, 80) + "' is empty or longer than " +
-                     std::to_string(GGML_MAX_NAME - 1) + " bytes");
-            }
-            const uint32_t n_dims = u32();
-            if (n_dims < 1 || n_dims > GGML_MAX_DIMS) {
-                fail("tensor '" + name + "' has " + std::to_string(n_dims) + " dimensions (accepted: 1 to " +
-                     std::to_string(GGML_MAX_DIMS) + ")");
-            }
-            int64_t numel = 1;
-            for (uint32_t d = 0; d < n_dims; ++d) {
-                const int64_t ne = static_cast<int64_t>(u64());
-                if (ne <= 0) {
-                    fail("tensor '" + name + "' dimension " + std::to_string(d) + " is " + std::to_string(ne) +
-                         " (must be > 0)");
-                }
-                if (ne > INT64_MAX / numel) fail("tensor '" + name + "' has more elements than fit in 64 bits");
-                numel *= ne;
-            }
-            const uint32_t type = u32();
-            if (type >= GGML_TYPE_COUNT || ggml_blck_size(static_cast<ggml_type>(type)) <= 0 ||
-                ggml_type_size(static_cast<ggml_type>(type)) == 0) {
-                fail("tensor '" + name + "' has unknown ggml type id " + std::to_string(type));
-            }
-            u64();  // offset: checked against the file size once ggml has computed the data section
-        }
+        for (uint64_t i = 0; i < n_kv; ++i) check_kv(i);
+        for (uint64_t i = 0; i < n_tensors; ++i) check_tensor_record();
     }
 
 private:
+    // Metadata record i: a non-empty key, a known type, a value inside the file.
+    void check_kv(uint64_t i) {
+        const std::string key = str("metadata key");
+        if (key.empty()) fail("metadata key " + std::to_string(i) + " is empty");  // a GGML_ASSERT in gguf.cpp
+        uint32_t type = u32();
+        uint64_t n = 1;
+        const bool array = type == GGUF_TYPE_ARRAY;
+        if (array) {
+            type = u32();
+            n = u64();
+            if (type == GGUF_TYPE_ARRAY) fail("metadata key '" + key + "' is an array of arrays");
+        }
+        if (type >= GGUF_TYPE_COUNT) fail("metadata key '" + key + "' has unknown type " + std::to_string(type));
+        if (key == GGUF_KEY_GENERAL_ALIGNMENT) {
+            check_alignment(array, type);
+            return;
+        }
+        if (type == GGUF_TYPE_STRING) {
+            for (uint64_t j = 0; j < n; ++j) skip(u64(), "string value of '" + key + "'");
+        } else {
+            const size_t each = value_size(type);
+            if (each == 0 || n > (size_ - pos_) / each) {
+                fail("metadata key '" + key + "' runs past the end of the file");
+            }
+            pos_ += static_cast<size_t>(n) * each;
+        }
+    }
+    // general.alignment's value: a uint32 power of 2 (ggml asserts the type and divides by it).
+    void check_alignment(bool array, uint32_t type) {
+        if (array || type != GGUF_TYPE_UINT32) fail("general.alignment must be a uint32");
+        const uint32_t a = u32();
+        if (a == 0 || (a & (a - 1)) != 0) {
+            fail("general.alignment " + std::to_string(a) + " is not a power of 2");
+        }
+    }
+    // One tensor record: its name, 1 to GGML_MAX_DIMS positive dimensions (their product in 64 bits), a known type.
+    void check_tensor_record() {
+        const std::string name = str("tensor name");
+        if (name.empty() || name.size() >= GGML_MAX_NAME) {
+            fail("tensor name '" + name.substr(0, 80) + "' is empty or longer than " +
+                 std::to_string(GGML_MAX_NAME - 1) + " bytes");
+        }
+        const uint32_t n_dims = u32();
+        if (n_dims < 1 || n_dims > GGML_MAX_DIMS) {
+            fail("tensor '" + name + "' has " + std::to_string(n_dims) + " dimensions (accepted: 1 to " +
+                 std::to_string(GGML_MAX_DIMS) + ")");
+        }
+        int64_t numel = 1;
+        for (uint32_t d = 0; d < n_dims; ++d) {
+            const int64_t ne = static_cast<int64_t>(u64());
+            if (ne <= 0) {
+                fail("tensor '" + name + "' dimension " + std::to_string(d) + " is " + std::to_string(ne) +
+                     " (must be > 0)");
+            }
+            if (ne > INT64_MAX / numel) fail("tensor '" + name + "' has more elements than fit in 64 bits");
+            numel *= ne;
+        }
+        const uint32_t type = u32();
+        if (type >= GGML_TYPE_COUNT || ggml_blck_size(static_cast<ggml_type>(type)) <= 0 ||
+            ggml_type_size(static_cast<ggml_type>(type)) == 0) {
+            fail("tensor '" + name + "' has unknown ggml type id " + std::to_string(type));
+        }
+        u64();  // offset: checked against the file size once ggml has computed the data section
+    }
+
     static size_t value_size(uint32_t type) {  // bytes of one value of a fixed-size GGUF type, 0 otherwise
         switch (type) {
             case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_BOOL: return 1;
@@ -398,11 +407,12 @@ bool device_runs(ggml_backend_dev_t dev, ggml_tensor * w, bool lookup) {
 
 }  // namespace
 
-std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HParams & hp, ggml_backend_dev_t dev,
-                                            const WeightRelayout * relayout) {
-    const std::vector<ExpectedTensor> expected = expected_tensors(hp);
-    // A package may carry its FSMN-VAD (tensors "vad.*", keys "fsmn_vad.*": VadModel loads those) and its
-    // CAM++ speaker model (tensors "spk.*", keys "campplus.*": SpeakerModel loads those).
+namespace {
+
+// The source's tensors that belong to the ASR model. A package may carry its FSMN-VAD (tensors "vad.*", keys
+// "fsmn_vad.*": VadModel loads those) and its CAM++ speaker model (tensors "spk.*", keys "campplus.*":
+// SpeakerModel loads those).
+std::vector<const SourceTensor *> own_tensors(const ModelSource & src) {
     const bool embedded_vad = src.meta.count("fsmn_vad.block_count") > 0;
     const bool embedded_spk = src.meta.count("campplus.embedding_length") > 0;
     std::vector<const SourceTensor *> own;
@@ -411,25 +421,34 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
         if (embedded_spk && t.name.rfind("spk.", 0) == 0) continue;
         own.push_back(&t);
     }
-    std::map<std::string, const SourceTensor *> by_name;
-    for (const SourceTensor * t : own) by_name[t->name] = t;
+    return own;
+}
+
+// The expected tensor e as the file has it: its shape, an allowed type, its data size.
+void check_tensor(const ModelSource & src, const ExpectedTensor & e, const SourceTensor & t) {
+    if (t.ne != e.ne) {
+        throw std::runtime_error(src.origin + ": tensor '" + e.name + "' has shape " + shape_str(t.ne) +
+                                 ", expected " + shape_str(e.ne) + " (ggml order)");
+    }
+    if (!type_allowed(e.kind, t.type)) {
+        throw std::runtime_error(src.origin + ": tensor '" + e.name + "' has unsupported type " +
+                                 ggml_type_name(t.type) + " for a " + e.kind);
+    }
+    size_t want = t.ne[0] % ggml_blck_size(t.type) == 0 ? ggml_row_size(t.type, t.ne[0]) : 0;
+    for (size_t d = 1; d < t.ne.size(); ++d) want *= static_cast<size_t>(t.ne[d]);
+    if (want == 0 || t.nbytes != want) {
+        throw std::runtime_error(src.origin + ": tensor '" + e.name + "' data size does not match its type");
+    }
+}
+
+// Every expected tensor present and as expected, and no other.
+void check_tensors(const ModelSource & src, const std::vector<ExpectedTensor> & expected,
+                   const std::vector<const SourceTensor *> & own,
+                   const std::map<std::string, const SourceTensor *> & by_name) {
     for (const auto & e : expected) {
         auto it = by_name.find(e.name);
         if (it == by_name.end()) throw std::runtime_error(src.origin + ": missing tensor '" + e.name + "'");
-        const SourceTensor & t = *it->second;
-        if (t.ne != e.ne) {
-            throw std::runtime_error(src.origin + ": tensor '" + e.name + "' has shape " + shape_str(t.ne) +
-                                     ", expected " + shape_str(e.ne) + " (ggml order)");
-        }
-        if (!type_allowed(e.kind, t.type)) {
-            throw std::runtime_error(src.origin + ": tensor '" + e.name + "' has unsupported type " +
-                                     ggml_type_name(t.type) + " for a " + e.kind);
-        }
-        size_t want = t.ne[0] % ggml_blck_size(t.type) == 0 ? ggml_row_size(t.type, t.ne[0]) : 0;
-        for (size_t d = 1; d < t.ne.size(); ++d) want *= static_cast<size_t>(t.ne[d]);
-        if (want == 0 || t.nbytes != want) {
-            throw std::runtime_error(src.origin + ": tensor '" + e.name + "' data size does not match its type");
-        }
+        check_tensor(src, e, *it->second);
     }
     if (own.size() != expected.size()) {
         std::map<std::string, bool> known;
@@ -439,132 +458,159 @@ std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HPara
         }
         throw std::runtime_error(src.origin + ": duplicate tensor names");
     }
+}
 
-    auto out = std::make_unique<LoadedWeights>();
-    ggml_init_params ip{ggml_tensor_overhead() * (expected.size() + 8), nullptr, /*no_alloc=*/true};
-    out->ctx = ggml_init(ip);
-    if (!out->ctx) throw std::runtime_error("ggml_init failed");
+// The weights' tensors (metadata only) in out->ctx, each with its source.
+Placed new_weight_tensors(LoadedWeights & out, const std::vector<ExpectedTensor> & expected,
+                          std::map<std::string, const SourceTensor *> & by_name) {
     Placed pairs;
     for (const auto & e : expected) {
         const SourceTensor & s = *by_name[e.name];
         int64_t ne[4] = {1, 1, 1, 1};
         for (size_t d = 0; d < s.ne.size(); ++d) ne[d] = s.ne[d];
-        ggml_tensor * t = ggml_new_tensor(out->ctx, s.type, static_cast<int>(s.ne.size()), ne);
+        ggml_tensor * t = ggml_new_tensor(out.ctx, s.type, static_cast<int>(s.ne.size()), ne);
         ggml_set_name(t, e.name.c_str());
         pairs.emplace_back(t, &s);
-        out->bytes += s.nbytes;
+        out.bytes += s.nbytes;
     }
+    return pairs;
+}
+
+// Matrices the CPU can repack for faster GEMM get their own buffer (a copy, re-laid out); they leave pairs.
+void place_repacked(LoadedWeights & out, const ModelSource & src, ggml_backend_dev_t dev, Placed & pairs) {
+    Placed repack, rest;
+    ggml_backend_buffer_type_t repack_buft = nullptr;
+    for (auto & pr : pairs) {
+        ggml_backend_buffer_type_t b = pr.first->name != std::string("token_embd.weight")  // get_rows reads it
+                                           ? repack_buft_for(dev, pr.first) : nullptr;
+        if (b && (!repack_buft || b == repack_buft)) {
+            repack_buft = b;
+            repack.push_back(pr);
+        } else {
+            rest.push_back(pr);
+        }
+    }
+    pairs.swap(rest);
+    if (repack.empty()) return;
+    out.repack_buffer = place_weights(repack_buft, repack, 0, true, "cannot allocate the repacked weights",
+                                      "repack allocation failed", [&](ggml_tensor * t, const SourceTensor * s) {
+                                          ggml_backend_tensor_set(t, s->data, 0, s->nbytes);  // the buffer re-lays the data out
+                                          if (src.file) src.file->release(s->data, s->nbytes);  // the mapped original is not needed any more
+                                      });
+    out.repacked = repack.size();
+}
+
+// The matrices of the decoder, encoder, adaptor and CTC head that a CPU kernel takes in its own layout (the int8
+// GEMM's Q8_0 quads): re-laid out once here instead of once per product (a decode step unpacked every matrix it
+// read). The same bytes, in this process's memory instead of the shared page cache. (The encoder's products have
+// 50+ columns, so their unpack was a small share with 256-bit tiles, 168 vs 170 ms per 10 s pass on Zen 4; with
+// the 512-bit ones on Zen 5 a 5 s pass takes 56 instead of 59 ms.) Only graph/common.cpp's products read these
+// names' matrices (never a ggml op: the VAD's and the speaker model's own weights keep their layout). They leave
+// pairs.
+void place_quads(LoadedWeights & out, const ModelSource & src, ggml_backend_dev_t dev, bool tied,
+                 const WeightRelayout & relayout, Placed & pairs) {
+    Placed quads, rest;
+    for (auto & pr : pairs) {
+        // (the token embedding when tied: the output projection's matrix, its lookups through get_rows)
+        const std::string name = pr.first->name;
+        const auto starts = [&](const char * prefix) { return name.rfind(prefix, 0) == 0; };
+        const bool matrix = starts("blk.") || starts("enc.blk.") || starts("adp.") || starts("ctc.") ||
+                            name == "output.weight" || (name == "token_embd.weight" && tied);
+        (matrix && relayout.fits(pr.first) ? quads : rest).push_back(pr);
+    }
+    if (quads.empty()) return;
+    out.quads_buffer = place_weights(ggml_backend_dev_buffer_type(dev), quads, 0, true,
+                                     "cannot allocate the re-laid-out Q8_0 weights", "weight allocation failed",
+                                     [&](ggml_tensor * t, const SourceTensor * s) {
+                                         relayout.apply(t, s->data);
+                                         if (src.file) src.file->release(s->data, s->nbytes);
+                                     });
+    out.quads = quads.size();
+    pairs.swap(rest);
+}
+
+// Weights stay in the page cache: the buffer wraps the mapped file, tensors point into it (where every tensor's
+// data is aligned).
+void wrap_mapped_file(LoadedWeights & out, const ModelSource & src, const Placed & pairs) {
+    const size_t align = 32;
+    bool aligned = true;
+    for (auto & [t, s] : pairs) aligned &= (reinterpret_cast<uintptr_t>(s->data) % align) == 0;
+    if (!aligned) return;
+    out.file = src.file;
+    out.buffer = ggml_backend_dev_buffer_from_host_ptr(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU),
+                                                       const_cast<uint8_t *>(src.file->data()), src.file->size(),
+                                                       src.file->size());
+    for (auto & [t, s] : pairs) {
+        if (ggml_backend_tensor_alloc(out.buffer, t, const_cast<void *>(s->data)) != GGML_STATUS_SUCCESS) {
+            throw std::runtime_error("cannot place tensor '" + std::string(t->name) + "'");
+        }
+    }
+    ggml_backend_buffer_set_usage(out.buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    out.mmapped = true;
+}
+
+void copy_weight(ggml_tensor * t, const SourceTensor * s) { ggml_backend_tensor_set(t, s->data, 0, s->nbytes); }
+
+// Matrices the device cannot multiply (too large for it to bind) stay in host memory: their products run on the
+// CPU, the rest of the graph on the device. They leave pairs.
+void place_host_matrices(LoadedWeights & out, ggml_backend_dev_t dev, ggml_backend_buffer_type_t host_buft,
+                         Placed & pairs) {
+    Placed host, rest;
+    for (auto & pr : pairs) {
+        const bool matrix = ggml_n_dims(pr.first) == 2;
+        (matrix && !device_runs(dev, pr.first, false) ? host : rest).push_back(pr);
+    }
+    if (host.empty()) return;
+    out.host_buffer = place_weights(host_buft, host, 0, true, "cannot allocate the host-side weights",
+                                    "weight allocation failed", copy_weight);
+    for (auto & pr : host) out.host_weights.push_back(pr.first);
+    pairs.swap(rest);
+}
+
+// The token ids' lookups on the CPU, from a host copy (the graph hands the rows over to the device); the
+// device's copy stays the output projection's matrix when tied.
+void place_token_lookup(LoadedWeights & out, ggml_backend_buffer_type_t host_buft, const SourceTensor * tok_embd) {
+    ggml_tensor * host = ggml_dup_tensor(out.ctx, out.w.tok_embd);
+    ggml_set_name(host, "token_embd.weight.lookup");
+    out.lookup_buffer = place_weights(host_buft, {{host, tok_embd}}, 0, true,
+                                      "cannot allocate the token embedding's host copy",
+                                      "token embedding allocation failed", copy_weight);
+    out.w.tok_lookup = host;
+    out.host_token_lookup = true;
+}
+
+}  // namespace
+
+std::unique_ptr<LoadedWeights> load_weights(const ModelSource & src, const HParams & hp, ggml_backend_dev_t dev,
+                                            const WeightRelayout * relayout) {
+    const std::vector<ExpectedTensor> expected = expected_tensors(hp);
+    const std::vector<const SourceTensor *> own = own_tensors(src);
+    std::map<std::string, const SourceTensor *> by_name;
+    for (const SourceTensor * t : own) by_name[t->name] = t;
+    check_tensors(src, expected, own, by_name);
+
+    auto out = std::make_unique<LoadedWeights>();
+    ggml_init_params ip{ggml_tensor_overhead() * (expected.size() + 8), nullptr, /*no_alloc=*/true};
+    out->ctx = ggml_init(ip);
+    if (!out->ctx) throw std::runtime_error("ggml_init failed");
+    Placed pairs = new_weight_tensors(*out, expected, by_name);
 
     const bool is_cpu = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU;
-    // Matrices the CPU can repack for faster GEMM get their own buffer (a copy, re-laid out).
-    Placed repack;
-    ggml_backend_buffer_type_t repack_buft = nullptr;
-    if (is_cpu) {
-        Placed rest;
-        for (auto & pr : pairs) {
-            ggml_backend_buffer_type_t b = pr.first->name != std::string("token_embd.weight")  // get_rows reads it
-                                               ? repack_buft_for(dev, pr.first) : nullptr;
-            if (b && (!repack_buft || b == repack_buft)) {
-                repack_buft = b;
-                repack.push_back(pr);
-            } else {
-                rest.push_back(pr);
-            }
-        }
-        pairs.swap(rest);
-    }
-    if (!repack.empty()) {
-        out->repack_buffer = place_weights(repack_buft, repack, 0, true, "cannot allocate the repacked weights",
-                                           "repack allocation failed", [&](ggml_tensor * t, const SourceTensor * s) {
-                                               ggml_backend_tensor_set(t, s->data, 0, s->nbytes);  // the buffer re-lays the data out
-                                               if (src.file) src.file->release(s->data, s->nbytes);  // the mapped original is not needed any more
-                                           });
-        out->repacked = repack.size();
-    }
-    if (is_cpu && relayout) {
-        // The matrices of the decoder, encoder, adaptor and CTC head that a CPU kernel takes in its own layout
-        // (the int8 GEMM's Q8_0 quads): re-laid out once here instead of once per product (a decode step unpacked
-        // every matrix it read). The same bytes, in this process's memory instead of the shared page cache. (The
-        // encoder's products have 50+ columns, so their unpack was a small share with 256-bit tiles, 168 vs
-        // 170 ms per 10 s pass on Zen 4; with the 512-bit ones on Zen 5 a 5 s pass takes 56 instead of 59 ms.)
-        // Only graph/common.cpp's products read these names' matrices (never a ggml op: the VAD's and the
-        // speaker model's own weights keep their layout).
-        Placed quads, rest;
-        for (auto & pr : pairs) {
-            // (the token embedding when tied: the output projection's matrix, its lookups through get_rows)
-            const std::string name = pr.first->name;
-            const auto starts = [&](const char * prefix) { return name.rfind(prefix, 0) == 0; };
-            const bool matrix = starts("blk.") || starts("enc.blk.") || starts("adp.") || starts("ctc.") ||
-                                name == "output.weight" || (name == "token_embd.weight" && hp.dec.tie_embeddings);
-            (matrix && relayout->fits(pr.first) ? quads : rest).push_back(pr);
-        }
-        if (!quads.empty()) {
-            out->quads_buffer = place_weights(ggml_backend_dev_buffer_type(dev), quads, 0, true,
-                                              "cannot allocate the re-laid-out Q8_0 weights", "weight allocation failed",
-                                              [&](ggml_tensor * t, const SourceTensor * s) {
-                                                  relayout->apply(t, s->data);
-                                                  if (src.file) src.file->release(s->data, s->nbytes);
-                                              });
-            out->quads = quads.size();
-            pairs.swap(rest);
-        }
-    }
-    if (is_cpu && src.file && src.file->size() > 0) {
-        // Weights stay in the page cache: the buffer wraps the mapped file, tensors point into it.
-        const size_t align = 32;
-        bool aligned = true;
-        for (auto & [t, s] : pairs) aligned &= (reinterpret_cast<uintptr_t>(s->data) % align) == 0;
-        if (aligned) {
-            out->file = src.file;
-            out->buffer = ggml_backend_dev_buffer_from_host_ptr(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU),
-                                                                const_cast<uint8_t *>(src.file->data()), src.file->size(),
-                                                                src.file->size());
-            for (auto & [t, s] : pairs) {
-                if (ggml_backend_tensor_alloc(out->buffer, t, const_cast<void *>(s->data)) != GGML_STATUS_SUCCESS) {
-                    throw std::runtime_error("cannot place tensor '" + std::string(t->name) + "'");
-                }
-            }
-            ggml_backend_buffer_set_usage(out->buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-            out->mmapped = true;
-        }
-    }
+    if (is_cpu) place_repacked(*out, src, dev, pairs);
+    if (is_cpu && relayout) place_quads(*out, src, dev, hp.dec.tie_embeddings, *relayout, pairs);
+    if (is_cpu && src.file && src.file->size() > 0) wrap_mapped_file(*out, src, pairs);
     ggml_backend_buffer_type_t host_buft = ggml_backend_dev_buffer_type(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU));
-    auto copy = [](ggml_tensor * t, const SourceTensor * s) { ggml_backend_tensor_set(t, s->data, 0, s->nbytes); };
-    if (!is_cpu) {
-        // Matrices the device cannot multiply (too large for it to bind) stay in host memory: their products run
-        // on the CPU, the rest of the graph on the device.
-        Placed host, rest;
-        for (auto & pr : pairs) {
-            const bool matrix = ggml_n_dims(pr.first) == 2;
-            (matrix && !device_runs(dev, pr.first, false) ? host : rest).push_back(pr);
-        }
-        if (!host.empty()) {
-            out->host_buffer = place_weights(host_buft, host, 0, true, "cannot allocate the host-side weights",
-                                             "weight allocation failed", copy);
-            for (auto & pr : host) out->host_weights.push_back(pr.first);
-            pairs.swap(rest);
-        }
-    }
+    if (!is_cpu) place_host_matrices(*out, dev, host_buft, pairs);
     if (!out->mmapped) {
         out->buffer = place_weights(ggml_backend_dev_buffer_type(dev), pairs, 1, is_cpu,
                                     "cannot allocate " + std::to_string(out->bytes) + " bytes for the weights",
-                                    "weight allocation failed", [](ggml_tensor * t, const SourceTensor * s) {
-                                        ggml_backend_tensor_set(t, s->data, 0, s->nbytes);
-                                    });
+                                    "weight allocation failed", copy_weight);
     }
     out->w = bind_weights(out->ctx, hp);
     out->host_token_lookup = std::find(out->host_weights.begin(), out->host_weights.end(), out->w.tok_embd) !=
                              out->host_weights.end();
     if (!is_cpu && !out->host_token_lookup && !device_runs(dev, out->w.tok_embd, true)) {
-        // The token ids' lookups run on the CPU, from a host copy (the graph hands the rows over to the device);
-        // the device's copy stays the output projection's matrix when tied.
-        ggml_tensor * host = ggml_dup_tensor(out->ctx, out->w.tok_embd);
-        ggml_set_name(host, "token_embd.weight.lookup");
-        out->lookup_buffer = place_weights(host_buft, {{host, by_name["token_embd.weight"]}}, 0, true,
-                                           "cannot allocate the token embedding's host copy",
-                                           "token embedding allocation failed", copy);
-        out->w.tok_lookup = host;
-        out->host_token_lookup = true;
+        place_token_lookup(*out, host_buft, by_name["token_embd.weight"]);
     }
     return out;
 }

@@ -107,177 +107,218 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * tokens, int64_t n, int64_t slot0,
-                                      const std::vector<int64_t> & past, bool verify, std::vector<int32_t> * choices,
-                                      std::vector<float> * choice_logprobs) {
-    const auto & d = hp_.dec;
-    const int64_t B = static_cast<int64_t>(past.size());
-    const int64_t n_kv = *std::max_element(past.begin(), past.end()) + n;
-    if (n_kv > d.max_positions) {
+struct Model::DecoderPass {
+    int64_t n, B, slot0;
+    int64_t n_kv;                  // the longest sequence's positions after the pass
+    int64_t n_kv_graph;            // the keys the graph spans (a reusable step graph: the whole cache)
+    bool verify;
+    bool embeddings;               // from embeddings (else token ids)
+    bool step_pass;                // a decode step
+    bool reuse;                    // through the kept step graph (Model::StepGraph)
+    bool want_logprob;             // the choices' log-probabilities from the graph
+    bool logprobs_asked;           // the caller asked for them (from the graph or not)
+    const std::vector<int64_t> * past;
+    std::vector<int64_t> kv_lens;  // each sequence's positions after the pass
+    ggml_tensor *emb_in = nullptr, *tok_in = nullptr, *pos = nullptr, *rows = nullptr, *mask = nullptr;
+    ggml_tensor *logits = nullptr, *choice = nullptr, *chosen_prob = nullptr;
+    ggml_cgraph * gf = nullptr;
+};
+
+void Model::check_decoder_pass(int64_t n_kv, int64_t slot0, int64_t B) const {
+    if (n_kv > hp_.dec.max_positions) {
         throw std::invalid_argument("sequence of " + std::to_string(n_kv) + " positions exceeds the decoder's "
-                                    "context of " + std::to_string(d.max_positions));
+                                    "context of " + std::to_string(hp_.dec.max_positions));
     }
     if (n_kv > kv_.capacity() || slot0 + B > kv_.n_seq()) throw std::logic_error("KV cache too small");
-    stage_ = verify ? "verify" : n > 1 ? "prefill" : "decode";
-    const auto t_start = std::chrono::steady_clock::now();
+}
 
-    // A decode step (one token per sequence) reuses the previous step's graph where it can (Model::StepGraph):
-    // built for the cache's capacity, each row attending over the keys its mask leaves.
-    StepGraph & sg = step_graph_;
-    const bool step_pass = n == 1 && !verify && !embeddings;  // a decode step
-    bool reuse = step_pass && step_graph_reusable();
-    // (where the graph cannot: on the host, from the logits)
-    const bool want_logprob = choice_logprobs != nullptr && caps_.logprob_in_graph;
-    const bool hit = reuse && sg.valid && sg.B == B && sg.slot0 == slot0 && sg.cache_epoch == kv_.epoch() &&
-                     sg.with_logprob == want_logprob;
-    GraphScope local;
-    ggml_tensor *emb_in = nullptr, *tok_in = nullptr, *pos = nullptr, *rows = nullptr, *mask = nullptr, *logits = nullptr;
-    ggml_tensor *choice = nullptr, *chosen_prob = nullptr;
-    int64_t n_kv_graph = reuse ? kv_.capacity() : n_kv;  // a reusable step graph spans the whole cache
-    ggml_cgraph * gf = nullptr;
-    if (hit) {
-        tok_in = sg.tok, pos = sg.pos, rows = sg.rows, mask = sg.mask, logits = sg.logits, choice = sg.choice;
-        chosen_prob = sg.chosen_prob;
-        gf = sg.g.gf;
+// The pass's graph in g: its inputs, the decoder and the logits, and for a decode step the greedy choice.
+void Model::build_decoder_pass(GraphScope & g, std::vector<uint8_t> * meta, DecoderPass & p) {
+    const auto & d = hp_.dec;
+    const int64_t n = p.n, B = p.B;
+    new_graph(g, meta);
+    passes_.graphs_built += 1;
+    GraphCtx gc{g.ctx, {}, caps_};
+    ggml_tensor * x;
+    if (p.embeddings) {
+        p.emb_in = x = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, d.d_model, n * B);
+        ggml_set_input(p.emb_in);
     } else {
-        std::vector<int64_t> kv_lens(past.begin(), past.end());
-        for (auto & len : kv_lens) len += n;
-        auto build = [&](GraphScope & g, std::vector<uint8_t> * meta) {
-            new_graph(g, meta);
-            passes_.graphs_built += 1;
-            GraphCtx gc{g.ctx, {}, caps_};
-            ggml_tensor * x;
-            if (embeddings) {
-                emb_in = x = ggml_new_tensor_2d(g.ctx, GGML_TYPE_F32, d.d_model, n * B);
-                ggml_set_input(emb_in);
-            } else {
-                tok_in = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, n * B);
-                ggml_set_input(tok_in);
-                x = get_rows(g.ctx, weights_->w.tok_lookup, tok_in);
-            }
-            pos = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, n * B);
-            rows = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I64, n * B);
-            mask = ggml_new_tensor_4d(g.ctx, GGML_TYPE_F16, n_kv_graph, n, 1, B);
-            ggml_set_input(pos);
-            ggml_set_input(rows);
-            ggml_set_input(mask);
-            DecoderInputs in{x, pos, rows, mask, &kv_.k(), &kv_.v(), n, B, n_kv_graph, slot0, verify, flash_attn_, &kv_lens};
-            in.step_products = verify;
-            logits = build_decoder(gc, g.gf, hp_, weights_->w, in);
-            ggml_set_output(logits);
-            ggml_build_forward_expand(g.gf, logits);
-            choice = chosen_prob = nullptr;
-            if (n == 1 && !verify && caps_.argmax_in_graph) {
-                // the greedy choice in the graph: B indices to copy out. fun-asr's op on the CPU (the first
-                // maximum, split over the threads), ggml's ARGMAX on other devices (the logits stay there).
-                if (caps_.host) {
-                    if (argmax_columns_supported(logits)) {
-                        choice = want_logprob ? argmax_logprob_columns(g.ctx, logits) : argmax_columns(g.ctx, logits);
-                    }
-                } else if (want_logprob || !choice_logprobs) {
-                    choice = ggml_argmax(g.ctx, logits);
-                    if (want_logprob) {  // softmax(logits)[choice] per sequence: [1, 1, B]
-                        chosen_prob = chosen_probability(g.ctx, logits, choice);
-                        ggml_set_output(chosen_prob);
-                        ggml_build_forward_expand(g.gf, chosen_prob);
-                    }
-                }
-                if (choice) {
-                    ggml_set_output(choice);
-                    ggml_build_forward_expand(g.gf, choice);
-                }
-            }
-        };
-        if (reuse) {
-            sg.valid = false;
-            build(sg.g, &sg.meta);
-            // On the CPU the graph is length-independent (and each row's bits its own) only with the cached-attention
-            // op in it; other devices attend over the whole cache under the mask.
-            bool op = !caps_.host;
-            for (int i = 0; i < ggml_graph_n_nodes(sg.g.gf) && !op; ++i) op = is_attention(ggml_graph_node(sg.g.gf, i));
-            if (!op) {
-                step_graph_off_ = true;
-                reuse = false;
-                n_kv_graph = n_kv;
-            }
+        p.tok_in = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, n * B);
+        ggml_set_input(p.tok_in);
+        x = get_rows(g.ctx, weights_->w.tok_lookup, p.tok_in);
+    }
+    p.pos = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I32, n * B);
+    p.rows = ggml_new_tensor_1d(g.ctx, GGML_TYPE_I64, n * B);
+    p.mask = ggml_new_tensor_4d(g.ctx, GGML_TYPE_F16, p.n_kv_graph, n, 1, B);
+    ggml_set_input(p.pos);
+    ggml_set_input(p.rows);
+    ggml_set_input(p.mask);
+    DecoderInputs in{x, p.pos, p.rows, p.mask, &kv_.k(), &kv_.v(), n, B, p.n_kv_graph, p.slot0, p.verify, flash_attn_,
+                     &p.kv_lens};
+    in.step_products = p.verify;
+    p.logits = build_decoder(gc, g.gf, hp_, weights_->w, in);
+    ggml_set_output(p.logits);
+    ggml_build_forward_expand(g.gf, p.logits);
+    p.choice = p.chosen_prob = nullptr;
+    if (n == 1 && !p.verify && caps_.argmax_in_graph) add_greedy_choice(g, p);
+}
+
+// The greedy choice in the graph: B indices to copy out. fun-asr's op on the CPU (the first maximum, split over
+// the threads), ggml's ARGMAX on other devices (the logits stay there).
+void Model::add_greedy_choice(GraphScope & g, DecoderPass & p) {
+    if (caps_.host) {
+        if (argmax_columns_supported(p.logits)) {
+            p.choice = p.want_logprob ? argmax_logprob_columns(g.ctx, p.logits) : argmax_columns(g.ctx, p.logits);
         }
-        if (reuse) {
-            gf = sg.g.gf;
-        } else {
-            build(local, nullptr);
-            gf = local.gf;
-        }
-        alloc_graph(gf);
-        if (reuse) {
-            sg.tok = tok_in, sg.pos = pos, sg.rows = rows, sg.mask = mask, sg.logits = logits, sg.choice = choice;
-            sg.chosen_prob = chosen_prob;
-            sg.with_logprob = want_logprob;
-            sg.B = B, sg.slot0 = slot0, sg.cache_epoch = kv_.epoch();
-            sg.valid = true;
+    } else if (p.want_logprob || !p.logprobs_asked) {
+        p.choice = ggml_argmax(g.ctx, p.logits);
+        if (p.want_logprob) {  // softmax(logits)[choice] per sequence: [1, 1, B]
+            p.chosen_prob = chosen_probability(g.ctx, p.logits, p.choice);
+            ggml_set_output(p.chosen_prob);
+            ggml_build_forward_expand(g.gf, p.chosen_prob);
         }
     }
-    // (a decode step's share also apart: last_generation()'s step_* keys)
-    auto account = [&](double PassTimes::*all, double PassTimes::*steps, double ms) {
-        passes_.*all += ms;
-        if (step_pass) passes_.*steps += ms;
-    };
-    account(&PassTimes::graph_ms, &PassTimes::step_graph_ms, ms_since(t_start));
-    auto t_io = std::chrono::steady_clock::now();
+    if (p.choice) {
+        ggml_set_output(p.choice);
+        ggml_build_forward_expand(g.gf, p.choice);
+    }
+}
 
-    if (emb_in) ggml_backend_tensor_set(emb_in, embeddings, 0, ggml_nbytes(emb_in));
-    if (tok_in) ggml_backend_tensor_set(tok_in, tokens, 0, ggml_nbytes(tok_in));
+// p.gf ready to compute: the kept step graph where it still fits the pass, else a graph built (and kept where
+// the step may reuse it) and allocated.
+void Model::prepare_decoder_graph(DecoderPass & p, GraphScope & local) {
+    StepGraph & sg = step_graph_;
+    const bool hit = p.reuse && sg.valid && sg.B == p.B && sg.slot0 == p.slot0 && sg.cache_epoch == kv_.epoch() &&
+                     sg.with_logprob == p.want_logprob;
+    if (hit) {
+        p.tok_in = sg.tok, p.pos = sg.pos, p.rows = sg.rows, p.mask = sg.mask, p.logits = sg.logits;
+        p.choice = sg.choice, p.chosen_prob = sg.chosen_prob;
+        p.gf = sg.g.gf;
+        return;
+    }
+    p.kv_lens.assign(p.past->begin(), p.past->end());
+    for (auto & len : p.kv_lens) len += p.n;
+    if (p.reuse) {
+        sg.valid = false;
+        build_decoder_pass(sg.g, &sg.meta, p);
+        // On the CPU the graph is length-independent (and each row's bits its own) only with the cached-attention
+        // op in it; other devices attend over the whole cache under the mask.
+        bool op = !caps_.host;
+        for (int i = 0; i < ggml_graph_n_nodes(sg.g.gf) && !op; ++i) op = is_attention(ggml_graph_node(sg.g.gf, i));
+        if (!op) {
+            step_graph_off_ = true;
+            p.reuse = false;
+            p.n_kv_graph = p.n_kv;
+        }
+    }
+    if (p.reuse) {
+        p.gf = sg.g.gf;
+    } else {
+        build_decoder_pass(local, nullptr, p);
+        p.gf = local.gf;
+    }
+    alloc_graph(p.gf);
+    if (p.reuse) {
+        sg.tok = p.tok_in, sg.pos = p.pos, sg.rows = p.rows, sg.mask = p.mask, sg.logits = p.logits;
+        sg.choice = p.choice, sg.chosen_prob = p.chosen_prob;
+        sg.with_logprob = p.want_logprob;
+        sg.B = p.B, sg.slot0 = p.slot0, sg.cache_epoch = kv_.epoch();
+        sg.valid = true;
+    }
+}
+
+// The pass's embeddings or token ids, each row's position and cache row, and the mask of the keys it sees.
+void Model::set_decoder_inputs(const DecoderPass & p, const float * embeddings, const int32_t * tokens) {
+    const int64_t n = p.n, B = p.B, n_kv_graph = p.n_kv_graph;
+    if (p.emb_in) ggml_backend_tensor_set(p.emb_in, embeddings, 0, ggml_nbytes(p.emb_in));
+    if (p.tok_in) ggml_backend_tensor_set(p.tok_in, tokens, 0, ggml_nbytes(p.tok_in));
     std::vector<int32_t> positions(static_cast<size_t>(n * B));
     std::vector<int64_t> row_ids(static_cast<size_t>(n * B));
     std::vector<ggml_fp16_t> m(static_cast<size_t>(n_kv_graph * n * B));
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), minus_inf = ggml_fp32_to_fp16(-INFINITY);
     for (int64_t b = 0; b < B; ++b) {
         for (int64_t i = 0; i < n; ++i) {
-            const int64_t p = past[static_cast<size_t>(b)] + i;
-            positions[static_cast<size_t>(b * n + i)] = static_cast<int32_t>(p);
-            row_ids[static_cast<size_t>(b * n + i)] = (slot0 + b) * kv_.capacity() + p;
+            const int64_t pp = (*p.past)[static_cast<size_t>(b)] + i;
+            positions[static_cast<size_t>(b * n + i)] = static_cast<int32_t>(pp);
+            row_ids[static_cast<size_t>(b * n + i)] = (p.slot0 + b) * kv_.capacity() + pp;
             ggml_fp16_t * row = m.data() + (b * n + i) * n_kv_graph;
-            for (int64_t j = 0; j < n_kv_graph; ++j) row[j] = j <= p ? zero : minus_inf;
+            for (int64_t j = 0; j < n_kv_graph; ++j) row[j] = j <= pp ? zero : minus_inf;
         }
     }
-    ggml_backend_tensor_set(pos, positions.data(), 0, ggml_nbytes(pos));
+    ggml_backend_tensor_set(p.pos, positions.data(), 0, ggml_nbytes(p.pos));
     // (a decode step whose attention stores the new K/V rows itself, at the positions, reads no row ids)
-    if (rows->buffer) ggml_backend_tensor_set(rows, row_ids.data(), 0, ggml_nbytes(rows));
-    ggml_backend_tensor_set(mask, m.data(), 0, ggml_nbytes(mask));
+    if (p.rows->buffer) ggml_backend_tensor_set(p.rows, row_ids.data(), 0, ggml_nbytes(p.rows));
+    ggml_backend_tensor_set(p.mask, m.data(), 0, ggml_nbytes(p.mask));
+}
+
+// The graph's greedy choices into choices (and their log-probabilities where the graph made them).
+void Model::read_choices(const DecoderPass & p, std::vector<int32_t> & choices, std::vector<float> * choice_logprobs) {
+    const size_t B = static_cast<size_t>(p.B);
+    choices.resize(B);
+    if (p.want_logprob && p.chosen_prob) {  // the softmax's value at each choice: its log here
+        ggml_backend_tensor_get(p.choice, choices.data(), 0, choices.size() * sizeof(int32_t));
+        std::vector<float> probs(B);
+        ggml_backend_tensor_get(p.chosen_prob, probs.data(), 0, probs.size() * sizeof(float));
+        choice_logprobs->resize(B);
+        for (size_t b = 0; b < B; ++b) (*choice_logprobs)[b] = static_cast<float>(std::log(static_cast<double>(probs[b])));
+    } else if (p.want_logprob) {  // [index, logprob bits] per sequence (a reused graph was built the same way)
+        std::vector<int32_t> pairs(2 * B);
+        ggml_backend_tensor_get(p.choice, pairs.data(), 0, pairs.size() * sizeof(int32_t));
+        choice_logprobs->resize(B);
+        for (size_t b = 0; b < B; ++b) {
+            choices[b] = pairs[2 * b];
+            std::memcpy(&(*choice_logprobs)[b], &pairs[2 * b + 1], sizeof(float));
+        }
+    } else {
+        ggml_backend_tensor_get(p.choice, choices.data(), 0, choices.size() * sizeof(int32_t));
+    }
+}
+
+std::vector<float> Model::run_decoder(const float * embeddings, const int32_t * tokens, int64_t n, int64_t slot0,
+                                      const std::vector<int64_t> & past, bool verify, std::vector<int32_t> * choices,
+                                      std::vector<float> * choice_logprobs) {
+    DecoderPass p;
+    p.n = n, p.B = static_cast<int64_t>(past.size()), p.slot0 = slot0;
+    p.n_kv = *std::max_element(past.begin(), past.end()) + n;
+    check_decoder_pass(p.n_kv, slot0, p.B);
+    stage_ = verify ? "verify" : n > 1 ? "prefill" : "decode";
+    const auto t_start = std::chrono::steady_clock::now();
+    // A decode step (one token per sequence) reuses the previous step's graph where it can (Model::StepGraph):
+    // built for the cache's capacity, each row attending over the keys its mask leaves.
+    p.verify = verify, p.embeddings = embeddings != nullptr, p.past = &past;
+    p.step_pass = n == 1 && !verify && !embeddings;
+    p.reuse = p.step_pass && step_graph_reusable();
+    // (where the graph cannot: on the host, from the logits)
+    p.logprobs_asked = choice_logprobs != nullptr;
+    p.want_logprob = p.logprobs_asked && caps_.logprob_in_graph;
+    p.n_kv_graph = p.reuse ? kv_.capacity() : p.n_kv;
+    GraphScope local;
+    prepare_decoder_graph(p, local);
+    // (a decode step's share also apart: last_generation()'s step_* keys)
+    auto account = [&](double PassTimes::*all, double PassTimes::*steps, double ms) {
+        passes_.*all += ms;
+        if (p.step_pass) passes_.*steps += ms;
+    };
+    account(&PassTimes::graph_ms, &PassTimes::step_graph_ms, ms_since(t_start));
+    auto t_io = std::chrono::steady_clock::now();
+    set_decoder_inputs(p, embeddings, tokens);
     account(&PassTimes::transfer_ms, &PassTimes::step_transfer_ms, ms_since(t_io));
     const auto t_compute = std::chrono::steady_clock::now();
-    compute_graph(gf, n == 1 ? B : 0);
+    compute_graph(p.gf, n == 1 ? p.B : 0);
     account(&PassTimes::compute_ms, &PassTimes::step_compute_ms, ms_since(t_compute));
     t_io = std::chrono::steady_clock::now();
     if (choices) choices->clear();
     if (choice_logprobs) choice_logprobs->clear();
-    if (choices && choice) {
-        choices->resize(static_cast<size_t>(B));
-        if (want_logprob && chosen_prob) {  // the softmax's value at each choice: its log here
-            ggml_backend_tensor_get(choice, choices->data(), 0, choices->size() * sizeof(int32_t));
-            std::vector<float> probs(static_cast<size_t>(B));
-            ggml_backend_tensor_get(chosen_prob, probs.data(), 0, probs.size() * sizeof(float));
-            choice_logprobs->resize(static_cast<size_t>(B));
-            for (size_t b = 0; b < static_cast<size_t>(B); ++b) {
-                (*choice_logprobs)[b] = static_cast<float>(std::log(static_cast<double>(probs[b])));
-            }
-        } else if (want_logprob) {  // [index, logprob bits] per sequence (a reused graph was built the same way)
-            std::vector<int32_t> pairs(static_cast<size_t>(2 * B));
-            ggml_backend_tensor_get(choice, pairs.data(), 0, pairs.size() * sizeof(int32_t));
-            choice_logprobs->resize(static_cast<size_t>(B));
-            for (size_t b = 0; b < static_cast<size_t>(B); ++b) {
-                (*choices)[b] = pairs[2 * b];
-                std::memcpy(&(*choice_logprobs)[b], &pairs[2 * b + 1], sizeof(float));
-            }
-        } else {
-            ggml_backend_tensor_get(choice, choices->data(), 0, choices->size() * sizeof(int32_t));
-        }
+    if (choices && p.choice) {
+        read_choices(p, *choices, choice_logprobs);
         if (!logit_digests_on_) {
             account(&PassTimes::transfer_ms, &PassTimes::step_transfer_ms, ms_since(t_io));
             return {};
         }
     }
-    std::vector<float> out(static_cast<size_t>(d.vocab * B * (verify ? n : 1)));
-    ggml_backend_tensor_get(logits, out.data(), 0, out.size() * sizeof(float));
+    std::vector<float> out(static_cast<size_t>(hp_.dec.vocab * p.B * (verify ? n : 1)));
+    ggml_backend_tensor_get(p.logits, out.data(), 0, out.size() * sizeof(float));
     account(&PassTimes::transfer_ms, &PassTimes::step_transfer_ms, ms_since(t_io));
     return out;
 }
@@ -332,7 +373,9 @@ std::vector<float> Model::step(int32_t token) {
 
 std::vector<int32_t> Model::generate(const float * embeddings, int64_t n, int64_t max_new_tokens,
                                      const std::vector<int32_t> & stop_ids, bool repetition_guard) {
-    auto all = generate_batch({{embeddings, n}}, max_new_tokens, stop_ids, repetition_guard);
+    GenerateOptions options;
+    options.repetition_guard = repetition_guard;
+    auto all = generate_batch({{embeddings, n}}, max_new_tokens, stop_ids, options);
     return all[0].tokens;
 }
 
@@ -370,289 +413,378 @@ void Model::set_prefix(const float * embeddings, int64_t n) {
     prefix_rows_.assign(embeddings, embeddings + n * d.d_model);
 }
 
-std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<const float *, int64_t>> & prompts,
-                                                    int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
-                                                    bool repetition_guard, const StepCallback & on_step,
-                                                    const std::vector<int32_t> * draft, int64_t max_active,
-                                                    const std::vector<int64_t> * token_limits, const JoinCallback & join,
-                                                    const DoneCallback & done, int64_t join_rows) {
-    std::lock_guard<std::recursive_mutex> lock(mutex_);
-    refuse_in_callback("generate_batch");
-    if (join && max_active <= 0) throw std::invalid_argument("joining prompts needs max_active > 0 (continuous batching)");
-    if (join && draft) throw std::invalid_argument("joining prompts is not for a draft's single sequence");
-    if (join_rows < 0) throw std::invalid_argument("join_rows must be >= 0");
+namespace {
+
+// The most prompt positions one grouped prefill pass takes.
+constexpr int64_t kGroupRows = 2048;
+
+// token_limits (one per given sequence): each from 1 to max_new_tokens.
+void check_token_limits(const std::vector<int64_t> & token_limits, int64_t B, int64_t max_new_tokens) {
+    if (static_cast<int64_t>(token_limits.size()) != B) {
+        throw std::invalid_argument("max_new_tokens has " + std::to_string(token_limits.size()) +
+                                    " entries for " + std::to_string(B) + " sequences (one each, or one number)");
+    }
+    for (int64_t m : token_limits) {
+        if (m < 1 || m > max_new_tokens) {
+            throw std::invalid_argument("each max_new_tokens must be from 1 to " + std::to_string(max_new_tokens));
+        }
+    }
+}
+
+}  // namespace
+
+// generate_batch's state: the prompts (those that join: their rows owned here), the results and, per cache slot,
+// the prompt it decodes, its next token (and that token's log-probability where asked), its cached positions, and
+// whether `next` is still to take.
+struct Model::BatchRun {
+    BatchRun(const GenerateOptions & o, const std::vector<int32_t> & stops, int64_t most_new,
+             const std::vector<std::pair<const float *, int64_t>> & prompts, int64_t slots, bool cont)
+        : opt(o), stop_ids(stops), max_new_tokens(most_new), given(static_cast<int64_t>(prompts.size())), B(given),
+          S(slots), continuous(cont), all(prompts), out(static_cast<size_t>(B)), seq(static_cast<size_t>(S), -1),
+          next(static_cast<size_t>(S)), next_lp(static_cast<size_t>(S), 0.0f), past(static_cast<size_t>(S)),
+          to_take(static_cast<size_t>(S), 0) {}
+    const GenerateOptions & opt;
+    const std::vector<int32_t> & stop_ids;
+    int64_t max_new_tokens;
+    int64_t given;  // the prompts given
+    int64_t B;      // sequences so far (the given ones, then those that join)
+    int64_t S;      // cache slots
+    bool continuous;
+    std::vector<std::pair<const float *, int64_t>> all;
+    std::deque<std::vector<float>> joined_rows;
+    std::vector<Generated> out;
+    std::vector<int64_t> seq;
+    std::vector<int32_t> next;
+    std::vector<float> next_lp;
+    std::vector<int64_t> past;
+    std::vector<char> to_take;
+    int64_t most_grouped = 1;      // sequences one prefill pass takes
+    std::vector<float> joined;     // a prefill group's rows side by side
+    std::vector<uint8_t> moving;   // a slot's K/V rows on their way to another slot
+    int64_t active = 0, waiting = 0;  // slots in use; prompts not yet admitted
+    int64_t running = 0;   // sequences not finished
+    int64_t produced = 0;  // tokens taken over all sequences
+    // sequence q's most new tokens
+    int64_t limit(int64_t q) const {
+        return opt.token_limits && q < given ? (*opt.token_limits)[static_cast<size_t>(q)] : max_new_tokens;
+    }
+};
+
+template <class Call>
+void Model::in_callback(const Call & call) {
+    struct Flag {
+        bool & on;
+        explicit Flag(bool & f) : on(f) { on = true; }
+        ~Flag() { on = false; }
+    } flag(in_callback_);
+    call();
+}
+
+void Model::check_generate_request(const std::vector<std::pair<const float *, int64_t>> & prompts,
+                                   int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
+                                   const GenerateOptions & o) const {
+    if (o.join && o.max_active <= 0) throw std::invalid_argument("joining prompts needs max_active > 0 (continuous batching)");
+    if (o.join && o.draft) throw std::invalid_argument("joining prompts is not for a draft's single sequence");
+    if (o.join_rows < 0) throw std::invalid_argument("join_rows must be >= 0");
     if (prompts.empty()) throw std::invalid_argument("no sequences to generate");
-    if (draft && prompts.size() != 1) {
+    if (o.draft && prompts.size() != 1) {
         throw std::invalid_argument("a draft is for one sequence; got " + std::to_string(prompts.size()));
     }
-    if (draft) {
-        for (int32_t id : *draft) check_token(id);
+    if (o.draft) {
+        for (int32_t id : *o.draft) check_token(id);
     }
-    if (max_active < 0) throw std::invalid_argument("max_active must be >= 0 (0 = every sequence at once)");
+    if (o.max_active < 0) throw std::invalid_argument("max_active must be >= 0 (0 = every sequence at once)");
     for (const auto & p : prompts) {
         if (p.second <= 0) throw std::invalid_argument("embeddings are empty: need at least one row");
     }
     if (max_new_tokens < 1) throw std::invalid_argument("max_new_tokens must be >= 1");
     for (int32_t id : stop_ids) check_token(id);
+    if (o.token_limits) check_token_limits(*o.token_limits, static_cast<int64_t>(prompts.size()), max_new_tokens);
+}
+
+// The most prompt positions a slot holds (a joining prompt's: join_rows), checked against the decoder's context.
+int64_t Model::longest_prompt(const std::vector<std::pair<const float *, int64_t>> & prompts, int64_t max_new_tokens,
+                              const GenerateOptions & o) const {
     const auto & d = hp_.dec;
-    const int64_t given = static_cast<int64_t>(prompts.size());
-    int64_t B = given;  // sequences so far (the given ones, then those that join)
-    if (token_limits) {
-        if (static_cast<int64_t>(token_limits->size()) != B) {
-            throw std::invalid_argument("max_new_tokens has " + std::to_string(token_limits->size()) +
-                                        " entries for " + std::to_string(B) + " sequences (one each, or one number)");
-        }
-        for (int64_t m : *token_limits) {
-            if (m < 1 || m > max_new_tokens) {
-                throw std::invalid_argument("each max_new_tokens must be from 1 to " + std::to_string(max_new_tokens));
-            }
-        }
-    }
-    // sequence q's most new tokens
-    auto limit = [&](int64_t q) {
-        return token_limits && q < given ? (*token_limits)[static_cast<size_t>(q)] : max_new_tokens;
-    };
-    int64_t longest = join ? std::min(join_rows, d.max_positions - max_new_tokens + 1) : 0;
+    int64_t longest = o.join ? std::min(o.join_rows, d.max_positions - max_new_tokens + 1) : 0;
     for (const auto & p : prompts) longest = std::max(longest, p.second);
     if (longest + max_new_tokens - 1 > d.max_positions) {
         throw std::invalid_argument("prompt of " + std::to_string(longest) + " positions + max_new_tokens " +
                                     std::to_string(max_new_tokens) + " exceeds the decoder's context of " +
                                     std::to_string(d.max_positions));
     }
+    return longest;
+}
+
+std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<const float *, int64_t>> & prompts,
+                                                    int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
+                                                    const GenerateOptions & options) {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    refuse_in_callback("generate_batch");
+    check_generate_request(prompts, max_new_tokens, stop_ids, options);
+    const auto & d = hp_.dec;
+    const int64_t longest = longest_prompt(prompts, max_new_tokens, options);
     // Continuous batching: at most max_active sequences hold a cache slot at once; when one ends, the last
     // running slot moves into its place (its K/V rows copied, the same bits) and the next prompt's prefill takes
     // the free slot at the end. Every sequence's numbers are its own in any batch (batch invariance), so the
     // tokens and logits are those of the sequence decoded alone.
-    const bool continuous = max_active > 0 && (max_active < B || join) && !draft;
-    const int64_t S = continuous ? max_active : B;  // cache slots
-    // the prompts (those that join: their rows owned here)
-    std::vector<std::pair<const float *, int64_t>> all(prompts);
-    std::deque<std::vector<float>> joined_rows;
-    // A join/done callback: the decoder's own calls refuse inside it (refuse_in_callback).
-    auto in_callback = [this](const auto & call) {
-        struct Flag {
-            bool & on;
-            explicit Flag(bool & f) : on(f) { on = true; }
-            ~Flag() { on = false; }
-        } flag(in_callback_);
-        call();
-    };
+    const int64_t given = static_cast<int64_t>(prompts.size());
+    const bool continuous = options.max_active > 0 && (options.max_active < given || options.join) && !options.draft;
+    const int64_t S = continuous ? options.max_active : given;  // cache slots
+    BatchRun r(options, stop_ids, max_new_tokens, prompts, S, continuous);
     last_ = GenerationStats{};
     passes_ = PassTimes{};
     auto t0 = std::chrono::steady_clock::now();
     n_past_ = 0;  // the single-sequence state does not survive a batch
     kv_.reserve(d, ggml_backend_get_default_buffer_type(backend_), longest + max_new_tokens, 0, S);
-    std::vector<Generated> out(static_cast<size_t>(B));
-    digests_.assign(logit_digests_on_ ? static_cast<size_t>(B) : 0, {});
-    logprobs_.assign(token_logprobs_on_ ? static_cast<size_t>(B) : 0, {});
-    // per slot: the prompt it decodes, its next token (and that token's log-probability where asked), its cached
-    // positions, and whether `next` is still to take
-    std::vector<int64_t> seq(static_cast<size_t>(S), -1);
-    std::vector<int32_t> next(static_cast<size_t>(S));
-    std::vector<float> next_lp(static_cast<size_t>(S), 0.0f);
-    std::vector<int64_t> past(static_cast<size_t>(S));
-    std::vector<char> to_take(static_cast<size_t>(S), 0);
-    const int64_t P = prefix_len();
-    // Prompts first .. first+count-1 into slots slot .. slot+count-1. On the CPU, neighbouring sequences with the
-    // same cached prefix and the same number of new positions go through one pass (every weight read once for
-    // the group; the products' and the attention op's numbers per column / row are the same alone or in a group,
-    // so each sequence's bits are its own); above the mat-vec kernels' column count only, where a lone prefill
-    // takes the many-column products too; at most kGroupRows positions per pass.
-    constexpr int64_t kGroupRows = 2048;
-    const bool grouped = caps_.host && flash_attn_;
-    const int64_t most = grouped ? step_chunk() : 1;
-    std::vector<float> joined;
-    auto admit = [&](int64_t first, int64_t slot, int64_t count) {
-        const auto t_admit = std::chrono::steady_clock::now();
-        std::vector<int64_t> done(static_cast<size_t>(count), 0);
-        for (int64_t j = 0; j < count; ++j) {
-            const auto & p = all[static_cast<size_t>(first + j)];
-            seq[static_cast<size_t>(slot + j)] = first + j;
-            if (P > 0 && prefix_matches(p.first, p.second)) {  // the cached prefix K/V instead of recomputing them
-                for (size_t l = 0; l < kv_.k().size(); ++l) {  // positions 0..P-1 of the slot (nb[3]: slot stride)
-                    const size_t at = static_cast<size_t>(slot + j) * kv_.k()[l]->nb[3];
-                    ggml_backend_tensor_set(kv_.k()[l], prefix_k_[l].data(), at, prefix_k_[l].size());
-                    ggml_backend_tensor_set(kv_.v()[l], prefix_v_[l].data(), at, prefix_v_[l].size());
-                }
-                done[static_cast<size_t>(j)] = P;
-                last_.prefix_reused += P;
-            }
-        }
-        for (int64_t b = 0; b < count;) {
-            const auto & p = all[static_cast<size_t>(first + b)];
-            const int64_t from = done[static_cast<size_t>(b)], n = p.second - from;
-            int64_t e = b + 1;
-            auto joins = [&](int64_t j) {
-                const auto & q = all[static_cast<size_t>(first + j)];
-                return n > matvec_max_cols() && done[static_cast<size_t>(j)] == from && q.second - from == n &&
-                       j - b < most && (j - b + 1) * n <= kGroupRows;
-            };
-            while (e < count && joins(e)) ++e;
-            const int64_t m = e - b;
-            const float * emb = p.first + from * d.d_model;
-            if (m > 1) {
-                const size_t rows = static_cast<size_t>(n * d.d_model);
-                joined.resize(static_cast<size_t>(m) * rows);
-                for (int64_t j = 0; j < m; ++j) {
-                    std::memcpy(joined.data() + static_cast<size_t>(j) * rows,
-                                all[static_cast<size_t>(first + b + j)].first + from * d.d_model, rows * sizeof(float));
-                }
-                emb = joined.data();
-            }
-            const std::vector<float> logits =
-                run_decoder(emb, nullptr, n, slot + b, std::vector<int64_t>(static_cast<size_t>(m), from));
-            for (int64_t j = 0; j < m; ++j) {
-                const float * row = logits.data() + j * d.vocab;
-                const size_t s = static_cast<size_t>(slot + b + j), q = static_cast<size_t>(first + b + j);
-                next[s] = argmax(row, d.vocab);
-                if (token_logprobs_on_) next_lp[s] = chosen_logprob(row, d.vocab, next[s]);
-                if (logit_digests_on_) digests_[q].push_back(digest(row, d.vocab));
-                past[s] = all[q].second;
-                to_take[s] = 1;
-                last_.prompt_tokens += all[q].second;
-            }
-            last_.prefill_passes += 1;
-            b = e;
-        }
-        last_.prefill_ms += ms_since(t_admit);
-    };
-    int64_t active = std::min(S, B), waiting = B - active;  // slots in use; prompts not yet admitted
-    admit(0, 0, active);
-    if (on_step) on_step(0, B);
+    digests_.assign(logit_digests_on_ ? static_cast<size_t>(given) : 0, {});
+    logprobs_.assign(token_logprobs_on_ ? static_cast<size_t>(given) : 0, {});
+    // On the CPU, neighbouring sequences with the same cached prefix and the same number of new positions go
+    // through one prefill pass (Model::prefill_group).
+    r.most_grouped = caps_.host && flash_attn_ ? step_chunk() : 1;
+    r.active = std::min(S, given), r.waiting = given - r.active;
+    admit(r, 0, 0, r.active);
+    if (options.on_step) options.on_step(0, given);
     t0 = std::chrono::steady_clock::now();
     const double prefill_before_decode = last_.prefill_ms;
-    if (draft && !draft->empty() && draft_max_ > 0 && flash_attn_) {
-        decode_with_draft(out[0], next[0], next_lp[0], past[0], limit(0), stop_ids, repetition_guard, *draft, on_step);
+    if (options.draft && !options.draft->empty() && draft_max_ > 0 && flash_attn_) {
+        decode_with_draft(r.out[0], r.next[0], r.next_lp[0], r.past[0], r.limit(0), stop_ids, options.repetition_guard,
+                          *options.draft, options.on_step);
     } else {
-        int64_t running = B;  // sequences not finished
-        int64_t produced = 0;
-        const int64_t chunk = max_step_seqs_ > 0 ? std::min(max_step_seqs_, step_chunk()) : step_chunk();
-        std::vector<uint8_t> moving;
-        // Slot `from`'s cached positions into slot `to` (continuous batching: the last running slot fills a gap).
-        auto move_slot = [&](int64_t from, int64_t to) {
-            for (const auto * caches : {&kv_.k(), &kv_.v()}) {
-                for (ggml_tensor * t : *caches) {
-                    const size_t bytes = static_cast<size_t>(past[static_cast<size_t>(from)]) * t->nb[2];
-                    moving.resize(bytes);
-                    ggml_backend_tensor_get(t, moving.data(), static_cast<size_t>(from) * t->nb[3], bytes);
-                    ggml_backend_tensor_set(t, moving.data(), static_cast<size_t>(to) * t->nb[3], bytes);
-                }
+        decode_batch(r);
+    }
+    finish_generation(r, ms_since(t0) - (last_.prefill_ms - prefill_before_decode));
+    return std::move(r.out);
+}
+
+// Prompts first .. first+count-1 into slots slot .. slot+count-1: the cached prefix where they start with it, then
+// the prefill of the rest.
+void Model::admit(BatchRun & r, int64_t first, int64_t slot, int64_t count) {
+    const auto t_admit = std::chrono::steady_clock::now();
+    std::vector<int64_t> done(static_cast<size_t>(count), 0);  // each prompt's positions already cached
+    reuse_prefix(r, first, slot, count, done);
+    for (int64_t b = 0; b < count;) b = prefill_group(r, first, slot, b, count, done);
+    last_.prefill_ms += ms_since(t_admit);
+}
+
+// The cached prefix K/V instead of recomputing them, for the prompts that start with the prefix: positions
+// 0..P-1 of their slots (done[j] = P).
+void Model::reuse_prefix(BatchRun & r, int64_t first, int64_t slot, int64_t count, std::vector<int64_t> & done) {
+    const int64_t P = prefix_len();
+    for (int64_t j = 0; j < count; ++j) {
+        const auto & p = r.all[static_cast<size_t>(first + j)];
+        r.seq[static_cast<size_t>(slot + j)] = first + j;
+        if (P > 0 && prefix_matches(p.first, p.second)) {
+            for (size_t l = 0; l < kv_.k().size(); ++l) {  // (nb[3]: the slot stride)
+                const size_t at = static_cast<size_t>(slot + j) * kv_.k()[l]->nb[3];
+                ggml_backend_tensor_set(kv_.k()[l], prefix_k_[l].data(), at, prefix_k_[l].size());
+                ggml_backend_tensor_set(kv_.v()[l], prefix_v_[l].data(), at, prefix_v_[l].size());
             }
-            seq[static_cast<size_t>(to)] = seq[static_cast<size_t>(from)];
-            next[static_cast<size_t>(to)] = next[static_cast<size_t>(from)];
-            next_lp[static_cast<size_t>(to)] = next_lp[static_cast<size_t>(from)];
-            past[static_cast<size_t>(to)] = past[static_cast<size_t>(from)];
-            to_take[static_cast<size_t>(to)] = to_take[static_cast<size_t>(from)];
-            last_.slot_moves += 1;
-        };
-        for (;;) {
-            bool admitted = true;
-            while (admitted) {  // (a sequence admitted here may end at its first token: take again)
-                admitted = false;
-                for (int64_t s = 0; s < active; ++s) {
-                    if (!to_take[static_cast<size_t>(s)]) continue;
-                    to_take[static_cast<size_t>(s)] = 0;
-                    Generated & g = out[static_cast<size_t>(seq[static_cast<size_t>(s)])];
-                    if (!g.stop_reason.empty()) continue;
-                    take_token(g, next[static_cast<size_t>(s)], stop_ids, repetition_guard,
-                               limit(seq[static_cast<size_t>(s)]));
-                    if (token_logprobs_on_) {
-                        logprobs_[static_cast<size_t>(seq[static_cast<size_t>(s)])].push_back(next_lp[static_cast<size_t>(s)]);
-                    }
-                    ++produced;
-                    if (!g.stop_reason.empty()) {
-                        --running;
-                        if (done) in_callback([&] { done(seq[static_cast<size_t>(s)], g); });
-                    }
-                }
-                if (!continuous) break;  // (finished slots keep stepping: the batch's shape stays)
-                for (int64_t s = active; s-- > 0;) {  // finished slots leave; the last running one takes each place
-                    if (out[static_cast<size_t>(seq[static_cast<size_t>(s)])].stop_reason.empty()) continue;
-                    if (s != active - 1) move_slot(active - 1, s);
-                    --active;
-                }
-                if (join && waiting == 0 && active < S) {  // prompts that arrived since: they join now
-                    const int64_t room = std::min(kv_.capacity(), d.max_positions) - max_new_tokens + 1;
-                    std::vector<std::vector<float>> fresh;
-                    in_callback([&] { fresh = join(S - active, room); });
-                    for (auto & rows : fresh) {
-                        const int64_t n = static_cast<int64_t>(rows.size()) / d.d_model;
-                        if (rows.empty() || n * d.d_model != static_cast<int64_t>(rows.size()) || n > room) {
-                            throw std::invalid_argument("a joining prompt must have 1 to " + std::to_string(room) +
-                                                        " whole rows of " + std::to_string(d.d_model) + " values");
-                        }
-                    }
-                    if (static_cast<int64_t>(fresh.size()) > S - active) {
-                        throw std::invalid_argument("join returned " + std::to_string(fresh.size()) + " prompts for " +
-                                                    std::to_string(S - active) + " free slots");
-                    }
-                    for (auto & rows : fresh) {
-                        joined_rows.push_back(std::move(rows));
-                        all.emplace_back(joined_rows.back().data(), static_cast<int64_t>(joined_rows.back().size()) / d.d_model);
-                        out.emplace_back();
-                        if (logit_digests_on_) digests_.emplace_back();
-                        if (token_logprobs_on_) logprobs_.emplace_back();
-                        ++B;
-                        ++waiting;
-                        ++running;
-                    }
-                }
-                if (waiting > 0 && active < S) {
-                    const int64_t k = std::min(waiting, S - active);
-                    admit(B - waiting, active, k);
-                    active += k;
-                    waiting -= k;
-                    admitted = true;
-                }
-            }
-            if (on_step) on_step(produced, running);
-            if (running == 0) break;
-            // One step for every slot in use (the weights are read once for all, or once per chunk of
-            // step_chunk() sequences).
-            std::vector<float> logits;
-            std::vector<int32_t> chosen, part_chosen;  // the graph's greedy choices, where it makes them
-            std::vector<float> chosen_lp, part_lp;     // and their log-probabilities, where asked and made there
-            ++last_.decode_passes;
-            for (int64_t b0 = 0; b0 < active; b0 += chunk) {
-                const int64_t m = std::min(chunk, active - b0);
-                const std::vector<int64_t> part(past.begin() + b0, past.begin() + b0 + m);
-                std::vector<float> l = run_decoder(nullptr, next.data() + b0, 1, b0, part, false, &part_chosen,
-                                                   token_logprobs_on_ ? &part_lp : nullptr);
-                if (b0 == 0 && m == active) {
-                    logits.swap(l);
-                    chosen.swap(part_chosen);
-                    chosen_lp.swap(part_lp);
-                } else {
-                    logits.insert(logits.end(), l.begin(), l.end());
-                    chosen.insert(chosen.end(), part_chosen.begin(), part_chosen.end());
-                    chosen_lp.insert(chosen_lp.end(), part_lp.begin(), part_lp.end());
-                }
-            }
-            const bool picked = static_cast<int64_t>(chosen.size()) == active;  // every chunk's graph chose
-            if (!picked && static_cast<int64_t>(logits.size()) != active * d.vocab) {
-                throw std::logic_error("a decode step's chunks came back with neither choices nor logits for all");
-            }
-            const auto t_select = std::chrono::steady_clock::now();
-            for (int64_t s = 0; s < active; ++s) {
-                const float * row = logits.empty() ? nullptr : logits.data() + s * d.vocab;
-                next[static_cast<size_t>(s)] = picked ? chosen[static_cast<size_t>(s)] : argmax(row, d.vocab);
-                if (token_logprobs_on_) {
-                    next_lp[static_cast<size_t>(s)] = static_cast<int64_t>(chosen_lp.size()) == active
-                                                          ? chosen_lp[static_cast<size_t>(s)]
-                                                          : chosen_logprob(row, d.vocab, next[static_cast<size_t>(s)]);
-                }
-                past[static_cast<size_t>(s)] += 1;
-                to_take[static_cast<size_t>(s)] = 1;
-                // a running sequence takes this token in the next round: keep the digest of its row
-                const size_t q = static_cast<size_t>(seq[static_cast<size_t>(s)]);
-                if (logit_digests_on_ && out[q].stop_reason.empty()) digests_[q].push_back(digest(row, d.vocab));
-            }
-            last_.select_ms += ms_since(t_select);
+            done[static_cast<size_t>(j)] = P;
+            last_.prefix_reused += P;
         }
     }
-    last_.decode_ms = ms_since(t0) - (last_.prefill_ms - prefill_before_decode);
-    for (const auto & g : out) last_.new_tokens += static_cast<int64_t>(g.tokens.size());
-    last_.stop_reason = B == 1 ? out[0].stop_reason : "batch";
+}
+
+// The prefill of admitted prompt b and the neighbours that go with it through one pass; returns the first prompt
+// after them. On the CPU, neighbouring sequences with the same cached prefix and the same number of new positions
+// share a pass (every weight read once for the group; the products' and the attention op's numbers per column /
+// row are the same alone or in a group, so each sequence's bits are its own); above the mat-vec kernels' column
+// count only, where a lone prefill takes the many-column products too; at most kGroupRows positions per pass.
+int64_t Model::prefill_group(BatchRun & r, int64_t first, int64_t slot, int64_t b, int64_t count,
+                             const std::vector<int64_t> & done) {
+    const auto & d = hp_.dec;
+    const auto & p = r.all[static_cast<size_t>(first + b)];
+    const int64_t from = done[static_cast<size_t>(b)], n = p.second - from;
+    int64_t e = b + 1;
+    auto joins = [&](int64_t j) {
+        const auto & q = r.all[static_cast<size_t>(first + j)];
+        return n > matvec_max_cols() && done[static_cast<size_t>(j)] == from && q.second - from == n &&
+               j - b < r.most_grouped && (j - b + 1) * n <= kGroupRows;
+    };
+    while (e < count && joins(e)) ++e;
+    const int64_t m = e - b;
+    const float * emb = p.first + from * d.d_model;
+    if (m > 1) {
+        const size_t rows = static_cast<size_t>(n * d.d_model);
+        r.joined.resize(static_cast<size_t>(m) * rows);
+        for (int64_t j = 0; j < m; ++j) {
+            std::memcpy(r.joined.data() + static_cast<size_t>(j) * rows,
+                        r.all[static_cast<size_t>(first + b + j)].first + from * d.d_model, rows * sizeof(float));
+        }
+        emb = r.joined.data();
+    }
+    const std::vector<float> logits =
+        run_decoder(emb, nullptr, n, slot + b, std::vector<int64_t>(static_cast<size_t>(m), from));
+    for (int64_t j = 0; j < m; ++j) {
+        const float * row = logits.data() + j * d.vocab;
+        const size_t s = static_cast<size_t>(slot + b + j), q = static_cast<size_t>(first + b + j);
+        r.next[s] = argmax(row, d.vocab);
+        if (token_logprobs_on_) r.next_lp[s] = chosen_logprob(row, d.vocab, r.next[s]);
+        if (logit_digests_on_) digests_[q].push_back(digest(row, d.vocab));
+        r.past[s] = r.all[q].second;
+        r.to_take[s] = 1;
+        last_.prompt_tokens += r.all[q].second;
+    }
+    last_.prefill_passes += 1;
+    return e;
+}
+
+// Every slot's pending token into its sequence; done() for each sequence that ends with it.
+void Model::take_tokens(BatchRun & r) {
+    for (int64_t s = 0; s < r.active; ++s) {
+        const size_t si = static_cast<size_t>(s);
+        if (!r.to_take[si]) continue;
+        r.to_take[si] = 0;
+        const int64_t q = r.seq[si];
+        Generated & g = r.out[static_cast<size_t>(q)];
+        if (!g.stop_reason.empty()) continue;
+        take_token(g, r.next[si], r.stop_ids, r.opt.repetition_guard, r.limit(q));
+        if (token_logprobs_on_) logprobs_[static_cast<size_t>(q)].push_back(r.next_lp[si]);
+        ++r.produced;
+        if (!g.stop_reason.empty()) {
+            --r.running;
+            if (r.opt.done) in_callback([&] { r.opt.done(q, g); });
+        }
+    }
+}
+
+// Slot `from`'s cached positions into slot `to` (continuous batching: the last running slot fills a gap).
+void Model::move_slot(BatchRun & r, int64_t from, int64_t to) {
+    const size_t f = static_cast<size_t>(from), t = static_cast<size_t>(to);
+    for (const auto * caches : {&kv_.k(), &kv_.v()}) {
+        for (ggml_tensor * c : *caches) {
+            const size_t bytes = static_cast<size_t>(r.past[f]) * c->nb[2];
+            r.moving.resize(bytes);
+            ggml_backend_tensor_get(c, r.moving.data(), f * c->nb[3], bytes);
+            ggml_backend_tensor_set(c, r.moving.data(), t * c->nb[3], bytes);
+        }
+    }
+    r.seq[t] = r.seq[f];
+    r.next[t] = r.next[f];
+    r.next_lp[t] = r.next_lp[f];
+    r.past[t] = r.past[f];
+    r.to_take[t] = r.to_take[f];
+    last_.slot_moves += 1;
+}
+
+// Finished slots leave; the last running one takes each place.
+void Model::release_finished(BatchRun & r) {
+    for (int64_t s = r.active; s-- > 0;) {
+        if (r.out[static_cast<size_t>(r.seq[static_cast<size_t>(s)])].stop_reason.empty()) continue;
+        if (s != r.active - 1) move_slot(r, r.active - 1, s);
+        --r.active;
+    }
+}
+
+// Prompts that arrived since (join's): they wait for admission like the given ones, their results after those.
+void Model::join_prompts(BatchRun & r) {
+    const auto & d = hp_.dec;
+    const int64_t free_slots = r.S - r.active;
+    const int64_t room = std::min(kv_.capacity(), d.max_positions) - r.max_new_tokens + 1;
+    std::vector<std::vector<float>> fresh;
+    in_callback([&] { fresh = r.opt.join(free_slots, room); });
+    for (auto & rows : fresh) {
+        const int64_t n = static_cast<int64_t>(rows.size()) / d.d_model;
+        if (rows.empty() || n * d.d_model != static_cast<int64_t>(rows.size()) || n > room) {
+            throw std::invalid_argument("a joining prompt must have 1 to " + std::to_string(room) +
+                                        " whole rows of " + std::to_string(d.d_model) + " values");
+        }
+    }
+    if (static_cast<int64_t>(fresh.size()) > free_slots) {
+        throw std::invalid_argument("join returned " + std::to_string(fresh.size()) + " prompts for " +
+                                    std::to_string(free_slots) + " free slots");
+    }
+    for (auto & rows : fresh) {
+        r.joined_rows.push_back(std::move(rows));
+        r.all.emplace_back(r.joined_rows.back().data(), static_cast<int64_t>(r.joined_rows.back().size()) / d.d_model);
+        r.out.emplace_back();
+        if (logit_digests_on_) digests_.emplace_back();
+        if (token_logprobs_on_) logprobs_.emplace_back();
+        ++r.B;
+        ++r.waiting;
+        ++r.running;
+    }
+}
+
+// The decode steps of the batch until every sequence has ended.
+void Model::decode_batch(BatchRun & r) {
+    r.running = r.B;
+    r.produced = 0;
+    const int64_t chunk = max_step_seqs_ > 0 ? std::min(max_step_seqs_, step_chunk()) : step_chunk();
+    for (;;) {
+        bool admitted = true;
+        while (admitted) {  // (a sequence admitted here may end at its first token: take again)
+            admitted = false;
+            take_tokens(r);
+            if (!r.continuous) break;  // (finished slots keep stepping: the batch's shape stays)
+            release_finished(r);
+            if (r.opt.join && r.waiting == 0 && r.active < r.S) join_prompts(r);
+            if (r.waiting > 0 && r.active < r.S) {
+                const int64_t k = std::min(r.waiting, r.S - r.active);
+                admit(r, r.B - r.waiting, r.active, k);
+                r.active += k;
+                r.waiting -= k;
+                admitted = true;
+            }
+        }
+        if (r.opt.on_step) r.opt.on_step(r.produced, r.running);
+        if (r.running == 0) break;
+        decode_step(r, chunk);
+    }
+}
+
+// One step for every slot in use (the weights are read once for all, or once per chunk of step_chunk()
+// sequences), and each slot's next token.
+void Model::decode_step(BatchRun & r, int64_t chunk) {
+    const auto & d = hp_.dec;
+    const int64_t active = r.active;
+    std::vector<float> logits;
+    std::vector<int32_t> chosen, part_chosen;  // the graph's greedy choices, where it makes them
+    std::vector<float> chosen_lp, part_lp;     // and their log-probabilities, where asked and made there
+    ++last_.decode_passes;
+    for (int64_t b0 = 0; b0 < active; b0 += chunk) {
+        const int64_t m = std::min(chunk, active - b0);
+        const std::vector<int64_t> part(r.past.begin() + b0, r.past.begin() + b0 + m);
+        std::vector<float> l = run_decoder(nullptr, r.next.data() + b0, 1, b0, part, false, &part_chosen,
+                                           token_logprobs_on_ ? &part_lp : nullptr);
+        if (b0 == 0 && m == active) {
+            logits.swap(l);
+            chosen.swap(part_chosen);
+            chosen_lp.swap(part_lp);
+        } else {
+            logits.insert(logits.end(), l.begin(), l.end());
+            chosen.insert(chosen.end(), part_chosen.begin(), part_chosen.end());
+            chosen_lp.insert(chosen_lp.end(), part_lp.begin(), part_lp.end());
+        }
+    }
+    const bool picked = static_cast<int64_t>(chosen.size()) == active;  // every chunk's graph chose
+    if (!picked && static_cast<int64_t>(logits.size()) != active * d.vocab) {
+        throw std::logic_error("a decode step's chunks came back with neither choices nor logits for all");
+    }
+    const auto t_select = std::chrono::steady_clock::now();
+    for (int64_t s = 0; s < active; ++s) {
+        const size_t si = static_cast<size_t>(s);
+        const float * row = logits.empty() ? nullptr : logits.data() + s * d.vocab;
+        r.next[si] = picked ? chosen[si] : argmax(row, d.vocab);
+        if (token_logprobs_on_) {
+            r.next_lp[si] = static_cast<int64_t>(chosen_lp.size()) == active ? chosen_lp[si]
+                                                                             : chosen_logprob(row, d.vocab, r.next[si]);
+        }
+        r.past[si] += 1;
+        r.to_take[si] = 1;
+        // a running sequence takes this token before the next step: keep the digest of its row
+        const size_t q = static_cast<size_t>(r.seq[si]);
+        if (logit_digests_on_ && r.out[q].stop_reason.empty()) digests_[q].push_back(digest(row, d.vocab));
+    }
+    last_.select_ms += ms_since(t_select);
+}
+
+// The generation's totals into last_generation().
+void Model::finish_generation(const BatchRun & r, double decode_ms) {
+    last_.decode_ms = decode_ms;
+    for (const auto & g : r.out) last_.new_tokens += static_cast<int64_t>(g.tokens.size());
+    last_.stop_reason = r.B == 1 ? r.out[0].stop_reason : "batch";
     last_.graph_ms = passes_.graph_ms;
     last_.transfer_ms = passes_.transfer_ms;
     last_.compute_ms = passes_.compute_ms;
@@ -660,7 +792,6 @@ std::vector<Model::Generated> Model::generate_batch(const std::vector<std::pair<
     last_.step_transfer_ms = passes_.step_transfer_ms;
     last_.step_compute_ms = passes_.step_compute_ms;
     last_.graphs_built = passes_.graphs_built;
-    return out;
 }
 
 void Model::refuse_in_callback(const char * what) const {

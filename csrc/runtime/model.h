@@ -144,13 +144,20 @@ public:
     // alone (encode*, embed, the CTC head): the decoder's own calls throw std::logic_error there.
     using JoinCallback = std::function<std::vector<std::vector<float>>(int64_t free_slots, int64_t max_rows)>;
     using DoneCallback = std::function<void(int64_t index, const Generated &)>;
+    // generate_batch's options beyond the prompts, the most new tokens and the stop ids (all described above).
+    struct GenerateOptions {
+        bool repetition_guard = false;
+        StepCallback on_step = nullptr;
+        const std::vector<int32_t> * draft = nullptr;
+        int64_t max_active = 0;
+        const std::vector<int64_t> * token_limits = nullptr;
+        JoinCallback join = nullptr;
+        DoneCallback done = nullptr;
+        int64_t join_rows = 0;
+    };
     std::vector<Generated> generate_batch(const std::vector<std::pair<const float *, int64_t>> & prompts,
                                           int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
-                                          bool repetition_guard = false, const StepCallback & on_step = nullptr,
-                                          const std::vector<int32_t> * draft = nullptr, int64_t max_active = 0,
-                                          const std::vector<int64_t> * token_limits = nullptr,
-                                          const JoinCallback & join = nullptr, const DoneCallback & done = nullptr,
-                                          int64_t join_rows = 0);
+                                          const GenerateOptions & options);
     // Most draft tokens one verification pass takes (default 4; 0 turns drafts off).
     int64_t draft_max() const { return draft_max_; }
     // Token ids left out when the output so far is matched with a draft (default none).
@@ -298,6 +305,35 @@ private:
     } step_graph_;
     bool step_graph_off_ = false;  // a capacity-wide step graph came out without the op: never again
     bool step_graph_reusable() const;
+    // A decoder pass's shape and the tensors of its graph that the host fills or reads (run_decoder).
+    struct DecoderPass;
+    void check_decoder_pass(int64_t n_kv, int64_t slot0, int64_t B) const;
+    void build_decoder_pass(GraphScope & g, std::vector<uint8_t> * meta, DecoderPass & p);
+    void add_greedy_choice(GraphScope & g, DecoderPass & p);
+    void prepare_decoder_graph(DecoderPass & p, GraphScope & local);
+    void set_decoder_inputs(const DecoderPass & p, const float * embeddings, const int32_t * tokens);
+    void read_choices(const DecoderPass & p, std::vector<int32_t> & choices, std::vector<float> * choice_logprobs);
+    // generate_batch's state and steps (generate.cpp).
+    struct BatchRun;
+    void check_generate_request(const std::vector<std::pair<const float *, int64_t>> & prompts,
+                                int64_t max_new_tokens, const std::vector<int32_t> & stop_ids,
+                                const GenerateOptions & o) const;
+    int64_t longest_prompt(const std::vector<std::pair<const float *, int64_t>> & prompts, int64_t max_new_tokens,
+                           const GenerateOptions & o) const;
+    void admit(BatchRun & r, int64_t first, int64_t slot, int64_t count);
+    void reuse_prefix(BatchRun & r, int64_t first, int64_t slot, int64_t count, std::vector<int64_t> & done);
+    int64_t prefill_group(BatchRun & r, int64_t first, int64_t slot, int64_t b, int64_t count,
+                          const std::vector<int64_t> & done);
+    void take_tokens(BatchRun & r);
+    void move_slot(BatchRun & r, int64_t from, int64_t to);
+    void release_finished(BatchRun & r);
+    void join_prompts(BatchRun & r);
+    void decode_batch(BatchRun & r);
+    void decode_step(BatchRun & r, int64_t chunk);
+    void finish_generation(const BatchRun & r, double decode_ms);
+    // Runs call() as generate_batch's join or done callback (the decoder's own methods refuse inside it).
+    template <class Call>
+    void in_callback(const Call & call);
 
     HParams hp_;
     std::unique_ptr<LoadedWeights> weights_;

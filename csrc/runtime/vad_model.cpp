@@ -44,16 +44,11 @@ std::vector<ExpectedTensor> expected_vad_tensors(const VadHParams & hp) {
     return out;
 }
 
-}  // namespace
-
-VadModel::VadModel(const ModelSource & src, int threads, const std::string & device)
-    // An fsmn_vad file, or another package (a fun_asr_nano GGUF) that embeds one: "fsmn_vad.*" keys and
-    // "vad.*" tensors beside its own, which are left alone here (the architecture checked before the device).
-    : DeviceRuntime((require_architecture(src, Role::vad), device), kVadGraphSize) {
-    const Architecture & arch = require_architecture(src, Role::vad);
+// The source's VAD tensors by name (an embedding package's: those under the VAD's prefix), each name once and
+// none unexpected.
+std::map<std::string, const SourceTensor *> vad_tensors(const ModelSource & src, const Architecture & arch,
+                                                        const std::vector<ExpectedTensor> & expected) {
     const bool embedded = embedded_in(src, arch);
-    hp_ = parse_vad_hparams(src.meta);
-    const std::vector<ExpectedTensor> expected = expected_vad_tensors(hp_);
     std::map<std::string, const SourceTensor *> by_name;
     for (const auto & t : src.tensors) {
         if (embedded && t.name.rfind(arch.tensor_prefix, 0) != 0) continue;
@@ -66,10 +61,18 @@ VadModel::VadModel(const ModelSource & src, int threads, const std::string & dev
             if (!known) throw std::runtime_error(src.origin + ": unexpected tensor '" + name + "'");
         }
     }
+    return by_name;
+}
+
+// Every expected tensor present, F32, of its shape and size.
+void check_vad_tensors(const ModelSource & src, const std::vector<ExpectedTensor> & expected,
+                       const std::map<std::string, const SourceTensor *> & by_name) {
     ggml_init_params ip{ggml_tensor_overhead() * (expected.size() + 1), nullptr, true};
-    wctx_ = ggml_init(ip);  // shape checks only; the weights are placed padded below
-    if (!wctx_) throw std::runtime_error("ggml_init failed");
-    std::vector<std::pair<ggml_tensor *, const SourceTensor *>> pairs;
+    struct Ctx {
+        ggml_context * c;
+        ~Ctx() { if (c) ggml_free(c); }
+    } ctx{ggml_init(ip)};  // shape checks only; the weights are placed padded
+    if (!ctx.c) throw std::runtime_error("ggml_init failed");
     for (const auto & e : expected) {
         auto it = by_name.find(e.name);
         if (it == by_name.end()) throw std::runtime_error(src.origin + ": missing tensor '" + e.name + "'");
@@ -78,73 +81,97 @@ VadModel::VadModel(const ModelSource & src, int threads, const std::string & dev
             throw std::runtime_error(src.origin + ": tensor '" + e.name + "' must be F32, got " + ggml_type_name(s.type));
         }
         if (s.ne != e.ne) throw std::runtime_error(src.origin + ": tensor '" + e.name + "' has the wrong shape");
-        ggml_tensor * t = ggml_new_tensor(wctx_, GGML_TYPE_F32, static_cast<int>(e.ne.size()), e.ne.data());
-        ggml_set_name(t, e.name.c_str());
+        ggml_tensor * t = ggml_new_tensor(ctx.c, GGML_TYPE_F32, static_cast<int>(e.ne.size()), e.ne.data());
         if (s.nbytes != ggml_nbytes(t)) throw std::runtime_error(src.origin + ": tensor '" + e.name + "' has the wrong size");
-        pairs.emplace_back(t, &s);
     }
+}
+
+// A VAD weight and the padded tensor it goes into.
+struct PaddedWeight {
+    ggml_tensor * dst;
+    const SourceTensor * src;
+    int64_t rows, cols;  // the source's row-major shape; dst is [cols_pad, rows_pad] in ggml order
+    bool transpose;      // FSMN taps: [P, L] -> [L, P] (each tap's channels run along ne0)
+    bool matrix;
+};
+
+// The VAD's weight tensors in ctx at the padded widths dims (input affine, linear, proj, output affine), and
+// where each one's values come from (placed).
+VadWeights padded_vad_weights(ggml_context * ctx, const VadHParams & hp, const std::vector<int64_t> & dims,
+                              const std::map<std::string, const SourceTensor *> & by_name,
+                              std::vector<PaddedWeight> & placed) {
+    const int64_t A = dims[0], D = dims[1], P = dims[2], O = dims[3];
+    auto make = [&](const std::string & name, int64_t rows_pad, int64_t cols_pad, bool transpose = false) {
+        const SourceTensor * s = by_name.at(name);
+        ggml_tensor * t = cols_pad > 0 ? ggml_new_tensor_2d(ctx, GGML_TYPE_F32, cols_pad, rows_pad)
+                                       : ggml_new_tensor_1d(ctx, GGML_TYPE_F32, rows_pad);
+        ggml_set_name(t, name.c_str());
+        const int64_t rows = s->ne.size() > 1 ? s->ne[1] : s->ne[0], cols = s->ne.size() > 1 ? s->ne[0] : 1;
+        placed.push_back({t, s, rows, cols, transpose, cols_pad > 0});
+        return t;
+    };
+    VadWeights w;
+    w.shift = make("vad.cmvn.shift", hp.in_dim, 0);
+    w.scale = make("vad.cmvn.scale", hp.in_dim, 0);
+    w.in1_w = make("vad.in1.weight", A, hp.in_dim);
+    w.in1_b = make("vad.in1.bias", A, 0);
+    w.in2_w = make("vad.in2.weight", D, A);
+    w.in2_b = make("vad.in2.bias", D, 0);
+    for (int64_t i = 0; i < hp.n_layers; ++i) {
+        const std::string p = "vad.blk." + std::to_string(i);
+        VadLayer l;
+        l.linear = make(p + ".linear.weight", P, D);
+        l.taps = make(p + ".fsmn.weight", hp.lorder, P, true);
+        l.affine_w = make(p + ".affine.weight", D, P);
+        l.affine_b = make(p + ".affine.bias", D, 0);
+        w.layers.push_back(l);
+    }
+    w.out1_w = make("vad.out1.weight", O, D);
+    w.out1_b = make("vad.out1.bias", O, 0);
+    w.out2_w = make("vad.out2.weight", hp.out_dim, O);
+    w.out2_b = make("vad.out2.bias", hp.out_dim, 0);
+    return w;
+}
+
+// pl's values into its padded tensor, zeros around them.
+void upload_padded(const PaddedWeight & pl) {
+    std::vector<float> buf(static_cast<size_t>(ggml_nelements(pl.dst)), 0.0f);
+    const float * src = static_cast<const float *>(pl.src->data);
+    const int64_t ld = pl.dst->ne[0];  // padded row length
+    for (int64_t r = 0; r < pl.rows; ++r) {
+        for (int64_t c = 0; c < pl.cols; ++c) {
+            const float v = src[r * pl.cols + c];
+            const int64_t at = pl.transpose ? c * ld + r : (pl.matrix ? r * ld + c : r);
+            buf[static_cast<size_t>(at)] = v;
+        }
+    }
+    ggml_backend_tensor_set(pl.dst, buf.data(), 0, ggml_nbytes(pl.dst));
+}
+
+}  // namespace
+
+VadModel::VadModel(const ModelSource & src, int threads, const std::string & device)
+    // An fsmn_vad file, or another package (a fun_asr_nano GGUF) that embeds one: "fsmn_vad.*" keys and
+    // "vad.*" tensors beside its own, which are left alone here (the architecture checked before the device).
+    : DeviceRuntime((require_architecture(src, Role::vad), device), kVadGraphSize) {
+    const Architecture & arch = require_architecture(src, Role::vad);
+    hp_ = parse_vad_hparams(src.meta);
+    const std::vector<ExpectedTensor> expected = expected_vad_tensors(hp_);
+    const std::map<std::string, const SourceTensor *> by_name = vad_tensors(src, arch, expected);
+    check_vad_tensors(src, expected, by_name);
     // Hidden widths (140, 250) are padded with zero rows/columns to multiples of 16: ggml's fast F32
     // GEMM (llamafile tinyBLAS) needs the inner dimension in whole vectors, and at 140/250 it falls back
     // to a dot-product loop 4-10x slower. Zero weights and biases add exact zeros (ReLU(0) = 0), so the
     // probabilities are unchanged.
     auto pad = [](int64_t n) { return (n + 15) / 16 * 16; };
     dims_ = {pad(hp_.in_affine), pad(hp_.linear_dim), hp_.proj_dim, pad(hp_.out_affine)};
-    const int64_t A = dims_[0], D = dims_[1], P = dims_[2], O = dims_[3];
-    struct Placed {
-        ggml_tensor * dst;
-        const SourceTensor * src;
-        int64_t rows, cols;  // the source's row-major shape; dst is [cols_pad, rows_pad] in ggml order
-        bool transpose;      // FSMN taps: [P, L] -> [L, P] (each tap's channels run along ne0)
-        bool matrix;
-    };
-    std::vector<Placed> placed;
-    std::map<std::string, const SourceTensor *> src_of;
-    for (auto & [t, s] : pairs) src_of[ggml_get_name(t)] = s;
-    ggml_free(wctx_);  // the unpadded tensors were only for checking; the real ones are padded
-    ggml_init_params ip2{ggml_tensor_overhead() * (expected.size() + 1), nullptr, true};
-    wctx_ = ggml_init(ip2);
-    auto make = [&](const std::string & name, int64_t rows_pad, int64_t cols_pad, bool transpose = false) {
-        const SourceTensor * s = src_of.at(name);
-        ggml_tensor * t = cols_pad > 0 ? ggml_new_tensor_2d(wctx_, GGML_TYPE_F32, cols_pad, rows_pad)
-                                       : ggml_new_tensor_1d(wctx_, GGML_TYPE_F32, rows_pad);
-        ggml_set_name(t, name.c_str());
-        const int64_t rows = s->ne.size() > 1 ? s->ne[1] : s->ne[0], cols = s->ne.size() > 1 ? s->ne[0] : 1;
-        placed.push_back({t, s, rows, cols, transpose, cols_pad > 0});
-        return t;
-    };
-    w_.shift = make("vad.cmvn.shift", hp_.in_dim, 0);
-    w_.scale = make("vad.cmvn.scale", hp_.in_dim, 0);
-    w_.in1_w = make("vad.in1.weight", A, hp_.in_dim);
-    w_.in1_b = make("vad.in1.bias", A, 0);
-    w_.in2_w = make("vad.in2.weight", D, A);
-    w_.in2_b = make("vad.in2.bias", D, 0);
-    for (int64_t i = 0; i < hp_.n_layers; ++i) {
-        const std::string p = "vad.blk." + std::to_string(i);
-        VadLayer l;
-        l.linear = make(p + ".linear.weight", P, D);
-        l.taps = make(p + ".fsmn.weight", hp_.lorder, P, true);
-        l.affine_w = make(p + ".affine.weight", D, P);
-        l.affine_b = make(p + ".affine.bias", D, 0);
-        w_.layers.push_back(l);
-    }
-    w_.out1_w = make("vad.out1.weight", O, D);
-    w_.out1_b = make("vad.out1.bias", O, 0);
-    w_.out2_w = make("vad.out2.weight", hp_.out_dim, O);
-    w_.out2_b = make("vad.out2.bias", hp_.out_dim, 0);
+    ggml_init_params ip{ggml_tensor_overhead() * (expected.size() + 1), nullptr, true};
+    wctx_ = ggml_init(ip);
+    if (!wctx_) throw std::runtime_error("ggml_init failed");
+    std::vector<PaddedWeight> placed;
+    w_ = padded_vad_weights(wctx_, hp_, dims_, by_name, placed);
     place_weights("the VAD weights");
-    for (const Placed & pl : placed) {
-        std::vector<float> buf(static_cast<size_t>(ggml_nelements(pl.dst)), 0.0f);
-        const float * src = static_cast<const float *>(pl.src->data);
-        const int64_t ld = pl.dst->ne[0];  // padded row length
-        for (int64_t r = 0; r < pl.rows; ++r) {
-            for (int64_t c = 0; c < pl.cols; ++c) {
-                const float v = src[r * pl.cols + c];
-                const int64_t at = pl.transpose ? c * ld + r : (pl.matrix ? r * ld + c : r);
-                buf[static_cast<size_t>(at)] = v;
-            }
-        }
-        ggml_backend_tensor_set(pl.dst, buf.data(), 0, ggml_nbytes(pl.dst));
-    }
+    for (const PaddedWeight & pl : placed) upload_padded(pl);
     set_threads(threads);
 }
 
