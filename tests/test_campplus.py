@@ -285,12 +285,12 @@ def _rewrite_gguf(src: Path, dst: Path, change) -> Path:  # noqa: ANN001 - chang
     """A copy of a campplus GGUF with its tensors changed (None drops one)."""
     import gguf
 
-    from fun_asr.converter.output import _write_metadata
+    from fun_asr.converter.output import write_metadata
 
     reader = gguf.GGUFReader(src)
     meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     w = gguf.GGUFWriter(dst, "campplus")
-    _write_metadata(w, meta)
+    write_metadata(w, meta)
     for t in reader.tensors:
         arr = np.array(t.data).reshape([int(x) for x in reversed(t.shape)])
         arr = change(t.name, arr)

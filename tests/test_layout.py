@@ -13,6 +13,7 @@ reader. Layers, top to bottom::
     audio, model
     notices, outputs (writing a user's files safely), _core,
     _spinwait (libgomp's spin count, set before _core loads)
+    errors (errors as data)
     _spin (the compiled probe _spinwait times a spin-wait iteration with)
 
 A module may import a module of a lower layer or of its own package; packages that share a layer do not
@@ -28,7 +29,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "python" / "fun_asr"
-LAYERS = [["_spin"], ["notices", "outputs", "_core", "_spinwait"], ["audio", "model"], ["vad", "speakers"],
+LAYERS = [["_spin"], ["errors"], ["notices", "outputs", "_core", "_spinwait"], ["audio", "model"], ["vad", "speakers"],
           ["converter"], ["asr"], ["serve", "jobs"], ["cli"], [""]]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -102,13 +102,13 @@ def test_session_packing_segments_gives_the_same_results(ctc_demo, three: Path) 
     kw = {"sample_rate": 16000, "batch_size": 4, "word_timestamps": True, "language": "en", "names": names}
     alone = session.transcribe_batch(inputs, **kw)
     passes: list[int] = []
-    encode_segments = session._encode_segments
+    encode_segments = session.engine._encode_segments
 
     def spy(segments, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         passes.append(len(segments))
         return encode_segments(segments, *args, **kwargs)
 
-    session._encode_segments = spy
+    session.engine._encode_segments = spy  # type: ignore[method-assign]
     session.encoder_pack = 3
     packed = session.transcribe_batch(inputs, **kw)
     assert max(passes) == 3 and sum(passes) == sum(len(r.segments) for r in packed if r.ok)

@@ -25,8 +25,9 @@ import numpy as np
 import pytest
 
 import fun_asr
-from fun_asr.asr.session import NO_VAD_MESSAGE
-from fun_asr.asr.speakers import NO_SPEAKER_MODEL
+from fun_asr.asr.pipeline import no_vad_notice
+from fun_asr.asr.speakers import no_speaker_model
+from fun_asr.errors import Message, render
 from fun_asr.notices import Notice
 
 fastapi = pytest.importorskip("fastapi")
@@ -34,7 +35,7 @@ requests = pytest.importorskip("requests")
 websockets = pytest.importorskip("websockets")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from fun_asr.serve.words import HIDDEN, REQUEST_FIELDS, ClientWords, server_words  # noqa: E402
+from fun_asr.serve.words import HIDDEN, REQUEST_FIELDS, ClientWords  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -94,13 +95,13 @@ def test_client_words_hide_paths_and_python_names(tmp_path: Path) -> None:
         speaker_source = None
 
     words = ClientWords(FakeSession(), MODEL_ID)
-    got = words(NO_VAD_MESSAGE.format(model=model))
+    got = words(no_vad_notice(model))
     assert got.startswith(f"{MODEL_ID}: no FSMN-VAD") and "vad_model=" not in got and "vad=None" not in got
     assert "--vad-model" in got and "--vad none" in got
-    got = words(NO_SPEAKER_MODEL.format(model=model))
+    got = words(no_speaker_model(model))
     assert got.startswith(f"{MODEL_ID}: speaker labels (spk=true) need") and "fun-asr-serve --speaker-model" in got
-    assert words(NO_SPEAKER_MODEL.format(model=model), speakers="SPK:true").count("(SPK:true)") == 1
-    assert words(words(NO_SPEAKER_MODEL.format(model=model))) == words(NO_SPEAKER_MODEL.format(model=model))
+    assert words(no_speaker_model(model), front="websocket").count("(SPK:true)") == 1
+    assert words(words(no_speaker_model(model))) == words(no_speaker_model(model))
     home = str(Path.home())
     for msg, want in [
         (f"[Errno 2] No such file or directory: '{tempfile.gettempdir()}/tmpab12 x.wav'",
@@ -116,20 +117,28 @@ def test_client_words_hide_paths_and_python_names(tmp_path: Path) -> None:
         assert words(msg) == want, msg
     assert not _server_paths(words(f"internal error: {model} and {tmp_path}/a b/c"), [str(tmp_path)])
     # the console keeps paths, in the server's flags
-    said = server_words("device 'cuda' requested but no GPU is available (this build's backends: see "
-                        "fun_asr.system_info()); use the cpu or auto device")
+    from fun_asr.audio.decode import too_long
+    from fun_asr.model.native import _unusable
+
+    said = render(_unusable("cuda", "no GPU is available"), "server-console")
     assert not _foreign_words(said) and "--device cpu" in said
-    said = server_words(NO_SPEAKER_MODEL.format(model=model))
+    said = render(no_speaker_model(model), "server-console")
     assert str(model) in said and "(--enable-spk / spk=true)" in said and not _foreign_words(said)
-    said = server_words("a.wav: 9.0 s of audio; at most 5 s are accepted (Limits.max_audio_seconds)")
+    said = render(too_long("a.wav", 9.0, 5), "server-console")
     assert said.endswith("(--max-audio-seconds)")
     from fun_asr.converter.hub import MODEL_HINT, SPEAKER_HINT, VAD_HINT
 
     for hint in (MODEL_HINT, VAD_HINT, SPEAKER_HINT):
-        assert not _foreign_words(server_words(hint)) and not _foreign_words(words(hint)), hint
+        said = Message(hint)
+        assert not _foreign_words(render(said, "server-console")) and not _foreign_words(words(said)), hint
     # a request field keeps its spelling, as a client sends it
-    said = words("off here (dynamic_silence=False); pass dynamic_silence=True to use the schedule")
-    assert said == "off here (dynamic_silence=false); pass dynamic_silence=true to use the schedule"
+    from fun_asr.asr.options import check_vad_options
+
+    with pytest.raises(ValueError) as exc:
+        check_vad_options([(10000, 2000)], False)
+    assert words(exc.value) == ("silence_schedule is only used by the dynamic end-silence schedule, which is off here "
+                                "(dynamic_silence=false); pass dynamic_silence=true to use the schedule, or leave "
+                                "silence_schedule out")
 
 
 # -- item 1: no server path reaches a client (in-process, with paths forced into every message) ---------------
@@ -151,7 +160,7 @@ def test_no_server_path_in_any_response(demo: fun_asr.Session, vad_dir: Path, tm
     mode = {"fail": None}
 
     def add_notices(r: Any) -> None:
-        r.warnings += [Notice("no_vad", NO_VAD_MESSAGE.format(model=demo.path)),
+        r.warnings += [no_vad_notice(demo.path),
                        Notice("input_truncated", f"{temp}: file is truncated"),
                        Notice("word_timestamps_failed", f"alignment failed under {Path.home()}/x and {vad_dir}")]
 
@@ -172,7 +181,7 @@ def test_no_server_path_in_any_response(demo: fun_asr.Session, vad_dir: Path, tm
 
     def options(*a: Any, **k: Any) -> Any:
         if k.get("diarize"):
-            raise ValueError(NO_SPEAKER_MODEL.format(model=demo.path))
+            raise no_speaker_model(demo.path)
         return real_options(*a, **k)
 
     monkeypatch.setattr(demo, "options", options)

@@ -289,3 +289,22 @@ def test_hub_cache_found_and_converted_once(tiny_f32: Path, tmp_path: Path) -> N
     assert r.returncode != 0 and "HF_HUB_OFFLINE" in r.stderr
     with pytest.raises(FileNotFoundError, match="not a Hugging Face repo id"):
         fun_asr.Session(str(tmp_path / "nothing.gguf"), device="cpu")
+
+
+def test_a_dropped_session_is_freed_at_once() -> None:
+    """No reference cycle holds a Session: dropping the last reference frees it (and its native model) right
+    away, without waiting for the garbage collector."""
+    import gc
+    import weakref
+
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        s = fun_asr.Session("demo", device="cpu", progress=False)
+        s.transcribe(str(Path(__file__).resolve().parents[1] / "examples" / "demo_1.wav"))
+        ref = weakref.ref(s)
+        del s
+        assert ref() is None
+    finally:
+        if was_enabled:
+            gc.enable()

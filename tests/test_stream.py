@@ -18,7 +18,7 @@ import soundfile as sf
 
 import fun_asr
 import funasr_ref
-from fun_asr.asr.stream import StreamOptions
+from fun_asr.asr.stream import StreamOptions, plain_decoder
 from fun_asr.audio.decode import AudioError
 
 pytestmark = pytest.mark.filterwarnings("ignore::fun_asr.notices.TruncatedOutputWarning")
@@ -103,8 +103,8 @@ def test_speculative_closing_decodes_give_the_same_sentences(session: fun_asr.Se
         stream = session.stream(stream_options=opts, max_new_tokens=MAX_NEW)
         real = stream._decode_local
 
-        def decoder(audio: np.ndarray, n: int, partial: bool = False, mode: str = mode,
-                    real: object = real) -> tuple[str, list[int]]:
+        def decoder(audio: np.ndarray, n: int, *, draft: list[int] | None = None, partial: bool = False,
+                    speculative: bool = False, mode: str = mode, real: object = real) -> tuple[str, list[int]]:
             if not partial:
                 closing[mode].append(audio.size)
             return real(audio, n)  # type: ignore[operator]
@@ -147,7 +147,7 @@ def test_stale_partials_are_skipped_when_audio_arrives_in_bulk(session: fun_asr.
     st = session.stream(stream_options=OPTS, max_new_tokens=MAX_NEW)
     calls = []
     real = st._decode_fn
-    st._decode_fn = lambda audio, n: (calls.append(n), real(audio, n))[1]
+    st._decode_fn = plain_decoder(lambda audio, n: (calls.append(n), real(audio, n))[1])
     per_feed = []
     for i in range(0, conversation.size, 2 * SR):  # 2 s per feed: two partials due in each
         before = len(calls)
@@ -171,7 +171,8 @@ def test_skipped_partials_are_asked_again_and_leave_the_sentences_alone(session:
     assert len(want) == 3 and plain.partials_decoded >= 3
     calls: list[tuple[int, bool]] = []
 
-    def skipping(audio: np.ndarray, n: int, partial: bool = False) -> tuple[str, list[int]] | None:
+    def skipping(audio: np.ndarray, n: int, *, draft: list[int] | None = None, partial: bool = False,
+                 speculative: bool = False) -> tuple[str, list[int]] | None:
         calls.append((audio.size, partial))
         if partial and sum(1 for _, p in calls if p) % 2 == 1:  # every other partial skipped
             return None

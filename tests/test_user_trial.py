@@ -361,24 +361,26 @@ def test_cli_messages_in_cli_words(model_path: str, tmp_path: Path) -> None:
 def test_limit_messages_are_translated_at_the_cli_boundary(session: fun_asr.Session) -> None:
     """The messages of audio/decode.py and the session's options name Limits fields for the Python API; each
     command names its flag instead (fun-asr-serve --max-audio-seconds), or nothing when it has none."""
-    from fun_asr.asr.messages import cli_words
     from fun_asr.audio.decode import Limits
+    from fun_asr.errors import render
 
     with pytest.raises(AudioError) as exc:
         decode_audio(CLIP, limits=Limits(max_audio_seconds=1.0))
     msg = str(exc.value)
     assert "(Limits.max_audio_seconds)" in msg  # the Python API's words
-    assert "Limits" not in cli_words(msg) and cli_words(msg).endswith("at most 1 s are accepted")
-    assert cli_words(msg, max_audio_flag="--max-audio-seconds").endswith("are accepted (--max-audio-seconds)")
+    assert exc.value.code == "limit.audio_seconds" and exc.value.limit == "max_audio_seconds"
+    cli = render(exc.value, "cli")
+    assert "Limits" not in cli and cli.endswith("at most 1 s are accepted")
+    assert render(exc.value, "server-console").endswith("are accepted (--max-audio-seconds)")
     with pytest.raises(ValueError) as exc2:
         session.options(hotwords=[f"w{i}" for i in range(201)])
-    assert cli_words(str(exc2.value)) == "--hotwords: 201 hotwords; at most 200 are accepted"
+    assert render(exc2.value, "cli") == "--hotwords: 201 hotwords; at most 200 are accepted"
     with pytest.raises(ValueError) as exc2:
         session.options(hotwords=["x" * 101])
-    assert cli_words(str(exc2.value)).startswith("--hotwords: hotword 'xxxxxxxxxxxxxxxxxxxx'... has 101 characters")
+    assert render(exc2.value, "cli").startswith("--hotwords: hotword 'xxxxxxxxxxxxxxxxxxxx'... has 101 characters")
     with pytest.raises(ValueError) as exc2:
         session.options(segment_seconds=0.5)
-    assert cli_words(str(exc2.value), segment_flag="--max-segment-seconds").startswith("--max-segment-seconds must")
+    assert render(exc2.value, "server-console").startswith("--max-segment-seconds must")
 
 
 def test_inspect_names_truncation_and_file_type(tiny_gguf, tmp_path: Path) -> None:  # noqa: ANN001

@@ -109,16 +109,16 @@ def test_segments_are_the_vads_and_texts_those_of_the_cut_audio(sessions: dict[s
 def test_shared_fbank_gives_the_slices_features(sessions: dict[str, fun_asr.Session],
                                                 silence_speech_silence: np.ndarray) -> None:
     s = sessions["vad"]
-    from fun_asr.asr.cutting import _Cutter, _Item
+    from fun_asr.asr.cutting import CutItem, Cutter
 
-    item = _Item(0)
-    cutter = _Cutter(s.frontend, s.vad, item, s.options())  # the recording at once: every sample and frame kept
+    item = CutItem(0)
+    cutter = Cutter(s.frontend, s.vad, item, s.options())  # the recording at once: every sample and frame kept
     item.spans = cutter.feed(np.asarray(silence_speech_silence, np.float32)) + cutter.finish()
     assert item.fbank is not None and len(item.spans) == 2
     for a, b in item.spans + [(160 * 7, 160 * 7 + 16000), (0, 401)]:
-        np.testing.assert_array_equal(s._features(item, a, b), features(item.samples[a:b], s.frontend))
+        np.testing.assert_array_equal(s.engine._features(item, a, b), features(item.samples[a:b], s.frontend))
     # a start off the 10 ms grid falls back to the slice's own frontend
-    np.testing.assert_array_equal(s._features(item, 17, 9000), features(item.samples[17:9000], s.frontend))
+    np.testing.assert_array_equal(s.engine._features(item, 17, 9000), features(item.samples[17:9000], s.frontend))
 
 
 def test_batch_with_vad_keeps_order_and_equals_one_by_one(sessions: dict[str, fun_asr.Session],

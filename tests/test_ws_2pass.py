@@ -317,7 +317,7 @@ def test_stamps_fit_the_html5_page_and_funasr_runtime_shape() -> None:
 
 
 def test_online_pass_sends_what_two_partials_agree_on() -> None:
-    o = ws_2pass_text._Online()
+    o = ws_2pass_text.Online()
     assert o.partial("I went", 0) == ("", False)
     assert o.partial("I want to", 0) == ("I", True)
     assert o.partial("I want to the", 0) == (" want to", False)

@@ -609,10 +609,11 @@ def test_client_endpoints_bound_an_uncommitted_utterance() -> None:
     utterance is committed by the stream itself (FunASR's realtime_ws.py does not bound it), with a notice
     in that final result."""
     from fun_asr.asr.options import TranscribeOptions
-    from fun_asr.asr.stream import Stream, StreamOptions
+    from fun_asr.asr.stream import Stream, StreamOptions, plain_decoder
 
     decoded: list[int] = []
 
+    @plain_decoder
     def decoder(audio: np.ndarray, max_new: int) -> tuple[str, list[int]]:
         if max_new == 512:
             decoded.append(audio.size)

@@ -134,7 +134,7 @@ def main() -> None:
         s = fun_asr.Session(str(pkg), device="cpu", threads=a.threads, progress=False, vad=None)
         s.ctc_drafts = False
         _, oracle = run(s, x, a.tokens)  # warm-up, and the tokens a matching CTC transcript would give
-        real_draft = s._ctc_draft
+        real_draft = s.engine._ctc_draft
 
         marks = sorted(set(oracle[5::6]) - {oracle[0]})
         unpunctuated = [t for t in oracle if t not in marks]
@@ -154,7 +154,8 @@ def main() -> None:
         for _ in range(a.repeats):
             for way in res:
                 s.ctc_drafts = way != "plain"
-                s._ctc_draft = {"CTC, matching": matching, "CTC, no punctuation": no_punctuation}.get(way, real_draft)
+                s.engine._ctc_draft = {"CTC, matching": matching,  # type: ignore[method-assign]
+                                       "CTC, no punctuation": no_punctuation}.get(way, real_draft)
                 s.model.draft_skip = []
                 t, toks = run(s, x, a.tokens)
                 assert toks == oracle, f"{package} {way}: tokens differ from plain greedy"

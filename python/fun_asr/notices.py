@@ -8,6 +8,11 @@ events are also issued as ``FunAsrWarning`` subclasses; conditions of the whole 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fun_asr.errors import Message
+
 # Every code a Notice can carry (docs/python.md, warnings).
 CODES = {
     "input_truncated": "the file holds less audio than its header promises",
@@ -23,19 +28,23 @@ CODES = {
 
 
 class Notice(str):
-    """A warning message (the string itself) with its code (one of :data:`CODES`)."""
+    """A warning message (the string itself: the Python API's words) with its code (one of :data:`CODES`) and,
+    where it names options or settings, ``detail``: the :class:`fun_asr.errors.Message` that says it in another
+    front end's words (:func:`fun_asr.errors.render`)."""
 
     code: str
+    detail: Message | None
 
-    def __new__(cls, code: str, message: str) -> Notice:
+    def __new__(cls, code: str, message: str | Message) -> Notice:
         if code not in CODES:
             raise ValueError(f"unknown notice code {code!r}: accepted {', '.join(CODES)}")
-        self = super().__new__(cls, message)
-        self.code = code
+        detail = None if isinstance(message, str) else message
+        self = super().__new__(cls, message if detail is None else detail.render())
+        self.code, self.detail = code, detail
         return self
 
-    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # pickling (Ray) keeps the code
-        return (Notice, (self.code, str(self)))
+    def __reduce__(self) -> tuple[type, tuple[str, str | Message]]:  # pickling (Ray) keeps the code and detail
+        return (Notice, (self.code, str(self) if self.detail is None else self.detail))
 
 
 class FunAsrWarning(UserWarning):

@@ -6,11 +6,12 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from fun_asr.asr.cutting import _Item
-from fun_asr.asr.language import _is_cjk
+from fun_asr.asr.cutting import CutItem
+from fun_asr.asr.language import is_cjk
 from fun_asr.asr.options import TranscribeOptions
 from fun_asr.asr.results import Segment, Transcription
 from fun_asr.audio.decode import SAMPLE_RATE
+from fun_asr.errors import Message
 from fun_asr.notices import (
     InputWarning,
     Notice,
@@ -36,13 +37,13 @@ def join_text(segments: list[Segment], language: str | None, spec: dict[str, Any
             if language in sep_for:  # a language the spec lacks (reached the prompt as written) joins as automatic
                 sep = sep_for[language]
             else:
-                sep = "" if _is_cjk(text[-1]) and _is_cjk(s.text[0]) else " "
+                sep = "" if is_cjk(text[-1]) and is_cjk(s.text[0]) else " "
             text += sep
         text += s.text
     return text
 
 
-def assemble(item: _Item, opts: TranscribeOptions, options: dict[str, Any], total_ms: float | None,
+def assemble(item: CutItem, opts: TranscribeOptions, options: dict[str, Any], total_ms: float | None,
              spec: dict[str, Any], session_notes: list[Notice], warn: bool = True) -> Transcription:
     """The :class:`Transcription` of ``item``. Its own notices (truncated input, cut or stopped segments) are
     raised as warnings here (unless not ``warn``), pointing at the caller of ``Session.transcribe*``;
@@ -52,18 +53,19 @@ def assemble(item: _Item, opts: TranscribeOptions, options: dict[str, Any], tota
         if warn:
             warnings.warn(item.error, RecordingFailedWarning, stacklevel=5)
         return Transcription("", [], opts.language, 0.0, timings, dict(options), item.source,
-                             [Notice("error", item.error)], False, "error", item.error)
+                             [item.error if isinstance(item.error, Notice) else Notice("error", item.error)], False,
+                             "error", item.error)
     notes: list[Notice] = [w if isinstance(w, Notice) else Notice("input_truncated", w) for w in item.warnings]
     for s in item.segments:
         if s.truncated:
-            notes.append(Notice("truncated", f"{item.source}: segment {s.start:.2f}-{s.end:.2f} s hit "
-                                f"max_new_tokens={opts.max_new_tokens}; its text may be cut (raise "
-                                "max_new_tokens)"))
+            notes.append(Notice("truncated", Message(
+                "{source}: segment {start:.2f}-{end:.2f} s hit {o[max_new_tokens]}={most}; its text may be cut "
+                "(raise {o[max_new_tokens]})", source=item.source, start=s.start, end=s.end, most=opts.max_new_tokens)))
         if s.repetition:
             notes.append(Notice("repetition", f"{item.source}: segment {s.start:.2f}-{s.end:.2f} s was stopped "
                                 "by the repetition guard"))
     for note in notes if warn else ():
-        warnings.warn(str(note), _CATEGORY[note.code], stacklevel=5)
+        warnings.warn(note, _CATEGORY[note.code], stacklevel=5)
     notes += session_notes
     item.warnings = notes
     duration = len(item.samples) / SAMPLE_RATE

@@ -44,7 +44,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fun_asr.asr.language import _is_cjk
+from fun_asr.asr.language import is_cjk
+from fun_asr.asr.option_table import OPTIONS
 from fun_asr.asr.options import TranscribeOptions
 from fun_asr.audio.decode import SAMPLE_RATE
 from fun_asr.audio.live import LiveAudio
@@ -75,7 +76,8 @@ class ChunkedOptions:
     chunk_ms: int = 720  # a decode every this much audio
     rollback_chars: int = 8  # characters at the end of the text that stay unfixed
     max_new_tokens: int = 200  # per chunk's decode
-    window_seconds: float = 30.0  # the most audio re-encoded at once (then the window closes at a pause)
+    # the most audio re-encoded at once (then the window closes at a pause)
+    window_seconds: float = OPTIONS["segment_seconds"].default
     search_seconds: float = 5.0  # where the window's cut is looked for: its last this many seconds
     prev_text: str = ""  # text the answer starts with (FunASR's prev_text): fixed from the start
 
@@ -137,7 +139,7 @@ def _join(a: str, b: str) -> str:
     """Two windows' texts as one: no space between CJK characters, one otherwise."""
     if not a or not b:
         return a or b
-    return a + ("" if _is_cjk(a[-1]) and _is_cjk(b[0]) else " ") + b
+    return a + ("" if is_cjk(a[-1]) and is_cjk(b[0]) else " ") + b
 
 
 class ChunkedStream:

@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fun_asr.asr.language import _is_cjk
+from fun_asr.asr.language import is_cjk
 
 TokenBytes = Callable[[int], bytes]
 
@@ -127,7 +127,7 @@ def split_words(text: str) -> list[str]:
                 words.append(ch)
         elif _is_punctuation(ch) or cur.isspace():
             words[-1] += ch
-        elif _is_cjk(ch) or any(_is_cjk(c) for c in cur):
+        elif is_cjk(ch) or any(is_cjk(c) for c in cur):
             words.append(ch)
         else:
             words[-1] += ch

@@ -15,10 +15,12 @@ from fun_asr.asr.results import Segment
 from fun_asr.audio.decode import SAMPLE_RATE
 from fun_asr.audio.frontend import FbankStream, FrontendConfig
 from fun_asr.audio.pauses import PauseSplitter
+from fun_asr.errors import FunAsrError, Message, names_input
+from fun_asr.notices import Notice
 from fun_asr.vad.native import FsmnVad, OfflineVad
 
 
-class _Item:
+class CutItem:
     """One recording on its way through _run."""
 
     def __init__(self, index: int) -> None:
@@ -45,7 +47,12 @@ class _Item:
 
     def fail(self, exc: BaseException | None) -> None:
         msg = str(exc) or type(exc).__name__
-        self.error = msg if self.source in msg else f"{self.source}: {msg}"
+        named = exc is not None and names_input(exc) == self.source  # the message names the recording already
+        if isinstance(exc, FunAsrError):  # kept as data: each front end says it in its words
+            self.error = Notice("error", exc.message if named else Message("{source}: {error}", source=self.source,
+                                                                             error=exc))
+        else:
+            self.error = msg if named else f"{self.source}: {msg}"
         self.segments = []
         self.enc_out.clear()
 
@@ -93,13 +100,13 @@ class _Rolling:
         self.base = self._starts[0] if self._parts else self.end
 
 
-class _Cutter:
+class Cutter:
     """Cuts one recording into segments as its 16 kHz samples arrive: FunASR's FSMN-VAD (1.4.16's offline
     algorithm, 60 s chunks, over the ASR fbank: the VAD's frames are the ASR's frames) or, without it, the
     pause splitter; the same spans as on the whole recording. Keeps in ``item.samples``/``item.fbank``
     what the segments to come need (:meth:`trim`)."""
 
-    def __init__(self, frontend: FrontendConfig, vad: FsmnVad | None, item: _Item, opts: TranscribeOptions) -> None:
+    def __init__(self, frontend: FrontendConfig, vad: FsmnVad | None, item: CutItem, opts: TranscribeOptions) -> None:
         self.item = item
         self.timings = item.timings
         self.shift = int(round(frontend.sample_rate * frontend.frame_shift_ms / 1000))
@@ -173,7 +180,7 @@ class _Cutter:
         self.item.fbank = None
 
 
-def _source_name(audio: object, index: int, count: int) -> str:
+def source_name(audio: object, index: int, count: int) -> str:
     """A file's name; "<array>"/"<audio bytes>" with their position when several were given."""
     if isinstance(audio, str | os.PathLike):
         name = os.fspath(audio)

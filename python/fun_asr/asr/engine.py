@@ -22,11 +22,11 @@ import numpy as np
 
 from fun_asr.asr.confidence import spoken, token_words
 from fun_asr.asr.ctc import CtcAligner, align_segments, draft_text
-from fun_asr.asr.cutting import _Item
+from fun_asr.asr.cutting import CutItem
 from fun_asr.asr.interrupts import RunningCalls
 from fun_asr.asr.language import language_prompt_name
 from fun_asr.asr.options import TranscribeOptions
-from fun_asr.asr.progress import _bar
+from fun_asr.asr.progress import progress_bar
 from fun_asr.asr.prompt import PromptSpec, prompt_runs
 from fun_asr.asr.tokenizer import TextTokenizer
 from fun_asr.audio.frontend import FrontendConfig, fake_token_len, features, lfr
@@ -138,30 +138,22 @@ class Engine:
         return [t for t in tokens if t not in self.stop_ids], reason, timings
 
     def interrupt(self) -> bool:
-        """From another thread: stops the transcriptions running on this session (``transcribe``,
-        ``transcribe_batch``, a stream's decodes) at the model's next graph node or decoding step; each of
-        those calls raises :class:`fun_asr.Interrupted` and the session stays usable. Calls that start before
-        the interrupted ones have ended stop too; once none runs, later calls run normally. Returns whether
-        a transcription was running (with none, nothing happens: the next call is not affected). The VAD's and
-        the speaker model's passes are not interrupted (they run between the model's, briefly)."""
+        """Stops the running transcriptions (:meth:`fun_asr.Session.interrupt` says how)."""
         return self._calls.interrupt()
 
     def interruptible(self) -> AbstractContextManager[None]:
-        """A block that counts as one running transcription for :meth:`interrupt` (every transcription is one):
-        an interrupt while it is open, also between the calls it makes, stops them (the calls raise
-        :class:`fun_asr.Interrupted`) until it ends — for a caller that decides to run a transcription and
-        must not lose an interrupt that comes before the call starts."""
+        """A block that counts as one running transcription (:meth:`fun_asr.Session.interruptible`)."""
         return self._calls.running()
 
-    def _encode(self, item: _Item, a: int, b: int, opts: TranscribeOptions,
-                jobs: list[tuple[_Item, int, np.ndarray]], waiting: list[int]) -> None:
+    def _encode(self, item: CutItem, a: int, b: int, opts: TranscribeOptions,
+                jobs: list[tuple[CutItem, int, np.ndarray]], waiting: list[int]) -> None:
         """The features of samples [a, b) of the recording (its last segment) through the encoder: its
         adaptor rows join ``jobs`` (``waiting`` counts the bytes held for decoding)."""
         segment = self._segment_features(item, a, b)
         if segment is not None:
             self._encode_segments([segment], opts, jobs, waiting)
 
-    def _segment_features(self, item: _Item, a: int, b: int) -> tuple[_Item, int, np.ndarray] | None:
+    def _segment_features(self, item: CutItem, a: int, b: int) -> tuple[CutItem, int, np.ndarray] | None:
         """(item, segment index, LFR features) of samples [a, b), the recording's last segment; None when the
         segment is a tail shorter than one 25 ms frame (nothing to hear)."""
         si = len(item.segments) - 1
@@ -170,8 +162,8 @@ class Engine:
         item.timings["frontend_ms"] += (time.perf_counter() - t0) * 1e3
         return (item, si, feats) if feats.shape[0] else None
 
-    def _encode_segments(self, segments: list[tuple[_Item, int, np.ndarray]], opts: TranscribeOptions,
-                         jobs: list[tuple[_Item, int, np.ndarray]], waiting: list[int]) -> None:
+    def _encode_segments(self, segments: list[tuple[CutItem, int, np.ndarray]], opts: TranscribeOptions,
+                         jobs: list[tuple[CutItem, int, np.ndarray]], waiting: list[int]) -> None:
         """Segments' features through the encoder (Model.encode_batch: several in packed passes, each segment's
         rows those it gets alone). Their adaptor rows join ``jobs``; the encoder
         output stays for the CTC head where a segment needs it (word timestamps, or the CTC draft in case it is
@@ -223,7 +215,7 @@ class Engine:
             self.model.clear_prefix()
             self._prefix_ids = ()
 
-    def _features(self, item: _Item, a: int, b: int) -> np.ndarray:
+    def _features(self, item: CutItem, a: int, b: int) -> np.ndarray:
         """LFR features of samples [a, b): sliced from the recording's fbank when the segment starts on a
         frame boundary (identical to computing them on the slice: Kaldi frames are independent), else
         computed on the slice (FunASR cuts the audio at the segment and runs the frontend on it)."""
@@ -235,7 +227,7 @@ class Engine:
                 return lfr(item.fbank[k : k + count], self.frontend.lfr_m, self.frontend.lfr_n)
         return features(item.samples[a:b], self.frontend)
 
-    def _decode(self, jobs: list[tuple[_Item, int, np.ndarray]], opts: TranscribeOptions, batch_size: int,
+    def _decode(self, jobs: list[tuple[CutItem, int, np.ndarray]], opts: TranscribeOptions, batch_size: int,
                 progress: bool, raise_errors: bool, prefix: np.ndarray | None = None,
                 suffix: np.ndarray | None = None) -> None:
         """Greedy decoding of every segment, at most `batch_size` at a time; fills the Segments in place.
@@ -249,7 +241,7 @@ class Engine:
         stop = [] if opts.ignore_eos else self.stop_ids
         if batch_size > 1:
             jobs = sorted(jobs, key=lambda j: -j[2].shape[0])  # the prompt's length is the same for all
-        bar = _bar(progress, None, "decoding", "tok")
+        bar = progress_bar(progress, None, "decoding", "tok")
         window = batch_size * CONTINUOUS_WINDOW if batch_size > 1 else 1
         for k in range(0, len(jobs), window):
             chunk = jobs[k : k + window]
@@ -261,20 +253,7 @@ class Engine:
 
             inputs = [j[2] if prefix is None else np.ascontiguousarray(np.concatenate([prefix, j[2], suffix]))
                       for j in chunk]
-            # A segment decoded alone verifies its recording's draft, else its CTC greedy transcript (the model
-            # takes drafts for one sequence: in a batch, the batch already shares each step's weight reads).
-            lone = chunk[0][0].draft if len(chunk) == 1 else None
-            ctc_ms = 0.0
-            kept = chunk[0][0].enc_out.get(chunk[0][1]) if len(chunk) == 1 and lone is None else None
-            if kept is not None and self._ctc_drafting():
-                t0 = time.perf_counter()
-                lone = self._ctc_draft(kept)  # the caller holds the lock
-                ctc_ms = (time.perf_counter() - t0) * 1e3
-            del kept
-            if not opts.word_timestamps:  # nothing else needs the kept encoder outputs
-                for j in chunk:
-                    j[0].enc_out.pop(j[1], None)
-            draft = [t for t in lone if t not in self.stop_ids] or None if lone else None
+            draft, ctc_ms = self._chunk_draft(chunk, opts)
             try:
                 results = self.model.generate_batch(inputs, opts.max_new_tokens, stop,
                                                     repetition_guard=opts.repetition_guard, on_step=on_step,
@@ -289,20 +268,43 @@ class Engine:
                     self._decode([job], opts, 1, False, False, prefix, suffix)
                 continue
             del inputs
-            stats = self.model.last_generation()
-            logprobs = self.model.last_token_logprobs() or [[] for _ in results]
-            for (item, si, _), (tokens, reason), lps in zip(chunk, results, logprobs, strict=True):
-                self._fill_segment(item, si, tokens, reason, lps)
-                item.timings["prefill_ms"] += stats["prefill_ms"] / len(chunk)
-                item.timings["decode_ms"] += stats["decode_ms"] / len(chunk)
-                if ctc_ms:
-                    item.timings["ctc_draft_ms"] = item.timings.get("ctc_draft_ms", 0.0) + ctc_ms
-                if draft:
-                    for key in ("decode_passes", "draft_proposed", "draft_accepted"):
-                        item.draft_stats[key] = item.draft_stats.get(key, 0) + int(stats[key])
+            self._fill_chunk(chunk, results, bool(draft), ctc_ms)
         bar.close()
 
-    def _fill_segment(self, item: _Item, si: int, tokens: list[int], reason: str, logprobs: list[float]) -> None:
+    def _chunk_draft(self, chunk: list[tuple[CutItem, int, np.ndarray]], opts: TranscribeOptions
+                     ) -> tuple[list[int] | None, float]:
+        """(the draft a chunk is decoded with, the ms its CTC transcript took). A segment decoded alone verifies
+        its recording's draft, else its CTC greedy transcript (the model takes drafts for one sequence: in a
+        batch, the batch already shares each step's weight reads)."""
+        lone = chunk[0][0].draft if len(chunk) == 1 else None
+        ctc_ms = 0.0
+        kept = chunk[0][0].enc_out.get(chunk[0][1]) if len(chunk) == 1 and lone is None else None
+        if kept is not None and self._ctc_drafting():
+            t0 = time.perf_counter()
+            lone = self._ctc_draft(kept)  # the caller holds the lock
+            ctc_ms = (time.perf_counter() - t0) * 1e3
+        del kept
+        if not opts.word_timestamps:  # nothing else needs the kept encoder outputs
+            for j in chunk:
+                j[0].enc_out.pop(j[1], None)
+        return ([t for t in lone if t not in self.stop_ids] or None if lone else None), ctc_ms
+
+    def _fill_chunk(self, chunk: list[tuple[CutItem, int, np.ndarray]], results: list[tuple[list[int], str]],
+                    drafted: bool, ctc_ms: float) -> None:
+        """A decoded chunk's segments filled in, with their share of its timings (and draft counts)."""
+        stats = self.model.last_generation()
+        logprobs = self.model.last_token_logprobs() or [[] for _ in results]
+        for (item, si, _), (tokens, reason), lps in zip(chunk, results, logprobs, strict=True):
+            self._fill_segment(item, si, tokens, reason, lps)
+            item.timings["prefill_ms"] += stats["prefill_ms"] / len(chunk)
+            item.timings["decode_ms"] += stats["decode_ms"] / len(chunk)
+            if ctc_ms:
+                item.timings["ctc_draft_ms"] = item.timings.get("ctc_draft_ms", 0.0) + ctc_ms
+            if drafted:
+                for key in ("decode_passes", "draft_proposed", "draft_accepted"):
+                    item.draft_stats[key] = item.draft_stats.get(key, 0) + int(stats[key])
+
+    def _fill_segment(self, item: CutItem, si: int, tokens: list[int], reason: str, logprobs: list[float]) -> None:
         """A decoded segment's tokens, their log-probabilities, stop reason and text into its Segment."""
         seg = item.segments[si]
         seg.tokens, seg.stop_reason = tokens, reason
@@ -313,7 +315,7 @@ class Engine:
         seg.text = self.tokenizer.decode([t for t in tokens if t not in self.stop_ids]).strip()
         seg.truncated, seg.repetition = reason == "max_new_tokens", reason == "repetition"
 
-    def _align(self, items: list[_Item]) -> None:
+    def _align(self, items: list[CutItem]) -> None:
         """Word (CTC token) timestamps of every decoded segment (:func:`fun_asr.asr.ctc.align_segments`, the
         head on each segment's encoder output, kept since it was encoded). Without a CTC head: segment times
         only, logged once per engine (every result carries the ``word_timestamps_unavailable`` warning)."""
@@ -328,7 +330,7 @@ class Engine:
                            self.tokenizer.token_bytes, self.stop_ids)
             item.timings["align_ms"] = item.timings.get("align_ms", 0.0) + (time.perf_counter() - t0) * 1e3
 
-    def _token_words(self, item: _Item) -> None:
+    def _token_words(self, item: CutItem) -> None:
         """Each decoded segment's text as words with the decoder's probability (Segment.token_words)."""
         for seg in item.segments:
             tokens, logprobs = spoken(seg.tokens, seg.token_logprobs, self.stop_ids)

@@ -118,6 +118,6 @@ def guess_language(text: str) -> str | None:
     return "en" if latin else None
 
 
-def _is_cjk(ch: str) -> bool:
+def is_cjk(ch: str) -> bool:
     o = ord(ch)
     return (0x3000 <= o <= 0x9FFF) or (0xF900 <= o <= 0xFAFF) or (0xFF00 <= o <= 0xFFEF) or (0xAC00 <= o <= 0xD7AF)

@@ -9,21 +9,21 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fun_asr.asr.assemble import assemble
-from fun_asr.asr.cutting import _Cutter, _Item, _source_name
+from fun_asr.asr.cutting import CutItem, Cutter, source_name
 from fun_asr.asr.engine import Engine
 from fun_asr.asr.language import language_notice
 from fun_asr.asr.options import TranscribeOptions
-from fun_asr.asr.progress import _bar, _NoBar
+from fun_asr.asr.progress import NoBar, progress_bar
 from fun_asr.asr.results import Segment, Transcription
 from fun_asr.asr.speakers import split_at_speakers
 from fun_asr.audio.decode import SAMPLE_RATE, AudioError, AudioInput, AudioReader, Limits
 from fun_asr.audio.frontend import fake_token_len
+from fun_asr.errors import Message
 from fun_asr.notices import Notice
 from fun_asr.speakers.diarize import RecordingSpeakers
 from fun_asr.vad.native import FsmnVad
@@ -35,14 +35,20 @@ log = logging.getLogger("fun_asr")
 _WAVE_BYTES = 64 << 20
 
 VAD_ENV = "FUN_ASR_VAD_MODEL"  # a user default VAD (a .gguf, a FunASR fsmn-vad folder, or a hub repo id)
+# (a template of fun_asr.errors: each front end names its own way of giving a VAD or turning it off)
 NO_VAD_MESSAGE = (
     "{model}: no FSMN-VAD in this model and none given, so long audio is cut at pauses and silence or noise can "
-    "come out as made-up words; embed one (fun-asr-convert SRC --vad-model DIR|GGUF), give --vad-model "
-    f"(vad_model=), or set {VAD_ENV}; --vad none (vad=None) turns this notice off"
+    "come out as made-up words; embed one (fun-asr-convert SRC --vad-model DIR|GGUF), give {h[give_vad]}, or set "
+    f"{VAD_ENV}; {{h[vad_off]}} turns this notice off"
 )
 
 
-def _open_segment(item: _Item, a: int, b: int) -> None:
+def no_vad_notice(model: Any) -> Notice:
+    """The ``no_vad`` notice of a Session without a VAD (``model``: its model file)."""
+    return Notice("no_vad", Message(NO_VAD_MESSAGE, model=model))
+
+
+def _open_segment(item: CutItem, a: int, b: int) -> None:
     """Samples [a, b) become the recording's next segment (its text comes when it is decoded)."""
     item.spans.append((a, b))
     item.segments.append(Segment(a / SAMPLE_RATE, b / SAMPLE_RATE, "", [], "empty", False, False))
@@ -61,20 +67,25 @@ class Arrivals:
     deliver: Callable[[int, Transcription], None]
 
 
-class Pipeline(Engine):
-    """An :class:`~fun_asr.asr.engine.Engine` with what cutting a recording needs: its ``vad`` (None: cut at
-    pauses) and input ``limits``; a recording's speakers come from :meth:`_speaker_windows`."""
+class Pipeline:
+    """Recordings through ``engine`` (an :class:`~fun_asr.asr.engine.Engine`, which the pipeline uses and does not
+    own), with what cutting a recording needs: its ``vad`` (None: cut at pauses) and input ``limits``. A
+    recording's speaker windows come from ``speaker_windows`` (the Session's, which holds the speaker model;
+    None: the pipeline cannot diarize)."""
 
-    def __init__(self, path: Path, device: str, threads: int, limits: Limits) -> None:
-        super().__init__(path, device, threads)
+    def __init__(self, engine: Engine, limits: Limits, vad: FsmnVad | None = None,
+                 speaker_windows: Callable[[], RecordingSpeakers] | None = None) -> None:
+        self.engine = engine
         self.limits = limits
-        self.vad: FsmnVad | None = None
+        self.vad = vad
+        self._speaker_windows_of = speaker_windows
         self._told_languages: set[str] = set()  # languages the spec lacks, logged once each
 
     def _speaker_windows(self) -> RecordingSpeakers:
-        """A recording's speaker windows, embedded by the speaker model: the Session gives them (it holds the
-        speaker model); a pipeline without one cannot diarize."""
-        raise NotImplementedError("diarize=True needs a speaker model (fun_asr.Session(speaker_model=...))")
+        """A recording's speaker windows, embedded by the speaker model (``speaker_windows``)."""
+        if self._speaker_windows_of is None:
+            raise NotImplementedError("diarize=True needs a speaker model (fun_asr.Session(speaker_model=...))")
+        return self._speaker_windows_of()
 
     def _run(self, audios: list[AudioInput], sample_rate: int | None, opts: TranscribeOptions, batch_size: int,
              progress: bool, raise_errors: bool, names: list[str] | None = None,
@@ -83,28 +94,28 @@ class Pipeline(Engine):
         segment's features -> encoder, block by block, so that no recording is held whole (_stream); the
         segments' adaptor rows wait for decoding, all recordings' together (longest first), in waves when
         they grow past _WAVE_BYTES."""
-        with self.interruptible():
+        with self.engine.interruptible():
             return self._run_all(audios, sample_rate, opts, batch_size, progress, raise_errors, names, warn, drafts)
 
     def _run_all(self, audios: list[AudioInput], sample_rate: int | None, opts: TranscribeOptions,
                  batch_size: int, progress: bool, raise_errors: bool, names: list[str] | None,
                  warn: bool, drafts: list[list[int] | None] | None) -> list[Transcription]:
         t_start = time.perf_counter()
-        before, after = self.prompt_ids(opts)
-        items = [_Item(i) for i in range(len(audios))]
+        before, after = self.engine.prompt_ids(opts)
+        items = [CutItem(i) for i in range(len(audios))]
         for item, d in zip(items, drafts or [], strict=False):
             item.draft = d
-        with self._lock:
-            prefix = self.model.embed(before)
-            suffix = self.model.embed(after)
-            self._use_prefix(before, prefix)
-        jobs: list[tuple[_Item, int, np.ndarray]] = []  # (item, segment index, adaptor rows)
+        with self.engine._lock:
+            prefix = self.engine.model.embed(before)
+            suffix = self.engine.model.embed(after)
+            self.engine._use_prefix(before, prefix)
+        jobs: list[tuple[CutItem, int, np.ndarray]] = []  # (item, segment index, adaptor rows)
         waiting = [0]  # bytes held for decoding: the jobs' rows, the features kept for word timestamps
         # segments are encoded as the recordings are read: the bar's total is the segments decided so far
-        bar: list[Any] = [_NoBar(), 0]  # the encoding bar (from the second segment on), segments decided
+        bar: list[Any] = [NoBar(), 0]  # the encoding bar (from the second segment on), segments decided
         # segments waiting for a packed encoder pass (Engine.encoder_pack; up to batch_size of them)
-        pack = min(batch_size, self.encoder_pack) if batch_size > 1 else 1
-        pending: list[tuple[_Item, int, np.ndarray]] = []
+        pack = min(batch_size, self.engine.encoder_pack) if batch_size > 1 else 1
+        pending: list[tuple[CutItem, int, np.ndarray]] = []
 
         def encode_pending() -> None:
             segments = [s for s in pending if s[0].error is None]
@@ -112,34 +123,34 @@ class Pipeline(Engine):
             if not segments:
                 return
             try:
-                self._encode_segments(segments, opts, jobs, waiting)
+                self.engine._encode_segments(segments, opts, jobs, waiting)
             except (ValueError, RuntimeError, MemoryError):
                 if raise_errors:
                     raise
                 for segment in segments:  # find the bad one; the others encode as they would have
                     try:
-                        self._encode_segments([segment], opts, jobs, waiting)
+                        self.engine._encode_segments([segment], opts, jobs, waiting)
                     except (ValueError, RuntimeError, MemoryError) as exc:
                         segment[0].fail(exc)
 
-        def encode(item: _Item, a: int, b: int) -> None:
+        def encode(item: CutItem, a: int, b: int) -> None:
             _open_segment(item, a, b)
             bar[1] += 1
             if bar[1] == 2 and progress:
-                bar[0] = _bar(True, 2, "encoding", "seg")
+                bar[0] = progress_bar(True, 2, "encoding", "seg")
                 bar[0].update(1)
             elif bar[1] > 2:
                 bar[0].total = bar[1]
                 bar[0].refresh()
             try:
                 if pack > 1:
-                    segment = self._segment_features(item, a, b)
+                    segment = self.engine._segment_features(item, a, b)
                     if segment is not None:
                         pending.append(segment)
                     if len(pending) >= pack:
                         encode_pending()
                 else:
-                    self._encode(item, a, b, opts, jobs, waiting)
+                    self.engine._encode(item, a, b, opts, jobs, waiting)
                 self._add_speaker_window(item, a, b, opts)
             finally:
                 bar[0].update(1)
@@ -147,18 +158,18 @@ class Pipeline(Engine):
         def decode() -> None:
             encode_pending()
             bar[0].close()
-            bar[:] = [_NoBar(), 0]
+            bar[:] = [NoBar(), 0]
             wave = [j for j in jobs if j[0].error is None]
             jobs.clear()
             waiting[0] = 0
-            with self._lock:
-                self._use_prefix(before, prefix)
-                self._decode(wave, opts, batch_size, progress, raise_errors, prefix, suffix)
+            with self.engine._lock:
+                self.engine._use_prefix(before, prefix)
+                self.engine._decode(wave, opts, batch_size, progress, raise_errors, prefix, suffix)
                 if opts.word_timestamps:
-                    self._align(items)
+                    self.engine._align(items)
 
         for item, audio in zip(items, audios, strict=True):  # a bad recording fails alone
-            item.source = names[item.index] if names else _source_name(audio, item.index, len(items))
+            item.source = names[item.index] if names else source_name(audio, item.index, len(items))
             label = "audio" if len(items) == 1 else f"audio {item.index + 1}/{len(items)}"
             steps = self._stream(item, audio, sample_rate, opts, encode, progress, label)
             while True:
@@ -190,14 +201,16 @@ class Pipeline(Engine):
                    "max_new_tokens": opts.max_new_tokens, "segment_seconds": opts.segment_seconds,
                    "repetition_guard": opts.repetition_guard}
         if opts.word_timestamps:
-            options["word_timestamps"] = True if self.aligner is not None else f"unavailable: {self.ctc_reason}"
+            engine = self.engine
+            options["word_timestamps"] = True if engine.aligner is not None else f"unavailable: {engine.ctc_reason}"
         options.update(opts.vad_options.to_dict())  # the VAD kwargs given (none: the VAD's defaults)
         if opts.diarize:
             options["diarize"] = True
             options.update(opts.speakers.to_dict())
+        options.update(opts.output_options())  # max_line_width / max_line_count given: srt/vtt use them
         return options
 
-    def _add_speaker_window(self, item: _Item, a: int, b: int, opts: TranscribeOptions) -> None:
+    def _add_speaker_window(self, item: CutItem, a: int, b: int, opts: TranscribeOptions) -> None:
         """diarize: samples [a, b) (a segment just cut) into the recording's speaker windows."""
         if opts.diarize:
             if item.speakers is None:
@@ -213,37 +226,37 @@ class Pipeline(Engine):
         sequences), and its result goes to ``arrivals.deliver`` as soon as its last segment ends. Every
         segment's tokens are those it gets decoded alone (bit for bit on the CPU). Returns every result, the
         given recordings' first, then the arrivals' in the order they came."""
-        with self.interruptible():
-            before, after = self.prompt_ids(opts)
-            with self._lock:
-                prefix = self.model.embed(before)
-                suffix = self.model.embed(after)
-                self._use_prefix(before, prefix)
+        with self.engine.interruptible():
+            before, after = self.engine.prompt_ids(opts)
+            with self.engine._lock:
+                prefix = self.engine.model.embed(before)
+                suffix = self.engine.model.embed(after)
+                self.engine._use_prefix(before, prefix)
             options = self._options_record(opts)
-            stop = [] if opts.ignore_eos else self.stop_ids
-            items: list[_Item] = []
+            stop = [] if opts.ignore_eos else self.engine.stop_ids
+            items: list[CutItem] = []
             results: dict[int, Transcription] = {}
-            queued: list[tuple[_Item, int, np.ndarray]] = []  # encoded segments waiting for a decoder slot
-            owners: list[tuple[_Item, int, float]] = []  # per decoder sequence: its item, segment, time handed over
+            queued: list[tuple[CutItem, int, np.ndarray]] = []  # encoded segments waiting for a decoder slot
+            owners: list[tuple[CutItem, int, float]] = []  # per decoder sequence: its item, segment, time handed over
             left: dict[int, int] = {}  # per item: its segments not decoded yet
 
-            def finish(item: _Item) -> None:
+            def finish(item: CutItem) -> None:
                 if opts.word_timestamps and item.error is None:
-                    self._align([item])
+                    self.engine._align([item])
                 if opts.diarize:
                     self._label_speakers(item, opts)
                 results[item.index] = self._result(item, opts, options, None, warn)
                 arrivals.deliver(item.index, results[item.index])
 
             def read(audio: AudioInput, name: str) -> None:
-                item = _Item(len(items))
+                item = CutItem(len(items))
                 items.append(item)
                 item.source = name
-                jobs: list[tuple[_Item, int, np.ndarray]] = []
+                jobs: list[tuple[CutItem, int, np.ndarray]] = []
 
-                def encode(it: _Item, a: int, b: int) -> None:
+                def encode(it: CutItem, a: int, b: int) -> None:
                     _open_segment(it, a, b)
-                    self._encode(it, a, b, opts, jobs, [0])
+                    self.engine._encode(it, a, b, opts, jobs, [0])
                     self._add_speaker_window(it, a, b, opts)
 
                 try:
@@ -275,41 +288,41 @@ class Pipeline(Engine):
 
             def done(index: int, tokens: list[int], reason: str) -> None:
                 item, si, t0 = owners[index]
-                self._fill_segment(item, si, tokens, reason, self.model.token_logprobs_of(index))
+                self.engine._fill_segment(item, si, tokens, reason, self.engine.model.token_logprobs_of(index))
                 item.timings["decode_ms"] += (time.perf_counter() - t0) * 1e3  # its prefill and steps, shared
                 left[item.index] -= 1
                 if left[item.index] == 0:
                     finish(item)
 
             for i, audio in enumerate(audios):
-                read(audio, names[i] if names else _source_name(audio, i, len(audios)))
+                read(audio, names[i] if names else source_name(audio, i, len(audios)))
             # room in the cache for a joining segment of up to segment_seconds
-            frames = int(opts.segment_seconds / self.frontend.seconds_per_lfr_frame) + 1
-            join_rows = len(prefix) + fake_token_len(frames, self.prompt.fake_token_halvings) + len(suffix)
+            frames = int(opts.segment_seconds / self.engine.frontend.seconds_per_lfr_frame) + 1
+            join_rows = len(prefix) + fake_token_len(frames, self.engine.prompt.fake_token_halvings) + len(suffix)
             while True:
-                first = hand_over(batch_size, self.context_length)
+                first = hand_over(batch_size, self.engine.context_length)
                 if not first:
                     break
                 owners[:] = owners[-len(first):]  # this call's sequences count from 0
-                with self._lock:
-                    self._use_prefix(before, prefix)
-                    self.model.generate_batch(first, opts.max_new_tokens, stop, repetition_guard=opts.repetition_guard,
-                                              max_active=batch_size, join=hand_over, on_done=done,
-                                              join_rows=join_rows)
+                with self.engine._lock:
+                    self.engine._use_prefix(before, prefix)
+                    self.engine.model.generate_batch(first, opts.max_new_tokens, stop,
+                                                     repetition_guard=opts.repetition_guard, max_active=batch_size,
+                                                     join=hand_over, on_done=done, join_rows=join_rows)
             return [results[i] for i in range(len(items))]
 
-    def _stream(self, item: _Item, audio: AudioInput, sample_rate: int | None, opts: TranscribeOptions,
-                encode: Callable[[_Item, int, int], None], progress: bool, label: str) -> Iterator[bool]:
+    def _stream(self, item: CutItem, audio: AudioInput, sample_rate: int | None, opts: TranscribeOptions,
+                encode: Callable[[CutItem, int, int], None], progress: bool, label: str) -> Iterator[bool]:
         """Reads one recording block by block (AudioReader: the checks and limits of decode_audio as the
-        blocks come), cuts it into segments as they are decided (_Cutter) and hands each to ``encode``,
+        blocks come), cuts it into segments as they are decided (Cutter) and hands each to ``encode``,
         keeping only the samples and fbank frames that segments to come need. Yields False after each
         block (the caller may decode in between), True at the end; raises what reading or cutting raised."""
         t0 = time.perf_counter()
         reader = AudioReader(audio, sample_rate, item.source, self.limits)
         item.timings["load_ms"] += (time.perf_counter() - t0) * 1e3
         expected = reader.expected_seconds
-        bar = _bar(progress, None if expected is None else int(round(expected)), label, "s", delay=1.0)
-        cutter = _Cutter(self.frontend, self.vad, item, opts)
+        bar = progress_bar(progress, None if expected is None else int(round(expected)), label, "s", delay=1.0)
+        cutter = Cutter(self.engine.frontend, self.vad, item, opts)
         shown = 0
         try:
             blocks = reader.blocks()
@@ -330,13 +343,13 @@ class Pipeline(Engine):
                 yield False
             item.warnings = [Notice("input_truncated", w) for w in reader.info.warnings]
             item.input_truncated = reader.info.truncated
-            if len(item.samples) < self.frontend.samples_per_frame:
+            if len(item.samples) < self.engine.frontend.samples_per_frame:
                 item.empty_reason = "too_short"
                 item.segmentation = None  # nothing was cut
                 seconds = len(item.samples) / SAMPLE_RATE
+                frame_ms = self.engine.frontend.frame_length_ms
                 item.warnings.append(Notice("too_short", f"{item.source}: audio is {seconds:.3f} s long, shorter than "
-                                            f"one {self.frontend.frame_length_ms:g} ms analysis frame: nothing to "
-                                            "transcribe"))
+                                            f"one {frame_ms:g} ms analysis frame: nothing to transcribe"))
             else:
                 for a, b in cutter.finish():
                     encode(item, a, b)
@@ -349,7 +362,7 @@ class Pipeline(Engine):
             bar.close()
         yield True
 
-    def _label_speakers(self, item: _Item, opts: TranscribeOptions) -> None:
+    def _label_speakers(self, item: CutItem, opts: TranscribeOptions) -> None:
         """Each segment's speaker from the recording's windows (FunASR's clustering, vad_segment mode)."""
         if item.error is not None:
             return
@@ -358,28 +371,28 @@ class Pipeline(Engine):
         labels, timeline = speakers.label([(s.start, s.end) for s in item.segments], opts.speakers)
         segments = []
         for seg, spk in zip(item.segments, labels, strict=True):  # a segment two speakers share is cut at the turn
-            segments += split_at_speakers(seg, spk, timeline, self.tokenizer.decode, self.stop_ids)
+            segments += split_at_speakers(seg, spk, timeline, self.engine.tokenizer.decode, self.engine.stop_ids)
         item.segments = segments
         item.speaker_turns = timeline
         item.timings["speaker_ms"] = speakers.embed_ms + (time.perf_counter() - t0) * 1e3
         item.speakers = None
 
-    def _result(self, item: _Item, opts: TranscribeOptions, options: dict[str, Any],
+    def _result(self, item: CutItem, opts: TranscribeOptions, options: dict[str, Any],
                 total_ms: float | None, warn: bool = True) -> Transcription:
         # conditions of the whole Session: logged once (Session.__init__, _align), recorded in every result
         session_notes = []
         if opts.no_vad and item.segmentation == "pauses":
-            session_notes.append(Notice("no_vad", NO_VAD_MESSAGE.format(model=self.path)))
-        if opts.word_timestamps and self.aligner is None:
+            session_notes.append(no_vad_notice(self.engine.path))
+        if opts.word_timestamps and self.engine.aligner is None:
             session_notes.append(Notice("word_timestamps_unavailable", f"word timestamps unavailable: "
-                                        f"{self.ctc_reason}; segment-level times only"))
-        unknown = language_notice(self.spec, opts.language)  # recorded in every result, logged once per language
+                                        f"{self.engine.ctc_reason}; segment-level times only"))
+        unknown = language_notice(self.engine.spec, opts.language)  # recorded in every result, logged once per language
         if unknown is not None:
             session_notes.append(unknown)
             # bounded: a server's clients can send any number of names (past 256, they are only in the results)
             if opts.language not in self._told_languages and len(self._told_languages) < 256:
                 self._told_languages.add(opts.language)
                 log.warning("%s", unknown)
-        self._token_words(item)
-        return assemble(item, opts, options, total_ms, self.spec, session_notes, warn)
+        self.engine._token_words(item)
+        return assemble(item, opts, options, total_ms, self.engine.spec, session_notes, warn)
 

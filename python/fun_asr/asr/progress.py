@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-class _NoBar:
+class NoBar:
     def update(self, n: int = 1) -> None:
         pass
 
@@ -14,10 +14,10 @@ class _NoBar:
         pass
 
 
-def _bar(enabled: bool, total: int | None, desc: str, unit: str, delay: float = 0.0):  # noqa: ANN202 - tqdm or a no-op
+def progress_bar(enabled: bool, total: int | None, desc: str, unit: str, delay: float = 0.0):  # noqa: ANN202 - tqdm or a no-op
     """A progress bar on stderr (tqdm, removed when done; ``delay``: shown only after that many seconds)."""
     if not enabled:
-        return _NoBar()
+        return NoBar()
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True, delay=delay)

@@ -12,6 +12,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
+from fun_asr.errors import OptionError
+
 Run = tuple[str, bool]  # (text, trusted)
 
 
@@ -51,8 +53,9 @@ def check_hotword(word: str) -> None:
     or phrases, and a line break inside one would end its line of the prompt."""
     for ch in word:
         if unicodedata.category(ch) == "Cc":
-            raise ValueError(f"hotword {word[:20]!r} contains the control character U+{ord(ch):04X}; hotwords are "
-                             "words or phrases (separate several with commas or line breaks)")
+            raise OptionError("option.value", "{p[hotwords]}hotword {start!r} contains the control character "
+                              "U+{char:04X}; hotwords are words or phrases (separate several with commas or line "
+                              "breaks)", option="hotwords", start=word[:20], char=ord(ch))
 
 
 def instruction_runs(spec: PromptSpec, language_name: str | None, itn: bool, hotwords: list[str]) -> list[Run]:

@@ -7,18 +7,28 @@ model, checks each call's options (:mod:`fun_asr.asr.options`) and hands recordi
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 import os
+import weakref
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fun_asr import _core
+from fun_asr.asr.ctc import CtcAligner
+from fun_asr.asr.engine import Engine
 from fun_asr.asr.language import guess_language, normalize_language
+from fun_asr.asr.option_table import VAD_OPTIONS, check_lines, option_values
+from fun_asr.asr.option_table import signature as option_signature
 from fun_asr.asr.options import (
     OptionArgs,
     TranscribeOptions,
+    VadOptions,
     check_batch_size,
     check_draft,
     check_hotwords,
@@ -26,12 +36,15 @@ from fun_asr.asr.options import (
     check_option_names,
     check_vad_options,
 )
-from fun_asr.asr.pipeline import NO_VAD_MESSAGE, VAD_ENV, Arrivals, Pipeline
+from fun_asr.asr.pipeline import NO_VAD_MESSAGE, VAD_ENV, Arrivals, Pipeline, no_vad_notice
+from fun_asr.asr.prompt import PromptSpec
 from fun_asr.asr.results import Segment, Transcription
-from fun_asr.asr.streams import open_stream
+from fun_asr.asr.streams import STREAM_SIGNATURE, open_stream
+from fun_asr.asr.tokenizer import TextTokenizer
 from fun_asr.audio.decode import AudioInput, Limits, check_audio_input
-from fun_asr.audio.frontend import fake_token_len
+from fun_asr.audio.frontend import FrontendConfig, fake_token_len
 from fun_asr.converter.hub import DEFAULT_REPO, DEMO, resolve_model
+from fun_asr.errors import OptionError, OptionTypeError, SetupError, options_field
 from fun_asr.model.demo import WORDS as _DEMO_WORDS
 from fun_asr.model.native import usable_device
 from fun_asr.speakers.cluster import DEFAULT_CLUSTERING, check_clustering
@@ -49,7 +62,41 @@ def _default_package(device: str) -> str:
     return "q8_0" if _core.check_device(device) == _core.check_device("cpu") else "f16"
 
 
-class Session(Pipeline):
+@dataclass(frozen=True)
+class SessionSettings:
+    """:class:`Session`'s keyword-only settings (each described there): ``package_type``, ``revision``,
+    ``progress``, ``vad``, ``vad_model``, ``limits``, ``speaker_model``, ``speaker_clustering``."""
+
+    package_type: str | None = None
+    revision: str | None = None
+    progress: bool = True
+    vad: str | None = "auto"
+    vad_model: str | os.PathLike[str] | None = None
+    limits: Limits | None = None
+    speaker_model: Any = "auto"
+    speaker_clustering: str = DEFAULT_CLUSTERING
+
+    @classmethod
+    def given(cls, settings: dict[str, Any]) -> SessionSettings:
+        """The settings from ``Session(...)``'s keywords; TypeError naming an unknown one and the accepted."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(settings) - set(names))
+        if unknown:
+            raise TypeError(f"Session() got an unexpected keyword argument {unknown[0]!r}; it takes model, device, "
+                            f"threads and {', '.join(names)}")
+        return cls(**settings)
+
+    @classmethod
+    def signature(cls) -> inspect.Signature:
+        """``Session(...)``'s parameters as help() shows them."""
+        p = inspect.Parameter
+        first = [p("self", p.POSITIONAL_OR_KEYWORD), p("model", p.POSITIONAL_OR_KEYWORD, default=DEFAULT_REPO),
+                 p("device", p.POSITIONAL_OR_KEYWORD, default="auto"), p("threads", p.POSITIONAL_OR_KEYWORD, default=0)]
+        return inspect.Signature([*first, *(p(f.name, p.KEYWORD_ONLY, default=f.default)
+                                            for f in dataclasses.fields(cls))], return_annotation=None)
+
+
+class Session:
     """A loaded model ready to transcribe.
 
     ``model``: a GGUF file, an HF checkpoint folder, or a hub repo id (default
@@ -83,14 +130,13 @@ class Session(Pipeline):
     One Session can be used from several threads; transcriptions run one at a time.
     """
 
-    def __init__(self, model: str | os.PathLike[str] = DEFAULT_REPO, device: str = "auto", threads: int = 0, *,
-                 package_type: str | None = None, revision: str | None = None, progress: bool = True,
-                 vad: str | None = "auto", vad_model: str | os.PathLike[str] | None = None,
-                 limits: Limits | None = None, speaker_model: Any = "auto",
-                 speaker_clustering: str = DEFAULT_CLUSTERING) -> None:
+    def __init__(self, model: str | os.PathLike[str] = DEFAULT_REPO, device: str = "auto", threads: int = 0,
+                 **settings: Any) -> None:
+        c = SessionSettings.given(settings)
+        vad, vad_model, progress, speaker_model = c.vad, c.vad_model, c.progress, c.speaker_model
         if vad not in ("auto", "fsmn", None, "none"):
             raise ValueError(f"vad must be 'auto', 'fsmn' or None, got {vad!r}")
-        self.speaker_clustering = check_clustering(speaker_clustering)
+        self.speaker_clustering = check_clustering(c.speaker_clustering)
         if not isinstance(device, str):
             raise TypeError(f"device must be a string (auto, cpu, gpu[:N], cuda[:N], vulkan[:N], metal), got "
                             f"{type(device).__name__}")
@@ -102,15 +148,21 @@ class Session(Pipeline):
         if self.demo:
             log.warning("the 20-word demo model (-m demo): it knows only %s; for real speech use the default "
                         "model or a converted checkpoint", ", ".join(_DEMO_WORDS))
-        path = resolve_model(model, package_type or _default_package(device), revision, progress)
-        super().__init__(path, device, threads, limits or Limits())
+        path = resolve_model(model, c.package_type or _default_package(device), c.revision, progress)
+        # the Session owns its engine (the loaded model) and its pipeline (recordings through the engine)
+        self._engine = Engine(path, device, threads)
         self.vad_source: str | None = None  # where the VAD came from: "embedded", a path, a repo id, ...
+        loaded: FsmnVad | None = None
         if vad not in (None, "none"):
-            self.vad, self.vad_source = self._load_vad(vad, vad_model, from_hub, progress)
+            loaded, self.vad_source = self._load_vad(vad, vad_model, from_hub, progress)
+        # the pipeline calls back for speaker windows through a weak reference: no Session <-> Pipeline cycle, so a
+        # Session that is dropped frees its model at once (not at the next garbage collection)
+        windows = weakref.WeakMethod(self._speaker_windows)
+        self._pipeline = Pipeline(self._engine, c.limits or Limits(), loaded, lambda: windows()())  # type: ignore[misc]
         # "auto" found no VAD: every result says so (warning code no_vad), and it is logged once here
         self.vad_missing = vad == "auto" and self.vad is None
         if self.vad_missing:
-            log.warning("%s", NO_VAD_MESSAGE.format(model=path))
+            log.warning("%s", no_vad_notice(path))
         self._speaker_arg = speaker_model
         self._from_hub = from_hub
         self._progress = progress
@@ -133,13 +185,13 @@ class Session(Pipeline):
     def embed_speakers(self, windows: list[np.ndarray]) -> np.ndarray:
         """CAM++ embeddings ``[N, D]`` of 16 kHz windows (the speaker model, under the Session's lock)."""
         model = self.speaker_model
-        with self._lock:
+        with self._engine._lock:
             return model.embed(windows, threads=self._speaker_threads())
 
     def embed_speaker_features(self, features: list[np.ndarray]) -> np.ndarray:
         """CAM++ embeddings ``[N, D]`` of CAM++ feature windows (under the Session's lock)."""
         model = self.speaker_model
-        with self._lock:
+        with self._engine._lock:
             return model.embed_features(features, threads=self._speaker_threads())
 
     def _speaker_threads(self) -> int:
@@ -178,6 +230,157 @@ class Session(Pipeline):
     def __repr__(self) -> str:
         return f"Session({str(self.path)!r}, backend={self.model.info()['backend']}, vad={self.vad_source!r})"
 
+    # -- the engine and the pipeline it owns ----------------------------------------------------
+
+    @property
+    def engine(self) -> Engine:
+        """The loaded model the Session owns (:class:`fun_asr.asr.engine.Engine`)."""
+        return self._engine
+
+    @property
+    def path(self) -> Path:
+        """The model package (GGUF) loaded."""
+        return self._engine.path
+
+    @property
+    def model(self) -> Any:
+        """The native model (:class:`fun_asr.model.native.Model`)."""
+        return self._engine.model
+
+    @model.setter
+    def model(self, model: Any) -> None:
+        self._engine.model = model
+
+    @property
+    def threads(self) -> int:
+        """CPU threads as given (0: auto)."""
+        return self._engine.threads
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The package's GGUF metadata (Python values)."""
+        return self._engine.metadata
+
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        return self._engine.tokenizer
+
+    @property
+    def prompt(self) -> PromptSpec:
+        return self._engine.prompt
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        """The model spec (its languages included)."""
+        return self._engine.spec
+
+    @property
+    def language_table(self) -> str:
+        """``"nano"`` (Fun-ASR-Nano) or ``"mlt_nano"`` (Fun-ASR-MLT-Nano, 31 languages)."""
+        return self._engine.language_table
+
+    @property
+    def frontend(self) -> FrontendConfig:
+        return self._engine.frontend
+
+    @property
+    def stop_ids(self) -> list[int]:
+        return self._engine.stop_ids
+
+    @property
+    def max_segment_seconds(self) -> float:
+        """The longest segment the encoder takes."""
+        return self._engine.max_segment_seconds
+
+    @property
+    def context_length(self) -> int:
+        """The decoder's context (positions)."""
+        return self._engine.context_length
+
+    @property
+    def vocab_size(self) -> int:
+        return self._engine.vocab_size
+
+    @property
+    def aligner(self) -> CtcAligner | None:
+        """The CTC head's aligner (None: no CTC head, no word timestamps; ``ctc_reason`` says why)."""
+        return self._engine.aligner
+
+    @property
+    def ctc_reason(self) -> str | None:
+        return self._engine.ctc_reason
+
+    @property
+    def ctc_drafts(self) -> bool:
+        """Whether a segment decoded alone takes its CTC greedy transcript as its draft (see the class)."""
+        return self._engine.ctc_drafts
+
+    @ctc_drafts.setter
+    def ctc_drafts(self, on: bool) -> None:
+        self._engine.ctc_drafts = on
+
+    @property
+    def prefix_cache(self) -> bool:
+        """Whether the prompt prefix's K/V is reused across segments (the same tokens either way)."""
+        return self._engine.prefix_cache
+
+    @prefix_cache.setter
+    def prefix_cache(self, on: bool) -> None:
+        self._engine.prefix_cache = on
+
+    @property
+    def encoder_pack(self) -> int:
+        """The most segments encoded in one packed pass when recordings are transcribed in batches."""
+        return self._engine.encoder_pack
+
+    @encoder_pack.setter
+    def encoder_pack(self, count: int) -> None:
+        self._engine.encoder_pack = count
+
+    @property
+    def vad(self) -> FsmnVad | None:
+        """The FSMN-VAD that cuts recordings (None: cut at pauses; ``vad_source`` says where it came from)."""
+        return self._pipeline.vad
+
+    @vad.setter
+    def vad(self, vad: FsmnVad | None) -> None:
+        self._pipeline.vad = vad
+
+    @property
+    def limits(self) -> Limits:
+        """The input limits (:class:`fun_asr.audio.decode.Limits`)."""
+        return self._pipeline.limits
+
+    @limits.setter
+    def limits(self, limits: Limits) -> None:
+        self._pipeline.limits = limits
+
+    def prompt_ids(self, opts: TranscribeOptions) -> tuple[list[int], list[int]]:
+        """The prompt's token ids before and after the audio for ``opts``."""
+        return self._engine.prompt_ids(opts)
+
+    def interrupt(self) -> bool:
+        """From another thread: stops the transcriptions running on this session (``transcribe``,
+        ``transcribe_batch``, a stream's decodes) at the model's next graph node or decoding step; each of
+        those calls raises :class:`fun_asr.Interrupted` and the session stays usable. Calls that start before
+        the interrupted ones have ended stop too; once none runs, later calls run normally. Returns whether
+        a transcription was running (with none, nothing happens: the next call is not affected). The VAD's and
+        the speaker model's passes are not interrupted (they run between the model's, briefly)."""
+        return self._engine.interrupt()
+
+    def interruptible(self) -> AbstractContextManager[None]:
+        """A block that counts as one running transcription for :meth:`interrupt` (every transcription is one):
+        an interrupt while it is open, also between the calls it makes, stops them (the calls raise
+        :class:`fun_asr.Interrupted`) until it ends — for a caller that decides to run a transcription and
+        must not lose an interrupt that comes before the call starts."""
+        return self._engine.interruptible()
+
+    def _decode_audio(self, samples: np.ndarray, opts: TranscribeOptions, forced: list[int], max_new_tokens: int,
+                      draft: list[int] | None = None) -> tuple[list[int], str, dict[str, float]]:
+        """One segment decoded alone with a forced answer start (the chunked stream's decode):
+        :meth:`fun_asr.asr.engine.Engine._decode_audio`."""
+        return self._engine._decode_audio(samples, opts, forced, max_new_tokens, draft)
+
     # -- options -------------------------------------------------------------------------------
 
     def normalize_language(self, language: str | None) -> str | None:
@@ -185,63 +388,79 @@ class Session(Pipeline):
         written and reaches the prompt as FunASR passes it (:func:`fun_asr.asr.language.normalize_language`)."""
         return normalize_language(self.spec, language)
 
-    def options(self, language: str | None = None, itn: bool = True, hotwords: list[str] | str | None = None,
-                max_new_tokens: int = 512, segment_seconds: float = 30.0, repetition_guard: bool = True,
-                ignore_eos: bool = False, vad: bool | None = None,
-                word_timestamps: bool = False, *, silence_schedule: Any = None, dynamic_silence: bool | None = None,
-                max_end_silence_time: int | None = None, diarize: bool = False, num_speakers: int | None = None,
-                min_speakers: int | None = None, max_speakers: int | None = None,
-                speaker_clustering: str | None = None) -> TranscribeOptions:
-        """Checks transcription options once (ValueError/TypeError naming the option) and returns them.
+    def options(self, *args: Any, **kwargs: Unpack[OptionArgs]) -> TranscribeOptions:
+        """Checks transcription options once (ValueError/TypeError naming the option) and returns them. The options
+        are :data:`fun_asr.asr.option_table.OPTIONS` (name, default, help); the first nine may be given by position
+        (``language, itn, hotwords, max_new_tokens, segment_seconds, repetition_guard, ignore_eos, vad,
+        word_timestamps``), the rest by name; an unknown name is a TypeError naming the accepted ones.
         ``diarize``: speaker labels (loads the speaker model now, so that a missing one fails before any audio is
         read); ``num_speakers``, ``min_speakers``, ``max_speakers``, ``speaker_clustering`` (None: the Session's)
         need it.
         ``silence_schedule``, ``dynamic_silence``, ``max_end_silence_time``: FunASR 1.4.16's per-call FSMN-VAD
-        kwargs (:class:`fun_asr.asr.options.VadOptions`); they need the VAD to run."""
-        words = check_hotwords(hotwords, self.limits)
-        check_lengths(max_new_tokens, segment_seconds, self.max_segment_seconds, self.limits)
+        kwargs (:class:`fun_asr.asr.options.VadOptions`); they need the VAD to run.
+        ``max_line_width``, ``max_line_count``: srt/vtt subtitle lines (:func:`fun_asr.asr.formats.render`), kept
+        in the result's ``options``."""
+        v = option_values(args, kwargs, "options")
+        words = check_hotwords(v["hotwords"], self.limits)
+        check_lengths(v["max_new_tokens"], v["segment_seconds"], self.max_segment_seconds, self.limits)
+        vad = v["vad"]
         if vad and self.vad is None:
-            raise ValueError("vad=True but this Session has no VAD model (Session(vad='fsmn', vad_model=...))")
+            raise SetupError("vad.missing", "{h[needs_vad]}", option="vad_model")
         use_vad = self.vad is not None if vad is None else bool(vad)
-        vad_opts = check_vad_options(silence_schedule, dynamic_silence, max_end_silence_time)
+        vad_opts, speakers = self._call_vad_and_speakers(v, use_vad)
+        lines = check_lines(v)
+        opts = TranscribeOptions(self.normalize_language(v["language"]), bool(v["itn"]), words, v["max_new_tokens"],
+                                 float(v["segment_seconds"]), bool(v["repetition_guard"]), bool(v["ignore_eos"]),
+                                 use_vad, bool(v["word_timestamps"]), no_vad=vad is None and self.vad_missing,
+                                 vad_options=vad_opts, diarize=v["diarize"], speakers=speakers, **lines)
+        self._check_context(opts, use_vad)
+        return opts
+
+    def _call_vad_and_speakers(self, v: dict[str, Any], use_vad: bool) -> tuple[VadOptions, SpeakerOptions]:
+        """A call's VAD options and speaker options, checked against each other and the Session."""
+        vad_opts = check_vad_options(*(v[k] for k in VAD_OPTIONS))
         if vad_opts.given and not use_vad:
-            named = ", ".join(vad_opts.to_dict())
-            why = "vad=False" if vad is False else "this Session has no VAD model (Session(vad='fsmn', vad_model=...))"
-            raise ValueError(f"{named}: FSMN-VAD options, but the VAD does not run here ({why}); the audio would be "
-                             "cut at pauses, so they would have no effect")
-        speakers = SpeakerOptions.check(num_speakers, min_speakers, max_speakers,
-                                        self.speaker_clustering if speaker_clustering is None else speaker_clustering)
+            named = options_field(vad_opts.to_dict())
+            why = "{o[vad=False]}" if v["vad"] is False else "{h[no_vad]}"
+            raise OptionError("vad.unused", f"{named}: FSMN-VAD options, but the VAD does not run here ({why}); the "
+                              "audio would be cut at pauses, so they would have no effect",
+                              option=next(iter(vad_opts.to_dict())))
+        clustering, diarize = v["speaker_clustering"], v["diarize"]
+        speakers = SpeakerOptions.check(v["num_speakers"], v["min_speakers"], v["max_speakers"],
+                                        self.speaker_clustering if clustering is None else clustering)
         if diarize is True and use_vad and not vad_opts.given:
             # speaker turns need segments that end at turn gaps: FunASR's dynamic end-silence schedule waits for
             # up to 2 s of silence (a conversation becomes 30 s segments); its static mode (the VAD config's
             # max_end_silence_time, 800 ms) ends them there. Any VAD option given is used as given instead.
             vad_opts = check_vad_options(None, False, None)
         if not isinstance(diarize, bool):
-            raise TypeError(f"diarize must be True or False, got {diarize!r}")
-        given = [*speakers.counts(), *(["speaker_clustering"] if speaker_clustering is not None else [])]
+            raise OptionTypeError("option.type", "{o[diarize]} must be True or False, got {value!r}", option="diarize",
+                                  value=diarize)
+        given = [*speakers.counts(), *(["speaker_clustering"] if clustering is not None else [])]
         if given and not diarize:
-            raise ValueError(f"{', '.join(given)}: speaker options, but diarize is False (pass "
-                             "diarize=True / --diarize)")
+            named = options_field(given)
+            raise OptionError("option.needs", f"{named}: speaker options, but {{h[no_speakers_asked]}} "
+                              "({h[pass_diarize]})", option=given[0])
         if diarize:
             self.speaker_model  # noqa: B018 - loads it, or raises naming how to give one
-        opts = TranscribeOptions(self.normalize_language(language), bool(itn), words, max_new_tokens,
-                                 float(segment_seconds), bool(repetition_guard), bool(ignore_eos), use_vad,
-                                 bool(word_timestamps), no_vad=vad is None and self.vad_missing,
-                                 vad_options=vad_opts, diarize=diarize, speakers=speakers)
-        # The longest decoder input + max_new_tokens must fit the decoder's context: checked here, once,
-        # so that a long hotword list fails with a clear message instead of deep inside decoding.
+        return vad_opts, speakers
+
+    def _check_context(self, opts: TranscribeOptions, use_vad: bool) -> None:
+        """The longest decoder input + max_new_tokens must fit the decoder's context: checked here, once, so that
+        a long hotword list fails with a clear message instead of deep inside decoding."""
         before, after = self.prompt_ids(opts)
         longest_vad = (self.vad.cfg.segment_limit_ms / 1000 + 0.02) if use_vad and self.vad is not None else 0.0
-        seconds = max(float(segment_seconds), longest_vad)
+        seconds = max(opts.segment_seconds, longest_vad)
         rows = fake_token_len(int(np.ceil(seconds / self.frontend.seconds_per_lfr_frame)),
                               self.prompt.fake_token_halvings)
-        need = len(before) + rows + len(after) + max_new_tokens
+        need = len(before) + rows + len(after) + opts.max_new_tokens
         if need > self.context_length:
-            raise ValueError(f"the prompt ({len(before) + len(after)} tokens with {len(words)} hotwords) + "
-                             f"{rows} audio rows for {seconds:g} s segments + max_new_tokens {max_new_tokens} = "
-                             f"{need} positions, over the decoder's context of {self.context_length}: use fewer "
-                             "hotwords, shorter segments or a smaller max_new_tokens")
-        return opts
+            raise OptionError("limit.context", "the prompt ({prompt} tokens with {count} hotwords) + {rows} audio rows "
+                              "for {seconds:g} s segments + {o[max_new_tokens]} {most} = {need} positions, over the "
+                              "decoder's context of {context}: use fewer hotwords, shorter segments or a smaller "
+                              "{o[max_new_tokens]}", option="max_new_tokens", prompt=len(before) + len(after),
+                              count=len(opts.hotwords), rows=rows, seconds=seconds, most=opts.max_new_tokens,
+                              need=need, context=self.context_length)
 
     _options = options  # older name
 
@@ -287,8 +506,8 @@ class Session(Pipeline):
         check_option_names(options, "transcribe")
         opts = self.options(**options)
         drafts = None if draft is None else [check_draft(draft, "draft", self.vocab_size)]
-        return self._run([audio], sample_rate, opts, batch_size=batch_size, progress=progress, raise_errors=True,
-                         drafts=drafts)[0]
+        return self._pipeline._run([audio], sample_rate, opts, batch_size=batch_size, progress=progress,
+                                   raise_errors=True, drafts=drafts)[0]
 
     def transcribe_batch(self, audios: list[AudioInput], *, sample_rate: int | None = None, batch_size: int = 8,
                          progress: bool = False, names: list[str] | None = None, warn: bool = True,
@@ -336,22 +555,22 @@ class Session(Pipeline):
                 raise ValueError("drafts are for recordings decoded alone; not with arrivals (a running batch)")
             if not isinstance(arrivals, Arrivals):
                 raise TypeError(f"arrivals must be a fun_asr.asr.pipeline.Arrivals, got {type(arrivals).__name__}")
-            return self._run_arrivals(list(audios), sample_rate, opts, batch_size, names, warn, arrivals)
-        return self._run(list(audios), sample_rate, opts, batch_size=batch_size, progress=progress,
-                         raise_errors=False, names=names, warn=warn, drafts=drafts)
+            return self._pipeline._run_arrivals(list(audios), sample_rate, opts, batch_size, names, warn, arrivals)
+        return self._pipeline._run(list(audios), sample_rate, opts, batch_size=batch_size, progress=progress,
+                                   raise_errors=False, names=names, warn=warn, drafts=drafts)
 
-    def stream(self, language: str | None = None, itn: bool = True, hotwords: list[str] | str | None = None, *,
-               max_new_tokens: int | None = None, repetition_guard: bool = True, stream_options: Any = None,
-               decoder: Any = None, mode: str = "vad", chunk_ms: int | None = None,
-               rollback_chars: int | None = None) -> Any:
-        """A live stream: ``feed(pcm, sample_rate=16000)`` any chunk of audio (a numpy array of the shapes and
-        dtypes :meth:`transcribe` takes, stereo averaged to mono as there, or int16 bytes) and get events;
-        ``close()`` flushes and returns the last events.
+    def stream(self, *args: Any, **kwargs: Any) -> Any:
+        """A live stream (the parameters: ``language``, ``itn``, ``hotwords``, then by name ``max_new_tokens``,
+        ``repetition_guard``, ``stream_options``, ``decoder``, ``mode``, ``chunk_ms``, ``rollback_chars``):
+        ``feed(pcm, sample_rate=16000)`` any chunk of audio (a numpy array of the shapes and dtypes
+        :meth:`transcribe` takes, stereo averaged to mono as there, or int16 bytes) and get events; ``close()``
+        flushes and returns the last events.
 
         ``mode="vad"`` (default, :class:`fun_asr.asr.stream.Stream`): FunASR 1.4.16's realtime-server
         semantics, ``partial`` and ``sentence`` events; needs the VAD. ``stream_options``: a
-        :class:`fun_asr.asr.stream.StreamOptions`; ``decoder``: a replacement decode function (the server
-        shares one batched decoder between streams). ``max_new_tokens`` default 512.
+        :class:`fun_asr.asr.stream.StreamOptions`; ``decoder``: a replacement decode function, a
+        :class:`fun_asr.asr.stream.Decoder` (the server shares one batched decoder between streams).
+        ``max_new_tokens`` default: the option's (:data:`fun_asr.asr.option_table.OPTIONS`).
 
         ``mode="chunked"`` (:class:`fun_asr.asr.chunked.ChunkedStream`): Fun-ASR-Nano's streaming SDK
         (``FunASRNanoStreamingVLLM``): every ``chunk_ms`` (720) of audio the whole audio so far is encoded
@@ -359,9 +578,12 @@ class Session(Pipeline):
         ``rollback_chars`` (8) characters become fixed and are never rewritten. No VAD needed.
         ``max_new_tokens`` default 200 per chunk; ``stream_options``: a
         :class:`fun_asr.asr.chunked.ChunkedOptions` (window, prev_text, ...)."""
-        return open_stream(self, language, itn, hotwords, max_new_tokens=max_new_tokens,
-                           repetition_guard=repetition_guard, stream_options=stream_options, decoder=decoder,
-                           mode=mode, chunk_ms=chunk_ms, rollback_chars=rollback_chars)
+        return open_stream(self, *args, **kwargs)
 
-__all__ = ["NO_VAD_MESSAGE", "VAD_ENV", "Segment", "Session", "TranscribeOptions", "Transcription", "guess_language",
-           "normalize_language"]
+
+Session.__init__.__signature__ = SessionSettings.signature()  # type: ignore[attr-defined]
+Session.options.__signature__ = option_signature()  # type: ignore[attr-defined]  # the table's options, by name
+Session.stream.__signature__ = STREAM_SIGNATURE  # type: ignore[attr-defined]
+
+__all__ = ["NO_VAD_MESSAGE", "VAD_ENV", "Segment", "Session", "SessionSettings", "TranscribeOptions", "Transcription",
+           "guess_language", "normalize_language"]

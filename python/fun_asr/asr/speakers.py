@@ -14,14 +14,24 @@ from pathlib import Path
 from typing import Any
 
 from fun_asr.asr.confidence import spoken
+from fun_asr.errors import SetupError
 
 SPEAKER_ENV = "FUN_ASR_SPEAKER_MODEL"
+# (a template of fun_asr.errors: each front end names its own way of asking for speakers and giving the model)
 NO_SPEAKER_MODEL = (
-    "{model}: speaker labels (diarize=True, --diarize, spk=true) need FunASR's CAM++ speaker model, and there is "
-    "none: this model package embeds none (fun-asr-convert SRC --speaker-model DIR|GGUF), none was given "
-    f"(speaker_model= / --speaker-model: a .gguf, a FunASR CAM++ folder or a hub repo id), ${SPEAKER_ENV} is not "
-    "set and none is in fun-asr's cache"
+    "{model}: speaker labels ({h[ask_speakers]}) need FunASR's CAM++ speaker model, and there is none: this model "
+    "package embeds none (fun-asr-convert SRC --speaker-model DIR|GGUF), none was given ({h[give_speaker_model]}: "
+    f"a .gguf, a FunASR CAM++ folder or a hub repo id), ${SPEAKER_ENV} is not set and none is in fun-asr's cache"
 )
+
+
+def no_speaker_model(model: Any, reason: str | None = None) -> SetupError:
+    """The error of a Session without a speaker model (``model``: the model as the user named it; ``reason``: why
+    the hub's could not be had)."""
+    if reason is None:
+        return SetupError("speaker_model.missing", NO_SPEAKER_MODEL, option="speaker_model", model=model)
+    return SetupError("speaker_model.missing", NO_SPEAKER_MODEL + "; the hub's CAM++ could not be had: {reason}",
+                      option="speaker_model", model=model, reason=reason)
 
 
 def find_speaker_model(arg: Any, package: Path, model_arg: Any, from_hub: bool,
@@ -38,10 +48,8 @@ def find_speaker_model(arg: Any, package: Path, model_arg: Any, from_hub: bool,
         return arg, "given"
 
     def missing(exc: Exception | None) -> tuple[None, None]:
-        said = NO_SPEAKER_MODEL.format(model=model_arg)  # the model as the user named it (-m demo: not its cache file)
-        if exc is None:
-            raise ValueError(said)
-        raise ValueError(f"{said}; the hub's CAM++ could not be had: {exc}") from None
+        # the model as the user named it (-m demo: not its cache file)
+        raise no_speaker_model(model_arg, None if exc is None else str(exc)) from None
 
     hub_repo = MODELSCOPE + MODELSCOPE_SPEAKER_REPO if from_hub and str(model_arg).startswith(MODELSCOPE) else None
     found, source = find_component(
@@ -98,24 +106,12 @@ def _is_boundary(text: str, i: int) -> bool:
     return a.isspace() or b.isspace() or not (a.isalnum() and a.isascii()) or not (b.isalnum() and b.isascii())
 
 
-def split_at_speakers(segment: Any, label: int | None, timeline: list[tuple[float, float, int]],
-                      decode: Callable[[list[int]], str], stop_ids: Sequence[int]) -> list[Any]:
-    """``segment`` labelled ``label`` (FunASR's distribute_spk), or, when the speaker timeline changes speaker
-    inside it for at least MIN_PIECE_S each, cut there into one Segment per speaker turn: the text is cut at token
-    boundaries in proportion to the turns' durations, on a word boundary (FunASR's realtime finalize cuts a
-    shared sentence's text in proportion to time as well), the tokens with it; word times go to the turn they
-    fall in; ``truncated``/``repetition`` stay with the last part. The parts' texts joined are the segment's."""
-    import dataclasses
-
-    parts = _pieces(segment.start, segment.end, timeline)
-    tokens, logprobs = spoken(segment.tokens, segment.token_logprobs, stop_ids)
-    if len(parts) < 2 or not tokens or not segment.text.strip():
-        segment.speaker = label
-        return [segment]
-    full = decode(tokens)
-    prefix = [decode(tokens[:k]) for k in range(len(tokens) + 1)]
-    cuts = [k for k in range(len(tokens) + 1) if full.startswith(prefix[k])]  # consistent token boundaries
-    total = segment.end - segment.start
+def _token_cuts(full: str, prefix: list[str], parts: list[list[Any]], total: float) -> list[int]:
+    """Where the tokens are cut: 0, then for each change of turn the consistent token boundary on a word boundary
+    whose text is nearest the turns' share of ``full`` so far (none left: no more cuts), then the token count.
+    ``prefix[k]``: the first k tokens decoded; ``total``: the segment's duration."""
+    n_tokens = len(prefix) - 1
+    cuts = [k for k in range(n_tokens + 1) if full.startswith(prefix[k])]  # consistent token boundaries
     chosen, done = [0], 0.0
     for p in parts[:-1]:
         done += p[1] - p[0]
@@ -124,7 +120,18 @@ def split_at_speakers(segment: Any, label: int | None, timeline: list[tuple[floa
         if not ok:
             break
         chosen.append(min(ok, key=lambda k: abs(len(prefix[k]) - target)))
-    chosen.append(len(tokens))
+    chosen.append(n_tokens)
+    return chosen
+
+
+def _cut_segment(segment: Any, parts: list[list[Any]], chosen: list[int], prefix: list[str],
+                 spoken_tokens: tuple[list[int], Any]) -> list[Any]:
+    """One Segment per stretch of tokens between ``chosen`` cuts, with its turn's times and speaker (a stretch
+    with nothing said gives its time to the one before). ``spoken_tokens``: the tokens and their logprobs."""
+    import dataclasses
+
+    tokens, logprobs = spoken_tokens
+    full = prefix[-1]
     out: list[Any] = []
     for i in range(len(chosen) - 1):
         a, b = chosen[i], chosen[i + 1]
@@ -136,17 +143,42 @@ def split_at_speakers(segment: Any, label: int | None, timeline: list[tuple[floa
         out.append(dataclasses.replace(segment, start=p[0], end=p[1], text=text.strip(), tokens=tokens[a:b],
                                        token_logprobs=None if logprobs is None else logprobs[a:b],
                                        truncated=False, repetition=False, words=None, speaker=int(p[2])))
+    return out
+
+
+def _share_words(out: list[Any], words: list[dict[str, Any]]) -> None:
+    """Each part gets the words whose middle falls in it (the last part also those after its end)."""
+    for piece in out:
+        piece.words = [w for w in words
+                       if piece.start <= (w["start"] + w["end"]) / 2 < piece.end or
+                       (piece is out[-1] and (w["start"] + w["end"]) / 2 >= piece.end)]
+
+
+def split_at_speakers(segment: Any, label: int | None, timeline: list[tuple[float, float, int]],
+                      decode: Callable[[list[int]], str], stop_ids: Sequence[int]) -> list[Any]:
+    """``segment`` labelled ``label`` (FunASR's distribute_spk), or, when the speaker timeline changes speaker
+    inside it for at least MIN_PIECE_S each, cut there into one Segment per speaker turn: the text is cut at token
+    boundaries in proportion to the turns' durations, on a word boundary (FunASR's realtime finalize cuts a
+    shared sentence's text in proportion to time as well), the tokens with it; word times go to the turn they
+    fall in; ``truncated``/``repetition`` stay with the last part. The parts' texts joined are the segment's."""
+    parts = _pieces(segment.start, segment.end, timeline)
+    tokens, logprobs = spoken(segment.tokens, segment.token_logprobs, stop_ids)
+    if len(parts) < 2 or not tokens or not segment.text.strip():
+        segment.speaker = label
+        return [segment]
+    full = decode(tokens)
+    prefix = [decode(tokens[:k]) for k in range(len(tokens) + 1)]
+    chosen = _token_cuts(full, prefix, parts, segment.end - segment.start)
+    out = _cut_segment(segment, parts, chosen, prefix, (tokens, logprobs))
     if len(chosen) - 1 < len(parts) and out:  # fewer cuts than turns (no boundary left): the last part runs on
         out[-1].end = segment.end
     out[-1].truncated, out[-1].repetition = segment.truncated, segment.repetition
     if segment.words is not None:
-        for piece in out:
-            piece.words = [w for w in segment.words
-                           if piece.start <= (w["start"] + w["end"]) / 2 < piece.end or
-                           (piece is out[-1] and (w["start"] + w["end"]) / 2 >= piece.end)]
+        _share_words(out, segment.words)
     if len(out) == 1:
         out[0].speaker = label if label is not None else out[0].speaker
     return out
 
 
-__all__ = ["MIN_PIECE_S", "NO_SPEAKER_MODEL", "SPEAKER_ENV", "find_speaker_model", "split_at_speakers"]
+__all__ = ["MIN_PIECE_S", "NO_SPEAKER_MODEL", "SPEAKER_ENV", "find_speaker_model", "no_speaker_model",
+           "split_at_speakers"]

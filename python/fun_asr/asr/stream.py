@@ -27,7 +27,6 @@ The stream keeps the audio it may still decode (the open sentence, and ``lookbac
 from __future__ import annotations
 
 import bisect
-import inspect
 import math
 import time
 from collections import deque
@@ -38,10 +37,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from fun_asr.asr.confidence import mean_logprob
+from fun_asr.asr.option_table import OPTIONS
 from fun_asr.asr.options import TranscribeOptions
 from fun_asr.asr.results import Transcription
 from fun_asr.audio.decode import SAMPLE_RATE
 from fun_asr.audio.live import LiveAudio
+from fun_asr.errors import SetupError, StateError
 from fun_asr.vad.native import FsmnVad
 
 
@@ -53,23 +54,43 @@ class Session(Protocol):
 
     def transcribe(self, audio: Any, **kwargs: Any) -> Transcription: ...
 
-# decode(samples, max_new_tokens) -> (text, tokens); the server plugs in its shared batched decoder. A decoder
-# that takes a ``draft=`` keyword gets the open sentence's previous partial tokens: lossless speculative
-# decoding (Session.transcribe(draft=)), the same tokens as without it. A decoder that takes ``partial=`` is
-# told which decodes are partials; it may answer one of those with None ("skipped": the server's decoder is busy
-# with closed sentences or the request went stale in its queue), and the stream then keeps its previous partial
-# and asks again with the next 60 ms of audio. A closed sentence is never skipped. A decoder that takes
-# ``speculative=`` learns which partials are speculative closing decodes (StreamOptions.speculate_silence_ms):
-# probably a sentence's decode, worth decoding before other partials (the server's batcher does).
-Decoder = Callable[..., "tuple[str, list[int]] | None"]
+# what a decode gives: (text, tokens), or (text, tokens, their mean log-probability: None without)
+Decoded = tuple[str, list[int]] | tuple[str, list[int], float | None]
 
 
-def _takes(fn: Callable[..., Any], name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # a builtin without a signature
-        return False
-    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+class Decoder(Protocol):
+    """A stream's decode function (``Session.stream(decoder=...)``; the server plugs in its shared batched
+    decoder, :class:`fun_asr.serve.core.decoder.StreamDecoder`): the 16 kHz ``samples`` decoded with at most
+    ``max_new_tokens`` new tokens.
+
+    ``draft``: the open sentence's previous partial tokens (None: none yet): lossless speculative decoding
+    (``Session.transcribe(draft=)``), the same tokens as without it; a decoder may ignore it. ``partial``: whether
+    this decode is a partial; a decoder may answer a partial with None ("skipped": the server's decoder is busy
+    with closed sentences or the request went stale in its queue), and the stream then keeps its previous partial
+    and asks again with the next 60 ms of audio. A closed sentence is never skipped. ``speculative``: the partial
+    is a speculative closing decode (:attr:`StreamOptions.speculate_silence_ms`): probably a sentence's decode,
+    worth decoding before other partials (the server's batcher does). A function that takes only the samples and
+    the token cap is made one by :func:`plain_decoder`."""
+
+    def __call__(self, samples: np.ndarray, max_new_tokens: int, /, *, draft: list[int] | None = None,
+                 partial: bool = False, speculative: bool = False) -> Decoded | None: ...
+
+
+class PlainDecoder(Protocol):
+    """A decode function that takes only the samples and the token cap (no draft, and it is not told which decodes
+    are partials): :func:`plain_decoder` makes it a :class:`Decoder`."""
+
+    def __call__(self, samples: np.ndarray, max_new_tokens: int, /) -> Decoded | None: ...
+
+
+def plain_decoder(fn: PlainDecoder) -> Decoder:
+    """``fn`` as a :class:`Decoder` that leaves the draft and the partial and speculative flags out."""
+
+    def decode(samples: np.ndarray, max_new_tokens: int, /, *, draft: list[int] | None = None,
+               partial: bool = False, speculative: bool = False) -> Decoded | None:
+        return fn(samples, max_new_tokens)
+
+    return decode
 
 
 @dataclass
@@ -110,11 +131,12 @@ class StreamOptions:
     partial_interval_ms: int = 960  # then every this much
     partial_window_s: float = 8.0  # partials re-decode at most the open sentence's last 8 s
     partial_max_new_tokens: int = 200
-    max_new_tokens: int = 512  # a closed sentence
+    max_new_tokens: int = OPTIONS["max_new_tokens"].default  # a closed sentence
     min_sentence_ms: int = 100  # FunASR skips closed segments under 1600 samples
     lookback_s: float = 5.0  # audio kept before the open sentence (the VAD reports starts late)
     vad_chunk_ms: int = 60
-    max_sentence_s: float = 30.0  # the VAD's forced cut (max_single_segment_time); client endpoints: auto-commit
+    # the VAD's forced cut (max_single_segment_time); client endpoints: auto-commit
+    max_sentence_s: float = OPTIONS["segment_seconds"].default
     endpoint: str = "server"  # "server": the VAD ends sentences; "client": commit() does (FunASR's COMMIT)
     # Speculative closing decode: once the open sentence has been silent this long, its partial decodes the
     # sentence as the VAD would close it if the silence went on (VadStream.predicted_end); when the VAD does
@@ -157,12 +179,10 @@ class Stream:
         self.sopts.check()
         self.client_endpoints = self.sopts.endpoint == "client"
         if session.vad is None and not self.client_endpoints:
-            raise ValueError("streaming needs the FSMN-VAD: create the Session with vad='fsmn' (and vad_model=) "
-                             "or a hub model, which brings it (or StreamOptions(endpoint='client'): the caller "
-                             "ends each utterance with commit())")
+            raise SetupError("stream.needs_vad", "{h[stream_vad]}", option="vad_model")
         self.session = session
         self.opts = opts
-        self._decode_fn = decoder or self._decode_local
+        self._decode_fn: Decoder = decoder or self._decode_local
         # the open sentence's latest partial tokens: the draft of its next decode (partial or closing)
         self._draft: list[int] | None = None
         # applied to each closed sentence's text (the server's POSTPROCESS_HOTWORDS); tokens stay as decoded
@@ -257,8 +277,8 @@ class Stream:
         commit is decoded as one sentence (none if under ``min_sentence_ms`` or no text); returns its
         event. Afterwards ``response(is_final=True)`` holds that sentence only, as FunASR's commit result."""
         if not self.client_endpoints:
-            raise RuntimeError("commit() ends utterances in client endpoint mode (StreamOptions(endpoint='client')); "
-                               "this stream's VAD ends them itself")
+            raise StateError("stream.endpoint", "{h[commit]} ends utterances in client endpoint mode "
+                             "({o[endpoint=client]}); {h[its_vad]}", option="endpoint")
         if self.closed:
             raise RuntimeError("the stream is closed")
         events: list[StreamEvent] = []
@@ -506,21 +526,14 @@ class Stream:
             del self._arrivals[:old]
 
     def _decode(self, audio: np.ndarray, max_new_tokens: int, draft: list[int] | None,
-                partial: bool, speculative: bool = False) -> tuple[str, list[int]] | None:
-        """The decode function on `audio`, with the draft and the partial and speculative flags where it takes
-        them (None: a skipped partial)."""
-        fn = self._decode_fn  # (looked at per call: tests swap the function; a signature costs microseconds)
-        kwargs: dict[str, Any] = {}
-        if draft and _takes(fn, "draft"):
-            kwargs["draft"] = draft
-        if _takes(fn, "partial"):
-            kwargs["partial"] = partial
-        if speculative and _takes(fn, "speculative"):
-            kwargs["speculative"] = True
-        return fn(audio, max_new_tokens, **kwargs)
+                partial: bool, speculative: bool = False) -> Decoded | None:
+        """The decode function on `audio`, with the draft (None when empty) and the partial and speculative
+        flags (None: a skipped partial)."""
+        return self._decode_fn(audio, max_new_tokens, draft=draft or None, partial=partial, speculative=speculative)
 
-    def _decode_local(self, audio: np.ndarray, max_new_tokens: int,
-                      draft: list[int] | None = None) -> tuple[str, list[int], float | None]:
+    def _decode_local(self, audio: np.ndarray, max_new_tokens: int, /, *, draft: list[int] | None = None,
+                      partial: bool = False, speculative: bool = False) -> tuple[str, list[int], float | None]:
+        """The Session's own decode (a :class:`Decoder`): every decode, partial or not, is decoded."""
         o = self.opts
         seconds = min(self.session.max_segment_seconds, max(o.segment_seconds, audio.size / SAMPLE_RATE + 1.0))
         r = self.session.transcribe(audio, sample_rate=SAMPLE_RATE, language=o.language, itn=o.itn,
@@ -571,4 +584,4 @@ class Stream:
                 "first_partial": _percentiles(self._first_partial_delays)}
 
 
-__all__ = ["Stream", "StreamEvent", "StreamOptions"]
+__all__ = ["Decoded", "Decoder", "PlainDecoder", "Stream", "StreamEvent", "StreamOptions", "plain_decoder"]

@@ -18,6 +18,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from fun_asr.errors import FunAsrError, naming
+
 SAMPLE_RATE = 16000
 MAX_CHANNELS = 32  # more "channels" than this means the array's axes are the other way round
 MAX_SAMPLE = 1e6  # |sample| above this is garbage, not audio (int16-scaled float files stay under 32768)
@@ -29,7 +31,25 @@ ACCEPTED = ("a path (str or os.PathLike), bytes, a binary file object (opened wi
 
 
 class AudioError(ValueError):
-    """The audio could not be read or is not usable (empty, non-finite, unknown rate, over a limit)."""
+    """The audio could not be read or is not usable (empty, non-finite, unknown rate, over a limit). ``source``:
+    the recording the message starts with (``"NAME: what is wrong"``), or None where it names none
+    (:func:`fun_asr.errors.names_input`)."""
+
+    def __init__(self, *args: object, source: str | None = None) -> None:
+        super().__init__(*args)
+        self.source = source
+
+
+class AudioLimitError(FunAsrError, AudioError):
+    """A recording over ``Limits.max_audio_seconds`` (code ``limit.audio_seconds``)."""
+
+
+def too_long(name: str, seconds: float | None, most: float) -> AudioLimitError:
+    """The error of recording ``name`` (``seconds`` long; None: more than ``most``, its length unknown)."""
+    said = "more than {most:g}" if seconds is None else "{seconds:.1f}"
+    return naming(AudioLimitError("limit.audio_seconds", "{name}: " + said + " s of audio; at most {most:g} s are "
+                                  "accepted{l[max_audio_seconds]}", limit="max_audio_seconds", name=name,
+                                  seconds=seconds, most=most), name)
 
 
 @dataclass(frozen=True)
@@ -110,7 +130,7 @@ def _wav_declared_frames(head: bytes, total_size: int) -> int | None:
 def _decode_failed(name: str, exc: BaseException, target: object) -> AudioError:
     why = str(exc).replace(repr(target), "the data")  # not "<_io.BytesIO object at 0x7f...>"
     return AudioError(f"{name}: cannot decode audio ({why}); accepted: files libsndfile reads "
-                      f"(wav, flac, ogg/vorbis/opus, mp3, aiff, ...)")
+                      f"(wav, flac, ogg/vorbis/opus, mp3, aiff, ...)", source=name)
 
 
 # an array's layout: (transposed, i.e. [channels, samples], and its channel count)
@@ -130,7 +150,7 @@ def _layout_2d(shape: tuple[int, ...], name: str, known: Layout | None = None) -
     raise AudioError(
         f"{name}: audio array of shape {tuple(shape)} is ambiguous: accepted [samples], [samples, channels] or "
         f"[channels, samples] with at most {MAX_CHANNELS} channels and more samples than channels; "
-        "pass a 1-D array for mono"
+        "pass a 1-D array for mono", source=name,
     )
 
 
@@ -139,13 +159,13 @@ def _array_layout(audio: np.ndarray, sample_rate: int | None, name: str,
     """The array as given, whether it is [channels, samples] (read transposed), and its AudioInfo; the
     samples are converted to float32 block by block (:func:`_array_block`). ``known``: see :func:`_layout_2d`."""
     if sample_rate is None:
-        raise AudioError(f"{name}: a numpy array needs sample_rate= (e.g. sample_rate=16000)")
+        raise AudioError(f"{name}: a numpy array needs sample_rate= (e.g. sample_rate=16000)", source=name)
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, int | np.integer):
         raise TypeError(f"sample_rate must be an integer number of Hz, got {sample_rate!r}")
     x = audio
     if x.dtype not in (np.int16, np.int32, np.float32, np.float64, np.float16):
         raise AudioError(f"{name}: unsupported sample dtype {x.dtype}: accepted float32, float64, float16, int16, "
-                         "int32")
+                         "int32", source=name)
     transposed = False
     if x.ndim == 1:
         channels, frames = 1, x.shape[0]
@@ -153,7 +173,7 @@ def _array_layout(audio: np.ndarray, sample_rate: int | None, name: str,
         transposed, channels, frames = _layout_2d(x.shape, name, known)
     else:
         raise AudioError(f"{name}: audio array must be [samples], [samples, channels] or [channels, samples], "
-                         f"got shape {x.shape}")
+                         f"got shape {x.shape}", source=name)
     return x, transposed, AudioInfo(name, int(sample_rate), int(channels), int(frames))
 
 
@@ -221,12 +241,12 @@ class AudioReader:
         try:
             if not lim.min_sample_rate <= rate <= lim.max_sample_rate:
                 raise AudioError(f"{name}: sample rate {rate} Hz is outside the accepted {lim.min_sample_rate}-"
-                                 f"{lim.max_sample_rate} Hz")
+                                 f"{lim.max_sample_rate} Hz", source=name)
             if self.info.channels > lim.max_channels:
-                raise AudioError(f"{name}: {self.info.channels} channels; at most {lim.max_channels} are accepted")
+                raise AudioError(f"{name}: {self.info.channels} channels; at most {lim.max_channels} are accepted",
+                                 source=name)
             if self._array is not None and self.info.frames > lim.max_audio_seconds * rate:
-                raise AudioError(f"{name}: {self.info.frames / rate:.1f} s of audio; at most "
-                                 f"{lim.max_audio_seconds:g} s are accepted (Limits.max_audio_seconds)")
+                raise too_long(name, self.info.frames / rate, lim.max_audio_seconds)
         except AudioError:
             self.close()
             raise
@@ -247,12 +267,12 @@ class AudioReader:
         name = given or (os.fspath(source) if isinstance(source, str | os.PathLike) else "<audio bytes>")
         if isinstance(source, str | os.PathLike):
             if os.path.isdir(source):
-                raise AudioError(f"{name}: is a directory, not an audio file")
+                raise AudioError(f"{name}: is a directory, not an audio file", source=name)
             if not os.path.exists(source):
-                raise FileNotFoundError(f"{name}: no such audio file")
+                raise naming(FileNotFoundError(f"{name}: no such audio file"), name)
             total = os.path.getsize(source)
             if total == 0 and os.path.isfile(source):
-                raise AudioError(f"{name}: file is empty (0 bytes)")
+                raise AudioError(f"{name}: file is empty (0 bytes)", source=name)
             with open(source, "rb") as f:
                 head = f.read(1 << 16)
             target: object = os.fspath(source)
@@ -263,12 +283,12 @@ class AudioReader:
                 name = given or str(getattr(source, "name", "<file object>"))
                 data = source.read()
                 if isinstance(data, str):
-                    raise TypeError(f"{name}: file object is in text mode; open it in binary mode ('rb')")
+                    raise naming(TypeError(f"{name}: file object is in text mode; open it in binary mode ('rb')"), name)
                 if data is None:
                     data = b""
                 data = bytes(data)
             if not data:
-                raise AudioError(f"{name}: no data (0 bytes)")
+                raise AudioError(f"{name}: no data (0 bytes)", source=name)
             head, total, target = data[: 1 << 16], len(data), io.BytesIO(data)
         self._wav_frames = _wav_declared_frames(head, total)
         self._target = target
@@ -282,8 +302,7 @@ class AudioReader:
         self.info = AudioInfo(name, rate, channels, 0)
         if rate > 0 and self._declared is not None and self._declared > max_seconds * rate:
             self.close()
-            raise AudioError(f"{name}: {self._declared / rate:.1f} s of audio; at most {max_seconds:g} s are "
-                             "accepted (Limits.max_audio_seconds)")
+            raise too_long(name, self._declared / rate, max_seconds)
 
     def close(self) -> None:
         if self._sf is not None:
@@ -321,8 +340,7 @@ class AudioReader:
                 break
             decoded += len(block)
             if decoded > max_seconds * rate:  # no header length (a stream, or one that lies): stop here
-                raise AudioError(f"{name}: more than {max_seconds:g} s of audio; at most {max_seconds:g} s are "
-                                 "accepted (Limits.max_audio_seconds)")
+                raise too_long(name, None, max_seconds)
             yield block
 
     def blocks(self) -> Iterator[np.ndarray]:
@@ -339,11 +357,11 @@ class AudioReader:
             for x in self._source_blocks():
                 frames += len(x)
                 if not np.isfinite(x).all():
-                    raise AudioError(f"{name}: audio contains NaN or infinite samples")
+                    raise AudioError(f"{name}: audio contains NaN or infinite samples", source=name)
                 peak = float(np.abs(x).max())
                 if peak > MAX_SAMPLE:  # float files can hold anything; beyond this the fbank's power overflows
                     raise AudioError(f"{name}: samples reach {peak:.3g}; float audio must be in [-1, 1] (magnitudes "
-                                     f"over {MAX_SAMPLE:g} are refused)")
+                                     f"over {MAX_SAMPLE:g} are refused)", source=name)
                 mono = downmix(x)
                 if resampler is not None:
                     mono = resampler.resample_chunk(mono)
@@ -360,11 +378,10 @@ class AudioReader:
                     info.warnings.append(f"{name}: file is truncated: only {frames / rate:.2f} s{of} could be "
                                          f"read{why}")
             if frames > lim.max_audio_seconds * rate:
-                raise AudioError(f"{name}: {frames / rate:.1f} s of audio; at most {lim.max_audio_seconds:g} s are "
-                                 "accepted (Limits.max_audio_seconds)")
+                raise too_long(name, frames / rate, lim.max_audio_seconds)
             if frames == 0:
                 extra = f" ({info.warnings[0]})" if info.warnings else ""
-                raise AudioError(f"{name}: audio is empty (0 samples){extra}")
+                raise AudioError(f"{name}: audio is empty (0 samples){extra}", source=name)
             if resampler is not None:
                 tail = resampler.resample_chunk(np.zeros(0, np.float32), last=True)
                 if tail.size:

@@ -196,6 +196,32 @@ def _unseekable_soundfile() -> type:
     return _Unseekable
 
 
+def _wav_fmt(name: str, fmt: bytes) -> tuple[int, int, int, int]:
+    """A WAV fmt chunk's format tag (WAVE_FORMAT_EXTENSIBLE: its sub-format's), channels, rate and sample width in
+    bytes; AudioError for channels or a rate outside what is accepted."""
+    tag, channels, rate, _, block_align, bits = struct.unpack("<HHIIHH", fmt[:16])
+    if tag == _WAV_EXTENSIBLE and len(fmt) >= 26:
+        tag = struct.unpack("<H", fmt[24:26])[0]  # the sub-format GUID's first two bytes
+    if not 1 <= channels <= MAX_CHANNELS:
+        raise AudioError(f"{name}: WAV with {channels} channels; accepted 1 to {MAX_CHANNELS}", source=name)
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise AudioError(f"{name}: sample rate {rate} Hz is outside the accepted {MIN_RATE}-{MAX_RATE} Hz", source=name)
+    width = block_align // channels if block_align else (bits + 7) // 8
+    return tag, channels, rate, width
+
+
+def _wav_sample_type(name: str, tag: int, width: int) -> bool | None:
+    """Whether the WAV's samples are float (True) or integer PCM (False) of a width read here; None for another
+    codec (libsndfile's); AudioError for PCM or float of a width not accepted."""
+    if tag == _WAV_PCM and width in (1, 2, 3, 4) or tag == _WAV_FLOAT and width in (4, 8):
+        return tag == _WAV_FLOAT
+    if tag in (_WAV_PCM, _WAV_FLOAT):
+        kind = "float" if tag == _WAV_FLOAT else "integer PCM"
+        raise AudioError(f"{name}: WAV {kind} with {width * 8}-bit samples; accepted: integer PCM of 8, 16, 24 or "
+                         "32 bits, float of 32 or 64 bits", source=name)
+    return None
+
+
 class PipedAudio:
     """One input file descriptor (standard input, a pipe, a file) read as audio arrives: opening reads and checks the
     header (:class:`AudioError` naming what was seen and what is accepted; :class:`RawPcmConflict` when ``raw_rate``
@@ -221,9 +247,10 @@ class PipedAudio:
             kind = header_kind(head)
             if kind is not None:
                 raise RawPcmConflict(f"{name} starts with a {KIND_NAMES[kind]} header, not raw PCM: drop --raw-pcm "
-                                     f"({ACCEPTED} are recognized by their headers)")
+                                     f"({ACCEPTED} are recognized by their headers)", source=name)
             if not head:
-                raise AudioError(f"{name}: no data (0 bytes); --raw-pcm reads 16-bit little-endian mono samples")
+                raise AudioError(f"{name}: no data (0 bytes); --raw-pcm reads 16-bit little-endian mono samples",
+                                 source=name)
             self.kind, self.rate, self.channels = "raw", int(raw_rate), 1
             self._width, self._float = 2, False
             return
@@ -231,12 +258,13 @@ class PipedAudio:
         if self.kind is None:
             if not head:
                 raise AudioError(f"{name}: no data (0 bytes); accepted: {ACCEPTED} (recognized by their headers), "
-                                 "or raw 16-bit PCM with --raw-pcm RATE")
+                                 "or raw 16-bit PCM with --raw-pcm RATE", source=name)
             short = _cut_short(head) if len(head) < _HEAD else None
             if short is not None:
-                raise AudioError(f"{name}: the {short} header is cut short: the input ends after {len(head)} bytes")
+                raise AudioError(f"{name}: the {short} header is cut short: the input ends after {len(head)} bytes",
+                                 source=name)
             raise AudioError(f"{name}: not {ACCEPTED} ({describe(head)}); raw PCM needs --raw-pcm RATE "
-                             "(16-bit little-endian mono at RATE Hz)")
+                             "(16-bit little-endian mono at RATE Hz)", source=name)
         if self.kind == "wav" and self._wav_header():
             return
         self._open_libsndfile()
@@ -250,6 +278,21 @@ class PipedAudio:
     def _wav_header(self) -> bool:
         """Parse RIFF/RF64 up to the data chunk; True when the PCM is read here, False to hand the WAV to libsndfile
         (another codec). The position is left at the first PCM byte (True) or at 0 (False)."""
+        fmt, size = self._wav_chunks()
+        tag, channels, rate, width = _wav_fmt(self.name, fmt)
+        self.rate, self.channels = int(rate), int(channels)
+        is_float = _wav_sample_type(self.name, tag, width)
+        if is_float is None:
+            self.src.seek(0)
+            return False
+        self._width, self._float = width, is_float
+        if size not in (0, 0xFFFFFFFF):  # 0 / 0xFFFFFFFF: written to a pipe, the length unknown
+            self._data_left = self._data_size = size
+        return True
+
+    def _wav_chunks(self) -> tuple[bytes, int]:
+        """Reads the RIFF/RF64 chunks up to the data chunk's header: the fmt chunk's body and the data's size
+        (RF64: from its ds64 chunk; 0 or 0xFFFFFFFF: unknown)."""
         name, src = self.name, self.src
         riff = src.read_exact(12)
         rf64 = riff[:4] != b"RIFF"
@@ -259,46 +302,27 @@ class PipedAudio:
             hdr = src.read_exact(8)
             if len(hdr) < 8:
                 what = "its fmt chunk" if fmt is None else "its data chunk"
-                raise AudioError(f"{name}: the WAV header ends before {what} (the input ends after {src.pos} bytes)")
+                raise AudioError(f"{name}: the WAV header ends before {what} (the input ends after {src.pos} bytes)",
+                                 source=name)
             cid, size = hdr[:4], struct.unpack("<I", hdr[4:])[0]
             if cid == b"data":
                 break
             if size == 0xFFFFFFFF:
-                raise AudioError(f"{name}: WAV chunk {cid!r} before the data has an unknown size (0xFFFFFFFF)")
+                raise AudioError(f"{name}: WAV chunk {cid!r} before the data has an unknown size (0xFFFFFFFF)",
+                                 source=name)
             body = src.read_exact(size + (size & 1))
             if len(body) < size:
                 raise AudioError(f"{name}: the WAV header is cut short in its {cid.decode('latin-1')!r} chunk (the "
-                                 f"input ends after {src.pos} bytes)")
+                                 f"input ends after {src.pos} bytes)", source=name)
             if cid == b"fmt ":
                 fmt = body[:size]
             elif cid == b"ds64" and rf64 and size >= 16:
                 ds64_data = struct.unpack("<Q", body[8:16])[0]
         if fmt is None or len(fmt) < 16:
-            raise AudioError(f"{name}: WAV without a valid fmt chunk before its data chunk")
-        tag, channels, rate, _, block_align, bits = struct.unpack("<HHIIHH", fmt[:16])
-        if tag == _WAV_EXTENSIBLE and len(fmt) >= 26:
-            tag = struct.unpack("<H", fmt[24:26])[0]  # the sub-format GUID's first two bytes
-        if not 1 <= channels <= MAX_CHANNELS:
-            raise AudioError(f"{name}: WAV with {channels} channels; accepted 1 to {MAX_CHANNELS}")
-        if not MIN_RATE <= rate <= MAX_RATE:
-            raise AudioError(f"{name}: sample rate {rate} Hz is outside the accepted {MIN_RATE}-{MAX_RATE} Hz")
-        self.rate, self.channels = int(rate), int(channels)
-        width = block_align // channels if block_align else (bits + 7) // 8
-        if tag == _WAV_PCM and width in (1, 2, 3, 4) or tag == _WAV_FLOAT and width in (4, 8):
-            self._width, self._float = width, tag == _WAV_FLOAT
-        elif tag in (_WAV_PCM, _WAV_FLOAT):
-            kind = "float" if tag == _WAV_FLOAT else "integer PCM"
-            raise AudioError(f"{name}: WAV {kind} with {width * 8}-bit samples; accepted: integer PCM of 8, 16, 24 or "
-                             "32 bits, float of 32 or 64 bits")
-        else:
-            src.seek(0)
-            return False
-        size = struct.unpack("<I", hdr[4:])[0]
+            raise AudioError(f"{name}: WAV without a valid fmt chunk before its data chunk", source=name)
         if rf64 and size == 0xFFFFFFFF and ds64_data is not None:
             size = ds64_data
-        if size not in (0, 0xFFFFFFFF):  # 0 / 0xFFFFFFFF: written to a pipe, the length unknown
-            self._data_left = self._data_size = size
-        return True
+        return fmt, size
 
     # -- FLAC, OGG, MP3 and other WAV codecs: libsndfile ----------------------------------------------------------
 
@@ -320,15 +344,17 @@ class PipedAudio:
         except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
             self.close()
             self._raise_if_interrupted()
-            raise AudioError(f"{self.name}: cannot decode the {self.kind_name} stream ({self._why(exc)})") from None
+            raise AudioError(f"{self.name}: cannot decode the {self.kind_name} stream ({self._why(exc)})",
+                             source=self.name) from None
         self.rate, self.channels = int(self._sf.samplerate), int(self._sf.channels)
         if not MIN_RATE <= self.rate <= MAX_RATE:
             self.close()
             raise AudioError(f"{self.name}: sample rate {self.rate} Hz is outside the accepted {MIN_RATE}-{MAX_RATE} "
-                             "Hz")
+                             "Hz", source=self.name)
         if self.channels > MAX_CHANNELS:
             self.close()
-            raise AudioError(f"{self.name}: {self.channels} channels; at most {MAX_CHANNELS} are accepted")
+            raise AudioError(f"{self.name}: {self.channels} channels; at most {MAX_CHANNELS} are accepted",
+                             source=self.name)
 
     def _watch_signals(self) -> None:
         """Ctrl-C while libsndfile waits on the relay pipe: its read() retries after the signal, so the pump learns
@@ -391,15 +417,16 @@ class PipedAudio:
             source = self._pcm_blocks() if self._sf is None else self._sf_blocks()
             for x in source:
                 if not np.isfinite(x).all():
-                    raise AudioError(f"{self.name}: audio contains NaN or infinite samples")
+                    raise AudioError(f"{self.name}: audio contains NaN or infinite samples", source=self.name)
                 if x.size and float(np.abs(x).max()) > MAX_SAMPLE:
                     raise AudioError(f"{self.name}: samples reach {float(np.abs(x).max()):.3g}; float audio must be "
-                                     f"in [-1, 1] (magnitudes over {MAX_SAMPLE:g} are refused)")
+                                     f"in [-1, 1] (magnitudes over {MAX_SAMPLE:g} are refused)", source=self.name)
                 mono = downmix(x)
                 self.frames += len(mono)
                 yield mono
             if self.frames == 0:
-                raise AudioError(f"{self.name}: the {self.kind_name} stream holds no audio (0 samples)")
+                raise AudioError(f"{self.name}: the {self.kind_name} stream holds no audio (0 samples)",
+                                 source=self.name)
         finally:
             self.close()
 
@@ -453,7 +480,8 @@ class PipedAudio:
             except (sf.LibsndfileError, RuntimeError) as exc:  # e.g. "flac decoder lost sync" where the input broke
                 self._raise_if_interrupted()
                 if self.frames == 0:
-                    raise AudioError(f"{self.name}: cannot decode the {self.kind_name} stream ({self._why(exc)})") \
+                    raise AudioError(f"{self.name}: cannot decode the {self.kind_name} stream ({self._why(exc)})",
+                                     source=self.name) \
                         from None
                 self.warnings.append(f"{self.name}: the {self.kind_name} decoder stopped after "
                                      f"{self.frames / self.rate:.2f} s ({self._why(exc)})")

@@ -9,10 +9,13 @@ import signal
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
+from typing import Any
 
-from fun_asr.asr.messages import cli_words
+from fun_asr.asr.option_table import OPTIONS
 from fun_asr.cli import common
 from fun_asr.cli.common import UsageError
+from fun_asr.errors import render
 
 PROG = "fun-asr-batch"
 PROGRESS_INTERVAL_ENV = "FUN_ASR_PROGRESS_INTERVAL"  # seconds between progress lines off a terminal (default 10)
@@ -38,14 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="auto", help="auto, cpu, gpu[:N], cuda[:N], vulkan[:N], metal (default auto)")
     ap.add_argument("--threads", type=int, default=0,
                     help="CPU threads of the local engine (default 0: auto, up to all cores)")
-    ap.add_argument("--max-new-tokens", type=int, default=512, help="decoding limit per segment (default 512)")
-    ap.add_argument("--segment-seconds", "--max-segment-seconds", dest="segment_seconds", type=float, default=30.0,
-                    help="longest segment in seconds: the VAD's forced cut, or the pause splitter's limit (default 30)")
+    tokens = OPTIONS["max_new_tokens"]
+    ap.add_argument(tokens.cli, type=int, default=tokens.default, help=f"{tokens.help} (default {tokens.default})")
+    common.add_segment_seconds_argument(ap)
     ap.add_argument("--vad", default="auto", choices=["auto", "fsmn", "none"],
                     help="FunASR's FSMN-VAD in front of the recognizer (default auto: when available)")
     ap.add_argument("--vad-model", help="FSMN-VAD model: a .gguf, a FunASR fsmn-vad folder, or a hub repo id")
     common.add_vad_arguments(ap)
     common.add_speaker_arguments(ap)
+    common.add_line_arguments(ap, "; each record gets the subtitle cues ('cues': start, end, text)")
     ap.add_argument("--no-repetition-guard", action="store_true", help="do not stop n-gram loops early")
     ap.add_argument("--batch-size", type=int, default=8,
                     help="recordings per batch, and segments decoded together (default 8)")
@@ -114,6 +118,7 @@ def _check(args: argparse.Namespace) -> str | None:
         args.vad_kwargs = common.vad_kwargs(args)
         common.check_model_free_options(args, device=args.ray is None)  # Ray: the device is on the nodes
         common.check_speaker_arguments(args)
+        args.line_kwargs = common.line_kwargs(args)
     except UsageError as exc:
         return str(exc)
     return None
@@ -128,16 +133,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.quiet:
         warnings.simplefilter("ignore")
-    from fun_asr.jobs.batch import BatchError, OutputWriteError, run
-
-    progress: bool | str = False if args.quiet else True if sys.stderr.isatty() else "lines"
-    try:
-        interval = float(os.environ.get(PROGRESS_INTERVAL_ENV) or 10.0)
-    except ValueError:
-        interval = 10.0
-    ray = None if args.ray is None else (args.ray or True)
     stop = threading.Event()
     received: list[int] = []
+    with _stop_on_signals(stop, received):
+        summary = _run(args, stop, received)
+    if isinstance(summary, int):  # an exit code: the job failed or was interrupted
+        return summary
+    if not args.quiet:
+        print(_describe(summary, args.output_dir), file=sys.stderr)
+    if received:
+        print(f"{PROG}: stopped by {signal.Signals(received[0]).name} after writing the batch in flight; rerun the "
+              "same command to resume", file=sys.stderr)
+        return 128 + received[0]
+    if summary["failed"]:  # exit code 1: some inputs failed (README: Exit codes)
+        if not args.quiet:
+            print(f"{PROG}: {summary['failed']} recording(s) failed (their errors are in the records and "
+                  "summary.json); --retry-failed transcribes them again", file=sys.stderr)
+        return 1
+    return 0
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: threading.Event, received: list[int]) -> Iterator[None]:
+    """SIGINT/SIGTERM set ``stop`` (the job ends after the batch in flight; the signal goes into ``received``);
+    a second one stops at once (KeyboardInterrupt)."""
 
     def on_signal(signum: int, frame: object) -> None:
         if received:  # the second one: stop now (the batch in flight is redone on resume)
@@ -152,21 +171,39 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():  # (signals reach the main thread only)
         handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        summary = run(args.inputs, args.output_dir, model=args.model, device=args.device, threads=args.threads,
-                      vad=None if args.vad == "none" else args.vad, vad_model=args.vad_model, language=args.language,
-                      itn=not args.no_itn, hotwords=args.hotwords, max_new_tokens=args.max_new_tokens,
-                      segment_seconds=args.segment_seconds, repetition_guard=not args.no_repetition_guard,
-                      batch_size=args.batch_size, reference=args.reference, input_format=args.input_format,
-                      workers=args.workers, shard_size=args.shard_size, retry_failed=args.retry_failed, ray=ray,
-                      actors=args.actors, threads_per_actor=args.threads_per_actor, progress=progress,
-                      stop=stop, progress_interval=interval, **args.vad_kwargs, **common.speaker_kwargs(args),
-                      speaker_model=args.speaker_model, overwrite=args.overwrite)
+        yield
+    finally:
+        for sig, old in handlers.items():
+            signal.signal(sig, old)
+
+
+def _job_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags as :func:`fun_asr.jobs.batch.run`'s settings and transcription options."""
+    progress: bool | str = False if args.quiet else True if sys.stderr.isatty() else "lines"
+    try:
+        interval = float(os.environ.get(PROGRESS_INTERVAL_ENV) or 10.0)
+    except ValueError:
+        interval = 10.0
+    settings = {k: getattr(args, k) for k in ("model", "device", "threads", "vad_model", "batch_size", "reference",
+                                              "input_format", "workers", "shard_size", "retry_failed", "actors",
+                                              "threads_per_actor", "speaker_model", "overwrite")}
+    options = {**common.decode_kwargs(args), "language": args.language, **args.vad_kwargs,
+               **common.speaker_kwargs(args), **args.line_kwargs}
+    return {**settings, **options, "vad": None if args.vad == "none" else args.vad, "progress": progress,
+            "progress_interval": interval, "ray": None if args.ray is None else (args.ray or True)}
+
+
+def _run(args: argparse.Namespace, stop: threading.Event, received: list[int]) -> dict | int:
+    """The job's summary, or the exit code of a job that failed or was interrupted (its message printed)."""
+    from fun_asr.jobs.batch import BatchError, OutputWriteError, run
+
+    try:
+        return run(args.inputs, args.output_dir, stop=stop, **_job_config(args))
     except KeyboardInterrupt:
-        code = 128 + (received[0] if received else signal.SIGINT)
         print(f"\n{PROG}: interrupted; rerun the same command to resume", file=sys.stderr)
-        return code
+        return 128 + (received[0] if received else signal.SIGINT)
     except BatchError as exc:
-        _error(cli_words(str(exc)))
+        _error(render(exc, "cli"))
         return 2
     except OutputWriteError as exc:
         _error(str(exc))
@@ -174,28 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - one clear line unless --verbose
         if args.verbose:
             raise
-        msg = cli_words(str(exc))
+        msg = render(exc, "cli")
         if isinstance(exc, OSError) and exc.filename:  # not "[Errno 30] Read-only file system: 'x'"
             msg = (f"{exc.filename}: {exc.strerror or exc}; fix that (permissions, free space) and rerun the same "
                    "command to resume")
         _error(f"{type(exc).__name__}: {msg}" if not isinstance(exc, ValueError | OSError) else msg)
         return 1
-    finally:
-        for sig, old in handlers.items():
-            signal.signal(sig, old)
-    if not args.quiet:
-        print(_describe(summary, args.output_dir), file=sys.stderr)
-    if received:
-        print(f"{PROG}: stopped by {signal.Signals(received[0]).name} after writing the batch in flight; rerun the "
-              "same command to resume", file=sys.stderr)
-        return 128 + received[0]
-    if summary["failed"]:  # exit code 1: some inputs failed (README: Exit codes)
-        if not args.quiet:
-            print(f"{PROG}: {summary['failed']} recording(s) failed (their errors are in the records and "
-                  "summary.json); --retry-failed transcribes them again", file=sys.stderr)
-        return 1
-    return 0
-
 
 
 def _describe(summary: dict, out: str) -> str:

@@ -8,8 +8,17 @@ import argparse
 import logging
 from typing import Any
 
-from fun_asr.asr.messages import CliWordsFilter, cli_words
+from fun_asr.asr.option_table import (
+    OPTIONS,
+    OUTPUT_OPTIONS,
+    VAD_OPTIONS,
+    add_arguments,
+    check_lines,
+    cli_dest,
+    cli_values,
+)
 from fun_asr.converter.hub import DEFAULT_REPO, DEMO
+from fun_asr.errors import FrontFilter, FunAsrError, render
 from fun_asr.model.demo import WORDS as DEMO_WORDS
 
 # What -m demo is, in every command's -m/--model help.
@@ -19,6 +28,9 @@ DEMO_HELP = (f"'{DEMO}': the 20-word demo model shipped in the package, no downl
 # The demo never saw a hotword prompt in training (tools/train_tiny.py): with one it drops words.
 DEMO_HOTWORDS = ("the 20-word demo model was not trained with hotwords: with -m demo they can make it drop words, "
                  "e.g. the hotword 'seven' turns 'go left go seven' into 'go left go'")
+
+
+SPEAKER_COUNTS = ("num_speakers", "min_speakers", "max_speakers")
 
 
 class UsageError(Exception):
@@ -42,21 +54,51 @@ def setup_logging(prog: str, args: argparse.Namespace) -> None:
     level = logging.INFO if args.verbose else logging.ERROR if args.quiet else logging.WARNING
     logging.basicConfig(level=level, format=f"{prog}: %(message)s")  # --quiet: the JSON still has warning_codes
     for handler in logging.getLogger().handlers:  # the Session's notices in this command's flags
-        handler.addFilter(CliWordsFilter())
+        handler.addFilter(FrontFilter("cli"))
 
 
 def add_vad_arguments(ap: argparse.ArgumentParser) -> None:
-    """FunASR 1.4.16's per-call FSMN-VAD kwargs as flags (shared with fun-asr-batch)."""
-    ap.add_argument("--silence-schedule", metavar="MS:SILENCE,...",
-                    help="FunASR's dynamic end-silence schedule (generate(silence_schedule=...)): pairs of "
-                         "accumulated speech ms : end silence ms, the first row whose limit is reached applies, e.g. "
-                         "'10000:2000,20000:1000,30000:800,40000:600,50000:400,60000:200,inf:100' (the default)")
-    ap.add_argument("--dynamic-silence", action=argparse.BooleanOptionalAction, default=None,
-                    help="FunASR's dynamic_silence: the schedule on or off (default on unless --max-end-silence-time "
-                         "is given; off = a fixed end silence, the VAD config's 800 ms)")
-    ap.add_argument("--max-end-silence-time", type=int, metavar="MS",
-                    help="FunASR's max_end_silence_time: a fixed end silence in ms (turns the schedule off unless "
-                         "--dynamic-silence)")
+    """FunASR 1.4.16's per-call FSMN-VAD kwargs as flags (shared with fun-asr-batch), from the options table."""
+    add_arguments(ap, VAD_OPTIONS)
+
+
+def add_line_arguments(ap: argparse.ArgumentParser, more: str = "") -> None:
+    """--max-line-width and --max-line-count (srt/vtt subtitle lines), from the options table; ``more``: what
+    the command adds to their help."""
+    add_arguments(ap, OUTPUT_OPTIONS, **{k: OPTIONS[k].help_in("cli") + more for k in OUTPUT_OPTIONS})
+
+
+def line_flags(args: argparse.Namespace) -> list[str]:
+    """The subtitle line flags given."""
+    return [OPTIONS[k].cli for k in OUTPUT_OPTIONS if getattr(args, cli_dest(k)) is not None]  # type: ignore[misc]
+
+
+def add_segment_seconds_argument(ap: argparse.ArgumentParser) -> None:
+    """--segment-seconds (alias --max-segment-seconds), its default the table's."""
+    o = OPTIONS["segment_seconds"]
+    ap.add_argument(o.cli, "--max-segment-seconds", dest="segment_seconds", type=float, default=o.default,
+                    help=f"{o.help_in('cli')} (default {o.default:g})")
+
+
+def line_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """--max-line-width / --max-line-count checked (UsageError naming the flag) -> transcribe() kwargs (only
+    those given)."""
+    try:
+        return check_lines(cli_values(args, OUTPUT_OPTIONS))
+    except (TypeError, ValueError) as exc:
+        raise UsageError(render(exc, "cli")) from None
+
+
+def decode_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The transcription options of a command's flags (--no-itn, --hotwords, --max-new-tokens, --segment-seconds,
+    --no-repetition-guard, and --word-timestamps where the command has it) as transcribe() kwargs; the VAD,
+    speaker and line flags are :func:`vad_kwargs`', :func:`speaker_kwargs`' and :func:`line_kwargs`'."""
+    names = ["itn", "hotwords", "max_new_tokens", "segment_seconds", "repetition_guard"]
+    if hasattr(args, cli_dest("word_timestamps")):
+        names.append("word_timestamps")
+    out = cli_values(args, names)
+    out["hotwords"] = args.hotwords  # as given: None or the comma-separated string
+    return out
 
 
 def vad_kwargs(args: argparse.Namespace) -> dict:
@@ -64,17 +106,12 @@ def vad_kwargs(args: argparse.Namespace) -> dict:
     from fun_asr.asr.options import check_vad_options
 
     try:
-        opts = check_vad_options(args.silence_schedule, args.dynamic_silence, args.max_end_silence_time)
+        opts = check_vad_options(**cli_values(args, VAD_OPTIONS))
     except (TypeError, ValueError) as exc:
-        msg = str(exc)
-        for name in ("silence_schedule", "dynamic_silence", "max_end_silence_time"):
-            msg = msg.replace(name, "--" + name.replace("_", "-"))
-        msg = msg.replace("--dynamic-silence=True", "--dynamic-silence").replace("--dynamic-silence=False",
-                                                                                 "--no-dynamic-silence")
-        raise UsageError(msg.replace("silence --silence-schedule", "silence schedule")) from None
+        raise UsageError(render(exc, "cli")) from None
     if opts.given and args.vad == "none":
-        raise UsageError("--silence-schedule, --dynamic-silence and --max-end-silence-time set the FSMN-VAD; "
-                         "drop --vad none")
+        raise UsageError(f"{', '.join(OPTIONS[k].cli for k in VAD_OPTIONS[:-1])} and {OPTIONS[VAD_OPTIONS[-1]].cli} "
+                         "set the FSMN-VAD; drop --vad none")
     return opts.kwargs()
 
 
@@ -90,13 +127,14 @@ def check_model_free_options(args: argparse.Namespace, device: bool = True) -> N
         if device:
             usable_device(args.device)
     except ValueError as exc:
-        raise UsageError(f"--device {args.device}: {cli_words(str(exc))}") from None
+        raise UsageError(f"--device {args.device}: {render(exc, 'cli')}") from None
     limits = Limits()
     try:
         check_hotwords(args.hotwords, limits)
+    except FunAsrError as exc:  # (each names --hotwords itself)
+        raise UsageError(render(exc, "cli")) from None
     except (TypeError, ValueError) as exc:
-        msg = cli_words(str(exc))
-        raise UsageError(msg if msg.startswith("--hotwords") else f"--hotwords: {msg}") from None
+        raise UsageError(f"--hotwords: {exc}") from None
     if args.max_new_tokens is not None and args.max_new_tokens > limits.max_new_tokens:
         raise UsageError(f"--max-new-tokens must be at most {limits.max_new_tokens}, got {args.max_new_tokens}")
 
@@ -107,9 +145,7 @@ def add_speaker_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--diarize", action="store_true",
                     help="who spoke when: each segment gets a speaker (SPK0, SPK1, ...; FunASR's CAM++ + clustering): "
                          "[SPK0] in txt/srt, <v SPK0> in vtt, speaker in json")
-    ap.add_argument("--num-speakers", type=int, default=None, help="with --diarize: exactly this many speakers")
-    ap.add_argument("--min-speakers", type=int, default=None, help="with --diarize: at least this many (default 1)")
-    ap.add_argument("--max-speakers", type=int, default=None, help="with --diarize: at most this many (default 15)")
+    add_arguments(ap, SPEAKER_COUNTS)
     add_speaker_clustering_argument(ap, "with --diarize: ")
     ap.add_argument("--speaker-model", help="CAM++ speaker model for --diarize: a .gguf, a FunASR CAM++ folder or a "
                                             "hub repo id (default: the one embedded in the model package, "
@@ -137,7 +173,7 @@ def check_speaker_arguments(args: argparse.Namespace) -> None:
         try:
             SpeakerOptions.check(args.num_speakers, args.min_speakers, args.max_speakers)
         except ValueError as exc:
-            raise UsageError(cli_words(str(exc))) from None
+            raise UsageError(render(exc, "cli")) from None
 
 
 def speaker_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import sys
 
 from fun_asr.cli import exits
 from fun_asr.converter import PACKAGE_TYPES, OutputError, convert, format_inspection, inspect_gguf
+from fun_asr.errors import render
 
 PROG = "fun-asr-convert"
 
@@ -105,8 +106,7 @@ def _convert(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         if args.verbose:
             raise
-        msg = str(exc).replace("--force (overwrite=True)", "--force")
-        _error(msg)
+        _error(render(exc, "cli", names={"overwrite": "--force"}))  # (this command's --force)
         # the output would destroy something, or the source is not there: nothing was done, fix the command (2);
         # a source that fails while it is read or converted: 1
         return exits.NOTHING_DONE if isinstance(exc, OutputError | FileNotFoundError) else exits.SOME_FAILED

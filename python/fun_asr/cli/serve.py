@@ -9,11 +9,11 @@ import socket
 import sys
 from typing import Any
 
-from fun_asr.asr.messages import cli_words
+from fun_asr.asr.option_table import default
 from fun_asr.cli.common import DEMO_HELP, DEMO_HOTWORDS
 from fun_asr.converter.hub import DEFAULT_REPO
+from fun_asr.errors import FrontFilter, render
 from fun_asr.model import demo
-from fun_asr.serve.words import SPEAKERS_CONSOLE, server_words
 from fun_asr.speakers.cluster import CLUSTERINGS
 
 PROG = "fun-asr-serve"
@@ -88,12 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-upload-mb", type=float, default=100.0, help="largest accepted upload, in MB (413 above)")
     ap.add_argument("--max-concurrency", type=int, default=8,
                     help="requests with equal options transcribed together in one batch")
-    ap.add_argument("--max-new-tokens", type=int, default=512, help="decoding limit per segment")
+    ap.add_argument("--max-new-tokens", type=int, default=default("max_new_tokens"), help="decoding limit per segment")
     ap.add_argument("--vad", default="auto", choices=["auto", "fsmn", "none"],
                     help="FunASR's FSMN-VAD in front of the recognizer (auto: when available)")
     ap.add_argument("--vad-model", help="FSMN-VAD model: .gguf, FunASR fsmn-vad folder or hub repo id "
                                         "(default funasr/fsmn-vad)")
-    ap.add_argument("--max-segment-seconds", type=float, default=30.0,
+    ap.add_argument("--max-segment-seconds", type=float, default=default("segment_seconds"),
                     help="longest segment: the VAD's forced cut, or the pause splitter's limit")
     ap.add_argument("--model-id", default=None,
                     help="the model id /v1/models reports and requests name (default fun-asr-nano; "
@@ -111,27 +111,6 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-class _ServerWords(logging.Filter):
-    """The console's log lines in fun-asr-serve's words: a Session message's Python spellings (``vad_model=``,
-    ``diarize=True`` ...) become the server's flags (:func:`fun_asr.serve.words.server_words`)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            text = record.getMessage()
-        except Exception:  # noqa: BLE001 - logging's own error report handles a bad record
-            return True
-        said = server_words(text, speakers=SPEAKERS_CONSOLE)
-        if said != text:
-            record.msg, record.args = said, ()
-        return True
-
-
-def _say(msg: str) -> str:
-    """A Session/flag-check message in this command's words (its flags, never the Python API's names)."""
-    return cli_words(server_words(msg, speakers=SPEAKERS_CONSOLE), segment_flag="--max-segment-seconds",
-                     max_audio_flag="--max-audio-seconds", hotwords="--hotword-file")
-
-
 def _log_to_console(args: argparse.Namespace) -> None:
     """The console's log lines and warnings in this command's words; one JSON access line per request (unless
     --no-access-log)."""
@@ -139,10 +118,10 @@ def _log_to_console(args: argparse.Namespace) -> None:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format=f"{PROG}: %(message)s")
     for console in logging.getLogger().handlers:
         if console not in before:  # the console's (not a host application's, nor a test's, handlers)
-            console.addFilter(_ServerWords())
+            console.addFilter(FrontFilter("server-console"))
     import warnings
 
-    warnings.formatwarning = lambda msg, *a, **k: f"{PROG}: warning: {_say(str(msg))}\n"
+    warnings.formatwarning = lambda msg, *a, **k: f"{PROG}: warning: {render(msg, 'server-console')}\n"
     if not args.no_access_log:  # one JSON line per request on stderr, never the audio
         access = logging.getLogger("fun_asr.access")
         handler = logging.StreamHandler(sys.stderr)
@@ -179,7 +158,7 @@ def _check_options(args: argparse.Namespace) -> str | None:
     try:  # as every command checks it: a device named but not usable here is an error, never the CPU instead
         usable_device(args.device)
     except ValueError as exc:
-        return f"--device {args.device}: {_say(str(exc))}"
+        return f"--device {args.device}: {render(exc, 'server-console')}"
     return None
 
 
@@ -219,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             sk.close()
         if args.verbose:
             raise
-        print(f"{PROG}: error: cannot load model {args.model}: {_say(str(exc))}", file=sys.stderr)
+        print(f"{PROG}: error: cannot load model {args.model}: {render(exc, 'server-console')}", file=sys.stderr)
         return 2  # it cannot start: nothing was served (README: Exit codes)
     args.model_id = args.model_id or (demo.SERVED_ID if session.demo else "fun-asr-nano")
     from fun_asr.serve.core.limits import realtime_limits, uvicorn_ws_options
@@ -239,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         for sk in sockets:
             sk.close()
-        print(f"{PROG}: error: {_say(str(exc))}", file=sys.stderr)
+        print(f"{PROG}: error: {render(exc, 'server-console')}", file=sys.stderr)
         return 2
     # FunASR's WebSocket protocols need the VAD to end sentences (or the client's COMMIT): without them nothing
     # streams, and FunASR's realtime port is left free for a server that does

@@ -15,13 +15,14 @@ import warnings
 from pathlib import Path
 
 from fun_asr.asr.formats import FORMATS
-from fun_asr.asr.messages import cli_words
+from fun_asr.asr.option_table import default
 from fun_asr.cli import common, exits
 from fun_asr.cli.common import UsageError
 from fun_asr.cli.exits import terminate_on_sigterm
 from fun_asr.cli.transcribe_files import PROG, STDIN, check_inputs, check_outputs, emit, output_names
 from fun_asr.cli.transcribe_files import error as _error
 from fun_asr.cli.transcribe_stream import check_stream_input, run_stream
+from fun_asr.errors import render
 from fun_asr.outputs import ExistingOutputError
 
 __all__ = ["PROG", "STDIN", "UsageError", "build_parser", "check_options", "check_stream_input", "main",
@@ -47,9 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=0,
                     help="CPU threads (default 0: auto, up to all cores, fewer on a busy machine when that is faster)")
     ap.add_argument("--max-new-tokens", type=int, default=None,
-                    help="decoding limit per segment (default 512; --stream-mode chunked: per chunk, default 200)")
-    ap.add_argument("--segment-seconds", "--max-segment-seconds", dest="segment_seconds", type=float, default=30.0,
-                    help="longest segment in seconds: the VAD's forced cut, or the pause splitter's limit (default 30)")
+                    help=f"decoding limit per segment (default {default('max_new_tokens')}; --stream-mode chunked: "
+                         "per chunk, default 200)")
+    common.add_segment_seconds_argument(ap)
     ap.add_argument("--vad", default="auto", choices=["auto", "fsmn", "none"],
                     help="FunASR's FSMN-VAD in front of the recognizer: auto = when available (fetched with the "
                          "default hub model; a local model uses it when already cached), fsmn = required, none = "
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--mark-below", type=float, default=None, metavar="P",
                     help="in txt/srt/vtt, write each word whose probability (the recognizer's own, 0-1) is below P "
                          "as (word?), for review; json always has each word's probability")
+    common.add_line_arguments(ap)
     ap.add_argument("--batch-size", type=int, default=8,
                     help="segments decoded together across files (default 8; 1 = one by one)")
     ap.add_argument("--stream", action="store_true",
@@ -109,22 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def check_options(args: argparse.Namespace) -> None:
     """Everything that can be checked without the model, once, before it loads."""
-    if args.batch_size < 1:
-        raise UsageError(f"--batch-size must be 1 or more, got {args.batch_size}")
-    if args.mark_below is not None and not 0.0 <= args.mark_below <= 1.0:
-        raise UsageError(f"--mark-below must be a probability from 0 to 1, got {args.mark_below}")
-    if args.mark_below is not None and args.stream:
-        raise UsageError("--mark-below marks the words of file transcripts; --stream prints sentences as they close "
-                         "(-f json: each sentence's avg_logprob)")
-    if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        raise UsageError(f"--max-new-tokens must be 1 or more, got {args.max_new_tokens}")
-    chunked_stream = args.stream and args.stream_mode == "chunked"
-    if args.max_new_tokens is None and not chunked_stream:
-        args.max_new_tokens = 512
-    if not args.segment_seconds >= 1.0:
-        raise UsageError(f"--segment-seconds must be at least 1, got {args.segment_seconds:g}")
-    if args.threads < 0:
-        raise UsageError(f"--threads must be 0 (auto) or more, got {args.threads}")
+    _check_numbers(args)
     if args.language is not None:  # any name reaches the prompt (as FunASR); a control character, too long: no
         from fun_asr.asr.language import normalize_language
         from fun_asr.model.spec import load_spec
@@ -137,13 +124,39 @@ def check_options(args: argparse.Namespace) -> None:
         raise UsageError("--vad-model with --vad none: choose one")
     common.check_model_free_options(args)
     common.check_speaker_arguments(args)
-    if args.diarize and args.stream:
-        raise UsageError("--diarize is for file transcription; for live speakers use fun-asr-serve --enable-spk")
     if args.files.count(STDIN) > 1:
         raise UsageError("'-' (standard input) can be given once")
+    args.vad_kwargs = common.vad_kwargs(args)
+    args.line_kwargs = common.line_kwargs(args)
+    _check_stream_flags(args)
+    _check_output_flags(args)
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size must be 1 or more, got {args.batch_size}")
+    if args.mark_below is not None and not 0.0 <= args.mark_below <= 1.0:
+        raise UsageError(f"--mark-below must be a probability from 0 to 1, got {args.mark_below}")
+    if args.mark_below is not None and args.stream:
+        raise UsageError("--mark-below marks the words of file transcripts; --stream prints sentences as they close "
+                         "(-f json: each sentence's avg_logprob)")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be 1 or more, got {args.max_new_tokens}")
+    chunked_stream = args.stream and args.stream_mode == "chunked"
+    if args.max_new_tokens is None and not chunked_stream:
+        args.max_new_tokens = default("max_new_tokens")
+    if not args.segment_seconds >= 1.0:
+        raise UsageError(f"--segment-seconds must be at least 1, got {args.segment_seconds:g}")
+    if args.threads < 0:
+        raise UsageError(f"--threads must be 0 (auto) or more, got {args.threads}")
+
+
+def _check_stream_flags(args: argparse.Namespace) -> None:
+    """--stream and the flags that belong to it (or not)."""
+    if args.diarize and args.stream:
+        raise UsageError("--diarize is for file transcription; for live speakers use fun-asr-serve --enable-spk")
     if args.realtime and not args.stream:
         raise UsageError("--realtime paces --stream FILE; add --stream")
-    args.vad_kwargs = common.vad_kwargs(args)
     chunked = args.stream_mode == "chunked"
     if not (args.stream and chunked) and (args.chunk_ms is not None or args.rollback_chars is not None):
         raise UsageError("--chunk-ms and --rollback-chars are for --stream --stream-mode chunked")
@@ -153,18 +166,26 @@ def check_options(args: argparse.Namespace) -> None:
         raise UsageError(f"--chunk-ms must be between 1 and 60000, got {args.chunk_ms}")
     if args.rollback_chars is not None and args.rollback_chars < 0:
         raise UsageError(f"--rollback-chars must be 0 or more, got {args.rollback_chars}")
-    if args.stream:
-        if len(args.files) != 1:
-            raise UsageError("--stream takes one input: '-' (standard input) or one audio file")
-        if args.vad == "none" and not chunked:
-            raise UsageError("--stream needs the VAD (it closes the sentences); drop --vad none, or use "
-                             "--stream-mode chunked")
-        if args.vad_kwargs:
-            raise UsageError("--silence-schedule, --dynamic-silence and --max-end-silence-time apply to file "
-                             "transcription (FunASR's offline VAD); --stream uses the realtime server's schedule")
-        if args.format not in ("txt", "json") or args.output_dir:
-            raise UsageError("--stream prints to stdout: -f txt (lines) or -f json (one event per line), no -o")
+    if not args.stream:
+        return
+    if len(args.files) != 1:
+        raise UsageError("--stream takes one input: '-' (standard input) or one audio file")
+    if args.vad == "none" and not chunked:
+        raise UsageError("--stream needs the VAD (it closes the sentences); drop --vad none, or use "
+                         "--stream-mode chunked")
+    if args.vad_kwargs:
+        raise UsageError("--silence-schedule, --dynamic-silence and --max-end-silence-time apply to file "
+                         "transcription (FunASR's offline VAD); --stream uses the realtime server's schedule")
+    if args.format not in ("txt", "json") or args.output_dir:
+        raise UsageError("--stream prints to stdout: -f txt (lines) or -f json (one event per line), no -o")
+
+
+def _check_output_flags(args: argparse.Namespace) -> None:
+    """-f, -o, --overwrite and the subtitle line flags against the inputs."""
     formats = list(FORMATS) if args.format == "all" else [args.format]
+    if args.line_kwargs and not {"srt", "vtt"} & set(formats):
+        raise UsageError(f"{' and '.join(common.line_flags(args))} shape srt/vtt subtitles; add -f srt, -f vtt or "
+                         "-f all")
     if not args.output_dir:
         if args.format == "all":
             raise UsageError("-f all needs -o DIR (one file per input and format)")
@@ -203,10 +224,9 @@ def _main(argv: list[str] | None) -> int:
         warnings.simplefilter("ignore")
     else:
         warnings.simplefilter("always")
-        warnings.formatwarning = lambda msg, *a, **k: f"{PROG}: warning: {cli_words(str(msg))}\n"
+        warnings.formatwarning = lambda msg, *a, **k: f"{PROG}: warning: {render(msg, 'cli')}\n"
     warnings.simplefilter("ignore", RecordingFailedWarning)  # failures are reported as errors below
     interactive = sys.stderr.isatty() and not args.quiet
-
     try:
         from fun_asr.asr.session import Session
 
@@ -216,44 +236,43 @@ def _main(argv: list[str] | None) -> int:
     except Exception as exc:  # noqa: BLE001 - one clear line unless --verbose
         if args.verbose:
             raise
-        _error(f"cannot load model {args.model}: {cli_words(str(exc))}")
+        _error(f"cannot load model {args.model}: {render(exc, 'cli')}")
         return exits.NOTHING_DONE
+    options = {**common.decode_kwargs(args), **args.vad_kwargs, **common.speaker_kwargs(args), **args.line_kwargs}
     try:
         if not (args.stream and args.stream_mode == "chunked"):
-            session.options(None, not args.no_itn, args.hotwords, args.max_new_tokens, args.segment_seconds,
-                            not args.no_repetition_guard, **args.vad_kwargs, **common.speaker_kwargs(args))
+            session.options(**{k: v for k, v in options.items() if k != "word_timestamps"})
         language = session.normalize_language(args.language)
     except (ValueError, TypeError) as exc:
-        _error(cli_words(str(exc)))
+        _error(render(exc, "cli"))
         return 2
-
     if args.stream:
         return run_stream(session, args, language)
+    return _transcribe_files(session, args, {**options, "language": language}, interactive)
+
+
+def _transcribe_files(session, args: argparse.Namespace, options: dict, interactive: bool) -> int:  # noqa: ANN001
+    """The files through ``session`` in groups of --batch-size, each result written as it is ready."""
     out_dir = Path(args.output_dir) if args.output_dir else None
-    names = args.names
     failed = 0
     step = args.batch_size
     for k in range(0, len(args.files), step):
         group = args.files[k : k + step]
         inputs = [_read_stdin() if name == STDIN else name for name in group]
-        results = session.transcribe_batch(
-            inputs, language=language, itn=not args.no_itn, hotwords=args.hotwords,
-            max_new_tokens=args.max_new_tokens, segment_seconds=args.segment_seconds,
-            repetition_guard=not args.no_repetition_guard, batch_size=step, progress=interactive,
-            word_timestamps=args.word_timestamps, **args.vad_kwargs, **common.speaker_kwargs(args),
-        )
+        results = session.transcribe_batch(inputs, batch_size=step, progress=interactive, **options)
         for i, (name, result) in enumerate(zip(group, results, strict=True)):
             shown = "<stdin>" if name == STDIN else name
             if not result.ok:
                 failed += 1
-                error = cli_words(result.error or "")
-                _error(error if error.startswith(shown) else f"{shown}: {error}")
+                error = render(result.error or "", "cli")
+                # a failed result's error names its source (Session: "SOURCE: ..." or a message that names it)
+                _error(error if result.source == shown else f"{shown}: {error}")
                 if out_dir is None and args.format == "json":  # one line per input, failed ones too
-                    print(json.dumps({"input": shown, "error": cli_words(result.error or "")}, ensure_ascii=False),
+                    print(json.dumps({"input": shown, "error": error}, ensure_ascii=False),
                           flush=True)
                 continue
             try:
-                emit(result, shown, names[k + i], args, out_dir, len(args.files) > 1)
+                emit(result, shown, args.names[k + i], args, out_dir, len(args.files) > 1)
             except ExistingOutputError as exc:  # appeared after the checks: still never replaced
                 failed += 1
                 _error(f"{shown}: {exc}")

@@ -10,9 +10,9 @@ import sys
 import warnings
 from typing import Any
 
-from fun_asr.asr.messages import cli_words
 from fun_asr.cli.common import UsageError
 from fun_asr.cli.transcribe_files import STDIN, error
+from fun_asr.errors import names_input, render
 
 
 def check_stream_input(args: argparse.Namespace) -> None:
@@ -61,7 +61,7 @@ def run_stream(session, args: argparse.Namespace, language: str | None) -> int: 
             stream = session.stream(language, not args.no_itn, args.hotwords, max_new_tokens=args.max_new_tokens,
                                     repetition_guard=not args.no_repetition_guard)
     except (ValueError, TypeError) as exc:
-        error(cli_words(str(exc)))
+        error(render(exc, "cli"))
         return 2
     as_json = args.format == "json"
     tty = sys.stdout.isatty()
@@ -115,7 +115,7 @@ def run_stream(session, args: argparse.Namespace, language: str | None) -> int: 
         return 2
     except (OSError, ValueError) as exc:  # no audio in a form we read: nothing was shown
         name = args.files[0]
-        error(str(exc) if name == STDIN or str(exc).startswith(name) else f"{name}: {exc}")
+        error(str(exc) if name == STDIN or names_input(exc) == name else f"{name}: {exc}")
         return 1
     t0 = time.perf_counter()
     fed = 0

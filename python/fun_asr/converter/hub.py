@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fun_asr.converter.cache import cache_dir
 from fun_asr.converter.submodel import SPEAKER, VAD, SubModel
+from fun_asr.errors import MissingFileError
 from fun_asr.model.spec import load_spec
 
 log = logging.getLogger("fun_asr")
@@ -57,7 +58,8 @@ def _reachable(url: str, timeout: float = 5.0) -> str | None:
     return None
 
 
-MODEL_HINT = ("give -m (model=) a local .gguf file or checkpoint folder, or try -m demo (a 20-word demo model "
+# (templates of fun_asr.errors: each front end names its own flag or keyword)
+MODEL_HINT = ("give {h[give_model]} a local .gguf file or checkpoint folder, or try -m demo (a 20-word demo model "
               "shipped with the package: digits, yes/no, up/down/left/right, stop/go, on/off)")
 VAD_HINT, SPEAKER_HINT = VAD.hint, SPEAKER.hint
 
@@ -77,17 +79,16 @@ def _snapshot(name: str, revision: str | None, files: list[str] | None = None, h
                                           local_files_only=True)).resolve()
         except Exception as exc:  # noqa: BLE001 - not in the cache (huggingface_hub raises several types)
             if _offline():
-                raise FileNotFoundError(
-                    f"cannot fetch {where}: HF_HUB_OFFLINE is set and it is not in the local hub cache "
-                    f"({type(exc).__name__}); unset HF_HUB_OFFLINE to download it, or {hint}"
-                ) from None
+                raise MissingFileError(
+                    "model.fetch", "cannot fetch {where}: HF_HUB_OFFLINE is set and it is not in the local hub cache "
+                    "({kind}); unset HF_HUB_OFFLINE to download it, or " + hint, where=where,
+                    kind=type(exc).__name__) from None
     endpoint = _endpoint()
     why = _reachable(endpoint)
     if why is not None:
-        raise FileNotFoundError(
-            f"cannot fetch {where}: {endpoint} is unreachable ({why}); offline? set HF_HUB_OFFLINE=1 to use "
-            f"the local hub cache, or {hint}"
-        )
+        raise MissingFileError(
+            "model.fetch", "cannot fetch {where}: {endpoint} is unreachable ({why}); offline? set HF_HUB_OFFLINE=1 to "
+            "use the local hub cache, or " + hint, where=where, endpoint=endpoint, why=why)
     hub_log = logging.getLogger("huggingface_hub")
     level = hub_log.level
     hub_log.setLevel(logging.ERROR)  # no per-retry warnings; the error below says what happened

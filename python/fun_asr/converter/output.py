@@ -13,6 +13,7 @@ from typing import Any
 
 import gguf
 
+from fun_asr.errors import FunAsrError
 from fun_asr.outputs import move_into_place
 
 
@@ -50,7 +51,7 @@ class ConversionReport:
         return "\n".join(lines)
 
 
-def _write_metadata(w: gguf.GGUFWriter, meta: dict[str, Any]) -> None:
+def write_metadata(w: gguf.GGUFWriter, meta: dict[str, Any]) -> None:
     for key, value in meta.items():
         if key == "general.architecture":
             continue  # GGUFWriter writes it from its arch argument
@@ -68,10 +69,10 @@ def _write_metadata(w: gguf.GGUFWriter, meta: dict[str, Any]) -> None:
 
 def write_gguf(out: str | os.PathLike[str], arch: str, meta: dict[str, Any],
                tensors: list[tuple[str, Any, Any]]) -> None:
-    """A small GGUF written in one go (test fixtures, derived packages): `meta` as _write_metadata writes it,
+    """A small GGUF written in one go (test fixtures, derived packages): `meta` as write_metadata writes it,
     then `tensors` as (name, array, raw ggml type or None for a plain array), in order."""
     w = gguf.GGUFWriter(out, arch)
-    _write_metadata(w, meta)
+    write_metadata(w, meta)
     for name, data, raw_dtype in tensors:
         w.add_tensor(name, data, raw_dtype=raw_dtype)
     w.write_header_to_file()
@@ -83,6 +84,15 @@ def write_gguf(out: str | os.PathLike[str], arch: str, meta: dict[str, Any],
 class OutputError(ValueError):
     """The output path would destroy something: an input, a non-regular file, or (without
     overwrite) an existing file."""
+
+
+class ExistingOutput(FunAsrError, OutputError):
+    """The output exists and ``overwrite`` is False (code ``output.exists``)."""
+
+
+def _exists(out: Path, what: str) -> ExistingOutput:
+    return ExistingOutput("output.exists", "{out}: " + what + "; pass {h[force]} to replace it", option="overwrite",
+                          out=out)
 
 
 def check_output(out: Path, src: Path, overwrite: bool) -> None:
@@ -116,7 +126,7 @@ def check_output(out: Path, src: Path, overwrite: bool) -> None:
             if same:
                 raise OutputError(f"{out}: is the same file as the input {p}; write the GGUF elsewhere")
         if not overwrite:
-            raise OutputError(f"{out}: already exists; pass --force (overwrite=True) to replace it")
+            raise _exists(out, "already exists")
 
 
 @contextmanager
@@ -134,8 +144,7 @@ def atomic_output(out: Path, src: Path, overwrite: bool) -> Iterator[Path]:
     try:
         yield tmp
         check_output(out, src, overwrite)  # again: the path may have appeared meanwhile
-        move_into_place(tmp, out, overwrite=overwrite, exists=lambda: OutputError(
-            f"{out}: appeared while converting; pass --force (overwrite=True) to replace it"))
+        move_into_place(tmp, out, overwrite=overwrite, exists=lambda: _exists(out, "appeared while converting"))
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -147,7 +156,7 @@ def write_gguf_file(out: Path, src: Path, arch: str, meta: dict[str, Any], tenso
     (:func:`atomic_output`)."""
     with atomic_output(out, src, overwrite) as tmp:
         w = gguf.GGUFWriter(tmp, arch)
-        _write_metadata(w, meta)
+        write_metadata(w, meta)
         for name, arr in tensors:
             w.add_tensor(name, arr)
         w.write_header_to_file()

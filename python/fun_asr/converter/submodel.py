@@ -39,7 +39,7 @@ class SubModel:
     folder: str  # its FunASR folder, for messages
     default_repo: str
     files: tuple[str, ...]  # what a snapshot fetches
-    hint: str  # how to give one without the hub
+    hint: str  # how to give one without the hub (a template of fun_asr.errors)
     option: str  # the convert() keyword that embeds one in a package (CLI: the same with dashes)
     read_folder: Callable[[Path], tuple[dict[str, Any], dict[str, Any], Tensors]]  # config, metadata, tensors
     hparams: Callable[[dict[str, Any]], dict[str, Any]]
@@ -101,7 +101,7 @@ _VAD_SPEC = load_spec(vad_files.ARCH)
 VAD = SubModel(
     vad_files.ARCH, "VAD model", "FunASR fsmn-vad folder", _VAD_SPEC["upstream"]["repo_id"],
     tuple(_VAD_SPEC["upstream"]["files"]),
-    "give --vad-model (vad_model=) a local fsmn-vad folder or .gguf, or use a model package that embeds its VAD "
+    "give {h[give_vad]} a local fsmn-vad folder or .gguf, or use a model package that embeds its VAD "
     "(fun-asr-convert SRC --vad-model DIR)",
     "vad_model", vad_files.read_vad_folder, vad_files.hparams, vad_files.metadata, vad_files.vad_for_embedding)
 
@@ -110,7 +110,7 @@ VAD = SubModel(
 SPEAKER = SubModel(
     speaker_files.ARCH, "speaker model", "FunASR CAM++ folder", "funasr/campplus",
     ("campplus_cn_common.bin", "model.pt", "config.yaml", "configuration.json"),
-    "give --speaker-model (speaker_model=) a local CAM++ folder or .gguf, or use a model package that embeds one "
+    "give {h[give_speaker]} a local CAM++ folder or .gguf, or use a model package that embeds one "
     "(fun-asr-convert SRC --speaker-model DIR)",
     "speaker_model", speaker_files.read_campplus_folder, speaker_files.hparams, speaker_files.metadata,
     speaker_files.speaker_for_embedding, speaker_files.TENSOR_TYPES, speaker_files.for_own_gguf)

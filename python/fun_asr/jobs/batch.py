@@ -32,16 +32,20 @@ that each hold one Session (``pip install 'fun-asr[ray]'``); the model path must
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fun_asr.asr.option_table import OPTIONS, VAD_OPTIONS, check_lines
 from fun_asr.converter.hub import DEFAULT_REPO
+from fun_asr.errors import FunAsrError, literal, options_field
 from fun_asr.jobs.inputs import (
     AUDIO_EXTENSIONS,
     INPUT_FORMATS,
@@ -51,16 +55,16 @@ from fun_asr.jobs.inputs import (
     detect_format,
     read_references,
 )
-from fun_asr.jobs.local import JobOptions, _local_engine, _Progress, load, transcribe_loaded
-from fun_asr.jobs.ray_engine import RaySettings, RayTranscriber, _ray_engine
-from fun_asr.jobs.records import EVAL_TABLE, SCHEMA_VERSION, SUMMARY, _shards, read_results
+from fun_asr.jobs.local import JobOptions, Progress, load, local_engine, transcribe_loaded
+from fun_asr.jobs.ray_engine import RaySettings, RayTranscriber, ray_engine
+from fun_asr.jobs.records import EVAL_TABLE, SCHEMA_VERSION, SUMMARY, read_results, shard_files
 from fun_asr.jobs.shards import (
     OutputWriteError,
     ShardWriter,
-    _drop_failed,
-    _lock,
-    _write_error,
     check_outputs_are_not_inputs,
+    drop_failed,
+    shard_lock,
+    write_error,
 )
 
 log = logging.getLogger("fun_asr.batch")
@@ -72,22 +76,127 @@ def _model_arg(model: str | os.PathLike[str]) -> str:
     return str(p.resolve()) if p.exists() else os.fspath(model)
 
 
+@dataclass(frozen=True)
+class JobSettings:
+    """How a job runs: everything :func:`run` takes besides the transcription options (the job keys of
+    :data:`fun_asr.asr.option_table.OPTIONS`) and ``session`` / ``stop``."""
+
+    model: str | os.PathLike[str] = DEFAULT_REPO
+    device: str = "auto"
+    threads: int = 0
+    vad: str | None = "auto"
+    vad_model: str | os.PathLike[str] | None = None
+    batch_size: int = 8
+    reference: str | os.PathLike[str] | None = None
+    input_format: str = "auto"
+    workers: int | None = None
+    shard_size: int = 1000
+    retry_failed: bool = False
+    ray: bool | str | RaySettings | None = None
+    actors: int | None = None
+    threads_per_actor: int | None = None
+    progress: bool | str = False
+    progress_interval: float = 10.0
+    speaker_model: str | os.PathLike[str] | None = None
+    overwrite: bool = False
+
+
+SETTINGS = tuple(f.name for f in dataclasses.fields(JobSettings))
+JOB_OPTIONS = {o.job: o.name for o in OPTIONS.values() if o.job}  # job key -> option name
+
+
+def job_config(config: dict[str, Any]) -> tuple[JobSettings, dict[str, Any]]:
+    """``run``'s keyword arguments as (the settings, the transcription options by option name, defaults filled
+    in); TypeError naming an unknown one and the accepted ones."""
+    unknown = sorted(set(config) - set(SETTINGS) - set(JOB_OPTIONS))
+    if unknown:
+        raise TypeError(f"run() got an unexpected keyword argument {unknown[0]!r}; a job takes "
+                        f"{', '.join([*SETTINGS, *JOB_OPTIONS])}")
+    settings = JobSettings(**{k: v for k, v in config.items() if k in SETTINGS})
+    options = {name: config.get(key, OPTIONS[name].default) for key, name in JOB_OPTIONS.items()}
+    return settings, options
+
+
+def job_options(o: dict[str, Any], batch_size: int) -> JobOptions:
+    """The job's transcription options checked once, before anything runs (BatchError naming the option)."""
+    from fun_asr.asr.options import check_vad_options
+    from fun_asr.speakers.cluster import DEFAULT_CLUSTERING
+    from fun_asr.speakers.diarize import SpeakerOptions
+
+    hotwords = o["hotwords"]
+    if isinstance(hotwords, str):
+        hotwords = [h.strip() for h in hotwords.split(",")]
+    try:
+        vad_options = check_vad_options(*(o[k] for k in VAD_OPTIONS)).to_dict()
+        clustering = o["speaker_clustering"]
+        checked = SpeakerOptions.check(o["num_speakers"], o["min_speakers"], o["max_speakers"],
+                                       DEFAULT_CLUSTERING if clustering is None else clustering)
+        lines = check_lines(o)
+    except FunAsrError as exc:  # kept as data: each front end says it in its words
+        raise BatchOptionError(exc.code, exc.message.template, option=exc.option, limit=exc.limit,
+                               **exc.values) from None
+    except (TypeError, ValueError) as exc:
+        raise BatchError(str(exc)) from None
+    counts: dict[str, Any] = checked.counts()
+    if clustering is not None:  # given: passed on (None: the Session's default)
+        counts["speaker_clustering"] = checked.speaker_clustering
+    if counts and not o["diarize"]:
+        raise BatchOptionError("option.needs", options_field(counts) + ": speaker options, but {h[no_speakers_asked]}",
+                               option=next(iter(counts)))
+    return JobOptions(o["language"], tuple(h.strip() for h in (hotwords or []) if h and h.strip()), bool(o["itn"]),
+                      o["max_new_tokens"], float(o["segment_seconds"]), bool(o["repetition_guard"]), batch_size,
+                      vad_options, {"diarize": True, **counts} if o["diarize"] else {}, lines)
+
+
+def _check_settings(s: JobSettings) -> None:
+    if s.progress not in (False, True, None, "bar", "lines"):
+        raise BatchError(f"progress must be False, True (a bar) or 'lines', got {s.progress!r}")
+    if isinstance(s.batch_size, bool) or not isinstance(s.batch_size, int) or s.batch_size < 1:
+        raise BatchError(f"batch_size must be a positive integer, got {s.batch_size!r}")
+    if s.shard_size < 1:
+        raise BatchError(f"shard_size must be a positive integer, got {s.shard_size!r}")
+
+
+def _ray_settings(s: JobSettings, session: Any, language: str | None) -> RaySettings:
+    """The Ray engine's settings, and what can be checked here before any actor starts."""
+    if session is not None:
+        raise BatchError("session= is for the local engine; the Ray actors load the model themselves")
+    ray = s.ray if isinstance(s.ray, RaySettings) else RaySettings(address=s.ray if isinstance(s.ray, str) else None)
+    ray = dataclasses.replace(
+        ray, actors=s.actors if s.actors is not None else ray.actors,
+        threads_per_actor=s.threads_per_actor if s.threads_per_actor is not None else ray.threads_per_actor)
+    from fun_asr.asr.session import normalize_language
+    from fun_asr.model.spec import load_spec
+
+    normalize_language(load_spec(), language)  # the job's language: ValueError now, not in every actor
+    for what, m in (("model", s.model), ("VAD model", s.vad_model)):
+        p = None if m is None else os.fspath(m)
+        if p and not Path(p).expanduser().exists() and (os.path.isabs(p) or p.startswith(("~", "."))
+                                                         or p.endswith(".gguf")):
+            raise BatchError(f"{what} {p}: no such file here; with Ray the {what} must be at this path on "
+                             "every node (and on this machine), or be a hub repo id")
+    return ray
+
+
+def _prepare_output(out: Path, inputs: list[str], items: list[Item], s: JobSettings) -> None:
+    if out.exists() and not out.is_dir():
+        raise BatchError(f"{out}: is a file; the output is a folder (created if missing)")
+    check_outputs_are_not_inputs(out, inputs, items, None if s.reference is None else os.fspath(s.reference),
+                                 s.input_format)
+    _check_foreign_files(out, s.overwrite)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BatchError(f"output folder {out}: cannot create it ({exc.strerror or exc}); choose a writable "
+                         "folder (-o)") from None
+
+
 def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], output_dir: str | os.PathLike[str], *,
-        model: str | os.PathLike[str] = DEFAULT_REPO, device: str = "auto", threads: int = 0,
-        vad: str | None = "auto", vad_model: str | os.PathLike[str] | None = None,
-        language: str | None = None, itn: bool = True, hotwords: list[str] | str | None = None,
-        max_new_tokens: int = 512, segment_seconds: float = 30.0, repetition_guard: bool = True,
-        batch_size: int = 8, reference: str | os.PathLike[str] | None = None, input_format: str = "auto",
-        workers: int | None = None, shard_size: int = 1000, retry_failed: bool = False,
-        ray: bool | str | RaySettings | None = None, actors: int | None = None,
-        threads_per_actor: int | None = None, progress: bool | str = False, session: Any = None,
-        stop: threading.Event | None = None, progress_interval: float = 10.0, silence_schedule: Any = None,
-        dynamic_silence: bool | None = None, max_end_silence_time: int | None = None, diarize: bool = False,
-        num_speakers: int | None = None, min_speakers: int | None = None, max_speakers: int | None = None,
-        speaker_model: str | os.PathLike[str] | None = None, overwrite: bool = False,
-        speaker_clustering: str | None = None) -> dict:
+        session: Any = None, stop: threading.Event | None = None, **config: Any) -> dict:
     """Transcribes a corpus into ``output_dir`` (see the module doc) and returns the summary (also
-    written to ``output_dir/summary.json``).
+    written to ``output_dir/summary.json``). ``config``: the :class:`JobSettings` and the transcription options
+    (the job keys of :data:`fun_asr.asr.option_table.OPTIONS`: ``language``, ``itn``, ``hotwords``,
+    ``max_new_tokens``, ``segment_seconds``, ``repetition_guard``, the VAD, speaker and subtitle line options).
 
     ``ray``: None/False = the local engine; True = Ray (``ray.init()``: ``RAY_ADDRESS`` or a local
     cluster; an already initialised Ray is used as it is); a string = the cluster address (``auto``,
@@ -102,148 +211,134 @@ def run(inputs: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], outpu
     ``Session.transcribe`` takes them. ``diarize`` (with ``num_speakers``, ``min_speakers``, ``max_speakers``,
     ``speaker_clustering``: ``"auto"`` or ``"funasr"``, None: the Session's, ``"auto"``): speaker labels in every
     record's segments (``speaker_model``: the CAM++ to use, else the Session's lookup).
+    ``max_line_width`` (with ``max_line_count``): every record gets ``cues``, its srt/vtt subtitle cues
+    (``start``, ``end``, ``text`` with its lines joined by a line break) made with those line limits.
     ``overwrite``: replace a ``summary.json`` or ``eval.tsv`` in ``output_dir`` that a fun-asr-batch job did not
     write (without it such a folder is refused before anything runs; the job's own records are always updated).
     """
-    if progress not in (False, True, None, "bar", "lines"):
-        raise BatchError(f"progress must be False, True (a bar) or 'lines', got {progress!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise BatchError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if shard_size < 1:
-        raise BatchError(f"shard_size must be a positive integer, got {shard_size!r}")
-    if vad == "none":
-        vad = None
-    if isinstance(hotwords, str):
-        hotwords = [h.strip() for h in hotwords.split(",")]
-    from fun_asr.asr.options import check_vad_options
-
-    try:
-        vad_options = check_vad_options(silence_schedule, dynamic_silence, max_end_silence_time).to_dict()
-    except (TypeError, ValueError) as exc:
-        raise BatchError(str(exc)) from None
-    from fun_asr.speakers.cluster import DEFAULT_CLUSTERING
-    from fun_asr.speakers.diarize import SpeakerOptions
-
-    try:
-        checked = SpeakerOptions.check(num_speakers, min_speakers, max_speakers,
-                                       DEFAULT_CLUSTERING if speaker_clustering is None else speaker_clustering)
-    except ValueError as exc:
-        raise BatchError(str(exc)) from None
-    counts: dict[str, Any] = checked.counts()
-    if speaker_clustering is not None:  # given: passed on (None: the Session's default)
-        counts["speaker_clustering"] = checked.speaker_clustering
-    if counts and not diarize:
-        raise BatchError(f"{', '.join(counts)}: speaker options, but diarize is False")
-    if speaker_model is not None and not diarize:
-        raise BatchError("speaker_model is for diarize=True")
-    speaker_options = {"diarize": True, **counts} if diarize else {}
-    opts = JobOptions(language, tuple(h.strip() for h in (hotwords or []) if h and h.strip()), bool(itn),
-                      max_new_tokens, float(segment_seconds), bool(repetition_guard), batch_size, vad_options,
-                      speaker_options)
-    use_ray = ray is not None and ray is not False
-    if use_ray:
-        if session is not None:
-            raise BatchError("session= is for the local engine; the Ray actors load the model themselves")
-        settings = ray if isinstance(ray, RaySettings) else RaySettings(address=ray if isinstance(ray, str) else None)
-        settings = dataclasses.replace(
-            settings, actors=actors if actors is not None else settings.actors,
-            threads_per_actor=threads_per_actor if threads_per_actor is not None else settings.threads_per_actor)
-        from fun_asr.asr.session import normalize_language
-        from fun_asr.model.spec import load_spec
-
-        normalize_language(load_spec(), language)  # the job's language: ValueError now, not in every actor
-        for what, m in (("model", model), ("VAD model", vad_model)):
-            p = None if m is None else os.fspath(m)
-            if p and not Path(p).expanduser().exists() and (os.path.isabs(p) or p.startswith(("~", "."))
-                                                             or p.endswith(".gguf")):
-                raise BatchError(f"{what} {p}: no such file here; with Ray the {what} must be at this path on "
-                                 "every node (and on this machine), or be a hub repo id")
-    items = collect_items(inputs, input_format, reference)
+    s, options = job_config(config)
+    _check_settings(s)
+    if s.vad == "none":
+        s = dataclasses.replace(s, vad=None)
+    opts = job_options(options, s.batch_size)
+    if s.speaker_model is not None and not options["diarize"]:
+        raise BatchOptionError("option.needs", "{o[speaker_model]} is for {o[diarize=True]}", option="speaker_model")
+    use_ray = s.ray is not None and s.ray is not False
+    ray = _ray_settings(s, session, opts.language) if use_ray else None
+    items = collect_items(inputs, s.input_format, s.reference)
     out = Path(output_dir)
-    if out.exists() and not out.is_dir():
-        raise BatchError(f"{out}: is a file; the output is a folder (created if missing)")
     specs = [os.fspath(i) for i in ([inputs] if isinstance(inputs, str | os.PathLike) else inputs)]
-    check_outputs_are_not_inputs(out, specs, items, None if reference is None else os.fspath(reference),
-                                 input_format)
-    _check_foreign_files(out, overwrite)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BatchError(f"output folder {out}: cannot create it ({exc.strerror or exc}); choose a writable "
-                         "folder (-o)") from None
-    bar_mode = "bar" if progress is True or progress == "bar" else "lines" if progress == "lines" else None
+    _prepare_output(out, specs, items, s)
+    with shard_lock(out):
+        return _run_locked(out, specs, items, s, opts, session, stop, ray)
+
+
+def _run_locked(out: Path, specs: list[str], items: list[Item], s: JobSettings, opts: JobOptions, session: Any,
+                stop: threading.Event | None, ray: RaySettings | None) -> dict:
+    """The job in its locked output folder: what is not done yet, through the engine, then the summary."""
+    bar_mode = _bar_mode(s.progress)
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    with _lock(out):
-        if retry_failed:
-            n = _drop_failed(out)
-            if n:
-                log.info("%d failed result(s) will be transcribed again", n)
-        done = read_results(out, repair=True)
-        todo = [it for it in items if it.id not in done]
-        skipped = len(items) - len(todo)
-        keys = {(it.language, it.hotwords) for it in todo}
-        if len(keys) > 1:  # items with equal options next to each other: full batches of one option set
-            todo.sort(key=lambda it: (it.language or "", it.hotwords or ()))
-        writer = ShardWriter(out, shard_size)
-        note = f"fun-asr-batch: {skipped} of {len(items)} already done in {out}" if skipped else ""
-        bar = _Progress(bar_mode if todo else None, len(todo), note, progress_interval)
-        model_arg = _model_arg(model)
+    if s.retry_failed:
+        n = drop_failed(out)
+        if n:
+            log.info("%d failed result(s) will be transcribed again", n)
+    done = read_results(out, repair=True)
+    todo = [it for it in items if it.id not in done]
+    skipped = len(items) - len(todo)
+    if len({(it.language, it.hotwords) for it in todo}) > 1:  # equal options side by side: full batches
+        todo.sort(key=lambda it: (it.language or "", it.hotwords or ()))
+    writer = ShardWriter(out, s.shard_size)
+    note = f"fun-asr-batch: {skipped} of {len(items)} already done in {out}" if skipped else ""
+    bar = Progress(bar_mode if todo else None, len(todo), note, s.progress_interval)
+    model_arg = _model_arg(s.model)
 
-        def emit(records: list[dict]) -> None:
-            writer.write(records)
-            bar.update(records)
+    def emit(records: list[dict]) -> None:
+        writer.write(records)
+        bar.update(records)
 
-        engine_info: dict[str, Any] = {}
-        interrupted = False
-        finished = False
-        try:
-            if not todo or (stop is not None and stop.is_set()):
-                pass
-            elif use_ray:
-                bar.begin()
-                engine_info = _ray_engine(todo, model_arg, device, vad, None if vad_model is None else
-                                          _model_arg(vad_model), opts, emit, settings, bar_mode == "bar", stop,
-                                          _model_arg(speaker_model) if speaker_model else None)
-            else:
-                if session is None:
-                    from fun_asr.asr.session import Session
-
-                    try:
-                        session = Session(model_arg, device=device, threads=threads, progress=bar_mode == "bar",
-                                          vad=vad, vad_model=vad_model,
-                                          speaker_model=_model_arg(speaker_model) if speaker_model else "auto")
-                    except (OSError, ValueError, RuntimeError) as exc:  # nothing was done
-                        raise BatchError(f"cannot load model {model}: {exc}") from None
-                session.options(language=language, itn=itn, hotwords=list(opts.hotwords), max_new_tokens=max_new_tokens,
-                                segment_seconds=segment_seconds, repetition_guard=repetition_guard, **vad_options,
-                                **speaker_options)  # as given: JobOptions holds them converted
-                bar.begin()
-                _local_engine(todo, session, opts, emit, workers or min(4, os.cpu_count() or 1), stop)
-                engine_info = {"workers": workers or min(4, os.cpu_count() or 1)}
-            interrupted = stop is not None and stop.is_set() and bar.items < len(todo)
-            finished = True
-        except KeyboardInterrupt:
-            interrupted = True
-            raise
-        finally:
-            writer.close()
-            bar.close()
-            run_info = {"engine": "ray" if use_ray else "local", **engine_info, "started": started_at,
-                        "inputs": [os.fspath(i) for i in ([inputs] if isinstance(inputs, str | os.PathLike)
-                                                          else inputs)],
-                        "model": str(getattr(session, "path", model_arg)) if session is not None else model_arg,
-                        "device": device, "options": {**opts.__dict__, "hotwords": list(opts.hotwords)},
-                        "items": len(items), "skipped": skipped, "processed": bar.items, "failed": bar.failed,
-                        "audio_seconds": round(bar.audio, 3), "wall_seconds": round(bar.wall, 3),
-                        "rtfx": round(bar.audio / bar.wall, 3) if bar.wall > 0 else 0.0,
-                        "interrupted": interrupted, "shards_written": [p.name for p in writer.paths]}
-            try:
-                summary = write_summary(out, items, run_info)
-            except OSError as exc:
-                if finished:
-                    raise _write_error(out / SUMMARY, exc) from None
-                log.warning("%s", _write_error(out / SUMMARY, exc))  # the error in flight is the one to report
+    engine_info: dict[str, Any] = {}
+    interrupted = finished = False
+    try:
+        if todo and not (stop is not None and stop.is_set()):
+            if ray is None and session is None:
+                session = _load_session(s, model_arg, bar_mode == "bar")
+            engine_info = _engine(todo, s, opts, session, ray, emit, bar, stop)
+        interrupted = stop is not None and stop.is_set() and bar.items < len(todo)
+        finished = True
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:
+        writer.close()
+        bar.close()
+        run_info = {"engine": "ray" if ray is not None else "local", **engine_info, "started": started_at,
+                    "inputs": specs, "model": _model_name(session, model_arg), "device": s.device,
+                    "options": {**opts.__dict__, "hotwords": list(opts.hotwords)}, "items": len(items),
+                    "skipped": skipped, **bar.counts(), "interrupted": interrupted,
+                    "shards_written": [p.name for p in writer.paths]}
+        summary = _summary(out, items, run_info, finished)
     return summary
+
+
+def _bar_mode(progress: bool | str | None) -> str | None:
+    return "bar" if progress is True or progress == "bar" else "lines" if progress == "lines" else None
+
+
+def _model_name(session: Any, model_arg: str) -> str:
+    return str(getattr(session, "path", model_arg)) if session is not None else model_arg
+
+
+def _engine(todo: list[Item], s: JobSettings, opts: JobOptions, session: Any, ray: RaySettings | None,
+            emit: Callable[[list[dict]], None], bar: Progress, stop: threading.Event | None) -> dict[str, Any]:
+    """The items through the Ray engine (``ray``) or the local one (``session``); what the summary says of it."""
+    if ray is not None:
+        bar.begin()
+        session_args = {"model": _model_arg(s.model), "device": s.device, "vad": s.vad,
+                        "vad_model": None if s.vad_model is None else _model_arg(s.vad_model),
+                        "speaker_model": _model_arg(s.speaker_model) if s.speaker_model else None}
+        return ray_engine(todo, session_args, opts, emit, ray, _bar_mode(s.progress) == "bar", stop)
+    session.options(**opts.transcription_options(opts.language, opts.hotwords))
+    bar.begin()
+    workers = s.workers or min(4, os.cpu_count() or 1)
+    local_engine(todo, session, opts, emit, workers, stop)
+    return {"workers": workers}
+
+
+class BatchOptionError(FunAsrError, BatchError):
+    """A job's option or setting is wrong (a :class:`BatchError` that keeps its :mod:`fun_asr.errors` data)."""
+
+
+def _load_session(s: JobSettings, model_arg: str, progress: bool) -> Any:
+    from fun_asr.asr.session import Session
+
+    try:
+        return Session(model_arg, device=s.device, threads=s.threads, progress=progress, vad=s.vad,
+                       vad_model=s.vad_model, speaker_model=_model_arg(s.speaker_model) if s.speaker_model else "auto")
+    except (OSError, ValueError, RuntimeError) as exc:  # nothing was done
+        raise BatchError(f"cannot load model {s.model}: {exc}") from None
+
+
+def _summary(out: Path, items: list[Item], run_info: dict, finished: bool) -> Any:
+    try:
+        return write_summary(out, items, run_info)
+    except OSError as exc:
+        if finished:
+            raise write_error(out / SUMMARY, exc) from None
+        log.warning("%s", write_error(out / SUMMARY, exc))  # the error in flight is the one to report
+        return None
+
+
+def _run_signature() -> inspect.Signature:
+    """``run``'s parameters as help() shows them: the settings and the job's transcription options by name."""
+    p = inspect.Parameter
+    params = [p("inputs", p.POSITIONAL_OR_KEYWORD), p("output_dir", p.POSITIONAL_OR_KEYWORD),
+              p("session", p.KEYWORD_ONLY, default=None), p("stop", p.KEYWORD_ONLY, default=None)]
+    params += [p(f.name, p.KEYWORD_ONLY, default=f.default) for f in dataclasses.fields(JobSettings)]
+    params += [p(key, p.KEYWORD_ONLY, default=OPTIONS[name].default) for key, name in JOB_OPTIONS.items()]
+    return inspect.Signature(params, return_annotation=dict)
+
+
+run.__signature__ = _run_signature()  # type: ignore[attr-defined]
 
 
 def foreign_files(out: Path) -> tuple[list[Path], list[Path]]:
@@ -271,7 +366,7 @@ def foreign_files(out: Path) -> tuple[list[Path], list[Path]]:
         if not ours:
             replaceable.append(table)
     shards = []
-    for shard in _shards(out):
+    for shard in shard_files(out):
         try:
             with open(shard, "rb") as f:
                 first = f.readline()
@@ -295,8 +390,9 @@ def _check_foreign_files(out: Path, overwrite: bool) -> None:
     if replaceable and not overwrite:
         from fun_asr.outputs import existing_message
 
-        raise BatchError(f"{existing_message(replaceable, 'overwrite=True', note=', not written by fun-asr-batch')} "
-                         "(nothing was done)")
+        listed = existing_message([literal(str(p)) for p in replaceable], "{o[overwrite=True]}",
+                                  note=", not written by fun-asr-batch")
+        raise BatchOptionError("output.exists", listed + " (nothing was done)", option="overwrite")
 
 
 def write_summary(out: Path, items: Sequence[Item], run_info: dict) -> dict:
@@ -317,7 +413,7 @@ def write_summary(out: Path, items: Sequence[Item], run_info: dict) -> dict:
         "pending": sum(1 for i in ids if i not in records),
         "audio_seconds": round(audio, 3),
         "audio_hours": round(audio / 3600, 6),
-        "shards": [p.name for p in _shards(out)],
+        "shards": [p.name for p in shard_files(out)],
         "last_run": run_info,
         "failures": [{"id": r["id"], "error": r.get("error")} for r in failed[:1000]],
     }
@@ -341,6 +437,7 @@ def write_summary(out: Path, items: Sequence[Item], run_info: dict) -> dict:
     return summary
 
 
-__all__ = ["AUDIO_EXTENSIONS", "BatchError", "INPUT_FORMATS", "Item", "JobOptions", "OutputWriteError", "RaySettings",
+__all__ = ["AUDIO_EXTENSIONS", "BatchError", "INPUT_FORMATS", "Item", "JobOptions", "JobSettings", "OutputWriteError",
+           "RaySettings",
            "RayTranscriber", "ShardWriter", "collect_items", "detect_format", "load", "read_references", "read_results",
            "run", "transcribe_loaded", "write_summary"]

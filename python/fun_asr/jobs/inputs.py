@@ -9,7 +9,7 @@ import io
 import json
 import os
 import posixpath
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,11 +45,11 @@ class Item:
     error: str | None = None  # known before reading (e.g. a piped wav.scp entry)
 
 
-def _is_url(s: str) -> bool:
+def is_url(s: str) -> bool:
     return "://" in s
 
 
-def _has_magic(s: str) -> bool:
+def has_magic(s: str) -> bool:
     return any(c in s for c in "*?[")
 
 
@@ -59,7 +59,7 @@ def _ext(s: str) -> str:
 
 def _read_text(path: str) -> str:
     try:
-        if _is_url(path):
+        if is_url(path):
             import fsspec
 
             with fsspec.open(path, "rb") as f:
@@ -76,24 +76,24 @@ def _read_text(path: str) -> str:
         raise BatchError(f"{path}: not UTF-8 text ({exc.reason})") from None
 
 
-def _dirname(path: str) -> str:
-    return posixpath.dirname(path) if _is_url(path) else os.path.dirname(os.path.abspath(path))
+def url_dirname(path: str) -> str:
+    return posixpath.dirname(path) if is_url(path) else os.path.dirname(os.path.abspath(path))
 
 
 def _resolve(entry: str, base: str) -> str:
     """A path from a list or manifest: URLs and absolute paths as they are; a relative path is taken
     relative to the manifest's folder when it exists there, else relative to the current directory."""
     entry = entry.strip()
-    if _is_url(entry) or os.path.isabs(entry):
+    if is_url(entry) or os.path.isabs(entry):
         return entry
-    if _is_url(base):
+    if is_url(base):
         return posixpath.join(base, entry)
     candidate = os.path.join(base, entry)
     return candidate if os.path.exists(candidate) else entry
 
 
 def _exists(path: str) -> bool:
-    if _is_url(path):
+    if is_url(path):
         import fsspec
 
         fs, p = fsspec.core.url_to_fs(path)
@@ -102,7 +102,7 @@ def _exists(path: str) -> bool:
 
 
 def _is_dir(path: str) -> bool:
-    if _is_url(path):
+    if is_url(path):
         import fsspec
 
         fs, p = fsspec.core.url_to_fs(path)
@@ -112,7 +112,7 @@ def _is_dir(path: str) -> bool:
 
 def _list_files(spec: str, kind: str) -> list[tuple[str, str]]:
     """(path or URL, path relative to the root) of the audio files of a directory or glob."""
-    if _is_url(spec):
+    if is_url(spec):
         import fsspec
 
         fs, p = fsspec.core.url_to_fs(spec)
@@ -140,7 +140,7 @@ def _glob_root(pattern: str) -> str:
     parts = pattern.replace("\\", "/").split("/")
     static = []
     for part in parts[:-1]:
-        if _has_magic(part):
+        if has_magic(part):
             break
         static.append(part)
     return "/".join(static)
@@ -248,7 +248,7 @@ def _read_jsonl(path: str) -> list[Item]:
         if not isinstance(obj, dict):
             raise BatchError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
         rows.append((n, obj))
-    return _manifest_items(rows, path, _dirname(path))
+    return _manifest_items(rows, path, url_dirname(path))
 
 
 def _read_csv(path: str) -> list[Item]:
@@ -258,18 +258,18 @@ def _read_csv(path: str) -> list[Item]:
     if not reader.fieldnames:
         raise BatchError(f"{path}: empty CSV manifest (a header row with 'id' and 'audio' is expected)")
     rows = [(n + 2, {(k or "").strip().lower(): v for k, v in row.items()}) for n, row in enumerate(reader)]
-    return _manifest_items(rows, path, _dirname(path))
+    return _manifest_items(rows, path, url_dirname(path))
 
 
 def _read_list(path: str) -> list[Item]:
-    base = _dirname(path)
+    base = url_dirname(path)
     paths = [_resolve(line, base) for line in _read_text(path).splitlines()
              if line.strip() and not line.lstrip().startswith("#")]
     return [Item(key, p) for key, p in zip(_path_list_ids(paths), paths, strict=True)]
 
 
 def _read_scp(path: str) -> list[Item]:
-    base = _dirname(path)
+    base = url_dirname(path)
     items = []
     for n, line in enumerate(_read_text(path).splitlines(), 1):
         line = line.strip()
@@ -288,7 +288,7 @@ def _read_scp(path: str) -> list[Item]:
         else:
             item.audio = _resolve(entry, base)
         items.append(item)
-    text = posixpath.join(base, "text") if _is_url(path) else os.path.join(base, "text")
+    text = posixpath.join(base, "text") if is_url(path) else os.path.join(base, "text")
     if _exists(text):
         from fun_asr.jobs.evaluate import parse_kaldi_text
 
@@ -307,7 +307,7 @@ def re_ark(entry: str) -> bool:
 
 def detect_format(spec: str) -> str:
     """What an input names: dir, glob, list, jsonl, csv, scp or audio (BatchError when unclear)."""
-    if _has_magic(spec) and not _exists(spec):
+    if has_magic(spec) and not _exists(spec):
         return "glob"
     if _is_dir(spec):
         return "dir"
@@ -343,29 +343,7 @@ def collect_items(inputs: Sequence[str | os.PathLike[str]], input_format: str = 
     for raw in inputs:
         spec = os.fspath(raw)
         kind = detect_format(spec) if input_format == "auto" else input_format
-        if kind in ("dir", "glob"):
-            if kind == "dir" and not _is_dir(spec):
-                raise BatchError(f"{spec}: not a directory")
-            files = _list_files(spec, kind)
-            if not files:
-                what = "audio files" if kind == "dir" else "files"
-                raise BatchError(f"{spec}: no {what} found (audio extensions: {', '.join(sorted(AUDIO_EXTENSIONS))})")
-            new = [Item(key, path) for key, (path, _) in zip(_unique_ids([r for _, r in files]), files, strict=True)]
-        elif kind == "list":
-            new = _read_list(spec)
-        elif kind == "jsonl":
-            new = _read_jsonl(spec)
-        elif kind == "csv":
-            new = _read_csv(spec)
-        elif kind == "scp":
-            new = _read_scp(spec)
-        else:
-            if not _is_url(spec) and not os.path.exists(spec):
-                raise BatchError(f"{spec}: no such file" + (" (a broken symbolic link)" if os.path.islink(spec)
-                                                             else ""))
-            if not _is_url(spec) and os.path.isdir(spec):
-                raise BatchError(f"{spec}: is a directory; give it as a directory input (--input-format dir)")
-            new = [Item(_path_list_ids([spec])[0], spec)]
+        new = _items_of(spec, kind)
         for it in new:
             if it.id in origin:
                 raise BatchError(f"id {it.id!r} appears twice ({origin[it.id]} and {spec}); ids must be unique — "
@@ -378,6 +356,41 @@ def collect_items(inputs: Sequence[str | os.PathLike[str]], input_format: str = 
             if it.id in refs:
                 it.reference = refs[it.id]
     return items
+
+
+def _items_of(spec: str, kind: str) -> list[Item]:
+    """The recordings one input names, read as ``kind`` (a format of :data:`INPUT_FORMATS` other than auto)."""
+    if kind in ("dir", "glob"):
+        return _folder_items(spec, kind)
+    reader = _MANIFEST_READERS.get(kind)
+    if reader is not None:
+        return reader(spec)
+    return [_audio_item(spec)]
+
+
+def _folder_items(spec: str, kind: str) -> list[Item]:
+    """The audio files of a directory (``kind`` dir) or the files a glob matches, ids from their paths."""
+    if kind == "dir" and not _is_dir(spec):
+        raise BatchError(f"{spec}: not a directory")
+    files = _list_files(spec, kind)
+    if not files:
+        what = "audio files" if kind == "dir" else "files"
+        raise BatchError(f"{spec}: no {what} found (audio extensions: {', '.join(sorted(AUDIO_EXTENSIONS))})")
+    return [Item(key, path) for key, (path, _) in zip(_unique_ids([r for _, r in files]), files, strict=True)]
+
+
+def _audio_item(spec: str) -> Item:
+    """One audio file (or URL) as an input of its own."""
+    if not is_url(spec) and not os.path.exists(spec):
+        raise BatchError(f"{spec}: no such file" + (" (a broken symbolic link)" if os.path.islink(spec)
+                                                     else ""))
+    if not is_url(spec) and os.path.isdir(spec):
+        raise BatchError(f"{spec}: is a directory; give it as a directory input (--input-format dir)")
+    return Item(_path_list_ids([spec])[0], spec)
+
+
+_MANIFEST_READERS: dict[str, Callable[[str], list[Item]]] = {
+    "list": _read_list, "jsonl": _read_jsonl, "csv": _read_csv, "scp": _read_scp}
 
 
 def read_references(path: str | os.PathLike[str]) -> dict[str, str]:

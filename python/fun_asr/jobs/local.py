@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from fun_asr.jobs.inputs import Item, _is_url
+from fun_asr.asr.option_table import OPTIONS
+from fun_asr.errors import names_input
+from fun_asr.jobs.inputs import Item, is_url
 
 log = logging.getLogger("fun_asr.batch")
 @dataclass
@@ -26,12 +28,13 @@ class JobOptions:
     language: str | None = None
     hotwords: tuple[str, ...] = ()
     itn: bool = True
-    max_new_tokens: int = 512
-    segment_seconds: float = 30.0
+    max_new_tokens: int = OPTIONS["max_new_tokens"].default
+    segment_seconds: float = OPTIONS["segment_seconds"].default
     repetition_guard: bool = True
     batch_size: int = 8
     vad_options: dict[str, Any] = field(default_factory=dict)  # FunASR's VAD kwargs (silence_schedule, ...)
     speaker_options: dict[str, Any] = field(default_factory=dict)  # diarize=True and num/min/max_speakers
+    output_options: dict[str, Any] = field(default_factory=dict)  # max_line_width / max_line_count given
 
     def for_item(self, item: Item) -> tuple[str | None, tuple[str, ...]]:
         return (self.language if item.language is None else item.language,
@@ -40,9 +43,14 @@ class JobOptions:
     def transcription_options(self, language: str | None, hotwords: tuple[str, ...]) -> dict[str, Any]:
         """The Session's option keywords (``Session.options``, ``transcribe_batch``) for one language and
         hotword list."""
+        return {**self.base_options(language, hotwords), **self.vad_options, **self.speaker_options,
+                **self.output_options}
+
+    def base_options(self, language: str | None, hotwords: tuple[str, ...]) -> dict[str, Any]:
+        """The decoding options every record names (a failed one's too)."""
         return {"language": language, "itn": self.itn, "hotwords": list(hotwords),
                 "max_new_tokens": self.max_new_tokens, "segment_seconds": self.segment_seconds,
-                "repetition_guard": self.repetition_guard, **self.vad_options, **self.speaker_options}
+                "repetition_guard": self.repetition_guard}
 
 
 @dataclass
@@ -58,8 +66,9 @@ class Loaded:
 
 
 def _message(audio: str, exc: BaseException) -> str:
+    """``exc``'s message, led by the recording's name unless it names it already (as data: names_input)."""
     msg = str(exc) or type(exc).__name__
-    return msg if audio in msg else f"{audio}: {msg}"
+    return msg if names_input(exc) == audio else f"{audio}: {msg}"
 
 
 def load(item: Item) -> Loaded:
@@ -70,7 +79,7 @@ def load(item: Item) -> Loaded:
         return Loaded(item, error=item.error)
     t0 = time.perf_counter()
     try:
-        if _is_url(item.audio):
+        if is_url(item.audio):
             import fsspec
 
             with fsspec.open(item.audio, "rb") as f:
@@ -122,9 +131,7 @@ def transcribe_loaded(session: Any, loaded: Sequence[Loaded], opts: JobOptions) 
     for i, ld in enumerate(loaded):
         groups.setdefault(opts.for_item(ld.item), []).append(i)
     for (language, hotwords), idx in groups.items():
-        base_options = {"language": language, "itn": opts.itn, "hotwords": list(hotwords),
-                        "max_new_tokens": opts.max_new_tokens, "segment_seconds": opts.segment_seconds,
-                        "repetition_guard": opts.repetition_guard}
+        base_options = opts.base_options(language, hotwords)
         ok = [i for i in idx if loaded[i].error is None]
         for i in idx:
             if loaded[i].error is not None:
@@ -162,12 +169,16 @@ def transcribe_loaded(session: Any, loaded: Sequence[Loaded], opts: JobOptions) 
                 if result.duration > 0:
                     t["real_time_factor"] = round(t["total_ms"] / 1e3 / result.duration, 3)
             records[i] = _record(ld.item, result.to_dict())
+            if opts.output_options:  # the subtitle cues made with the job's line limits
+                from fun_asr.asr.formats import subtitle_cues
+
+                records[i]["cues"] = subtitle_cues(result)
     return [r for r in records if r is not None]
 
 
 # -- progress ---------------------------------------------------------------------------------------
 
-class _Progress:
+class Progress:
     """Counts what the job did; shows it as a tqdm bar (``"bar"``, a terminal) or as one line on stderr
     every ``interval`` seconds (``"lines"``: logs, CI, a scheduler's output file)."""
 
@@ -197,6 +208,11 @@ class _Progress:
         self.t_work = time.perf_counter()
         if self._thread is not None and not self._thread.is_alive():
             self._thread.start()
+
+    def counts(self) -> dict[str, Any]:
+        """What the summary says of the run: processed, failed, audio and wall seconds, speed."""
+        return {"processed": self.items, "failed": self.failed, "audio_seconds": round(self.audio, 3),
+                "wall_seconds": round(self.wall, 3), "rtfx": round(self.audio / self.wall, 3) if self.wall > 0 else 0.0}
 
     def update(self, records: Sequence[dict]) -> None:
         self.items += len(records)
@@ -249,7 +265,7 @@ class _Progress:
 
 # -- engines ----------------------------------------------------------------------------------------
 
-def _local_engine(todo: list[Item], session: Any, opts: JobOptions, emit: Callable[[list[dict]], None],
+def local_engine(todo: list[Item], session: Any, opts: JobOptions, emit: Callable[[list[dict]], None],
                   workers: int, stop: threading.Event | None = None) -> None:
     """Reader threads decode the next batch while the Session transcribes the current one (so about
     two batches of decoded audio are in memory). ``stop`` set: no batch after the one in flight."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -79,9 +80,10 @@ class RaySettings:
     gpus_per_actor: float | None = None  # default 1 with a CUDA device
 
 
-def _ray_engine(todo: list[Item], model: str, device: str, vad: str | None, vad_model: str | None,
-                opts: JobOptions, emit: Callable[[list[dict]], None], settings: RaySettings, progress: bool,
-                stop: threading.Event | None = None, speaker_model: str | None = None) -> dict:
+def ray_engine(todo: list[Item], session_args: dict[str, Any], opts: JobOptions, emit: Callable[[list[dict]], None],
+                settings: RaySettings, progress: bool, stop: threading.Event | None = None) -> dict:
+    """The items through a pool of Ray actors, each holding a Session made with ``session_args`` (``model``,
+    ``device``, ``vad``, ``vad_model``, ``speaker_model``); returns what the summary says of the engine."""
     try:
         import ray
         import ray.data
@@ -100,24 +102,7 @@ def _ray_engine(todo: list[Item], model: str, device: str, vad: str | None, vad_
         ctx.execution_options.verbose_progress = False
         if not log.isEnabledFor(logging.INFO):  # Ray Data's own start-up lines only with --verbose
             logging.getLogger("ray.data").setLevel(logging.ERROR)
-        total = ray.cluster_resources()
-        cpus = float(total.get("CPU", 1.0))
-        node_cpus = max([float(n["Resources"].get("CPU", 0.0)) for n in ray.nodes() if n.get("Alive")] or [cpus])
-        gpu = device not in ("auto", "cpu")
-        tpa = settings.threads_per_actor or max(1, min(4, int(node_cpus) - 1))
-        gpus_per_actor = (settings.gpus_per_actor if settings.gpus_per_actor is not None else 1.0) if gpu else 0.0
-        read_cpus = settings.read_cpus
-        # Reserve at most what a node can give beside one reading task, or the pipeline would stall.
-        actor_cpus = float(min(tpa, max(0.5, node_cpus - read_cpus)))
-        actors = settings.actors
-        if actors is None:
-            if gpu:
-                actors = max(1, int(float(total.get("GPU", 0.0)) // (gpus_per_actor or 1.0)))
-            else:
-                actors = max(1, int((cpus - read_cpus) // actor_cpus))
-        info = {"address": settings.address, "actors": actors, "threads_per_actor": tpa, "actor_cpus": actor_cpus,
-                "gpus_per_actor": gpus_per_actor, "read_cpus": read_cpus, "cluster_cpus": cpus,
-                "cluster_gpus": float(total.get("GPU", 0.0)), "nodes": sum(1 for n in ray.nodes() if n.get("Alive"))}
+        info = _pool(ray, settings, session_args["device"])
         log.info("ray: %s", info)
         rows = [{"item": _item_json(it)} for it in todo]
         blocks = max(1, min(math.ceil(len(rows) / opts.batch_size), 4096))
@@ -125,20 +110,16 @@ def _ray_engine(todo: list[Item], model: str, device: str, vad: str | None, vad_
         # A reading task reserves some memory for the decoded audio; its resources differing from the
         # actors' also keeps Ray Data from fusing the reading into the actors: CPU tasks decode while
         # the actors transcribe.
-        ds = ds.map_batches(_ray_read, batch_size=opts.batch_size, batch_format="pyarrow", num_cpus=read_cpus,
+        ds = ds.map_batches(_ray_read, batch_size=opts.batch_size, batch_format="pyarrow", num_cpus=info["read_cpus"],
                             memory=_READ_TASK_MEMORY)
-        options = {"language": opts.language, "hotwords": list(opts.hotwords), "itn": opts.itn,
-                   "max_new_tokens": opts.max_new_tokens, "segment_seconds": opts.segment_seconds,
-                   "repetition_guard": opts.repetition_guard, "batch_size": opts.batch_size,
-                   "vad_options": opts.vad_options, "speaker_options": opts.speaker_options}
-        remote: dict[str, Any] = {"num_cpus": actor_cpus}
-        if gpus_per_actor:
-            remote["num_gpus"] = gpus_per_actor
+        options = {**dataclasses.asdict(opts), "hotwords": list(opts.hotwords)}
+        remote: dict[str, Any] = {"num_cpus": info["actor_cpus"]}
+        if info["gpus_per_actor"]:
+            remote["num_gpus"] = info["gpus_per_actor"]
         ds = ds.map_batches(
             RayTranscriber, batch_size=opts.batch_size, batch_format="pyarrow",
-            compute=ray.data.ActorPoolStrategy(size=actors),
-            fn_constructor_kwargs={"model": model, "device": device, "threads": tpa, "vad": vad,
-                                   "vad_model": vad_model, "options": options, "speaker_model": speaker_model},
+            compute=ray.data.ActorPoolStrategy(size=info["actors"]),
+            fn_constructor_kwargs={**session_args, "threads": info["threads_per_actor"], "options": options},
             **remote)
         for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
             emit([json.loads(s) for s in block.column("record").to_pylist()])
@@ -148,3 +129,25 @@ def _ray_engine(todo: list[Item], model: str, device: str, vad: str | None, vad_
     finally:
         if started:
             ray.shutdown()
+
+
+def _pool(ray: Any, settings: RaySettings, device: str) -> dict[str, Any]:
+    """The actor pool the cluster allows: actors, threads and CPUs (GPUs) per actor, CPUs per reading task."""
+    total = ray.cluster_resources()
+    cpus = float(total.get("CPU", 1.0))
+    node_cpus = max([float(n["Resources"].get("CPU", 0.0)) for n in ray.nodes() if n.get("Alive")] or [cpus])
+    gpu = device not in ("auto", "cpu")
+    tpa = settings.threads_per_actor or max(1, min(4, int(node_cpus) - 1))
+    gpus_per_actor = (settings.gpus_per_actor if settings.gpus_per_actor is not None else 1.0) if gpu else 0.0
+    read_cpus = settings.read_cpus
+    # Reserve at most what a node can give beside one reading task, or the pipeline would stall.
+    actor_cpus = float(min(tpa, max(0.5, node_cpus - read_cpus)))
+    actors = settings.actors
+    if actors is None:
+        if gpu:
+            actors = max(1, int(float(total.get("GPU", 0.0)) // (gpus_per_actor or 1.0)))
+        else:
+            actors = max(1, int((cpus - read_cpus) // actor_cpus))
+    return {"address": settings.address, "actors": actors, "threads_per_actor": tpa, "actor_cpus": actor_cpus,
+            "gpus_per_actor": gpus_per_actor, "read_cpus": read_cpus, "cluster_cpus": cpus,
+            "cluster_gpus": float(total.get("GPU", 0.0)), "nodes": sum(1 for n in ray.nodes() if n.get("Alive"))}

@@ -14,11 +14,11 @@ SHARD_PREFIX = "shard-"
 SUMMARY = "summary.json"
 EVAL_TABLE = "eval.tsv"
 SCHEMA_VERSION = 1
-def _shards(out: Path) -> list[Path]:
+def shard_files(out: Path) -> list[Path]:
     return sorted(p for p in out.glob(f"{SHARD_PREFIX}*.jsonl") if p.is_file())
 
 
-def _scan_shard(path: Path, repair: bool) -> Iterator[dict]:
+def scan_shard(path: Path, repair: bool) -> Iterator[dict]:
     """The records of one shard. A last line without its newline (a write cut by a crash) or that is
     not valid JSON is ignored and, with ``repair``, cut off the file."""
     data = path.read_bytes()
@@ -54,7 +54,7 @@ def read_results(output_dir: str | os.PathLike[str], repair: bool = False) -> di
     """id -> record of every result in a fun-asr-batch output folder (the first record of an id wins)."""
     out = Path(output_dir)
     records: dict[str, dict] = {}
-    for shard in _shards(out):
-        for rec in _scan_shard(shard, repair):
+    for shard in shard_files(out):
+        for rec in scan_shard(shard, repair):
             records.setdefault(str(rec["id"]), rec)
     return records

@@ -10,15 +10,15 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from fun_asr.jobs.inputs import BatchError, Item, _dirname, _has_magic, _is_url, detect_format
-from fun_asr.jobs.records import EVAL_TABLE, SHARD_PREFIX, SUMMARY, _scan_shard, _shards
+from fun_asr.jobs.inputs import BatchError, Item, detect_format, has_magic, is_url, url_dirname
+from fun_asr.jobs.records import EVAL_TABLE, SHARD_PREFIX, SUMMARY, scan_shard, shard_files
 
 
-def _drop_failed(out: Path) -> int:
+def drop_failed(out: Path) -> int:
     """Removes the failed records from the shards (each rewritten atomically); returns how many."""
     dropped = 0
-    for shard in _shards(out):
-        recs = list(_scan_shard(shard, repair=True))
+    for shard in shard_files(out):
+        recs = list(scan_shard(shard, repair=True))
         keep = [r for r in recs if not r.get("error")]
         if len(keep) == len(recs):
             continue
@@ -40,7 +40,7 @@ class ShardWriter:
     def __init__(self, out: Path, shard_size: int = 1000) -> None:
         self.out = out
         self.shard_size = shard_size
-        existing = [int(p.stem[len(SHARD_PREFIX):]) for p in _shards(out) if p.stem[len(SHARD_PREFIX):].isdigit()]
+        existing = [int(p.stem[len(SHARD_PREFIX):]) for p in shard_files(out) if p.stem[len(SHARD_PREFIX):].isdigit()]
         self.next_index = max(existing, default=-1) + 1
         self.f: Any = None
         self.count = 0
@@ -58,7 +58,7 @@ class ShardWriter:
                 try:
                     self.f = open(path, "ab")  # noqa: SIM115 - kept open across batches
                 except OSError as exc:
-                    raise _write_error(path, exc) from None
+                    raise write_error(path, exc) from None
                 self.paths.append(path)
                 self.count = 0
             part, records = records[: self.shard_size - self.count], records[self.shard_size - self.count:]
@@ -68,7 +68,7 @@ class ShardWriter:
                 self.f.flush()
                 os.fsync(self.f.fileno())
             except OSError as exc:
-                raise _write_error(self.paths[-1], exc) from None
+                raise write_error(self.paths[-1], exc) from None
             self.count += len(part)
             self.written += len(part)
 
@@ -84,7 +84,7 @@ class OutputWriteError(OSError):
     what was written before is kept, so the same command resumes once the cause is fixed."""
 
 
-def _write_error(path: Path, exc: OSError) -> OutputWriteError:
+def write_error(path: Path, exc: OSError) -> OutputWriteError:
     why = exc.strerror or str(exc)
     err = OutputWriteError(f"cannot write {path} ({why}); the results written so far are kept: fix that (free "
                            "space, permissions) or choose another output folder (-o), then rerun the same command "
@@ -100,7 +100,7 @@ def _output_files(out: Path) -> list[Path]:
     """The files of ``out`` that a job writes, replaces or cuts (shards: a torn last line, --retry-failed)."""
     if not out.is_dir():
         return []
-    files = [out / n for n in OUTPUT_NAMES] + _shards(out) + sorted(out.glob(f"{SHARD_PREFIX}*.jsonl.tmp"))
+    files = [out / n for n in OUTPUT_NAMES] + shard_files(out) + sorted(out.glob(f"{SHARD_PREFIX}*.jsonl.tmp"))
     return [p for p in files if p.exists()]
 
 
@@ -117,11 +117,11 @@ def check_outputs_are_not_inputs(out: Path, inputs: Sequence[str], items: Sequen
         return
     files: list[str] = []
     for spec in [*inputs, *([reference] if reference is not None else [])]:
-        if not _is_url(spec) and not _has_magic(spec) and not os.path.isdir(spec):
+        if not is_url(spec) and not has_magic(spec) and not os.path.isdir(spec):
             files.append(spec)
             if (detect_format(spec) if input_format == "auto" else input_format) == "scp":
-                files.append(os.path.join(_dirname(spec), "text"))
-    files += [it.audio for it in items if it.error is None and not _is_url(it.audio)]
+                files.append(os.path.join(url_dirname(spec), "text"))
+    files += [it.audio for it in items if it.error is None and not is_url(it.audio)]
     for f in files:
         try:
             st = os.stat(f)
@@ -135,7 +135,7 @@ def check_outputs_are_not_inputs(out: Path, inputs: Sequence[str], items: Sequen
 
 
 @contextlib.contextmanager
-def _lock(out: Path) -> Iterator[None]:
+def shard_lock(out: Path) -> Iterator[None]:
     """One job per output folder at a time."""
     try:
         import fcntl

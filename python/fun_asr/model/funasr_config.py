@@ -167,7 +167,8 @@ def hparams_from_config(conf: dict[str, Any], llm_config: dict[str, Any], root: 
     try:
         return parse_hparams(config)
     except ConfigError as exc:
-        raise CheckpointError(f"{root}: {str(exc).replace('config.json', 'config.yaml / LLM config.json')}") from None
+        exc.source = "config.yaml / LLM config.json"  # the files a FunASR checkpoint's config comes from
+        raise CheckpointError(f"{root}: {exc}") from None
 
 
 def ctc_params(conf: dict[str, Any], hp: HParams, src: dict[str, Any]) -> tuple[CtcParams | None, str | None]:

@@ -15,7 +15,15 @@ from typing import Any
 
 
 class ConfigError(ValueError):
-    """A checkpoint config is missing a field or has an inconsistent dimension."""
+    """A checkpoint config is missing a field or has an inconsistent dimension: ``detail`` says what, ``source`` the
+    file it is about (``config.json``; a FunASR checkpoint's reader names its own files), ``str()`` both."""
+
+    def __init__(self, detail: str, source: str = "config.json", sep: str = ": ") -> None:
+        super().__init__(detail)
+        self.detail, self.source, self.sep = detail, source, sep
+
+    def __str__(self) -> str:
+        return f"{self.source}{self.sep}{self.detail}"
 
 
 @dataclass(frozen=True)
@@ -133,23 +141,23 @@ def _pick(cfg: dict[str, Any], where: str, *names: str, default: Any = ...) -> A
             return cfg[name]
     if default is not ...:
         return default
-    raise ConfigError(f"config.json: {where} has none of {', '.join(repr(n) for n in names)}")
+    raise ConfigError(f"{where} has none of {', '.join(repr(n) for n in names)}")
 
 
 def _int(value: Any, where: str, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float) or (
             isinstance(value, float) and not value.is_integer()):  # also inf and nan
-        raise ConfigError(f"config.json: {where} must be an integer, got {value!r}")
+        raise ConfigError(f"{where} must be an integer, got {value!r}")
     if int(value) < minimum:
-        raise ConfigError(f"config.json: {where} must be >= {minimum}, got {value}")
+        raise ConfigError(f"{where} must be >= {minimum}, got {value}")
     return int(value)
 
 
 def _float(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ConfigError(f"config.json: {where} must be a finite number, got {value!r}")
+        raise ConfigError(f"{where} must be a finite number, got {value!r}")
     if value <= 0:
-        raise ConfigError(f"config.json: {where} must be > 0, got {value}")
+        raise ConfigError(f"{where} must be > 0, got {value}")
     return float(value)
 
 
@@ -159,19 +167,28 @@ def _section(config: dict[str, Any], *names: str) -> dict[str, Any]:
         if isinstance(sub, dict):
             return sub
     raise ConfigError(
-        f"config.json has no {' / '.join(repr(n) for n in names)} section; expected a "
-        "Fun-ASR-Nano config (Transformers FunAsrNanoConfig)"
+        f"has no {' / '.join(repr(n) for n in names)} section; expected a "
+        "Fun-ASR-Nano config (Transformers FunAsrNanoConfig)", sep=" "
     )
 
 
 def parse_hparams(config: dict[str, Any]) -> HParams:
     """Reads and validates the dimensions of a Fun-ASR-Nano ``config.json``."""
     if not isinstance(config, dict):
-        raise ConfigError(f"config.json must hold a JSON object, got {type(config).__name__}")
+        raise ConfigError(f"must hold a JSON object, got {type(config).__name__}", sep=" ")
     model_type = config.get("model_type")
     if model_type not in (None, "fun_asr_nano"):
-        raise ConfigError(f"config.json: model_type is {model_type!r}, expected 'fun_asr_nano'")
+        raise ConfigError(f"model_type is {model_type!r}, expected 'fun_asr_nano'")
+    encoder = _encoder_params(config)
+    decoder = _decoder_params(config)
+    adaptor = _adaptor_params(config, encoder)
+    hp = HParams(encoder, adaptor, decoder)
+    _validate(hp)
+    return hp
 
+
+def _encoder_params(config: dict[str, Any]) -> EncoderParams:
+    """The audio encoder's dimensions (``audio_config``; FunASR: ``audio_encoder_conf``)."""
     ec = _section(config, "audio_config", "audio_encoder_conf", "encoder_config")
     w = "audio_config"
     n_layers = _int(_pick(ec, w, "num_hidden_layers", "num_layers"), f"{w}.num_hidden_layers", 1)
@@ -179,7 +196,7 @@ def parse_hparams(config: dict[str, Any]) -> HParams:
         n_layers = _int(ec["num_blocks"], f"{w}.num_blocks") + _int(
             ec.get("tp_blocks", 0), f"{w}.tp_blocks", 0
         )
-    encoder = EncoderParams(
+    return EncoderParams(
         num_mel_bins=_int(_pick(ec, w, "num_mel_bins", "n_mels", default=80), f"{w}.num_mel_bins"),
         num_stacked_frames=_int(
             _pick(ec, w, "num_stacked_frames", "lfr_m", default=7), f"{w}.num_stacked_frames"
@@ -200,22 +217,25 @@ def parse_hparams(config: dict[str, Any]) -> HParams:
         eps=_float(_pick(ec, w, "layer_norm_eps", default=1e-5), f"{w}.layer_norm_eps"),
     )
 
+
+def _decoder_params(config: dict[str, Any]) -> DecoderParams:
+    """The LLM decoder's dimensions (``text_config``; FunASR: ``llm_conf``)."""
     tc = _section(config, "text_config", "llm_conf")
     w = "text_config"
     rope = tc.get("rope_parameters") or {}
     if not isinstance(rope, dict):
-        raise ConfigError(f"config.json: text_config.rope_parameters must be an object, got {rope!r:.60}")
+        raise ConfigError(f"text_config.rope_parameters must be an object, got {rope!r:.60}")
     theta = rope.get("rope_theta", tc.get("rope_theta"))
     if theta is None:
-        raise ConfigError("config.json: text_config has no rope_parameters.rope_theta / rope_theta")
+        raise ConfigError("text_config has no rope_parameters.rope_theta / rope_theta")
     if rope.get("rope_type", "default") != "default":
         raise ConfigError(
-            f"config.json: text_config.rope_parameters.rope_type {rope.get('rope_type')!r} is not "
+            f"text_config.rope_parameters.rope_type {rope.get('rope_type')!r} is not "
             "supported; accepted: 'default'"
         )
     d_model = _int(_pick(tc, w, "hidden_size"), f"{w}.hidden_size")
     n_heads = _int(_pick(tc, w, "num_attention_heads"), f"{w}.num_attention_heads")
-    decoder = DecoderParams(
+    return DecoderParams(
         d_model=d_model,
         n_layers=_int(_pick(tc, w, "num_hidden_layers"), f"{w}.num_hidden_layers"),
         n_heads=n_heads,
@@ -229,6 +249,10 @@ def parse_hparams(config: dict[str, Any]) -> HParams:
         tie_embeddings=bool(config.get("tie_word_embeddings", tc.get("tie_word_embeddings", True))),
     )
 
+
+def _adaptor_params(config: dict[str, Any], encoder: EncoderParams) -> AdaptorParams:
+    """The audio adaptor's dimensions (``adaptor_config``; FunASR: ``audio_adaptor_conf``), checked against the
+    encoder's width."""
     ac = _section(config, "adaptor_config", "audio_adaptor_conf")
     w = "adaptor_config"
     adp_d = _int(_pick(ac, w, "hidden_size", "llm_dim"), f"{w}.hidden_size")
@@ -243,18 +267,15 @@ def parse_hparams(config: dict[str, Any]) -> HParams:
     )
     if "encoder_dim" in ac and _int(ac["encoder_dim"], f"{w}.encoder_dim") != encoder.d_model:
         raise ConfigError(
-            f"config.json: adaptor_config.encoder_dim {ac['encoder_dim']} != audio_config.hidden_size "
+            f"adaptor_config.encoder_dim {ac['encoder_dim']} != audio_config.hidden_size "
             f"{encoder.d_model}"
         )
     if _int(ac.get("downsample_rate", 1), f"{w}.downsample_rate") != 1:
         raise ConfigError(
-            f"config.json: adaptor_config.downsample_rate {ac['downsample_rate']} is not supported; "
+            f"adaptor_config.downsample_rate {ac['downsample_rate']} is not supported; "
             "accepted: 1 (the Fun-ASR-Nano layout)"
         )
-
-    hp = HParams(encoder, adaptor, decoder)
-    _validate(hp)
-    return hp
+    return adaptor
 
 
 # Plausibility bounds (the native loader has the same): far above any real model, low enough that the tensor
@@ -293,4 +314,4 @@ def _validate(hp: HParams) -> None:
     if d.head_dim % 2:
         problems.append(f"text_config.head_dim {d.head_dim} must be even (RoPE)")
     if problems:
-        raise ConfigError("config.json: " + "; ".join(problems))
+        raise ConfigError("; ".join(problems))

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from fun_asr import _core
+from fun_asr.errors import SetupError
 from fun_asr.model import vulkan_driver
 from fun_asr.model.funasr_checkpoint import open_checkpoint
 from fun_asr.model.metadata import ARCH, check_tensors, gguf_metadata
@@ -19,7 +20,6 @@ _STORED = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 # ggml's GPU backends by the name a device takes (``cuda``, ``vulkan:1``), as users write them in words
 _BACKEND_NAMES = {"cuda": "CUDA", "vulkan": "Vulkan", "metal": "Metal", "sycl": "SYCL", "opencl": "OpenCL",
                   "cann": "CANN", "musa": "MUSA", "rocm": "ROCm", "hip": "HIP"}
-_USE_ANOTHER = "use the cpu or auto device"
 
 
 def usable_device(device: str) -> str:
@@ -34,7 +34,7 @@ def usable_device(device: str) -> str:
         return device
     why = _core.device_fallback(device)
     if why:
-        raise ValueError(f"device '{device}' is not usable here: {why}; {_USE_ANOTHER}")
+        raise _unusable(device, why)
     _check_backend_built(device)
     name = _core.check_device(device)  # an unknown name, an index past the devices: its own message
     _check_driver(device, name)
@@ -47,7 +47,7 @@ def _check_driver(device: str, name: str) -> None:
     described = [d["description"] for d in _core.system_info()["devices"] if d["name"] == name]
     why = vulkan_driver.known_bad(described[0]) if described and name.lower().startswith("vulkan") else ""
     if why:
-        raise ValueError(f"device '{device}' is not usable here: {why}; {_USE_ANOTHER}")
+        raise _unusable(device, why)
 
 
 def _check_backend_built(device: str) -> None:
@@ -62,8 +62,13 @@ def _check_backend_built(device: str) -> None:
     if kind in {b.lower() for b in has}:
         return
     said = [f"{b} (no device here)" if b.lower() in idle else b for b in has]
-    raise ValueError(f"this build has no {_BACKEND_NAMES[kind]} backend; it has: {', '.join(said) or 'none'}; "
-                     f"{_USE_ANOTHER}")
+    raise SetupError("device.unsupported", "this build has no {backend} backend; it has: {has}; {h[use_cpu]}",
+                     option="device", device=device, backend=_BACKEND_NAMES[kind], has=", ".join(said) or "none")
+
+
+def _unusable(device: str, why: str) -> SetupError:
+    return SetupError("device.unusable", "device '{device}' is not usable here: {why}; {h[use_cpu]}", option="device",
+                      device=device, why=why)
 
 
 def load_model(path: str | os.PathLike[str], device: str = "cpu", threads: int = 0) -> _core.Model:

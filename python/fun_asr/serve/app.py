@@ -17,6 +17,7 @@ import re
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote_plus
 
@@ -114,21 +115,46 @@ def _routes(app: FastAPI) -> str:
     return ", ".join(out) + ", and FunASR's realtime WebSocket on every path"
 
 
-def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0, max_concurrency: int = 8,
-               max_new_tokens: int = 512, segment_seconds: float = 30.0,
-               realtime: RealtimeLimits | None = None, api_key: str | None = None,
-               cors_origins: list[str] | None = None, request_timeout: float = 600.0,
-               max_queue: int = 256) -> FastAPI:
+@dataclass(frozen=True, kw_only=True)
+class AppSettings:
+    """The server's settings, the keywords of :func:`create_app` (fun-asr-serve's flags): ``model_id`` the model's
+    name as clients see it; ``max_upload_mb`` the largest upload; ``max_concurrency`` the batcher's width;
+    ``max_new_tokens`` and ``segment_seconds`` every decode's limits; ``realtime`` the WebSocket streams' limits
+    (None: the defaults); ``api_key`` the key every route but the page and /health asks for (None: none);
+    ``cors_origins`` the origins CORS allows (None: no CORS); ``request_timeout`` and ``max_queue`` a request's
+    longest wait and the most requests waiting."""
+
+    model_id: str
+    max_upload_mb: float = 100.0
+    max_concurrency: int = 8
+    max_new_tokens: int = 512
+    segment_seconds: float = 30.0
+    realtime: RealtimeLimits | None = None
+    api_key: str | None = None
+    cors_origins: list[str] | None = None
+    request_timeout: float = 600.0
+    max_queue: int = 256
+
+
+def create_app(session: Session, **settings: Any) -> FastAPI:
+    """The server's app over ``session``; ``settings``: :class:`AppSettings`'s fields as keywords (``model_id``
+    required; any other keyword is a TypeError)."""
+    return _create_app(session, AppSettings(**settings))
+
+
+def _create_app(session: Session, settings: AppSettings) -> FastAPI:
+    model_id, max_new_tokens, segment_seconds = settings.model_id, settings.max_new_tokens, settings.segment_seconds
+    api_key = settings.api_key
     session.options(max_new_tokens=max_new_tokens, segment_seconds=segment_seconds)  # checked once, at start
     # what clients read: the server's flags and request fields, never a path on the server (the model's file is
     # the model_id; the server's own log keeps the paths)
     words = ClientWords(session, model_id)
-    ctx = ServerContext(session, model_id, max_upload_mb, max_new_tokens, segment_seconds, max_queue,
-                        request_timeout, words=words)
+    ctx = ServerContext(session, model_id, settings.max_upload_mb, max_new_tokens, segment_seconds,
+                        settings.max_queue, settings.request_timeout, words=words)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):  # noqa: ANN202
-        ctx.batcher = Batcher(session, max_concurrency, max_new_tokens, segment_seconds)
+        ctx.batcher = Batcher(session, settings.max_concurrency, max_new_tokens, segment_seconds)
         try:
             yield
         finally:
@@ -136,10 +162,10 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
 
     app = FastAPI(title="fun-asr", description="OpenAI-compatible speech-to-text with Fun-ASR-Nano", lifespan=lifespan)
     app.state.context = ctx  # the routes' shared state (the batcher once started), for tests and extensions
-    if cors_origins:  # none unless asked
+    if settings.cors_origins:  # none unless asked
         from fastapi.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "X-Request-Id"])
 
     _redact_uvicorn_logs()  # uvicorn prints paths with their query string: never a key
@@ -196,7 +222,7 @@ def create_app(session: Session, *, model_id: str, max_upload_mb: float = 100.0,
         log.exception("internal error")
         return error_for(req.url.path, 500, words(f"internal error: {exc}"), None, None, "server_error")
 
-    limits = realtime or RealtimeLimits()
+    limits = settings.realtime or RealtimeLimits()
     live = [0]  # streams connected now
 
     @app.websocket("/{path:path}")

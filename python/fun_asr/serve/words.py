@@ -1,16 +1,10 @@
-"""What fun-asr-serve says, in its own words.
+"""What may reach a client of fun-asr-serve: no server-side path.
 
-Two translations at the server's boundary (the Python API keeps its wording; :mod:`fun_asr.asr.messages`
-does the same for the other commands):
-
-- :func:`server_words`: a Session message with the Python API's spellings (``vad_model=``, ``vad=None``,
-  ``Session(...)``, ``StreamOptions(...)``, ``diarize=True``, ``speaker_model=``, ``fun_asr.system_info()``,
-  ``Limits`` fields) replaced by fun-asr-serve's flags, or by the request field / protocol command a client
-  sends. For the server's console (startup errors, its log) and, through :class:`ClientWords`, its clients.
-- :class:`ClientWords`: what may reach a client (HTTP JSON, error bodies, every WebSocket protocol's messages,
-  the web page's data): :func:`server_words`, then no server-side path: the model's file becomes the model's
-  name as ``GET /v1/models`` lists it, and every other path on the server is replaced by ``<path>`` (a
-  leading ``PATH: `` is dropped). The server's own log keeps the paths.
+:class:`ClientWords` takes what may reach a client (HTTP JSON, error bodies, every WebSocket protocol's messages,
+the web page's data): an error or notice is said in the client's words first (:func:`fun_asr.errors.render`: the
+request fields and commands a client sends, else ``fun-asr-serve --flag``), then without any server-side path:
+the model's file becomes the model's name as ``GET /v1/models`` lists it, and every other path on the server is
+replaced by ``<path>`` (a leading ``PATH: `` is dropped). The server's own log keeps the paths.
 """
 
 from __future__ import annotations
@@ -18,31 +12,16 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-PROG = "fun-asr-serve"
+from fun_asr.errors import Front, render
+
 HIDDEN = "<path>"  # what a client sees instead of a path on the server
+# The realtime WebSocket protocol's own spellings: its commands (HOTWORDS:...)
+REALTIME_NAMES: Mapping[str, str] = {"hotwords": "HOTWORDS"}
 
-# the Session's hint on where speakers come from, per place the user asked for them
-SPEAKERS_CONSOLE = "--enable-spk / spk=true"
-SPEAKERS_REQUEST = "spk=true"
-SPEAKERS_REALTIME = "SPK:true"
-
-_NO_VAD_HINT = "start fun-asr-serve with --vad fsmn and --vad-model, or give a model that embeds its VAD"
-# exact phrases first (the rest is generic)
-_PHRASES = (
-    (" (Session(limits=Limits(max_hotwords=...)))", ""),
-    ("this Session has no VAD model (Session(vad='fsmn', vad_model=...))",
-     f"this server has no FSMN-VAD ({_NO_VAD_HINT})"),
-    ("vad=True but this Session has no VAD model", "this server has no FSMN-VAD"),
-    ("(StreamOptions(endpoint='client')); this stream's VAD ends them itself",
-     "(fun-asr-serve --endpoint-mode client); this server's VAD ends them itself"),
-    ("commit() ends utterances in client endpoint mode", "COMMIT ends utterances in client endpoint mode"),
-)
-_STREAM_NEEDS_VAD = re.compile(r"streaming needs the FSMN-VAD: create the Session with .*", re.S)
-_SYSTEM_INFO = "(this build's backends: see fun_asr.system_info())"
 # what clients send (HTTP form fields, the ?api_key= query, the runtime WebSocket protocol's JSON fields): a
 # message may spell these as name=value, the way a client writes them
 REQUEST_FIELDS = frozenset({
@@ -50,46 +29,6 @@ REQUEST_FIELDS = frozenset({
     "timestamp_granularities", "include", "timestamp", "silence_schedule", "dynamic_silence", "max_end_silence_time",
     "api_key", "mode", "chunk_size", "chunk_interval", "encoder_chunk_look_back", "decoder_chunk_look_back",
     "wav_name", "wav_format", "audio_fs", "is_speaking", "is_finished", "is_end", "svs_itn", "svs_lang"})
-_FIELD_BOOL = re.compile(rf"\b({'|'.join(sorted(REQUEST_FIELDS))})=(True|False)\b")
-# " (vad_model=)", " (vad=None)", " (model=)", " (overwrite=True)": a flag's Python spelling after the flag, dropped;
-# one that also names a flag, "(diarize=True, --diarize, spk=true)", is rewritten as a whole instead, and a request
-# field with its value, "(spk=true)", "(dynamic_silence=False)", is kept (see _FIELD_BOOL)
-_PY_PARENS = re.compile(rf" ?\((?!(?:{'|'.join(sorted(REQUEST_FIELDS))})=[^\s()])[a-z_]+=[^()]*\)")
-
-
-def _backends() -> str:
-    try:
-        from fun_asr import _core
-
-        return ", ".join(_core.system_info()["registered_backends"]) or "none"
-    except Exception:  # noqa: BLE001 - a message must not fail
-        return "see fun-asr-serve --device"
-
-
-def server_words(msg: str, *, speakers: str = SPEAKERS_CONSOLE, client: bool = False) -> str:
-    """``msg`` (a Session, audio or converter message) in fun-asr-serve's words: its flags (``client``: as
-    ``fun-asr-serve --flag``, for a client that did not type them) and, for speakers, ``speakers`` (how the
-    user asked for them: ``--enable-spk``, the request field ``spk=true``, the realtime command
-    ``SPK:true``). Paths are left as they are (see :class:`ClientWords`)."""
-    flag = f"{PROG} " if client else ""
-    # first the parenthesized Python spellings (those that also name a flag are rewritten as a whole below)
-    msg = _PY_PARENS.sub(lambda m: m.group(0) if "--" in m.group(0) else "", msg)
-    msg = msg.replace("(diarize=True, --diarize, spk=true)", f"({speakers})")
-    msg = msg.replace("diarize=True / --diarize", speakers)
-    msg = msg.replace("(speaker_model= / --speaker-model:", f"({flag}--speaker-model:")
-    for old, new in _PHRASES:
-        msg = msg.replace(old, new)
-    msg = _STREAM_NEEDS_VAD.sub(f"streaming needs the FSMN-VAD: {_NO_VAD_HINT}, or use --endpoint-mode client "
-                                "(the client ends each utterance with COMMIT)", msg)
-    msg = msg.replace(_SYSTEM_INFO, f"(this build's backends: {_backends()})")
-    msg = msg.replace("use the cpu or auto device", f"use {flag}--device cpu or --device auto")
-    msg = msg.replace("(Limits.max_audio_seconds)", f"({flag}--max-audio-seconds)")
-    msg = re.sub(r"\bsegment_seconds\b", f"{flag}--max-segment-seconds", msg)
-    msg = re.sub(r"\bmax_new_tokens\b", f"{flag}--max-new-tokens", msg)
-    msg = re.sub(r"\bmax_audio_seconds\b", f"{flag}--max-audio-seconds", msg)
-    if client:  # "dynamic_silence=True": the request field as a client sends it
-        msg = _FIELD_BOOL.sub(lambda m: f"{m.group(1)}={m.group(2).lower()}", msg)
-    return msg
 
 
 # -- paths ------------------------------------------------------------------------------------------------
@@ -110,8 +49,10 @@ def _roots() -> frozenset[str]:
 
 
 class ClientWords:
-    """Server messages as a client may see them (see the module): ``words(msg)``; ``words.fields(obj)`` for a
-    WebSocket message's ``error``, ``warning``, ``notice`` and ``warnings`` fields.
+    """Server messages as a client may see them (see the module): ``words(msg)`` (``msg``: an error, a notice or
+    a string; ``front``: ``"http-client"`` or ``"websocket"``, ``names``: a protocol's own spellings, see
+    :func:`fun_asr.errors.render`); ``words.fields(obj)`` for a WebSocket message's ``error``, ``warning``,
+    ``notice`` and ``warnings`` fields.
 
     ``session``: the server's Session (its model file, VAD and speaker-model sources; any object: what it
     lacks is skipped), ``model_id``: the model's name as ``GET /v1/models`` lists it."""
@@ -164,10 +105,10 @@ class ClientWords:
         self._names = _alternation(k for k, v in named.items() if v != HIDDEN)
         self._hidden = _alternation(k for k, v in named.items() if v == HIDDEN)
 
-    def __call__(self, msg: str, *, speakers: str = SPEAKERS_REQUEST) -> str:
+    def __call__(self, msg: object, *, front: Front = "http-client", names: Mapping[str, str] | None = None) -> str:
         if self._sources() != self._seen:  # a speaker model loaded since: its path is hidden too
             self._build()
-        msg = server_words(str(msg), speakers=speakers, client=True)
+        msg = render(msg, front, names)
         if self._names is not None:
             msg = self._names.sub(self.model_id, msg)
         msg = _QUOTED.sub(lambda m: m.group("q") + HIDDEN + m.group("q") if self._is_path(m.group("body").strip())
@@ -192,7 +133,7 @@ class ClientWords:
         first = s[1:].split("/", 1)[0]
         return bool(first) and first in self._roots
 
-    def fields(self, obj: Any, *, speakers: str = SPEAKERS_REALTIME) -> Any:
+    def fields(self, obj: Any, *, names: Mapping[str, str] | None = None) -> Any:
         """A WebSocket message (a dict) with its message fields in the client's words (a new dict when any
         changed; the same object otherwise)."""
         if not isinstance(obj, dict) or not any(k in obj for k in self.FIELDS):
@@ -201,9 +142,9 @@ class ClientWords:
         for k in self.FIELDS:
             v = out.get(k)
             if isinstance(v, str):
-                out[k] = self(v, speakers=speakers)
+                out[k] = self(v, front="websocket", names=names)
             elif isinstance(v, list):
-                out[k] = [self(x, speakers=speakers) if isinstance(x, str) else x for x in v]
+                out[k] = [self(x, front="websocket", names=names) if isinstance(x, str) else x for x in v]
         return out
 
 
@@ -241,5 +182,4 @@ def _forms(p: Any) -> set[str]:
     return {f for f in forms if f and f not in (".", os.sep)}
 
 
-__all__ = ["HIDDEN", "REQUEST_FIELDS", "SPEAKERS_CONSOLE", "SPEAKERS_REALTIME", "SPEAKERS_REQUEST", "ClientWords",
-           "server_words"]
+__all__ = ["HIDDEN", "REALTIME_NAMES", "REQUEST_FIELDS", "ClientWords"]

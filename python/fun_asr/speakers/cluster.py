@@ -51,6 +51,8 @@ from typing import Any
 
 import numpy as np
 
+from fun_asr.errors import OptionError
+
 SMALL_WINDOWS = 20  # FunASR: fewer windows than this -> one speaker (clustering="auto": agglomerative instead)
 CLUSTERINGS = ("auto", "funasr")  # auto: agglomerative under SMALL_WINDOWS, FunASR's from there on; funasr: FunASR's
 DEFAULT_CLUSTERING = "auto"
@@ -103,7 +105,8 @@ def _count(name: str, value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        raise OptionError("option.range", "{o[" + name + "]} must be a positive integer{h[or_none]}, got {value!r}"
+                          "{h[omit_" + name + "]}", option=name, value=value)
     return int(value)
 
 
@@ -111,7 +114,8 @@ def check_clustering(value: Any, name: str = "speaker_clustering") -> str:
     """``value`` if it is one of :data:`CLUSTERINGS` (``"auto"``, ``"funasr"``), else ValueError naming them."""
     if not isinstance(value, str) or value not in CLUSTERINGS:
         accepted = ", ".join(repr(c) for c in CLUSTERINGS)
-        raise ValueError(f"{name} must be one of {accepted}, got {value!r}")
+        raise OptionError("option.value", "{o[" + name + "]} must be one of {accepted}, got {value!r}", option=name,
+                          accepted=accepted, value=value)
     return value
 
 
@@ -122,10 +126,12 @@ def check_counts(num_speakers: Any = None, min_speakers: Any = None,
     n, lo, hi = _count("num_speakers", num_speakers), _count("min_speakers", min_speakers), _count(
         "max_speakers", max_speakers)
     if lo is not None and hi is not None and lo > hi:
-        raise ValueError(f"min_speakers ({lo}) is more than max_speakers ({hi})")
+        raise OptionError("option.range", "{o[min_speakers]} ({lo}) is more than {o[max_speakers]} ({hi})",
+                          option="min_speakers", lo=lo, hi=hi)
     if n is not None and ((lo is not None and n < lo) or (hi is not None and n > hi)):
-        raise ValueError(f"num_speakers={n} is outside min_speakers..max_speakers "
-                         f"({lo if lo is not None else 1}..{hi if hi is not None else 'any'})")
+        raise OptionError("option.range", "{o[num_speakers]}={n} is outside {o[min_speakers]}..{o[max_speakers]} "
+                          "({lo}..{hi})", option="num_speakers", n=n, lo=lo if lo is not None else 1,
+                          hi=hi if hi is not None else "any")
     return n, lo, hi
 
 
@@ -270,6 +276,48 @@ def _enforce_bounds(labels: np.ndarray, x: np.ndarray, lo: int, hi: int, seed: i
     return merge_close_speakers(labels, x, -np.inf, floor=hi)
 
 
+def _check_ahc_threshold_and_seed(ahc_threshold: Any, seed: Any) -> None:
+    """ValueError unless ``ahc_threshold`` is a cosine in [-1, 1] and ``seed`` an integer in [0, 2**32)."""
+    if isinstance(ahc_threshold, bool) or not isinstance(ahc_threshold, int | float | np.floating) or not (
+            -1.0 <= float(ahc_threshold) <= 1.0):
+        raise ValueError(f"ahc_threshold must be a cosine similarity in [-1, 1], got {ahc_threshold!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
+
+
+def _checked_embeddings(embeddings: Any) -> np.ndarray:
+    """``embeddings`` as an array ``[N, D]``; ValueError unless 2-D and (when N > 0) real, finite, D >= 1."""
+    x = np.asarray(embeddings)
+    if x.ndim != 2:
+        raise ValueError(f"embeddings must be a 2-D array [windows, dim], got shape {x.shape}")
+    if x.shape[0] == 0:
+        return x
+    if x.shape[1] == 0 or not np.issubdtype(x.dtype, np.number) or np.iscomplexobj(x):
+        raise ValueError(f"embeddings must be real numbers with dim >= 1, got dtype {x.dtype}, shape {x.shape}")
+    if not np.isfinite(x).all():
+        raise ValueError("embeddings contain NaN or infinity")
+    return x
+
+
+def _cluster_funasr(x: np.ndarray, k: int | None, bounds: tuple[int, int], thr: float, seed: int,
+                    bounds_given: bool) -> np.ndarray:
+    """FunASR's clustering of at least the required count of windows: spectral under ``LARGE_WINDOWS``, else
+    k-means (count known) or UMAP + HDBSCAN (count unknown, then ``bounds`` enforced when ``bounds_given``);
+    found speakers merged at ``thr`` when the count is unknown. Labels not yet canonical."""
+    lo, hi = bounds
+    if x.shape[0] < LARGE_WINDOWS:
+        labels = _spectral(x, k, lo, hi, seed)
+        if k is None:
+            labels = merge_close_speakers(labels.astype(np.int64), x, thr, floor=lo)
+        return labels
+    if k is not None:
+        return _kmeans_normalized(x, k, seed)
+    labels = merge_close_speakers(_umap_hdbscan(x, seed), x, thr, floor=lo)
+    if bounds_given:
+        labels = _enforce_bounds(labels, x, lo, hi, seed)
+    return labels
+
+
 def cluster_speakers(embeddings: Any, num_speakers: int | None = None, min_speakers: int | None = None,
                      max_speakers: int | None = None, merge_threshold: float = 0.78, seed: int = 0,
                      clustering: str = DEFAULT_CLUSTERING, ahc_threshold: float = AHC_THRESHOLD) -> np.ndarray:
@@ -288,21 +336,11 @@ def cluster_speakers(embeddings: Any, num_speakers: int | None = None, min_speak
     ``pip install 'fun-asr[speakers]'``) when scikit-learn, scipy or umap-learn is needed and missing."""
     k, lo_given, hi_given, thr = check_options(num_speakers, min_speakers, max_speakers, merge_threshold)
     check_clustering(clustering, "clustering")
-    if isinstance(ahc_threshold, bool) or not isinstance(ahc_threshold, int | float | np.floating) or not (
-            -1.0 <= float(ahc_threshold) <= 1.0):
-        raise ValueError(f"ahc_threshold must be a cosine similarity in [-1, 1], got {ahc_threshold!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed < 2**32:
-        raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
-    x = np.asarray(embeddings)
-    if x.ndim != 2:
-        raise ValueError(f"embeddings must be a 2-D array [windows, dim], got shape {x.shape}")
+    _check_ahc_threshold_and_seed(ahc_threshold, seed)
+    x = _checked_embeddings(embeddings)
     n = x.shape[0]
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    if x.shape[1] == 0 or not np.issubdtype(x.dtype, np.number) or np.iscomplexobj(x):
-        raise ValueError(f"embeddings must be real numbers with dim >= 1, got dtype {x.dtype}, shape {x.shape}")
-    if not np.isfinite(x).all():
-        raise ValueError("embeddings contain NaN or infinity")
     lo = lo_given if lo_given is not None else DEFAULT_MIN_SPEAKERS
     hi = hi_given if hi_given is not None else max(DEFAULT_MAX_SPEAKERS, lo)
     required = k if k is not None else lo
@@ -316,16 +354,9 @@ def cluster_speakers(embeddings: Any, num_speakers: int | None = None, min_speak
         return np.zeros(n, dtype=np.int64)
     if agglomerative:
         labels = merge_close_speakers(_agglomerative(x, lo, hi, float(ahc_threshold)), x, thr, floor=lo)
-    elif n < LARGE_WINDOWS:
-        labels = _spectral(x, k, lo, hi, seed)
-        if k is None:
-            labels = merge_close_speakers(labels.astype(np.int64), x, thr, floor=lo)
-    elif k is not None:
-        labels = _kmeans_normalized(x, k, seed)
     else:
-        labels = merge_close_speakers(_umap_hdbscan(x, seed), x, thr, floor=lo)
-        if lo_given is not None or hi_given is not None:
-            labels = _enforce_bounds(labels, x, lo, hi, seed)
+        bounds_given = lo_given is not None or hi_given is not None
+        labels = _cluster_funasr(x, k, (lo, hi), thr, seed, bounds_given)
     return canonical_labels(labels)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,7 @@ def _unit(v: np.ndarray) -> np.ndarray:
     return (v / np.maximum(norm, np.float32(NORM_EPS))).astype(np.float32)
 
 
+@dataclass(eq=False, repr=False)
 class SpeakerTracker:
     """Stable speaker ids for a stream of sentences (FunASR's ``HybridSpeakerTracker``).
 
@@ -52,38 +54,53 @@ class SpeakerTracker:
     ``cluster_max_speakers``, ``merge_threshold``, ``seed``, ``clustering`` go to
     :func:`~fun_asr.speakers.cluster.cluster_speakers` (its ``max_speakers`` is ``cluster_max_speakers``, by
     default ``max_speakers``: FunASR's 15 for both; ``clustering`` is FunASR's by default, as its realtime
-    server: a history under 20 windows is one speaker)."""
+    server: a history under 20 windows is one speaker). The options are the dataclass's fields (``embed`` ..
+    ``max_speakers`` positional, the rest keyword-only); the stream's state is set up after them."""
 
-    def __init__(self, embed: Callable[[list[np.ndarray]], Any], threshold: float = MATCH_THRESHOLD,
-                 max_history_windows: int = HISTORY_WINDOWS, max_speakers: int = MAX_IDENTITIES, *,
-                 num_speakers: int | None = None, min_speakers: int | None = None,
-                 cluster_max_speakers: int | None = None, merge_threshold: float = 0.78, seed: int = 0,
-                 clustering: str = "funasr", sample_rate: int = 16000) -> None:
-        if not callable(embed):
-            raise ValueError(f"embed must be a callable windows -> [N, D] embeddings, got {type(embed).__name__}")
-        for name, value in (("max_history_windows", max_history_windows), ("max_speakers", max_speakers),
-                            ("sample_rate", sample_rate)):
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if isinstance(threshold, bool) or not isinstance(threshold, int | float | np.floating) or not (
-                -1.0 <= float(threshold) <= 1.0):
-            raise ValueError(f"threshold must be a cosine similarity in [-1, 1], got {threshold!r}")
-        if cluster_max_speakers is None:
-            cluster_max_speakers = int(max_speakers)
-        check_options(num_speakers, min_speakers, cluster_max_speakers, merge_threshold)
-        self.embed = embed
-        self.threshold = float(threshold)
-        self.max_speakers = int(max_speakers)
-        self.sample_rate = int(sample_rate)
+    embed: Callable[[list[np.ndarray]], Any]
+    threshold: float = MATCH_THRESHOLD
+    max_history_windows: int = HISTORY_WINDOWS
+    max_speakers: int = MAX_IDENTITIES
+    _: KW_ONLY
+    num_speakers: int | None = None
+    min_speakers: int | None = None
+    cluster_max_speakers: int | None = None
+    merge_threshold: float = 0.78
+    seed: int = 0
+    clustering: str = "funasr"
+    sample_rate: int = 16000
+
+    def __post_init__(self) -> None:
+        self._check_own_options()
+        if self.cluster_max_speakers is None:
+            self.cluster_max_speakers = int(self.max_speakers)
+        check_options(self.num_speakers, self.min_speakers, self.cluster_max_speakers, self.merge_threshold)
+        self.threshold = float(self.threshold)
+        self.max_speakers = int(self.max_speakers)
+        self.sample_rate = int(self.sample_rate)
         self.cluster_options: dict[str, Any] = {
-            "num_speakers": num_speakers, "min_speakers": min_speakers, "max_speakers": cluster_max_speakers,
-            "merge_threshold": merge_threshold, "seed": seed, "clustering": clustering}
+            "num_speakers": self.num_speakers, "min_speakers": self.min_speakers,
+            "max_speakers": self.cluster_max_speakers, "merge_threshold": self.merge_threshold, "seed": self.seed,
+            "clustering": self.clustering}
         cluster_speakers(np.zeros((0, 1), np.float32), **self.cluster_options)  # validates seed too
-        self.windows: deque[tuple[float, float]] = deque(maxlen=int(max_history_windows))
-        self.embeddings: deque[np.ndarray] = deque(maxlen=int(max_history_windows))
+        self.windows: deque[tuple[float, float]] = deque(maxlen=int(self.max_history_windows))
+        self.embeddings: deque[np.ndarray] = deque(maxlen=int(self.max_history_windows))
         self.centers: list[np.ndarray] = []
         self.center_updates: list[int] = []
         self.last_speaker = 0
+
+    def _check_own_options(self) -> None:
+        """ValueError for a bad ``embed``, history or speaker limit, ``sample_rate`` or ``threshold``."""
+        if not callable(self.embed):
+            raise ValueError(f"embed must be a callable windows -> [N, D] embeddings, got {type(self.embed).__name__}")
+        for name, value in (("max_history_windows", self.max_history_windows), ("max_speakers", self.max_speakers),
+                            ("sample_rate", self.sample_rate)):
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        threshold = self.threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float | np.floating) or not (
+                -1.0 <= float(threshold) <= 1.0):
+            raise ValueError(f"threshold must be a cosine similarity in [-1, 1], got {threshold!r}")
 
     # -- streaming ---------------------------------------------------------------------------------------------
 

@@ -187,6 +187,48 @@ class VadDetector:
         else:
             self._on_voice_detected(frame)
 
+    def _speech_starts(self, state: int, cur: int, ends: bool) -> None:
+        """The window turned to speech at frame ``cur``: a segment starts (``_latency`` frames back, not before the
+        data buffer), or, inside one, the frames since the last speech frame join it (``ends``: as
+        :meth:`_speech_frame`)."""
+        if state == _START_NOT_DETECTED:
+            start = max(self.data_buf_start_frame, cur - self._latency)
+            self._on_voice_start(start)
+            self._state = _IN_SPEECH
+            for t in range(start + 1, cur + 1):
+                self._on_voice_detected(t)
+        elif state == _IN_SPEECH:
+            for t in range(self._latest_speech + 1, cur):
+                self._on_voice_detected(t)
+            self._speech_frame(cur, ends=ends)
+
+    def _no_speech(self, cur: int) -> None:
+        """No start found (the single-utterance start timeout, or the input's end without any segment): the
+        silence so far is confirmed and an empty segment is started and ended (not output)."""
+        for t in range(self._latest_silence + 1, cur):
+            self._on_silence_detected(t)
+        self._on_voice_start(0, fake=True)
+        self._on_voice_end(0, fake=True)
+        self._state = _END_DETECTED
+
+    def _silence_in_speech(self, cur: int, too_long: bool, is_final: bool) -> None:
+        """A silence frame inside a segment: the segment ends once the silence has lasted ``max_end_sil_ms`` (back
+        at its start, less the lookahead when extending), when it is too long or at the input's end; else,
+        extending, the frame joins the segment within the lookahead."""
+        cfg = self.cfg
+        if self._sil_count * cfg.frame_in_ms >= self.max_end_sil_ms:
+            lookback = int(self.max_end_sil_ms / cfg.frame_in_ms)
+            if cfg.do_extend:
+                lookback = max(0, lookback - self._lookahead - 1)
+            self._end_segment(cur - lookback)
+        elif too_long:
+            self._end_segment(cur)
+        elif cfg.do_extend and not is_final:
+            if self._sil_count <= self._lookahead:
+                self._on_voice_detected(cur)
+        elif is_final:
+            self._end_segment(cur)
+
     def _detect_one_frame(self, speech: bool, cur: int, is_final: bool) -> None:
         cfg = self.cfg
         if speech and not (1.0 > cfg.fe_prior_thres):
@@ -196,16 +238,7 @@ class VadDetector:
         too_long = cur - self._confirmed_start + 1 > self._max_seg_frames
         if change == _SIL2SPEECH:
             self._sil_count = 0
-            if state == _START_NOT_DETECTED:
-                start = max(self.data_buf_start_frame, cur - self._latency)
-                self._on_voice_start(start)
-                self._state = _IN_SPEECH
-                for t in range(start + 1, cur + 1):
-                    self._on_voice_detected(t)
-            elif state == _IN_SPEECH:
-                for t in range(self._latest_speech + 1, cur):
-                    self._on_voice_detected(t)
-                self._speech_frame(cur, ends=too_long or is_final)
+            self._speech_starts(state, cur, too_long or is_final)
         elif change == _SPEECH2SIL or change == _SPEECH2SPEECH:
             self._sil_count = 0
             if state == _IN_SPEECH:
@@ -216,26 +249,11 @@ class VadDetector:
                 single_timeout = (cfg.detect_mode == 0
                                   and self._sil_count * cfg.frame_in_ms > cfg.max_start_silence_time)
                 if single_timeout or (is_final and self.number_end_time_detected == 0):
-                    for t in range(self._latest_silence + 1, cur):
-                        self._on_silence_detected(t)
-                    self._on_voice_start(0, fake=True)
-                    self._on_voice_end(0, fake=True)
-                    self._state = _END_DETECTED
+                    self._no_speech(cur)
                 elif cur >= self._latency:
                     self._on_silence_detected(cur - self._latency)
             elif state == _IN_SPEECH:
-                if self._sil_count * cfg.frame_in_ms >= self.max_end_sil_ms:
-                    lookback = int(self.max_end_sil_ms / cfg.frame_in_ms)
-                    if cfg.do_extend:
-                        lookback = max(0, lookback - self._lookahead - 1)
-                    self._end_segment(cur - lookback)
-                elif too_long:
-                    self._end_segment(cur)
-                elif cfg.do_extend and not is_final:
-                    if self._sil_count <= self._lookahead:
-                        self._on_voice_detected(cur)
-                elif is_final:
-                    self._end_segment(cur)
+                self._silence_in_speech(cur, too_long, is_final)
         if self._state == _END_DETECTED and cfg.detect_mode == 1:
             self._reset_detection()
 
@@ -289,7 +307,7 @@ class VadDetector:
         return out
 
 
-def _silence_column(probs: np.ndarray, sil_pdf_ids: Sequence[int]) -> np.ndarray:
+def silence_column(probs: np.ndarray, sil_pdf_ids: Sequence[int]) -> np.ndarray:
     """The silence probability per frame from softmax outputs [T, C] (FunASR sums ``sil_pdf_ids``)."""
     probs = np.asarray(probs)
     if probs.ndim == 1:
@@ -302,7 +320,7 @@ def _silence_column(probs: np.ndarray, sil_pdf_ids: Sequence[int]) -> np.ndarray
     return out
 
 
-class _Schedule:
+class Schedule:
     """FunASR 1.4.16 inference()'s dynamic end silence, carried across chunks (and generate calls)."""
 
     def __init__(self, cfg: VadConfig, chunk_ms: int) -> None:
@@ -329,7 +347,7 @@ class _Schedule:
             self.in_speech = False
 
 
-class _ServerSchedule:
+class ServerSchedule:
     """FunASR 1.4.16's realtime server (``DynamicStreamingVAD``, ``dynamic_vad.py``): before every
     chunk, the end silence follows how long the open sentence has lasted (audio end, this chunk
     included, minus the sentence's start; 0 outside speech) through ``STREAMING_SILENCE_SCHEDULE``, and
@@ -363,13 +381,13 @@ class _ServerSchedule:
                 self.speech_start_ms = None
 
 
-def _new_detector(cfg: VadConfig) -> VadDetector:
+def new_detector(cfg: VadConfig) -> VadDetector:
     # init_cache: a max_end_silence_time passed to generate() replaces the config's; the schedule, when on
     # (dynamic_silence), sets its own before every chunk
     return VadDetector(cfg, end_silence_ms=cfg.end_silence_ms)
 
 
-class _OfflineChunks:
+class OfflineChunks:
     """1.4.16's offline ``inference()`` loop over per-frame values that arrive in pieces: the clip in
     ``offline_chunk_ms`` (60 s) chunks, each chunk's frames (those the streaming frontend has emitted by
     then: all but the last two until the final chunk) through the detector, the dynamic end-silence
@@ -381,8 +399,8 @@ class _OfflineChunks:
         self.cfg = cfg
         self.stride = int(cfg.offline_chunk_ms * fe.fs / 1000)
         self.keep = (fe.lfr_m - 1) - (fe.lfr_m - 1) // 2  # LFR right context the streaming frontend waits for
-        self.det = _new_detector(cfg)
-        self.sched = _Schedule(cfg, cfg.offline_chunk_ms)
+        self.det = new_detector(cfg)
+        self.sched = Schedule(cfg, cfg.offline_chunk_ms)
         self.chunk = 0  # next chunk
         self.done = 0  # frames given to the detector
         self._p = np.zeros(0, np.float64)  # frames from self._base on, not yet given to the detector
@@ -437,12 +455,12 @@ def detect_segments(silence_probs: np.ndarray, decibels: np.ndarray, n_samples: 
 
     ``silence_probs``/``decibels``: one value per frame of the whole clip (``num_fbank_frames(n_samples)``);
     ``silence_probs`` may also be the full softmax output [T, C]."""
-    p = _silence_column(silence_probs, cfg.sil_pdf_ids)
+    p = silence_column(silence_probs, cfg.sil_pdf_ids)
     db = np.asarray(decibels, dtype=np.float32).reshape(-1)
     total = num_fbank_frames(n_samples, cfg.frontend)
     if p.shape[0] != total or db.shape[0] != total:
         raise ValueError(f"{n_samples} samples make {total} frames; got {p.shape[0]} probabilities and "
                          f"{db.shape[0]} decibel values")
-    chunks = _OfflineChunks(cfg)
+    chunks = OfflineChunks(cfg)
     chunks.push(p, db)
     return chunks.run(n_samples, final=True)

@@ -52,11 +52,11 @@ def fbank_options(fe: VadFrontendConfig) -> FbankOptions:
                         preemphasis=0.97, input_scale=32768.0)
 
 
-def _fbank(samples: np.ndarray, fe: VadFrontendConfig) -> np.ndarray:
+def vad_fbank(samples: np.ndarray, fe: VadFrontendConfig) -> np.ndarray:
     return kaldi_fbank(samples, fbank_options(fe))
 
 
-def _lfr_rows(fb: np.ndarray, first: int, count: int, total: int, m: int, base: int = 0) -> np.ndarray:
+def lfr_rows(fb: np.ndarray, first: int, count: int, total: int, m: int, base: int = 0) -> np.ndarray:
     """LFR rows ``first .. first+count-1`` (lfr_n = 1): fbank frames ``t - (m-1)//2 .. t + m-1-(m-1)//2``
     clamped to ``[0, total-1]``; ``fb[i]`` holds fbank frame ``base + i``."""
     left = (m - 1) // 2
@@ -69,11 +69,11 @@ def vad_features(samples: np.ndarray, shift: np.ndarray, scale: np.ndarray,
                  fe: VadFrontendConfig = VadFrontendConfig()) -> np.ndarray:
     """16 kHz float samples in [-1, 1] -> CMVN'd LFR features float32[T, n_mels * lfr_m], T = fbank frames."""
     samples = np.asarray(samples, dtype=np.float32).reshape(-1)
-    fb = _fbank(samples, fe)
+    fb = vad_fbank(samples, fe)
     T = fb.shape[0]
     if T == 0:
         return np.zeros((0, fe.n_mels * fe.lfr_m), np.float32)
-    feats = _lfr_rows(fb, 0, T, T, fe.lfr_m)
+    feats = lfr_rows(fb, 0, T, T, fe.lfr_m)
     feats += shift
     feats *= scale
     return feats

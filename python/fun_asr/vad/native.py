@@ -15,14 +15,14 @@ import numpy as np
 
 from fun_asr.audio.fbank import FbankStream
 from fun_asr.vad.config import STREAMING_SILENCE_SCHEDULE, VadConfig
-from fun_asr.vad.detector import _new_detector, _OfflineChunks, _Schedule, _ServerSchedule, _silence_column
+from fun_asr.vad.detector import OfflineChunks, Schedule, ServerSchedule, new_detector, silence_column
 from fun_asr.vad.frontend import (
-    _fbank,
-    _lfr_rows,
     fbank_options,
     frame_decibels,
+    lfr_rows,
     num_fbank_frames,
     read_am_mvn,
+    vad_fbank,
     vad_features,
 )
 from fun_asr.vad.network import FsmnWeights, vad_network_numpy
@@ -90,7 +90,7 @@ class FsmnVad:
         if self.native is not None and len(cfg.sil_pdf_ids) == 1:
             return self.native.forward(np.ascontiguousarray(raw_feats, np.float32), cache,
                                        int(cfg.sil_pdf_ids[0])).astype(np.float64)
-        return _silence_column(self.probs(raw_feats, cache), cfg.sil_pdf_ids)
+        return silence_column(self.probs(raw_feats, cache), cfg.sil_pdf_ids)
 
     def probs(self, raw_feats: np.ndarray, cache: np.ndarray) -> np.ndarray:
         """Every class's probability [T, n_classes] of LFR features before CMVN; ``cache`` carries."""
@@ -108,10 +108,10 @@ class FsmnVad:
     def frame_probs(self, samples: np.ndarray, fbank: np.ndarray | None = None) -> np.ndarray:
         """Softmax outputs float32[T, n_classes] of a whole clip (``fbank``: its frames, if computed)."""
         fe = self.cfg.frontend
-        fb = _fbank(np.asarray(samples, np.float32).reshape(-1), fe) if fbank is None else fbank
+        fb = vad_fbank(np.asarray(samples, np.float32).reshape(-1), fe) if fbank is None else fbank
         T = fb.shape[0]
         cache = self.new_cache()
-        parts = [self.probs(_lfr_rows(fb, a, min(self.CHUNK_FRAMES, T - a), T, fe.lfr_m), cache)
+        parts = [self.probs(lfr_rows(fb, a, min(self.CHUNK_FRAMES, T - a), T, fe.lfr_m), cache)
                  for a in range(0, T, self.CHUNK_FRAMES)]
         return np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
 
@@ -120,7 +120,7 @@ class FsmnVad:
         cfg = cfg or self.cfg
         T = fb.shape[0]
         cache = self.new_cache()
-        parts = [self.silence_probs(_lfr_rows(fb, a, min(self.CHUNK_FRAMES, T - a), T, cfg.frontend.lfr_m), cache,
+        parts = [self.silence_probs(lfr_rows(fb, a, min(self.CHUNK_FRAMES, T - a), T, cfg.frontend.lfr_m), cache,
                                     cfg) for a in range(0, T, self.CHUNK_FRAMES)]
         return np.concatenate(parts) if parts else np.zeros(0, np.float64)
 
@@ -132,7 +132,7 @@ class FsmnVad:
         if overrides:
             cfg = dataclasses.replace(cfg, **overrides)
         samples = np.asarray(samples, dtype=np.float32).reshape(-1)
-        fb = _fbank(samples, cfg.frontend) if fbank is None else fbank
+        fb = vad_fbank(samples, cfg.frontend) if fbank is None else fbank
         if fb.shape[0] != num_fbank_frames(samples.size, cfg.frontend):
             raise ValueError(f"fbank has {fb.shape[0]} frames; {samples.size} samples make "
                              f"{num_fbank_frames(samples.size, cfg.frontend)}")
@@ -172,7 +172,7 @@ class OfflineVad:
         self.vad = vad
         self.cfg = cfg or vad.cfg
         fe = self.cfg.frontend
-        self._chunks = _OfflineChunks(self.cfg)
+        self._chunks = OfflineChunks(self.cfg)
         self._cache = vad.new_cache()
         self._knf: Any = None  # own fbank when the caller gives none
         self._fb = np.zeros((0, fe.n_mels), np.float32)  # fbank frames from self._fb_base on
@@ -241,10 +241,10 @@ class OfflineVad:
             if not final and total < a + step + right:
                 break  # the chunk's last rows still wait for their right context
             count = min(step, total - a)
-            rows = _lfr_rows(self._fb, a, count, total, fe.lfr_m, base=self._fb_base)
+            rows = lfr_rows(self._fb, a, count, total, fe.lfr_m, base=self._fb_base)
             probs = self.vad.silence_probs(rows, self._cache, cfg)
             dbs = frame_decibels(self._s, a, count, self._s_base, fe)
-            silence = _silence_column(probs, cfg.sil_pdf_ids)
+            silence = silence_column(probs, cfg.sil_pdf_ids)
             self._chunks.push(silence, dbs)
             self._sil = np.concatenate([self._sil, np.asarray(silence, np.float64).reshape(-1)])
             self._net = a + count
@@ -302,9 +302,9 @@ class VadStream:
         self._fb_base = 0
         self._emitted = 0  # VAD frames emitted
         self._cache = self.vad.new_cache()
-        self._det = _new_detector(self.cfg)
-        self._sched = (_Schedule(self.cfg, self.chunk_ms) if self.schedule == "offline"
-                       else _ServerSchedule(self.cfg, self.server_schedule))
+        self._det = new_detector(self.cfg)
+        self._sched = (Schedule(self.cfg, self.chunk_ms) if self.schedule == "offline"
+                       else ServerSchedule(self.cfg, self.server_schedule))
         self.frame_probs: list[np.ndarray] = []  # per piece, for tests/diagnostics (silence column)
 
     @property
@@ -325,7 +325,7 @@ class VadStream:
         count = upto - self._emitted
         if count <= 0:
             return np.zeros((0, fe.n_mels * fe.lfr_m), np.float32), np.zeros(0, np.float32)
-        feats = _lfr_rows(self._fb, self._emitted, count, total, fe.lfr_m, base=self._fb_base)
+        feats = lfr_rows(self._fb, self._emitted, count, total, fe.lfr_m, base=self._fb_base)
         dbs = frame_decibels(self._samples, self._emitted, count, self._sample_base, fe)
         self._emitted = upto
         # drop what no later frame needs

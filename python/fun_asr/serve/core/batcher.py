@@ -11,6 +11,7 @@ from concurrent.futures import Future
 import numpy as np
 
 from fun_asr._core import Interrupted
+from fun_asr.asr.option_table import OPTIONS
 from fun_asr.asr.pipeline import Arrivals
 from fun_asr.asr.results import Transcription
 from fun_asr.asr.session import Session
@@ -48,9 +49,9 @@ class Batcher:
     served: a request with other options that waits stops the joining (the batch drains and it goes next), and a
     running speculative batch takes no more while closed sentences wait (they go first)."""
 
-    def __init__(self, session: Session, max_batch: int, max_new_tokens: int, segment_seconds: float = 30.0,
-                 partial_batch: int | None = None, partial_wait_s: float = 0.5,
-                 interrupt_partials: bool = True, join_running: bool = True) -> None:
+    def __init__(self, session: Session, max_batch: int, max_new_tokens: int,
+                 segment_seconds: float = OPTIONS["segment_seconds"].default, partial_batch: int | None = None,
+                 partial_wait_s: float = 0.5, interrupt_partials: bool = True, join_running: bool = True) -> None:
         self.session, self.max_batch, self.max_new_tokens = session, max(1, max_batch), max_new_tokens
         self.segment_seconds = segment_seconds
         self.partial_batch = max(1, min(self.max_batch, partial_batch or self.max_batch))
@@ -245,6 +246,6 @@ def _take(jobs: list, most: int) -> tuple[list, list]:
     return batch, rest
 
 
-def _decode(data: bytes, name: str) -> tuple[np.ndarray, AudioInfo]:
+def decode_batch_item(data: bytes, name: str) -> tuple[np.ndarray, AudioInfo]:
     return decode_audio(data, name=name)
 

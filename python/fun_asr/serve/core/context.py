@@ -17,8 +17,8 @@ from starlette.datastructures import UploadFile
 from fun_asr.asr.session import Session, Transcription
 from fun_asr.audio.decode import AudioError
 from fun_asr.notices import Notice
-from fun_asr.serve.core.batcher import Batcher, _decode
-from fun_asr.serve.core.errors import RETRY_AFTER_SECONDS, ApiError, _words, upload_too_large
+from fun_asr.serve.core.batcher import Batcher, decode_batch_item
+from fun_asr.serve.core.errors import RETRY_AFTER_SECONDS, ApiError, client_words, upload_too_large
 from fun_asr.serve.core.requests import DecodeRequest
 from fun_asr.serve.words import ClientWords
 
@@ -68,9 +68,9 @@ async def transcribe_upload(ctx: ServerContext, data: bytes, name: str, request:
     warnings are logged once, here (as they are), then put in the client's words (no server paths:
     :class:`~fun_asr.serve.words.ClientWords`; codes unchanged)."""
     try:
-        samples, info = await anyio.to_thread.run_sync(_decode, data, name)
+        samples, info = await anyio.to_thread.run_sync(decode_batch_item, data, name)
     except AudioError as exc:
-        raise ApiError(400, _words(exc), "file", "invalid_audio") from None
+        raise ApiError(400, client_words(exc), "file", "invalid_audio") from None
     batcher = ctx.batcher
     assert batcher is not None
     if batcher.jobs.qsize() >= ctx.max_queue:
@@ -85,7 +85,7 @@ async def transcribe_upload(ctx: ServerContext, data: bytes, name: str, request:
         raise ApiError(504, f"the transcription took longer than {ctx.request_timeout:g} s", None, "timeout",
                        "server_error") from None
     except ValueError as exc:
-        raise ApiError(400, _words(exc), None, "invalid_value") from None
+        raise ApiError(400, client_words(exc), None, "invalid_value") from None
     if info.truncated:
         result.input_truncated = True
         result.warnings[:0] = [Notice("input_truncated", w) for w in info.warnings]

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from fun_asr.asr.confidence import mean_logprob
+from fun_asr.asr.option_table import default
 from fun_asr.audio.decode import SAMPLE_RATE
 from fun_asr.serve.core.requests import DecodeRequest
 
@@ -35,7 +36,8 @@ class StreamDecoder:
         """(text, tokens, their mean log-probability) of ``samples``; None for a partial the batcher skipped (busy
         with closed sentences: the stream keeps its previous partial and asks again)."""
         base = self.request if isinstance(self.request, DecodeRequest) else self.request()
-        seconds = min(self.session.max_segment_seconds, max(30.0, samples.size / SAMPLE_RATE + 1.0))
+        seconds = min(self.session.max_segment_seconds,
+                      max(default("segment_seconds"), samples.size / SAMPLE_RATE + 1.0))
         request = dataclasses.replace(base, max_new_tokens=max_new_tokens, segment_seconds=seconds, vad=False,
                                       word_timestamps=base.word_timestamps and not partial)
         result = self.submit(samples, request, "stream", draft, partial, speculative).result()

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-from fun_asr.asr.messages import cli_words
-from fun_asr.serve.words import SPEAKERS_REQUEST, server_words
+from fun_asr.errors import render
 
 # The routes that speak FunASR's offline HTTP protocol (serve/protocols/funasr_http): their errors are FastAPI's.
 FUNASR_PATHS = ("/asr",)
@@ -34,8 +33,7 @@ def speaker_options(session: object, spk: bool) -> tuple[tuple[str, bool], ...]:
     try:
         session.options(diarize=True)  # type: ignore[attr-defined]  # loads the speaker model on first use
     except (ValueError, OSError) as exc:
-        msg = server_words(str(exc), speakers=SPEAKERS_REQUEST, client=True)
-        raise ApiError(400, f"spk=true: {msg}", "spk", "unsupported_value") from None
+        raise ApiError(400, f"spk=true: {render(exc, 'http-client')}", "spk", "unsupported_value") from None
     return (("diarize", True),)
 
 
@@ -76,7 +74,7 @@ def error_for(path: str, status: int, message: str, param: str | None = None, co
     return _error(status, message, param, code, kind)
 
 
-def _bool(value: str | None, name: str, default: bool) -> bool:
+def form_bool(value: str | None, name: str, default: bool) -> bool:
     if value is None or value == "":
         return default
     v = value.strip().lower()
@@ -87,9 +85,7 @@ def _bool(value: str | None, name: str, default: bool) -> bool:
     raise ApiError(400, f"{name} must be true or false, got {value!r}", name, "invalid_value")
 
 
-def _words(exc: BaseException) -> str:
-    """A Session/audio message in a client's words (request fields, the server's flags; the app's error
-    handlers also hide server paths: :class:`fun_asr.serve.words.ClientWords`)."""
-    msg = server_words(str(exc), speakers=SPEAKERS_REQUEST, client=True)
-    return cli_words(msg, segment_flag="fun-asr-serve --max-segment-seconds",
-                     max_audio_flag="fun-asr-serve --max-audio-seconds", hotwords="hotwords")
+def client_words(exc: BaseException) -> str:
+    """A Session/audio error in an HTTP client's words (:func:`fun_asr.errors.render`: request fields, the
+    server's flags; the app's error handlers also hide server paths: :class:`fun_asr.serve.words.ClientWords`)."""
+    return render(exc, "http-client")

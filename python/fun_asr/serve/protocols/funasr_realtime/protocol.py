@@ -64,7 +64,7 @@ from typing import Any
 from fun_asr.audio.decode import SAMPLE_RATE
 
 PIECE_BYTES = SAMPLE_RATE * 2  # frames enter a stream's queue in pieces of at most 1 s of audio
-_SPK_ON, _SPK_OFF = ("true", "1", "on", "yes"), ("false", "0", "off", "no")
+SPK_ON, SPK_OFF = ("true", "1", "on", "yes"), ("false", "0", "off", "no")
 COMMANDS = ("START, STOP, HOTWORDS:a,b, LANGUAGE:x, POSTPROCESS_HOTWORDS:wrong=>right, COMMIT (--endpoint-mode "
             "client), SPK:true|false, and binary 16 kHz mono int16 PCM frames")
 
@@ -78,13 +78,6 @@ def recognises(first: dict[str, Any]) -> bool:  # noqa: ARG001 - the fallback: a
     """Any first message: the realtime protocol is the server's fallback (``START``, ``LANGUAGE:x``, binary
     audio, ...)."""
     return True
-
-
-def _protocol_words(msg: str) -> str:
-    """A Session limit in the protocol's words (``HOTWORDS:``), not the Python API's ``Limits`` fields."""
-    if " (Session(limits=Limits(max_hotwords=...)))" in msg or (msg.startswith("hotword ") and "characters" in msg):
-        msg = "HOTWORDS: " + msg.replace(" (Session(limits=Limits(max_hotwords=...)))", "")
-    return msg
 
 
 __all__ = ["COMMANDS", "PIECE_BYTES", "error_event", "recognises"]

@@ -17,6 +17,7 @@ import anyio
 
 from fun_asr.asr.prompt import split_hotwords
 from fun_asr.audio.decode import SAMPLE_RATE, AudioError
+from fun_asr.errors import render
 from fun_asr.serve.core.decoder import StreamDecoder
 from fun_asr.serve.core.hotword_files import apply_postprocess_hotwords, parse_postprocess_hotwords
 from fun_asr.serve.core.limits import RealtimeLimits
@@ -39,15 +40,14 @@ from fun_asr.serve.core.websocket import (
     work,
 )
 from fun_asr.serve.protocols.funasr_realtime.protocol import (
-    _SPK_OFF,
-    _SPK_ON,
     COMMANDS,
     PIECE_BYTES,
-    _protocol_words,
+    SPK_OFF,
+    SPK_ON,
     error_event,
     recognises,
 )
-from fun_asr.serve.words import SPEAKERS_REALTIME, ClientWords
+from fun_asr.serve.words import REALTIME_NAMES, ClientWords
 
 log = logging.getLogger("fun_asr.server")
 
@@ -72,7 +72,7 @@ class _Connection:
         self.told_inactive = False  # a run of frames outside a stream gets one error event
         self.told_commands = False  # the first unknown command's error lists the accepted ones, later ones do not
         words = words or ClientWords(session)
-        self.out = Outbox(ws, fields=lambda obj: words.fields(obj, speakers=SPEAKERS_REALTIME))
+        self.out = Outbox(ws, fields=lambda obj: words.fields(obj, names=REALTIME_NAMES))
         # the audio read and not processed yet (the piece being fed counts until it is fed)
         limit_bytes = max(2, int(limits.buffer_seconds * SAMPLE_RATE) * 2)
         self.inbox = Inbox(lambda box: box.queued >= limit_bytes, hold_until_done=True)
@@ -162,7 +162,7 @@ class _Connection:
             try:
                 events = await anyio.to_thread.run_sync(stream.feed, data)
             except (AudioError, ValueError, RuntimeError) as exc:
-                self.out.put({"event": "error", "error": str(exc)})
+                self.out.put({"event": "error", "error": render(exc, "websocket", REALTIME_NAMES)})
                 return
             self.fed += len(data) // 2
             self.stats["audio_s"] += len(data) / 2 / SAMPLE_RATE
@@ -219,7 +219,7 @@ class _Connection:
             try:
                 await anyio.to_thread.run_sync(stream.close)
             except (AudioError, ValueError, RuntimeError) as exc:  # the last sentence could not be decoded
-                self.out.put({"event": "error", "error": str(exc)})
+                self.out.put({"event": "error", "error": render(exc, "websocket", REALTIME_NAMES)})
             except Exception as exc:  # noqa: BLE001
                 log.exception("realtime stream: %s", exc)
                 self.out.put({"event": "error", "error": f"internal error: {type(exc).__name__}: {exc}"})
@@ -254,7 +254,7 @@ class _Connection:
 
     def _check(self, language: str | None, hotwords: list[str]) -> None:
         """ValueError/TypeError unless a stream with these options can be opened (the Session's limits)."""
-        self.session.options(language, True, hotwords, self.max_new_tokens, 30.0)
+        self.session.options(language, hotwords=hotwords, max_new_tokens=self.max_new_tokens)
 
     async def _command(self, cmd: str) -> None:
         upper = cmd.upper()
@@ -286,15 +286,16 @@ class _Connection:
                 self.out.put({"event": "error", "error": f"unknown command {shown!r}: accepted {COMMANDS}"})
 
     async def _spk(self, value: str) -> None:
-        if value.lower() not in _SPK_ON + _SPK_OFF:
+        if value.lower() not in SPK_ON + SPK_OFF:
             self.out.put({"event": "error", "error": f"SPK: takes true/1/on/yes or false/0/off/no, got {value[:40]!r}"})
             return
-        on = value.lower() in _SPK_ON
+        on = value.lower() in SPK_ON
         if on:
             try:
                 await anyio.to_thread.run_sync(lambda: self.session.options(diarize=True))  # may load the model
             except (ValueError, OSError) as exc:
-                self.out.put({"event": "error", "error": f"SPK:{value}: {exc}"})  # in its words: see _Outbox
+                said = render(exc, "websocket", REALTIME_NAMES)
+                self.out.put({"event": "error", "error": f"SPK:{value}: {said}"})  # without server paths: see _Outbox
                 return
         await self._drain()  # the audio sent before the command is processed as it was
         self.spk = on
@@ -311,7 +312,7 @@ class _Connection:
         try:
             stream = self._new_stream()
         except (ValueError, TypeError) as exc:  # options over the Session's limits
-            self.out.put({"event": "error", "error": _protocol_words(str(exc))})
+            self.out.put({"event": "error", "error": render(exc, "websocket", REALTIME_NAMES)})
             return
         self.stream, self.active = stream, True
         self.fed, self.finals, self.ended_by_limit = 0, 0, False
@@ -333,7 +334,7 @@ class _Connection:
         try:
             await anyio.to_thread.run_sync(stream.commit)
         except (AudioError, ValueError, RuntimeError) as exc:
-            self.out.put({"event": "error", "error": str(exc)})
+            self.out.put({"event": "error", "error": render(exc, "websocket", REALTIME_NAMES)})
         self._auto_finals(stream)
         self.out.put(stream.response(is_final=True))
         self.finals += 1
@@ -343,7 +344,7 @@ class _Connection:
         try:
             self._check(self.language, words)  # the Session's hotword limits, before they reach a stream
         except (ValueError, TypeError) as exc:
-            self.out.put({"event": "error", "error": _protocol_words(str(exc))})
+            self.out.put({"event": "error", "error": render(exc, "websocket", REALTIME_NAMES)})
             return
         await self._drain()  # audio sent before the command was taken with the words before it
         self.hotwords = words
@@ -356,7 +357,7 @@ class _Connection:
             code = self.session.normalize_language(lang or None)
             self._check(code, self.hotwords)
         except (ValueError, TypeError) as exc:
-            self.out.put({"event": "error", "error": str(exc)})
+            self.out.put({"event": "error", "error": render(exc, "websocket", REALTIME_NAMES)})
             return
         await self._drain()
         self.language = code

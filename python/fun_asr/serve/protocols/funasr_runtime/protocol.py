@@ -54,18 +54,18 @@ MAX_QUEUED_TEXTS = 64  # text messages read ahead of the worker; past it (or the
 MAX_WAV_NAME = 256  # characters of wav_name kept (it is echoed in every reply): a longer one is cut, with a warning
 MAX_NAMED = 64  # unknown field names remembered per connection (each is named in one warning)
 # known FunASR fields that have nothing to do here (accepted as FunASR's servers accept them)
-_NO_EFFECT = ("chunk_interval", "encoder_chunk_look_back", "decoder_chunk_look_back")
-_KNOWN = {"mode", "chunk_size", "wav_name", "wav_format", "audio_fs", "is_speaking", "is_finished", "is_end",
-          "hotwords", "itn", "svs_itn", "svs_lang", *_NO_EFFECT}
+NO_EFFECT = ("chunk_interval", "encoder_chunk_look_back", "decoder_chunk_look_back")
+KNOWN_FIELDS = {"mode", "chunk_size", "wav_name", "wav_format", "audio_fs", "is_speaking", "is_finished", "is_end",
+          "hotwords", "itn", "svs_itn", "svs_lang", *NO_EFFECT}
 # containers soundfile cannot read: refused when announced, instead of after the whole upload
 _UNREADABLE = {"m4a", "mp4", "aac", "amr", "wma", "webm", "mkv", "mov", "avi", "3gp", "mpeg", "ts"}
-_FILE_FORMATS = "wav, flac, ogg (vorbis/opus), mp3, aiff, or 'others' for any of these"
+FILE_FORMATS = "wav, flac, ogg (vorbis/opus), mp3, aiff, or 'others' for any of these"
 
 
 # -- settings -----------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class _Config:
+class RuntimeConfig:
     mode: str = "2pass"
     chunk_size: tuple[int, int, int] = (5, 10, 5)
     wav_name: str = DEFAULT_WAV_NAME
@@ -87,10 +87,10 @@ class _Config:
 
 
 # fields that shape a running utterance: a change mid-utterance applies from the next one
-_PER_UTTERANCE = ("mode", "chunk_size", "wav_format", "audio_fs", "hotwords", "itn", "language")
+PER_UTTERANCE = ("mode", "chunk_size", "wav_format", "audio_fs", "hotwords", "itn", "language")
 
 
-def _bool(name: str, value: Any) -> bool:
+def form_bool(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, int) and value in (0, 1):
@@ -98,7 +98,7 @@ def _bool(name: str, value: Any) -> bool:
     raise ValueError(f"{name} must be true or false, got {value!r}")
 
 
-def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
+def field_int(name: str, value: Any, low: int, high: int | None = None) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value.strip())
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
@@ -107,12 +107,12 @@ def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
     return value
 
 
-def _chunk_size(value: Any) -> tuple[int, int, int]:
+def parse_chunk_size(value: Any) -> tuple[int, int, int]:
     parts = value.split(",") if isinstance(value, str) else value
     try:
         if not isinstance(parts, list | tuple) or len(parts) != 3:
             raise ValueError
-        nums = tuple(_int("chunk_size", p.strip() if isinstance(p, str) else p, 0) for p in parts)
+        nums = tuple(field_int("chunk_size", p.strip() if isinstance(p, str) else p, 0) for p in parts)
     except ValueError:
         nums = ()
     if len(nums) != 3 or nums[1] < 1:
@@ -156,25 +156,20 @@ def parse_hotwords(value: Any) -> list[str]:
     return split_hotwords(text)
 
 
-def _limit_words(msg: str) -> str:
-    """A Session limit in the protocol's words, without the Python API's ``Limits`` hint."""
-    return msg.replace(" (Session(limits=Limits(max_hotwords=...)))", "")
+MISSING = object()
 
 
-_MISSING = object()
-
-
-def _raise(msg: str) -> Any:
+def raise_field(msg: str) -> Any:
     raise ValueError(msg)
 
 
-def _wav_format(value: Any) -> str:
+def parse_wav_format(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"wav_format must be a string (pcm, or a file type such as wav or mp3), got {value!r}")
     fmt = value.strip()
     if fmt.lower().lstrip(".") in _UNREADABLE:
         raise ValueError(f"wav_format {fmt!r} cannot be decoded here: send pcm (raw 16-bit little-endian mono "
-                         f"at audio_fs) or a file of {_FILE_FORMATS}")
+                         f"at audio_fs) or a file of {FILE_FORMATS}")
     return fmt
 
 

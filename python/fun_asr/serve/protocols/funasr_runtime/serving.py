@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 
 from fun_asr.audio.decode import SAMPLE_RATE, AudioError, Limits, decode_audio
+from fun_asr.errors import render
 from fun_asr.serve.core.decoder import StreamDecoder
 from fun_asr.serve.core.hotword_files import apply_postprocess_hotwords
 from fun_asr.serve.core.limits import RealtimeLimits
@@ -34,28 +35,27 @@ from fun_asr.serve.core.websocket import (
     work,
 )
 from fun_asr.serve.protocols.funasr_runtime.protocol import (
-    _FILE_FORMATS,
-    _KNOWN,
-    _MISSING,
-    _NO_EFFECT,
-    _PER_UTTERANCE,
+    FILE_FORMATS,
+    KNOWN_FIELDS,
     MAX_NAMED,
     MAX_QUEUED_TEXTS,
     MAX_WAV_NAME,
+    MISSING,
     MODES,
+    NO_EFFECT,
     OUT_MODES,
-    _bool,
-    _chunk_size,
-    _Config,
-    _int,
-    _limit_words,
-    _raise,
-    _wav_format,
+    PER_UTTERANCE,
+    RuntimeConfig,
     error_message,
+    field_int,
+    form_bool,
+    parse_chunk_size,
     parse_hotwords,
+    parse_wav_format,
+    raise_field,
     recognises,
 )
-from fun_asr.serve.protocols.funasr_runtime.text import _char_times, _Online, _sep, stamps
+from fun_asr.serve.protocols.funasr_runtime.text import Online, char_times, separator, stamps
 from fun_asr.serve.words import ClientWords
 
 log = logging.getLogger("fun_asr.server")
@@ -64,18 +64,58 @@ NAME = "funasr-runtime"  # the access log's protocol
 
 @dataclass
 class _Utterance:
-    cfg: _Config
+    cfg: RuntimeConfig
     stream: Any = None
     file: bytearray | None = None  # non-PCM input, decoded when the utterance ends
     carry: bytes = b""  # half a PCM sample split across frames
     got_audio: bool = False
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    online: _Online = field(default_factory=_Online)
+    online: Online = field(default_factory=Online)
     tail: str = ""  # the last character the client shows (sentence separators)
     records: deque = field(default_factory=deque)  # (text, Transcription) of each decode, in order
     refused: int = 0  # bytes not decoded because of an error
     fed: int = 0  # PCM bytes the stream took (--stream-max-seconds of them at most)
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    """A text message as a JSON object; None when it is not one."""
+    try:
+        msg = json.loads(text)
+    except json.JSONDecodeError as exc:
+        msg = exc
+    return msg if isinstance(msg, dict) else None
+
+
+class _Fields:
+    """One text message's fields as they are read: :meth:`take` gives each checked value; the fields it refuses
+    are in ``problems``, what was changed on the way (a long wav_name cut) in ``notes``."""
+
+    def __init__(self, msg: dict[str, Any], wav_name_now: str) -> None:
+        self.msg = msg
+        self.wav_name_now = wav_name_now  # the connection's wav_name before this message
+        self.problems: list[str] = []
+        self.notes: list[str] = []
+
+    def take(self, key: str, fn: Callable[[Any], Any]) -> Any:
+        """The checked value of ``key``; MISSING when absent or refused (the problem is reported)."""
+        if key not in self.msg:
+            return MISSING
+        try:
+            return fn(self.msg[key])
+        except (ValueError, TypeError) as exc:
+            self.problems.append(render(exc, "websocket"))
+            return MISSING
+
+    def wav_name(self, v: Any) -> str:
+        if not isinstance(v, str):
+            raise ValueError(f"wav_name must be a string, got {type(v).__name__}")
+        if len(v) <= MAX_WAV_NAME:
+            return v
+        cut = v[:MAX_WAV_NAME]
+        if cut != self.wav_name_now:  # (once per name: the clients repeat it in later messages)
+            self.notes.append(f"wav_name of {len(v)} characters cut to its first {MAX_WAV_NAME}: {cut[:40]!r}...")
+        return cut
 
 
 class _TwoPass:
@@ -94,7 +134,7 @@ class _TwoPass:
         # words to the client's); its --postprocess-hotword-file applies to every closed sentence
         self.server_words = tuple(limits.hotwords)
         self.pairs = dict(limits.postprocess_hotwords)
-        self.cfg = _Config(language=limits.language)
+        self.cfg = RuntimeConfig(language=limits.language)
         self.utt: _Utterance | None = None
         # bytes of audio and characters of text waiting, and text messages: past either bound reading waits
         self.inbox = Inbox(lambda box: box.queued > self._limit_bytes() or box.texts >= MAX_QUEUED_TEXTS)
@@ -185,86 +225,83 @@ class _TwoPass:
     # -- messages ---------------------------------------------------------------------------------------
 
     async def on_text(self, text: str) -> None:
-        try:
-            msg = json.loads(text)
-        except json.JSONDecodeError as exc:
-            msg = exc
-        if not isinstance(msg, dict):
+        msg = _json_object(text)
+        if msg is None:
             shown = text if len(text) <= 40 else text[:37] + "..."
             await self.error(f"text messages must be JSON objects (this connection speaks FunASR's runtime "
                              f"protocol: {{\"mode\": ..., \"is_speaking\": ...}}), got {shown!r}")
             return
-        problems: list[str] = []
-        notes: list[str] = []
-
-        def wav_name(v: Any) -> str:
-            if not isinstance(v, str):
-                raise ValueError(f"wav_name must be a string, got {type(v).__name__}")
-            if len(v) <= MAX_WAV_NAME:
-                return v
-            cut = v[:MAX_WAV_NAME]
-            if cut != self.cfg.wav_name:  # (once per name: the clients repeat it in later messages)
-                notes.append(f"wav_name of {len(v)} characters cut to its first {MAX_WAV_NAME}: {cut[:40]!r}...")
-            return cut
-
-        def take(key: str, fn: Callable[[Any], Any]) -> Any:
-            """The checked value of ``key``; _MISSING when absent or refused (the problem is reported)."""
-            if key not in msg:
-                return _MISSING
-            try:
-                return fn(msg[key])
-            except (ValueError, TypeError) as exc:
-                problems.append(str(exc))
-                return _MISSING
-
-        changes: dict[str, Any] = {
-            "mode": take("mode", lambda v: v if isinstance(v, str) and v in MODES else _raise(
-                f"mode {v!r} is not supported: accepted {', '.join(MODES)}")),
-            "chunk_size": take("chunk_size", _chunk_size),
-            "wav_name": take("wav_name", wav_name),
-            "wav_format": take("wav_format", _wav_format),
-            "audio_fs": take("audio_fs", lambda v: _int("audio_fs", v, Limits.min_sample_rate,
-                                                          Limits.max_sample_rate)),
-            "hotwords": take("hotwords", lambda v: tuple(parse_hotwords(v))),
-            "language": take("svs_lang", lambda v: self.session.normalize_language(v) if isinstance(v, str) else
-                             _raise(f"svs_lang must be a string ('auto', 'zh', 'en', ...), got {type(v).__name__}")),
-        }
-        itn, svs_itn = take("itn", lambda v: _bool("itn", v)), take("svs_itn", lambda v: _bool("svs_itn", v))
-        changes["itn"] = itn if "itn" in msg else svs_itn
-        speaking = take("is_speaking", lambda v: _bool("is_speaking", v))
-        finished = take("is_finished", lambda v: _bool("is_finished", v))
-        is_end = take("is_end", lambda v: _bool("is_end", v))
-        for key in _NO_EFFECT:
-            take(key, lambda v, key=key: _int(key, v, 1 if key == "chunk_interval" else 0))
-        new = dataclasses.replace(self.cfg, **{k: v for k, v in changes.items() if v is not _MISSING})
-        if any(changes[k] is not _MISSING for k in ("hotwords", "language", "itn")):
-            try:  # the Session's limits on the prompt (hotwords, language, within the decoder's context)
-                self.session.options(new.language, new.itn, list(self.words(new)), self.max_new, 30.0)
-            except (ValueError, TypeError) as exc:
-                problems.append(_limit_words(str(exc)))
-                new = dataclasses.replace(new, hotwords=self.cfg.hotwords, language=self.cfg.language)
-        # each unknown field is named once per connection (as shown: a long name by its first 37 characters)
-        unknown = sorted({k if len(k) <= 40 else k[:37] + "..." for k in set(msg) - _KNOWN} - self.named)
-        unknown = unknown[:max(0, MAX_NAMED - len(self.named))]
-        self.named.update(unknown)
+        fields = _Fields(msg, self.cfg.wav_name)
+        changes = self._changes(fields)
+        speaking = fields.take("is_speaking", lambda v: form_bool("is_speaking", v))
+        finished = fields.take("is_finished", lambda v: form_bool("is_finished", v))
+        is_end = fields.take("is_end", lambda v: form_bool("is_end", v))
+        for key in NO_EFFECT:
+            fields.take(key, lambda v, key=key: field_int(key, v, 1 if key == "chunk_interval" else 0))
+        new = dataclasses.replace(self.cfg, **{k: v for k, v in changes.items() if v is not MISSING})
+        new = self._within_prompt_limits(new, changes, fields.problems)
+        unknown = self._new_unknown_fields(msg)
         if unknown:
-            notes.insert(0, f"ignored unknown fields: {', '.join(unknown)}")
-        running = self.utt is not None and self.utt.got_audio
-        if running:
-            assert self.utt is not None
-            moved = [k for k in _PER_UTTERANCE if getattr(new, k) != getattr(self.utt.cfg, k)]
-            if moved:
-                await self.error(f"{', '.join(moved)} changed during an utterance: the new value applies from the "
-                                 "next utterance (after is_speaking false)", fatal_for_utterance=False)
+            fields.notes.insert(0, f"ignored unknown fields: {', '.join(unknown)}")
+        await self._say_moved_settings(new)
         self.cfg = new
-        for p in problems:
+        for p in fields.problems:
             if self.utt is None:
                 self.utt = _Utterance(self.cfg)
             await self.error(p)  # the utterance fails: its audio is not decoded with settings it did not ask for
-        if notes:
-            await self.send(self.message(OUT_MODES[self.cfg.mode][1], "", False, warning="; ".join(notes)))
+        if fields.notes:
+            await self.send(self.message(OUT_MODES[self.cfg.mode][1], "", False, warning="; ".join(fields.notes)))
         if speaking is False or finished is True or is_end is True:
             await self.finish(ack=is_end is True)
+
+    def _changes(self, fields: _Fields) -> dict[str, Any]:
+        """The settings a message sets (``MISSING``: not set, or refused), by their ``RuntimeConfig`` names."""
+        take = fields.take
+        changes: dict[str, Any] = {
+            "mode": take("mode", lambda v: v if isinstance(v, str) and v in MODES else raise_field(
+                f"mode {v!r} is not supported: accepted {', '.join(MODES)}")),
+            "chunk_size": take("chunk_size", parse_chunk_size),
+            "wav_name": take("wav_name", fields.wav_name),
+            "wav_format": take("wav_format", parse_wav_format),
+            "audio_fs": take("audio_fs", lambda v: field_int("audio_fs", v, Limits.min_sample_rate,
+                                                          Limits.max_sample_rate)),
+            "hotwords": take("hotwords", lambda v: tuple(parse_hotwords(v))),
+            "language": take("svs_lang", lambda v: self.session.normalize_language(v) if isinstance(v, str) else
+                             raise_field("svs_lang must be a string ('auto', 'zh', 'en', ...), got "
+                                         f"{type(v).__name__}")),
+        }
+        itn, svs_itn = take("itn", lambda v: form_bool("itn", v)), take("svs_itn", lambda v: form_bool("svs_itn", v))
+        changes["itn"] = itn if "itn" in fields.msg else svs_itn
+        return changes
+
+    def _within_prompt_limits(self, new: RuntimeConfig, changes: dict[str, Any], problems: list[str]) -> RuntimeConfig:
+        """``new``, or (when its hotwords or language break the Session's limits on the prompt, the problem
+        added to ``problems``) ``new`` with the current hotwords and language."""
+        if any(changes[k] is not MISSING for k in ("hotwords", "language", "itn")):
+            try:  # the Session's limits on the prompt (hotwords, language, within the decoder's context)
+                self.session.options(new.language, new.itn, list(self.words(new)), self.max_new, 30.0)
+            except (ValueError, TypeError) as exc:
+                problems.append(render(exc, "websocket"))
+                new = dataclasses.replace(new, hotwords=self.cfg.hotwords, language=self.cfg.language)
+        return new
+
+    def _new_unknown_fields(self, msg: dict[str, Any]) -> list[str]:
+        """The message's unknown fields not named before on this connection (up to ``MAX_NAMED`` in all), now
+        remembered: each is named once per connection (as shown: a long name by its first 37 characters)."""
+        unknown = sorted({k if len(k) <= 40 else k[:37] + "..." for k in set(msg) - KNOWN_FIELDS} - self.named)
+        unknown = unknown[:max(0, MAX_NAMED - len(self.named))]
+        self.named.update(unknown)
+        return unknown
+
+    async def _say_moved_settings(self, new: RuntimeConfig) -> None:
+        """A warning when ``new`` changes a per-utterance setting while an utterance is getting audio."""
+        running = self.utt is not None and self.utt.got_audio
+        if running:
+            assert self.utt is not None
+            moved = [k for k in PER_UTTERANCE if getattr(new, k) != getattr(self.utt.cfg, k)]
+            if moved:
+                await self.error(f"{', '.join(moved)} changed during an utterance: the new value applies from the "
+                                 "next utterance (after is_speaking false)", fatal_for_utterance=False)
 
     async def on_audio(self, data: bytes) -> None:
         if self.utt is None:
@@ -281,7 +318,7 @@ class _TwoPass:
                 try:
                     utt.stream = self.new_stream(utt)
                 except (ValueError, TypeError) as exc:
-                    await self.error(_limit_words(str(exc)))
+                    await self.error(render(exc, "websocket"))
                     return
         if utt.file is not None:
             if len(utt.file) + len(data) > self.max_file_bytes:
@@ -301,7 +338,7 @@ class _TwoPass:
         if cut:
             await self.feed(utt, data[:cut])
 
-    def words(self, cfg: _Config) -> tuple[str, ...]:
+    def words(self, cfg: RuntimeConfig) -> tuple[str, ...]:
         """The hotwords a stream decodes with: the client's, then the server's --hotword-file words."""
         return tuple(dict.fromkeys((*cfg.hotwords, *self.server_words)))
 
@@ -345,7 +382,7 @@ class _TwoPass:
             try:
                 events = await anyio.to_thread.run_sync(utt.stream.feed, pcm, rate)
             except (AudioError, ValueError, RuntimeError) as exc:
-                await self.error(str(exc))
+                await self.error(render(exc, "websocket"))
                 events = None
             if events is not None:
                 utt.fed += len(pcm)
@@ -369,7 +406,7 @@ class _TwoPass:
         try:
             events = await anyio.to_thread.run_sync(stream.close)
         except (AudioError, ValueError, RuntimeError) as exc:
-            utt.errors.append(str(exc))
+            utt.errors.append(render(exc, "websocket"))
             return
         for m in self.translate(utt, events, closing=True):
             await self.send(m)
@@ -388,7 +425,7 @@ class _TwoPass:
                 events = await anyio.to_thread.run_sync(utt.stream.close)
                 out += self.translate(utt, events, closing=True)
             except (AudioError, ValueError, RuntimeError) as exc:
-                utt.errors.append(str(exc))
+                utt.errors.append(render(exc, "websocket"))
         if utt.carry:
             utt.warnings.append("the PCM audio ended with half a sample (an odd number of bytes); that last byte "
                                 "was not used")
@@ -420,7 +457,7 @@ class _TwoPass:
             samples, info = await anyio.to_thread.run_sync(lambda: decode_audio(data, name=name))
         except (AudioError, ValueError) as exc:
             utt.errors.append(f"{exc} (wav_format {utt.cfg.wav_format!r}: accepted pcm, raw 16-bit little-endian "
-                              f"mono at audio_fs, or a file of {_FILE_FORMATS})")
+                              f"mono at audio_fs, or a file of {FILE_FORMATS})")
             return []
         utt.warnings += list(info.warnings)
         if samples.size / SAMPLE_RATE > self.limits.max_seconds:
@@ -435,7 +472,7 @@ class _TwoPass:
             events = await anyio.to_thread.run_sync(utt.stream.close)
             return out + self.translate(utt, events, closing=True)
         except (AudioError, ValueError, RuntimeError, TypeError) as exc:
-            utt.errors.append(_limit_words(str(exc)))
+            utt.errors.append(render(exc, "websocket"))
             return []
 
     # -- results ----------------------------------------------------------------------------------------
@@ -455,7 +492,7 @@ class _TwoPass:
                     utt.online.reset()
                 delta, first = utt.online.partial(ev.text, ev.start)
                 if delta:
-                    delta = (_sep(utt.tail, delta) if first else "") + delta
+                    delta = (separator(utt.tail, delta) if first else "") + delta
                     if utt.cfg.mode == "online":
                         utt.tail = delta[-1]
                     out.append(self.message(online_mode, delta))
@@ -464,18 +501,18 @@ class _TwoPass:
                 rest, first = utt.online.final(ev.text)
                 self._pop_record(utt, ev.text)
                 if rest:
-                    rest = (_sep(utt.tail, rest) if first else "") + rest
+                    rest = (separator(utt.tail, rest) if first else "") + rest
                     utt.tail = rest[-1]
                     out.append(self.message(online_mode, rest))
                 continue
             utt.online.reset()
-            text = _sep(utt.tail, ev.text) + ev.text
+            text = separator(utt.tail, ev.text) + ev.text
             utt.tail = text[-1]
             extra: dict[str, Any] = {}
             record = self._pop_record(utt, ev.text)
             aligner = getattr(self.session, "aligner", None)
             if record is not None and aligner is not None:
-                times = _char_times(record, aligner.tokenizer)
+                times = char_times(record, aligner.tokenizer)
                 if times:
                     extra = stamps(text, times, int(ev.start))
             if ev.confidence is not None:  # fun-asr's: exp(mean token log-probability) of the sentence

@@ -1,4 +1,4 @@
-"""The text of FunASR runtime's messages: the units the online pass commits (:class:`_Online`: what two
+"""The text of FunASR runtime's messages: the units the online pass commits (:class:`Online`: what two
 consecutive partials agree on), the separators between sentences the clients concatenate, and the offline
 pass's ``timestamp`` and ``stamp_sents`` from a decode's CTC token times (:func:`stamps`)."""
 
@@ -25,14 +25,14 @@ def _units(text: str) -> list[str]:
     return _UNIT.findall(text)
 
 
-def _sep(tail: str, text: str) -> str:
+def separator(tail: str, text: str) -> str:
     """The space between two sentences when both sides are not CJK (the clients concatenate texts)."""
     if not tail or not text or tail.isspace() or text[0].isspace():
         return ""
     return "" if _CJK_CHAR.match(tail) or _CJK_CHAR.match(text[0]) else " "
 
 
-class _Online:
+class Online:
     """The online pass of one open sentence: partial decodes re-decode the whole sentence so far, and the
     clients append each message's text, so only what two consecutive partials agree on is sent (units,
     never retracted)."""
@@ -79,7 +79,7 @@ _PIECE_END = _HTML5_SPLIT - {" "}  # they close a stamp_sents piece (funasr-runt
 _LETTERS = re.compile(r"[A-Za-z]+")
 
 
-def _char_times(result: Any, tokenizer: Any) -> list[tuple[str, int, int]] | None:
+def char_times(result: Any, tokenizer: Any) -> list[tuple[str, int, int]] | None:
     """(char, start_ms, end_ms) for every non-space character of a decode's text, from its CTC token times
     (relative to the decoded audio); None when there are none or they cannot be matched to the text."""
     out: list[tuple[str, int, int]] = []

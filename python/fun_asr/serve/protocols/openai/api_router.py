@@ -6,7 +6,7 @@ and FunASR's spk) and ``GET /v1/models``, decoded through the server's shared ba
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -15,15 +15,20 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fun_asr.asr.formats import render
-from fun_asr.asr.prompt import split_hotwords
+from fun_asr.asr.option_table import OPTIONS, OUTPUT_OPTIONS, check_lines, form_values
 from fun_asr.asr.session import Session, Transcription
+from fun_asr.errors import FunAsrError
 from fun_asr.serve.core.context import ServerContext, read_upload, transcribe_upload
-from fun_asr.serve.core.errors import ApiError, _bool, _words, speaker_options, upload_too_large
+from fun_asr.serve.core.errors import ApiError, client_words, speaker_options, upload_too_large
 from fun_asr.serve.core.requests import DecodeRequest
+from fun_asr.serve.protocols.openai.models import (
+    ModelEntry,
+    ModelList,
+    TranscriptionJson,
+    TranscriptionRequest,
+    VerboseTranscription,
+)
 from fun_asr.serve.protocols.openai.protocol import (
-    MODEL_ALIASES,
-    RESPONSE_FORMATS,
-    STREAM_FORMATS,
     WARNING_CODES_HEADER,
     json_response,
     model_entry,
@@ -44,6 +49,7 @@ class TranscriptionFields:
     words: bool  # timestamp_granularities[]=word
     logprobs: bool  # include[]=logprobs
     request: DecodeRequest
+    lines: dict[str, Any] = field(default_factory=dict)  # max_line_width / max_line_count (srt, vtt)
 
 
 async def read_form(request: Request, ctx: ServerContext) -> FormData:
@@ -60,72 +66,44 @@ async def read_form(request: Request, ctx: ServerContext) -> FormData:
         raise ApiError(400, f"could not parse the multipart form: {detail}", None, "invalid_request") from None
 
 
-def _field(form: FormData, name: str) -> str | None:
-    v = form.get(name)
-    return v if isinstance(v, str) and v != "" else None
-
-
-def _listed(form: FormData, name: str, accepted: tuple[str, ...]) -> list[str]:
-    """A list field (``name[]`` or ``name``), every value one of ``accepted`` (else 400)."""
-    values = [g for key in (f"{name}[]", name) for g in form.getlist(key) if isinstance(g, str)]
-    bad = [g for g in values if g not in accepted]
-    if bad:
-        raise ApiError(400, f"unsupported {name} {bad[0]!r}: accepted {', '.join(accepted)}", name, "invalid_value")
-    return values
-
-
-def _format_fields(form: FormData, model_id: str) -> tuple[str, bool]:
-    """``model``, ``response_format``, ``stream`` and ``temperature`` checked: (format, stream)."""
-    model = _field(form, "model")
-    if model is not None and model not in (model_id, *MODEL_ALIASES):
-        raise ApiError(400, f"unknown model {model!r}: this server serves {model_id!r} (aliases: "
-                            f"{', '.join(MODEL_ALIASES)})", "model", "model_not_found")
-    fmt = _field(form, "response_format") or "json"
-    if fmt not in RESPONSE_FORMATS:
-        raise ApiError(400, f"unsupported response_format {fmt!r}: accepted {', '.join(RESPONSE_FORMATS)}",
-                       "response_format", "invalid_value")
-    stream = _bool(_field(form, "stream"), "stream", False)
-    if stream and fmt not in STREAM_FORMATS:
-        raise ApiError(400, f"stream=true sends OpenAI's transcript.text events, which replace response_format "
-                            f"{' or '.join(STREAM_FORMATS)}; got response_format {fmt!r} (send stream=false for "
-                            "it)", "stream", "invalid_value")
-    temperature = _field(form, "temperature")
-    if temperature is not None:
-        try:
-            temp = float(temperature)
-        except ValueError:
-            raise ApiError(400, f"temperature must be a number, got {temperature!r}", "temperature",
-                           "invalid_value") from None
-        if temp != 0.0:
-            raise ApiError(400, "only temperature 0 is supported (greedy decoding, as FunASR)", "temperature",
-                           "invalid_value")
-    return fmt, stream
-
-
 def transcription_fields(form: FormData, ctx: ServerContext) -> TranscriptionFields:
-    """The request's fields, each checked (400 naming the field) before anything is decoded."""
+    """The request's fields, read once (:meth:`TranscriptionRequest.from_form`) and checked against the Session
+    (400 naming the field) before anything is decoded."""
+    req = TranscriptionRequest.from_form(form, ctx.model_id)
+    return TranscriptionFields(req.response_format, req.stream, req.words, req.logprobs, decode_request(req, ctx),
+                               _line_fields(form, req.response_format))
+
+
+def decode_request(req: TranscriptionRequest, ctx: ServerContext) -> DecodeRequest:
+    """The request's transcription options, checked against the Session: its speaker model (``spk``), the
+    hotword limits and the decoder's context, the language (each a 400 naming its field)."""
     session = ctx.session
-    fmt, stream = _format_fields(form, ctx.model_id)
-    diarize = speaker_options(session, _bool(_field(form, "spk"), "spk", False))
-    hotwords = split_hotwords(_field(form, "hotwords") or "") + split_hotwords(_field(form, "prompt") or "")
+    diarize = speaker_options(session, req.spk)
     try:
         # the count/length limits, control characters and the decoder's context: a 400 at once
-        session.options(hotwords=hotwords, max_new_tokens=ctx.max_new_tokens, segment_seconds=ctx.segment_seconds)
+        session.options(hotwords=list(req.hotwords), max_new_tokens=ctx.max_new_tokens,
+                        segment_seconds=ctx.segment_seconds)
     except (ValueError, TypeError) as exc:
-        raise ApiError(400, _words(exc), "hotwords", "invalid_value") from None
-    itn = _bool(_field(form, "itn"), "itn", True)
-    words = "word" in _listed(form, "timestamp_granularities", ("word", "segment"))
-    logprobs = bool(_listed(form, "include", ("logprobs",)))
-    if logprobs and not stream and fmt not in ("json", "verbose_json"):
-        raise ApiError(400, f"include[]=logprobs comes with response_format json or verbose_json (or stream=true); "
-                            f"got response_format {fmt!r}", "include", "invalid_value")
-    language = _field(form, "language")
+        raise ApiError(400, client_words(exc), "hotwords", "invalid_value") from None
+    try:  # a name the model lacks is used as written (as FunASR)
+        language = session.normalize_language(req.language)
+    except (ValueError, TypeError) as exc:
+        raise ApiError(400, client_words(exc), "language", "invalid_value") from None
+    return DecodeRequest(language, req.itn, req.hotwords, word_timestamps=req.words, vad_kwargs=diarize)
+
+
+def _line_fields(form: FormData, fmt: str) -> dict[str, Any]:
+    """``max_line_width`` / ``max_line_count`` (the srt/vtt subtitle lines), checked: 400 naming the field."""
     try:
-        session.normalize_language(language)  # a name the model lacks is used as written (as FunASR)
-    except (ValueError, TypeError) as exc:
-        raise ApiError(400, str(exc), "language", "invalid_value") from None
-    request = DecodeRequest(language, itn, tuple(hotwords), word_timestamps=words, vad_kwargs=diarize)
-    return TranscriptionFields(fmt, stream, words, logprobs, request)
+        lines = check_lines(form_values(form, OUTPUT_OPTIONS))
+    except FunAsrError as exc:
+        field_ = OPTIONS[exc.option].form if exc.option in OPTIONS else None
+        raise ApiError(400, client_words(exc), field_, "invalid_value") from None
+    if lines and fmt not in ("srt", "vtt"):
+        field_ = OPTIONS[next(iter(lines))].form
+        raise ApiError(400, f"{field_} shapes srt/vtt subtitles: send response_format srt or vtt, got {fmt!r}",
+                       field_, "invalid_value")
+    return lines
 
 
 def transcription_response(result: Transcription, fields: TranscriptionFields, session: Session) -> Response:
@@ -146,19 +124,21 @@ def transcription_response(result: Transcription, fields: TranscriptionFields, s
     if fields.fmt == "verbose_json":
         return JSONResponse(verbose_json(result, fields.words, session.spec, logprobs), headers=headers)
     media = {"text": "text/plain", "srt": "application/x-subrip", "vtt": "text/vtt"}[fields.fmt]
-    body = render(result, "txt" if fields.fmt == "text" else fields.fmt)
+    body = render(result, "txt" if fields.fmt == "text" else fields.fmt, **fields.lines)
     return PlainTextResponse(body, media_type=f"{media}; charset=utf-8", headers=headers)
 
 
 def add_openai_routes(app: FastAPI, ctx: ServerContext) -> None:
     """GET /v1/models and POST /v1/audio/transcriptions on ``app``."""
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list",
-                "data": [model_entry(ctx.model_id, ctx.created, getattr(ctx.session, "demo", False))]}
+    @app.get("/v1/models", response_model=ModelList, response_model_exclude_none=True)
+    async def models() -> ModelList:
+        return ModelList(data=[ModelEntry(**model_entry(ctx.model_id, ctx.created, getattr(ctx.session, "demo",
+                                                                                            False)))])
 
-    @app.post("/v1/audio/transcriptions")
+    @app.post("/v1/audio/transcriptions", response_model=TranscriptionJson | VerboseTranscription,
+              responses={200: {"content": {"text/plain": {}, "application/x-subrip": {}, "text/vtt": {},
+                                           "text/event-stream": {}}}})
     async def transcriptions(request: Request) -> Response:
         form = await read_form(request, ctx)
         upload = form.get("file")
