@@ -64,7 +64,9 @@ def test_vulkan_without_a_working_driver_is_an_error_naming_why(why: str, env: d
                        f"{reason.stdout.strip()}; use --device cpu or --device auto"), said
     api = subprocess.run([sys.executable, "-c", "import fun_asr; fun_asr.Session('demo', device='vulkan')"],
                          capture_output=True, text=True, env={**os.environ, **env}, cwd=tmp_path)
-    assert api.returncode != 0 and "ValueError: device 'vulkan' is not usable here: libggml-vulkan.so" in api.stderr
+    # fun_asr.errors.SetupError: a ValueError with code device.unusable
+    assert api.returncode != 0 and ("fun_asr.errors.SetupError: device 'vulkan' is not usable here: libggml-vulkan.so"
+                                    in api.stderr), api.stderr
 
 
 def test_a_missing_driver_is_not_an_error_for_other_devices(tmp_path: Path) -> None:
