@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fun_asr import _core
-from fun_asr.asr.ctc import CtcAligner
 from fun_asr.asr.engine import Engine
 from fun_asr.asr.language import guess_language, normalize_language
 from fun_asr.asr.option_table import VAD_OPTIONS, check_lines, option_values
@@ -37,12 +36,10 @@ from fun_asr.asr.options import (
     check_vad_options,
 )
 from fun_asr.asr.pipeline import NO_VAD_MESSAGE, VAD_ENV, Arrivals, Pipeline, no_vad_notice
-from fun_asr.asr.prompt import PromptSpec
 from fun_asr.asr.results import Segment, Transcription
 from fun_asr.asr.streams import STREAM_SIGNATURE, open_stream
-from fun_asr.asr.tokenizer import TextTokenizer
 from fun_asr.audio.decode import AudioInput, Limits, check_audio_input
-from fun_asr.audio.frontend import FrontendConfig, fake_token_len
+from fun_asr.audio.frontend import fake_token_len
 from fun_asr.converter.hub import DEFAULT_REPO, DEMO, resolve_model
 from fun_asr.errors import OptionError, OptionTypeError, SetupError, options_field
 from fun_asr.model.demo import WORDS as _DEMO_WORDS
@@ -60,6 +57,26 @@ log = logging.getLogger("fun_asr")
 def _default_package(device: str) -> str:
     """F16 on a GPU, Q8_0 on the CPU (check_device said the device exists)."""
     return "q8_0" if _core.check_device(device) == _core.check_device("cpu") else "f16"
+
+
+class _Part:
+    """A Session attribute that is its engine's or its pipeline's (``part``: the Session's attribute holding it),
+    read through the Session and, where ``writable``, set through it (else AttributeError, as a read-only
+    property)."""
+
+    def __init__(self, part: str, doc: str, writable: bool = False) -> None:
+        self.part, self.__doc__, self.writable, self.name = part, doc, writable, ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        return self if obj is None else getattr(getattr(obj, self.part), self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        if not self.writable:
+            raise AttributeError(f"property {self.name!r} of 'Session' object has no setter")
+        setattr(getattr(obj, self.part), self.name, value)
 
 
 @dataclass(frozen=True)
@@ -237,123 +254,32 @@ class Session:
         """The loaded model the Session owns (:class:`fun_asr.asr.engine.Engine`)."""
         return self._engine
 
-    @property
-    def path(self) -> Path:
-        """The model package (GGUF) loaded."""
-        return self._engine.path
-
-    @property
-    def model(self) -> Any:
-        """The native model (:class:`fun_asr.model.native.Model`)."""
-        return self._engine.model
-
-    @model.setter
-    def model(self, model: Any) -> None:
-        self._engine.model = model
-
-    @property
-    def threads(self) -> int:
-        """CPU threads as given (0: auto)."""
-        return self._engine.threads
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        """The package's GGUF metadata (Python values)."""
-        return self._engine.metadata
-
-    @property
-    def tokenizer(self) -> TextTokenizer:
-        return self._engine.tokenizer
-
-    @property
-    def prompt(self) -> PromptSpec:
-        return self._engine.prompt
-
-    @property
-    def spec(self) -> dict[str, Any]:
-        """The model spec (its languages included)."""
-        return self._engine.spec
-
-    @property
-    def language_table(self) -> str:
-        """``"nano"`` (Fun-ASR-Nano) or ``"mlt_nano"`` (Fun-ASR-MLT-Nano, 31 languages)."""
-        return self._engine.language_table
-
-    @property
-    def frontend(self) -> FrontendConfig:
-        return self._engine.frontend
-
-    @property
-    def stop_ids(self) -> list[int]:
-        return self._engine.stop_ids
-
-    @property
-    def max_segment_seconds(self) -> float:
-        """The longest segment the encoder takes."""
-        return self._engine.max_segment_seconds
-
-    @property
-    def context_length(self) -> int:
-        """The decoder's context (positions)."""
-        return self._engine.context_length
-
-    @property
-    def vocab_size(self) -> int:
-        return self._engine.vocab_size
-
-    @property
-    def aligner(self) -> CtcAligner | None:
-        """The CTC head's aligner (None: no CTC head, no word timestamps; ``ctc_reason`` says why)."""
-        return self._engine.aligner
-
-    @property
-    def ctc_reason(self) -> str | None:
-        return self._engine.ctc_reason
-
-    @property
-    def ctc_drafts(self) -> bool:
-        """Whether a segment decoded alone takes its CTC greedy transcript as its draft (see the class)."""
-        return self._engine.ctc_drafts
-
-    @ctc_drafts.setter
-    def ctc_drafts(self, on: bool) -> None:
-        self._engine.ctc_drafts = on
-
-    @property
-    def prefix_cache(self) -> bool:
-        """Whether the prompt prefix's K/V is reused across segments (the same tokens either way)."""
-        return self._engine.prefix_cache
-
-    @prefix_cache.setter
-    def prefix_cache(self, on: bool) -> None:
-        self._engine.prefix_cache = on
-
-    @property
-    def encoder_pack(self) -> int:
-        """The most segments encoded in one packed pass when recordings are transcribed in batches."""
-        return self._engine.encoder_pack
-
-    @encoder_pack.setter
-    def encoder_pack(self, count: int) -> None:
-        self._engine.encoder_pack = count
-
-    @property
-    def vad(self) -> FsmnVad | None:
-        """The FSMN-VAD that cuts recordings (None: cut at pauses; ``vad_source`` says where it came from)."""
-        return self._pipeline.vad
-
-    @vad.setter
-    def vad(self, vad: FsmnVad | None) -> None:
-        self._pipeline.vad = vad
-
-    @property
-    def limits(self) -> Limits:
-        """The input limits (:class:`fun_asr.audio.decode.Limits`)."""
-        return self._pipeline.limits
-
-    @limits.setter
-    def limits(self, limits: Limits) -> None:
-        self._pipeline.limits = limits
+    # the engine's and the pipeline's attributes, read (and set, where writable) through the Session
+    path = _Part("_engine", "The model package (GGUF) loaded.")
+    model = _Part("_engine", "The native model (:class:`fun_asr.model.native.Model`).", writable=True)
+    threads = _Part("_engine", "CPU threads as given (0: auto).")
+    metadata = _Part("_engine", "The package's GGUF metadata (Python values).")
+    tokenizer = _Part("_engine", "The model's text tokenizer.")
+    prompt = _Part("_engine", "The model's prompt (:class:`fun_asr.asr.prompt.PromptSpec`).")
+    spec = _Part("_engine", "The model spec (its languages included).")
+    language_table = _Part("_engine", '``"nano"`` (Fun-ASR-Nano) or ``"mlt_nano"`` (Fun-ASR-MLT-Nano, 31 languages).')
+    frontend = _Part("_engine", "The audio frontend's settings (:class:`fun_asr.audio.frontend.FrontendConfig`).")
+    stop_ids = _Part("_engine", "The token ids that end a transcript.")
+    max_segment_seconds = _Part("_engine", "The longest segment the encoder takes.")
+    context_length = _Part("_engine", "The decoder's context (positions).")
+    vocab_size = _Part("_engine", "The decoder's vocabulary size.")
+    aligner = _Part("_engine", "The CTC head's aligner (None: no CTC head, no word timestamps; ``ctc_reason`` says "
+                    "why).")
+    ctc_reason = _Part("_engine", "Why there is no CTC aligner (None: there is one).")
+    ctc_drafts = _Part("_engine", "Whether a segment decoded alone takes its CTC greedy transcript as its draft (see "
+                       "the class).", writable=True)
+    prefix_cache = _Part("_engine", "Whether the prompt prefix's K/V is reused across segments (the same tokens either "
+                         "way).", writable=True)
+    encoder_pack = _Part("_engine", "The most segments encoded in one packed pass when recordings are transcribed in "
+                         "batches.", writable=True)
+    vad = _Part("_pipeline", "The FSMN-VAD that cuts recordings (None: cut at pauses; ``vad_source`` says where it "
+                "came from).", writable=True)
+    limits = _Part("_pipeline", "The input limits (:class:`fun_asr.audio.decode.Limits`).", writable=True)
 
     def prompt_ids(self, opts: TranscribeOptions) -> tuple[list[int], list[int]]:
         """The prompt's token ids before and after the audio for ``opts``."""
